@@ -1,0 +1,175 @@
+//! State-based counters: `GCounter` (grow-only) and `PNCounter` (increments and decrements).
+//!
+//! Values saturate at the integer bounds and never wrap, whatever the input (TESTING.md #15).
+
+use crate::Lattice;
+use crate::replica::ReplicaId;
+
+/// A grow-only counter: per replica, the total that replica added; join is the pointwise max.
+///
+/// Entries are kept sorted by replica in a vector, so merges are a linear sorted merge.
+#[derive(Clone, PartialEq, Eq, Hash, Default, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct GCounter {
+    entries: Vec<(ReplicaId, u64)>,
+}
+
+impl GCounter {
+    /// The zero counter.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The counter's value: the saturating sum of every replica's total.
+    pub fn value(&self) -> u64 {
+        self.entries
+            .iter()
+            .fold(0u64, |acc, (_, n)| acc.saturating_add(*n))
+    }
+
+    /// What `replica` has added so far.
+    pub fn get(&self, replica: ReplicaId) -> u64 {
+        self.entries
+            .binary_search_by(|(r, _)| r.cmp(&replica))
+            .map_or(0, |i| self.entries[i].1)
+    }
+
+    /// Delta-mutator: adds `by` at `replica` (saturating) and returns the delta `{replica ↦ total}`.
+    pub fn inc(&mut self, replica: ReplicaId, by: u64) -> GCounter {
+        let total = match self.entries.binary_search_by(|(r, _)| r.cmp(&replica)) {
+            Ok(i) => {
+                self.entries[i].1 = self.entries[i].1.saturating_add(by);
+                self.entries[i].1
+            }
+            Err(i) => {
+                self.entries.insert(i, (replica, by));
+                by
+            }
+        };
+        GCounter {
+            entries: vec![(replica, total)],
+        }
+    }
+
+    /// The per-replica totals, ascending by replica.
+    pub fn entries(&self) -> &[(ReplicaId, u64)] {
+        &self.entries
+    }
+
+    /// Builds a counter from per-replica totals in any order (duplicates: max kept).
+    pub fn from_entries(entries: impl IntoIterator<Item = (ReplicaId, u64)>) -> Self {
+        let mut c = GCounter::new();
+        for (r, n) in entries {
+            c.join(GCounter {
+                entries: vec![(r, n)],
+            });
+        }
+        c
+    }
+
+    /// Redundancy removal: the entries of `delta` larger than ours (`None` if none).
+    pub fn inflation(&self, delta: &GCounter) -> Option<GCounter> {
+        let entries: Vec<_> = delta
+            .entries
+            .iter()
+            .filter(|(r, n)| *n > self.get(*r))
+            .copied()
+            .collect();
+        (!entries.is_empty()).then_some(GCounter { entries })
+    }
+}
+
+impl Lattice for GCounter {
+    fn join(&mut self, other: Self) {
+        if other.entries.is_empty() {
+            return;
+        }
+        let mine = core::mem::take(&mut self.entries);
+        let mut out = Vec::with_capacity(mine.len().max(other.entries.len()));
+        let (mut i, mut j) = (0, 0);
+        let b = other.entries;
+        while i < mine.len() && j < b.len() {
+            match mine[i].0.cmp(&b[j].0) {
+                core::cmp::Ordering::Less => {
+                    out.push(mine[i]);
+                    i += 1;
+                }
+                core::cmp::Ordering::Greater => {
+                    out.push(b[j]);
+                    j += 1;
+                }
+                core::cmp::Ordering::Equal => {
+                    out.push((mine[i].0, mine[i].1.max(b[j].1)));
+                    i += 1;
+                    j += 1;
+                }
+            }
+        }
+        out.extend_from_slice(&mine[i..]);
+        out.extend_from_slice(&b[j..]);
+        self.entries = out;
+    }
+    fn is_bottom(&self) -> bool {
+        self.entries.iter().all(|(_, n)| *n == 0)
+    }
+}
+
+/// A counter that goes up and down: two grow-only counters, `P` for increments and `N` for
+/// decrements. The value is `ΣP − ΣN`, saturating to the `i64` range.
+#[derive(Clone, PartialEq, Eq, Hash, Default, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct PNCounter {
+    /// Increments per replica.
+    pub p: GCounter,
+    /// Decrements per replica.
+    pub n: GCounter,
+}
+
+impl PNCounter {
+    /// The zero counter.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `ΣP − ΣN`, saturating to `i64::MIN..=i64::MAX`.
+    pub fn value(&self) -> i64 {
+        let v = i128::from(self.p.value()) - i128::from(self.n.value());
+        i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX })
+    }
+
+    /// Delta-mutator: adds `by` at `replica`.
+    pub fn inc(&mut self, replica: ReplicaId, by: u64) -> PNCounter {
+        PNCounter {
+            p: self.p.inc(replica, by),
+            n: GCounter::new(),
+        }
+    }
+
+    /// Delta-mutator: subtracts `by` at `replica`.
+    pub fn dec(&mut self, replica: ReplicaId, by: u64) -> PNCounter {
+        PNCounter {
+            p: GCounter::new(),
+            n: self.n.inc(replica, by),
+        }
+    }
+
+    /// Redundancy removal: the part of `delta` larger than ours (`None` if nothing).
+    pub fn inflation(&self, delta: &PNCounter) -> Option<PNCounter> {
+        let p = self.p.inflation(&delta.p);
+        let n = self.n.inflation(&delta.n);
+        (p.is_some() || n.is_some()).then(|| PNCounter {
+            p: p.unwrap_or_default(),
+            n: n.unwrap_or_default(),
+        })
+    }
+}
+
+impl Lattice for PNCounter {
+    fn join(&mut self, other: Self) {
+        self.p.join(other.p);
+        self.n.join(other.n);
+    }
+    fn is_bottom(&self) -> bool {
+        self.p.is_bottom() && self.n.is_bottom()
+    }
+}

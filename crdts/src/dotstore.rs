@@ -1,0 +1,399 @@
+//! Dot stores (`DotSet`, `DotFun`, `DotMap`) and their causal join (DESIGN.md B2).
+//!
+//! A causal CRDT is a pair `(store, context)`. The join rule for every store is the same: a
+//! dot present on one side survives iff the other side has not seen it (it is not in the other
+//! context) or the other side also has it. Removal is therefore "put the dot in the context
+//! with no entry": no tombstones.
+
+use crate::context::CausalContext;
+use crate::replica::Dot;
+use core::fmt::Debug;
+use std::collections::BTreeMap;
+
+/// A store of dots (possibly carrying values) that joins causally against contexts.
+///
+/// Guarantees every implementation gives: `join` is the store part of the causal join of
+/// DESIGN.md B2 (commutative, associative, idempotent when paired with the context join), and
+/// its cost is proportional to the other (delta) store plus the children it touches.
+pub trait DotStore: Clone + Default + PartialEq + Debug {
+    /// True for the bottom (empty) store.
+    fn is_bottom(&self) -> bool;
+    /// Calls `f` on every dot in the store.
+    fn for_each_dot(&self, f: &mut dyn FnMut(Dot));
+    /// `self := fst((self, ctx) ⊔ (other, other_ctx))`.
+    fn join(&mut self, ctx: &CausalContext, other: Self, other_ctx: &CausalContext);
+    /// Drops every live dot that `removed` holds (the join with `(⊥, removed)`); returns how many.
+    fn remove_dots(&mut self, removed: &CausalContext) -> usize;
+    /// The entries of `self` whose dots `ctx` has not seen: what a replica at `ctx` lacks.
+    fn unseen_by(&self, ctx: &CausalContext) -> Self;
+
+    /// Every dot of the store as a context.
+    fn dots(&self) -> CausalContext {
+        let mut c = CausalContext::new();
+        self.for_each_dot(&mut |d| {
+            c.insert(d);
+        });
+        c
+    }
+}
+
+/// A set of dots (the payload of an add-wins set element).
+#[derive(Clone, PartialEq, Eq, Hash, Default, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct DotSet(Vec<Dot>);
+
+impl DotSet {
+    /// A set holding one dot.
+    pub fn single(dot: Dot) -> Self {
+        Self(vec![dot])
+    }
+    /// The dots, ascending.
+    pub fn iter(&self) -> impl Iterator<Item = &Dot> {
+        self.0.iter()
+    }
+    /// Number of dots.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// Does the set hold `dot`?
+    pub fn contains(&self, dot: &Dot) -> bool {
+        self.0.binary_search(dot).is_ok()
+    }
+    /// Builds a set from dots in any order (duplicates removed).
+    pub fn from_dots(mut dots: Vec<Dot>) -> Self {
+        dots.sort_unstable();
+        dots.dedup();
+        Self(dots)
+    }
+    /// True when sorted and duplicate-free (decoders check this).
+    pub fn is_canonical(&self) -> bool {
+        self.0.windows(2).all(|w| w[0] < w[1])
+    }
+}
+
+/// Shared sorted-merge for the causal join of keyed dot collections.
+fn causal_merge<T, D: Fn(&T) -> Dot, M: Fn(T, T) -> T>(
+    mine: Vec<T>,
+    ctx: &CausalContext,
+    theirs: Vec<T>,
+    other_ctx: &CausalContext,
+    dot_of: D,
+    merge_same: M,
+) -> Vec<T> {
+    let mut out = Vec::with_capacity(mine.len().max(theirs.len()));
+    let mut a = mine.into_iter().peekable();
+    let mut b = theirs.into_iter().peekable();
+    loop {
+        let order = match (a.peek(), b.peek()) {
+            (None, None) => break,
+            (Some(_), None) => core::cmp::Ordering::Less,
+            (None, Some(_)) => core::cmp::Ordering::Greater,
+            (Some(x), Some(y)) => dot_of(x).cmp(&dot_of(y)),
+        };
+        match order {
+            core::cmp::Ordering::Less => {
+                if let Some(x) = a.next() {
+                    if !other_ctx.contains(&dot_of(&x)) {
+                        out.push(x);
+                    }
+                }
+            }
+            core::cmp::Ordering::Greater => {
+                if let Some(y) = b.next() {
+                    if !ctx.contains(&dot_of(&y)) {
+                        out.push(y);
+                    }
+                }
+            }
+            core::cmp::Ordering::Equal => {
+                if let (Some(x), Some(y)) = (a.next(), b.next()) {
+                    out.push(merge_same(x, y));
+                }
+            }
+        }
+    }
+    out
+}
+
+impl DotStore for DotSet {
+    fn is_bottom(&self) -> bool {
+        self.0.is_empty()
+    }
+    fn for_each_dot(&self, f: &mut dyn FnMut(Dot)) {
+        self.0.iter().for_each(|d| f(*d));
+    }
+    fn join(&mut self, ctx: &CausalContext, other: Self, other_ctx: &CausalContext) {
+        let mine = core::mem::take(&mut self.0);
+        self.0 = causal_merge(mine, ctx, other.0, other_ctx, |d| *d, |x, _| x);
+    }
+    fn remove_dots(&mut self, removed: &CausalContext) -> usize {
+        let before = self.0.len();
+        self.0.retain(|d| !removed.contains(d));
+        before - self.0.len()
+    }
+    fn unseen_by(&self, ctx: &CausalContext) -> Self {
+        Self(self.0.iter().filter(|d| !ctx.contains(d)).copied().collect())
+    }
+}
+
+/// A map from dots to values (the payload of registers and causal counters).
+///
+/// Values under the same dot are identical for correct replicas; on conflicting input the
+/// join keeps the larger value so it stays commutative.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct DotFun<V>(Vec<(Dot, V)>);
+
+impl<V> Default for DotFun<V> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
+
+impl<V: Clone + Ord + Debug> DotFun<V> {
+    /// A store holding one dot and its value.
+    pub fn single(dot: Dot, value: V) -> Self {
+        Self(vec![(dot, value)])
+    }
+    /// The `(dot, value)` entries, ascending by dot.
+    pub fn iter(&self) -> impl Iterator<Item = (&Dot, &V)> {
+        self.0.iter().map(|(d, v)| (d, v))
+    }
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// The value under `dot`.
+    pub fn get(&self, dot: &Dot) -> Option<&V> {
+        self.0
+            .binary_search_by(|(d, _)| d.cmp(dot))
+            .ok()
+            .map(|i| &self.0[i].1)
+    }
+    /// Builds a store from entries in any order (for duplicate dots the larger value is kept).
+    pub fn from_entries(mut entries: Vec<(Dot, V)>) -> Self {
+        entries.sort();
+        let mut out: Vec<(Dot, V)> = Vec::with_capacity(entries.len());
+        for (d, v) in entries {
+            match out.last_mut() {
+                Some(last) if last.0 == d => last.1 = v,
+                _ => out.push((d, v)),
+            }
+        }
+        Self(out)
+    }
+    /// True when sorted by dot with no duplicate dots (decoders check this).
+    pub fn is_canonical(&self) -> bool {
+        self.0.windows(2).all(|w| w[0].0 < w[1].0)
+    }
+}
+
+impl<V: Clone + Ord + Debug> DotStore for DotFun<V> {
+    fn is_bottom(&self) -> bool {
+        self.0.is_empty()
+    }
+    fn for_each_dot(&self, f: &mut dyn FnMut(Dot)) {
+        self.0.iter().for_each(|(d, _)| f(*d));
+    }
+    fn join(&mut self, ctx: &CausalContext, other: Self, other_ctx: &CausalContext) {
+        let mine = core::mem::take(&mut self.0);
+        self.0 = causal_merge(
+            mine,
+            ctx,
+            other.0,
+            other_ctx,
+            |(d, _)| *d,
+            |x, y| if y.1 > x.1 { y } else { x },
+        );
+    }
+    fn remove_dots(&mut self, removed: &CausalContext) -> usize {
+        let before = self.0.len();
+        self.0.retain(|(d, _)| !removed.contains(d));
+        before - self.0.len()
+    }
+    fn unseen_by(&self, ctx: &CausalContext) -> Self {
+        Self(
+            self.0
+                .iter()
+                .filter(|(d, _)| !ctx.contains(d))
+                .cloned()
+                .collect(),
+        )
+    }
+}
+
+/// A map from keys to nested dot stores sharing one context. Empty children are dropped.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct DotMap<K: Ord, S>(BTreeMap<K, S>);
+
+impl<K: Ord, S> Default for DotMap<K, S> {
+    fn default() -> Self {
+        Self(BTreeMap::new())
+    }
+}
+
+impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
+    /// The child under `key`.
+    pub fn get(&self, key: &K) -> Option<&S> {
+        self.0.get(key)
+    }
+    /// Entries ascending by key.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &S)> {
+        self.0.iter()
+    }
+    /// Keys ascending.
+    pub fn keys(&self) -> impl Iterator<Item = &K> {
+        self.0.keys()
+    }
+    /// Number of (non-bottom) children.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    /// True when there is no child.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// Sets a child directly (a bottom child removes the key). For mutators and decoders.
+    pub fn set(&mut self, key: K, child: S) {
+        if child.is_bottom() {
+            self.0.remove(&key);
+        } else {
+            self.0.insert(key, child);
+        }
+    }
+    /// Removes and returns a child.
+    pub fn take(&mut self, key: &K) -> Option<S> {
+        self.0.remove(key)
+    }
+    /// True when no child is bottom (decoders check this).
+    pub fn is_canonical(&self) -> bool {
+        self.0.values().all(|c| !c.is_bottom())
+    }
+}
+
+impl<K: Ord + Clone + Debug, S: DotStore> DotStore for DotMap<K, S> {
+    fn is_bottom(&self) -> bool {
+        self.0.is_empty()
+    }
+    fn for_each_dot(&self, f: &mut dyn FnMut(Dot)) {
+        self.0.values().for_each(|c| c.for_each_dot(f));
+    }
+    fn join(&mut self, ctx: &CausalContext, other: Self, other_ctx: &CausalContext) {
+        // Dots the other side has seen, we have seen too, and the other side does not hold:
+        // any of them that is live here must be removed. Most deltas name the keys whose
+        // dots they remove; only when some of these dots are not found under the keys the
+        // other side names do we scan our remaining keys (e.g. a context-only remove delta).
+        let candidates = other_ctx.intersection(ctx).diff(&other.dots());
+        let mut found = 0u64;
+        let mut touched: Vec<K> = Vec::with_capacity(other.0.len());
+        for (k, theirs) in other.0 {
+            let mut child = self.0.remove(&k).unwrap_or_default();
+            if !candidates.is_empty() {
+                child.for_each_dot(&mut |d| found += u64::from(candidates.contains(&d)));
+            }
+            child.join(ctx, theirs, other_ctx);
+            if !child.is_bottom() {
+                self.0.insert(k.clone(), child);
+            }
+            touched.push(k);
+        }
+        if found < candidates.len() {
+            touched.sort();
+            self.0.retain(|k, child| {
+                if touched.binary_search(k).is_err() {
+                    child.remove_dots(&candidates);
+                }
+                !child.is_bottom()
+            });
+        }
+    }
+    fn remove_dots(&mut self, removed: &CausalContext) -> usize {
+        let mut n = 0;
+        self.0.retain(|_, child| {
+            n += child.remove_dots(removed);
+            !child.is_bottom()
+        });
+        n
+    }
+    fn unseen_by(&self, ctx: &CausalContext) -> Self {
+        Self(
+            self.0
+                .iter()
+                .filter_map(|(k, c)| {
+                    let u = c.unseen_by(ctx);
+                    (!u.is_bottom()).then(|| (k.clone(), u))
+                })
+                .collect(),
+        )
+    }
+}
+
+/// A causal CRDT: a dot store paired with the context of everything its holder has seen.
+///
+/// Guarantees: `join` is the causal join of DESIGN.md B2 (a join-semilattice: commutative,
+/// associative, idempotent); for states and deltas built by this crate `dots(store) ⊆ ctx` (I3).
+#[derive(Clone, PartialEq, Eq, Hash, Default, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Causal<S> {
+    /// The dot store.
+    pub store: S,
+    /// The causal context.
+    pub ctx: CausalContext,
+}
+
+impl<S: DotStore> Causal<S> {
+    /// Builds a causal pair.
+    pub fn new(store: S, ctx: CausalContext) -> Self {
+        Self { store, ctx }
+    }
+
+    /// `self := self ⊔ other`.
+    pub fn join(&mut self, other: Causal<S>) {
+        self.store.join(&self.ctx, other.store, &other.ctx);
+        self.ctx.join(&other.ctx);
+    }
+
+    /// True for `(⊥, ∅)`.
+    pub fn is_bottom(&self) -> bool {
+        self.store.is_bottom() && self.ctx.is_empty()
+    }
+
+    /// Invariant I3: every dot of the store is in the context.
+    pub fn dots_within_context(&self) -> bool {
+        let mut ok = true;
+        self.store.for_each_dot(&mut |d| ok &= self.ctx.contains(&d));
+        ok
+    }
+
+    /// Redundancy removal (DESIGN.md C3): the part of `delta` that inflates `self`, so that
+    /// `self ⊔ inflation == self ⊔ delta`. `None` when `delta` brings nothing new.
+    ///
+    /// Entries whose dots `self` has seen are dropped; the context keeps the dots `self` has not
+    /// seen plus the seen dots that remove something live here.
+    pub fn inflation(&self, delta: &Causal<S>) -> Option<Causal<S>> {
+        let store = delta.store.unseen_by(&self.ctx);
+        let mut ctx = delta.ctx.diff(&self.ctx);
+        let candidates = delta.ctx.intersection(&self.ctx).diff(&delta.store.dots());
+        if !candidates.is_empty() {
+            let mut live = self.store.clone();
+            // What candidates would remove from our store is exactly the live ∩ candidates.
+            let before = live.dots();
+            live.remove_dots(&candidates);
+            ctx.join(&before.diff(&live.dots()));
+        }
+        if store.is_bottom() && ctx.is_empty() {
+            None
+        } else {
+            Some(Causal { store, ctx })
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! Last-writer-wins register ordered by hybrid logical clock timestamps.
+
+use crate::Lattice;
+use crate::hlc::Timestamp;
+
+/// A register holding the value with the largest timestamp.
+///
+/// Guarantee: the join keeps the maximum `(timestamp, value)`; timestamps include the replica id,
+/// so ties between replicas are impossible and, should two equal timestamps ever carry different
+/// values (bad input), the larger value wins everywhere alike: the join stays commutative.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct LWWRegister<V> {
+    entry: Option<(Timestamp, V)>,
+}
+
+impl<V> Default for LWWRegister<V> {
+    fn default() -> Self {
+        Self { entry: None }
+    }
+}
+
+impl<V: Clone + Ord> LWWRegister<V> {
+    /// The empty register.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Delta-mutator: writes `value` at `ts` (from the local [`crate::Hlc::now`]); returns the delta.
+    pub fn write(&mut self, ts: Timestamp, value: V) -> LWWRegister<V> {
+        let delta = LWWRegister {
+            entry: Some((ts, value)),
+        };
+        self.join(delta.clone());
+        delta
+    }
+
+    /// The current value.
+    pub fn read(&self) -> Option<&V> {
+        self.entry.as_ref().map(|(_, v)| v)
+    }
+
+    /// The timestamp of the current value.
+    pub fn timestamp(&self) -> Option<Timestamp> {
+        self.entry.as_ref().map(|(t, _)| *t)
+    }
+
+    /// Redundancy removal: `delta` if it would replace our value, else `None`.
+    pub fn inflation(&self, delta: &LWWRegister<V>) -> Option<LWWRegister<V>> {
+        match (&self.entry, &delta.entry) {
+            (_, None) => None,
+            (None, Some(_)) => Some(delta.clone()),
+            (Some(mine), Some(theirs)) => (theirs > mine).then(|| delta.clone()),
+        }
+    }
+}
+
+impl<V: Clone + Ord> Lattice for LWWRegister<V> {
+    fn join(&mut self, other: Self) {
+        match (&self.entry, other.entry) {
+            (_, None) => {}
+            (None, Some(e)) => self.entry = Some(e),
+            (Some(mine), Some(theirs)) => {
+                if theirs > *mine {
+                    self.entry = Some(theirs);
+                }
+            }
+        }
+    }
+    fn is_bottom(&self) -> bool {
+        self.entry.is_none()
+    }
+}

@@ -1,0 +1,697 @@
+//! The store-level causal map: `(type, name)` keys to typed values sharing one causal context
+//! (DESIGN.md A1–A3). This is exactly a node's replicated state.
+//!
+//! Every local mutation, removals included, takes a fresh dot, so a replica's version vector
+//! summarizes every operation it has seen. Counters are causal counters (at most one live dot per
+//! replica carrying that replica's running total), so they join with the same rule as every
+//! other value; registers and sets are observed-remove, so deletes leave no tombstone.
+//!
+//! The join is written once, against the [`Rows`] trait, so the in-memory [`MemStore`] and a
+//! durable table-backed store run the same algorithm. A `Rows` backend keeps a dot → key index
+//! so that a delta's removals find their keys in O(|δ|), never by scanning the state.
+
+use crate::context::CausalContext;
+use crate::dotstore::{Causal, DotFun, DotMap, DotSet, DotStore};
+use crate::hlc::Timestamp;
+use crate::replica::{Dot, ReplicaId};
+use core::fmt;
+use std::collections::BTreeMap;
+
+/// A value kept as canonical JSON text (object keys sorted, no insignificant whitespace).
+/// Canonical text makes equal JSON values equal bytes, so ordering and sorting are stable.
+pub type Json = String;
+
+/// The type part of a key.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
+pub enum KeyKind {
+    /// Grow-only counter (value `u64`).
+    GCounter,
+    /// Up-down counter (value `i64`).
+    PNCounter,
+    /// Add-wins set of JSON scalars.
+    ORSet,
+    /// Last-writer-wins register ordered by HLC.
+    Lww,
+    /// Multi-value register.
+    MvReg,
+}
+
+impl KeyKind {
+    /// Every kind, in order.
+    pub const ALL: [KeyKind; 5] = [
+        KeyKind::GCounter,
+        KeyKind::PNCounter,
+        KeyKind::ORSet,
+        KeyKind::Lww,
+        KeyKind::MvReg,
+    ];
+
+    /// The name used in APIs: `gcounter`, `pncounter`, `orset`, `lww`, `mvreg`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyKind::GCounter => "gcounter",
+            KeyKind::PNCounter => "pncounter",
+            KeyKind::ORSet => "orset",
+            KeyKind::Lww => "lww",
+            KeyKind::MvReg => "mvreg",
+        }
+    }
+
+    /// Parses an API name.
+    pub fn parse(s: &str) -> Option<KeyKind> {
+        KeyKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// Can keys of this kind be deleted? (Counters cannot: DESIGN.md A3.)
+    pub fn deletable(self) -> bool {
+        !matches!(self, KeyKind::GCounter | KeyKind::PNCounter)
+    }
+}
+
+impl fmt::Display for KeyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A key: its type and its name. `pncounter/visits` and `orset/visits` are different keys.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Key {
+    /// The type.
+    pub kind: KeyKind,
+    /// The name (the node validates length and characters).
+    pub name: String,
+}
+
+impl Key {
+    /// Builds a key.
+    pub fn new(kind: KeyKind, name: impl Into<String>) -> Self {
+        Self {
+            kind,
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.kind, self.name)
+    }
+}
+
+/// The replicated payload of one key. The variant always matches the key's kind.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum Entry {
+    /// Causal grow-only counter: per replica one live dot holding its running total.
+    GCounter(DotFun<u64>),
+    /// Causal up-down counter: per replica one live dot holding its `(increments, decrements)`.
+    PNCounter(DotFun<(u64, u64)>),
+    /// Add-wins set: element → dots of its live adds.
+    ORSet(DotMap<Json, DotSet>),
+    /// LWW register as a multi-value register of `(timestamp, value)`; the max timestamp is read.
+    Lww(DotFun<(Timestamp, Json)>),
+    /// Multi-value register.
+    MvReg(DotFun<Json>),
+}
+
+impl Default for Entry {
+    fn default() -> Self {
+        Entry::GCounter(DotFun::default())
+    }
+}
+
+impl Entry {
+    /// The bottom entry of a kind.
+    pub fn bottom(kind: KeyKind) -> Entry {
+        match kind {
+            KeyKind::GCounter => Entry::GCounter(DotFun::default()),
+            KeyKind::PNCounter => Entry::PNCounter(DotFun::default()),
+            KeyKind::ORSet => Entry::ORSet(DotMap::default()),
+            KeyKind::Lww => Entry::Lww(DotFun::default()),
+            KeyKind::MvReg => Entry::MvReg(DotFun::default()),
+        }
+    }
+
+    /// The kind this entry belongs to.
+    pub fn kind(&self) -> KeyKind {
+        match self {
+            Entry::GCounter(_) => KeyKind::GCounter,
+            Entry::PNCounter(_) => KeyKind::PNCounter,
+            Entry::ORSet(_) => KeyKind::ORSet,
+            Entry::Lww(_) => KeyKind::Lww,
+            Entry::MvReg(_) => KeyKind::MvReg,
+        }
+    }
+
+    /// True when the entry is in canonical form (sorted, no empty children): decoders check it.
+    pub fn is_canonical(&self) -> bool {
+        match self {
+            Entry::GCounter(f) => f.is_canonical(),
+            Entry::PNCounter(f) => f.is_canonical(),
+            Entry::ORSet(m) => m.is_canonical() && m.iter().all(|(_, s)| s.is_canonical()),
+            Entry::Lww(f) => f.is_canonical(),
+            Entry::MvReg(f) => f.is_canonical(),
+        }
+    }
+
+    /// The value a reader sees.
+    pub fn value(&self) -> Value {
+        match self {
+            Entry::GCounter(f) => Value::GCounter(
+                f.iter()
+                    .fold(0u64, |acc, (_, n)| acc.saturating_add(*n)),
+            ),
+            Entry::PNCounter(f) => {
+                let (p, n) = f.iter().fold((0u64, 0u64), |(p, n), (_, (a, b))| {
+                    (p.saturating_add(*a), n.saturating_add(*b))
+                });
+                let v = i128::from(p) - i128::from(n);
+                Value::PNCounter(i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX }))
+            }
+            Entry::ORSet(m) => Value::ORSet(m.keys().cloned().collect()),
+            Entry::Lww(f) => Value::Lww(
+                f.iter()
+                    .map(|(_, tv)| tv)
+                    .max()
+                    .map(|(_, v)| v.clone()),
+            ),
+            Entry::MvReg(f) => {
+                let mut v: Vec<Json> = f.iter().map(|(_, v)| v.clone()).collect();
+                v.sort();
+                v.dedup();
+                Value::MvReg(v)
+            }
+        }
+    }
+
+    /// The live dot of `replica` in a causal counter, with its payload.
+    fn counter_dot<V: Clone + Ord + fmt::Debug>(f: &DotFun<V>, replica: ReplicaId) -> Option<(Dot, V)> {
+        f.iter()
+            .filter(|(d, _)| d.replica == replica)
+            .max_by_key(|(d, _)| d.seq)
+            .map(|(d, v)| (*d, v.clone()))
+    }
+}
+
+macro_rules! entry_dispatch {
+    ($self:expr, $inner:ident => $body:expr) => {
+        match $self {
+            Entry::GCounter($inner) => $body,
+            Entry::PNCounter($inner) => $body,
+            Entry::ORSet($inner) => $body,
+            Entry::Lww($inner) => $body,
+            Entry::MvReg($inner) => $body,
+        }
+    };
+}
+
+impl DotStore for Entry {
+    fn is_bottom(&self) -> bool {
+        entry_dispatch!(self, s => s.is_bottom())
+    }
+    fn for_each_dot(&self, f: &mut dyn FnMut(Dot)) {
+        entry_dispatch!(self, s => s.for_each_dot(f))
+    }
+    fn join(&mut self, ctx: &CausalContext, other: Self, other_ctx: &CausalContext) {
+        match (&mut *self, other) {
+            (Entry::GCounter(a), Entry::GCounter(b)) => a.join(ctx, b, other_ctx),
+            (Entry::PNCounter(a), Entry::PNCounter(b)) => a.join(ctx, b, other_ctx),
+            (Entry::ORSet(a), Entry::ORSet(b)) => a.join(ctx, b, other_ctx),
+            (Entry::Lww(a), Entry::Lww(b)) => a.join(ctx, b, other_ctx),
+            (Entry::MvReg(a), Entry::MvReg(b)) => a.join(ctx, b, other_ctx),
+            (_, other) => {
+                // Kinds differ: only possible when one side is bottom (a key's kind is part of
+                // the key). Otherwise (invalid input) keep the smaller kind on both sides alike
+                // so the join stays commutative.
+                if self.is_bottom() || (!other.is_bottom() && other.kind() < self.kind()) {
+                    *self = other.unseen_by(ctx);
+                }
+            }
+        }
+    }
+    fn remove_dots(&mut self, removed: &CausalContext) -> usize {
+        entry_dispatch!(self, s => s.remove_dots(removed))
+    }
+    fn unseen_by(&self, ctx: &CausalContext) -> Self {
+        match self {
+            Entry::GCounter(s) => Entry::GCounter(s.unseen_by(ctx)),
+            Entry::PNCounter(s) => Entry::PNCounter(s.unseen_by(ctx)),
+            Entry::ORSet(s) => Entry::ORSet(s.unseen_by(ctx)),
+            Entry::Lww(s) => Entry::Lww(s.unseen_by(ctx)),
+            Entry::MvReg(s) => Entry::MvReg(s.unseen_by(ctx)),
+        }
+    }
+}
+
+/// What a reader sees for a key.
+#[derive(Clone, PartialEq, Eq, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum Value {
+    /// Grow-only counter value.
+    GCounter(u64),
+    /// Up-down counter value.
+    PNCounter(i64),
+    /// Set elements, ascending by canonical JSON.
+    ORSet(Vec<Json>),
+    /// Register value (`None` when unset or deleted).
+    Lww(Option<Json>),
+    /// Concurrent values, ascending by canonical JSON.
+    MvReg(Vec<Json>),
+}
+
+impl Value {
+    /// The value of a key that was never written (or was deleted).
+    pub fn empty(kind: KeyKind) -> Value {
+        Entry::bottom(kind).value()
+    }
+}
+
+/// A mutation of one key.
+#[derive(Clone, PartialEq, Eq, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum Mutation {
+    /// Add to a counter (must be positive).
+    Inc(u64),
+    /// Subtract from a pncounter (must be positive).
+    Dec(u64),
+    /// Add an element to an orset.
+    Add(Json),
+    /// Remove an element from an orset (observed-remove).
+    Remove(Json),
+    /// Write a register (lww or mvreg).
+    Set(Json),
+    /// Remove a whole orset, lww or mvreg key (observed-remove).
+    Delete,
+}
+
+impl Mutation {
+    /// The API name of the operation.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Mutation::Inc(_) => "inc",
+            Mutation::Dec(_) => "dec",
+            Mutation::Add(_) => "add",
+            Mutation::Remove(_) => "remove",
+            Mutation::Set(_) => "set",
+            Mutation::Delete => "delete",
+        }
+    }
+}
+
+/// Why a mutation was refused. Nothing was changed.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum MutationError {
+    /// The operation does not apply to the key's type (e.g. `add` on a counter).
+    WrongOp {
+        /// The key's type.
+        kind: KeyKind,
+        /// The operation's name.
+        op: &'static str,
+    },
+    /// Counters cannot be deleted or reset.
+    CounterNotDeletable(KeyKind),
+    /// `inc`/`dec` by zero.
+    ZeroAmount,
+    /// A LWW write needs a timestamp.
+    MissingTimestamp,
+}
+
+impl fmt::Display for MutationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MutationError::WrongOp { kind, op } => {
+                write!(f, "operation `{op}` does not apply to type `{kind}`")
+            }
+            MutationError::CounterNotDeletable(k) => write!(f, "a {k} cannot be deleted"),
+            MutationError::ZeroAmount => write!(f, "`by` must be positive"),
+            MutationError::MissingTimestamp => write!(f, "lww write without a timestamp"),
+        }
+    }
+}
+
+impl std::error::Error for MutationError {}
+
+/// Checks that `mutation` applies to keys of `kind`, without changing anything.
+///
+/// # Errors
+/// The [`MutationError`] the mutation would produce.
+pub fn check_mutation(kind: KeyKind, mutation: &Mutation) -> Result<(), MutationError> {
+    use KeyKind as K;
+    use Mutation as M;
+    match (kind, mutation) {
+        (K::GCounter | K::PNCounter, M::Inc(0)) | (K::PNCounter, M::Dec(0)) => {
+            Err(MutationError::ZeroAmount)
+        }
+        (K::GCounter | K::PNCounter, M::Inc(_))
+        | (K::PNCounter, M::Dec(_))
+        | (K::ORSet, M::Add(_) | M::Remove(_))
+        | (K::Lww | K::MvReg, M::Set(_))
+        | (K::ORSet | K::Lww | K::MvReg, M::Delete) => Ok(()),
+        (K::GCounter | K::PNCounter, M::Delete) => Err(MutationError::CounterNotDeletable(kind)),
+        (kind, m) => Err(MutationError::WrongOp { kind, op: m.name() }),
+    }
+}
+
+/// The delta-mutator of every type (DESIGN.md B3), against the key's current entry.
+///
+/// `dot` is the fresh dot the mutation takes (every mutation takes one, removals too, so the
+/// version vector covers it). Returns the delta `(store, context)` for this key: the context
+/// holds `dot` plus every dot the mutation overwrites or removes.
+///
+/// # Errors
+/// [`MutationError`] when the mutation does not apply to the kind.
+pub fn delta_mutation(
+    kind: KeyKind,
+    current: Option<&Entry>,
+    mutation: &Mutation,
+    dot: Dot,
+    ts: Option<Timestamp>,
+) -> Result<(Entry, CausalContext), MutationError> {
+    check_mutation(kind, mutation)?;
+    let bottom = Entry::bottom(kind);
+    let current = current.filter(|e| e.kind() == kind).unwrap_or(&bottom);
+    let mut ctx = CausalContext::from_dot(dot);
+    let store = match (current, mutation) {
+        (Entry::GCounter(f), Mutation::Inc(by)) => {
+            let base = Entry::counter_dot(f, dot.replica);
+            let total = base.as_ref().map_or(0, |(_, v)| *v).saturating_add(*by);
+            if let Some((old, _)) = base {
+                ctx.insert(old);
+            }
+            Entry::GCounter(DotFun::single(dot, total))
+        }
+        (Entry::PNCounter(f), Mutation::Inc(by) | Mutation::Dec(by)) => {
+            let base = Entry::counter_dot(f, dot.replica);
+            let (p, n) = base.as_ref().map_or((0, 0), |(_, v)| *v);
+            if let Some((old, _)) = base {
+                ctx.insert(old);
+            }
+            let pair = if matches!(mutation, Mutation::Inc(_)) {
+                (p.saturating_add(*by), n)
+            } else {
+                (p, n.saturating_add(*by))
+            };
+            Entry::PNCounter(DotFun::single(dot, pair))
+        }
+        (Entry::ORSet(m), Mutation::Add(e)) => {
+            if let Some(old) = m.get(e) {
+                old.for_each_dot(&mut |d| {
+                    ctx.insert(d);
+                });
+            }
+            let mut store = DotMap::default();
+            store.set(e.clone(), DotSet::single(dot));
+            Entry::ORSet(store)
+        }
+        (Entry::ORSet(m), Mutation::Remove(e)) => {
+            if let Some(old) = m.get(e) {
+                old.for_each_dot(&mut |d| {
+                    ctx.insert(d);
+                });
+            }
+            Entry::ORSet(DotMap::default())
+        }
+        (Entry::Lww(f), Mutation::Set(v)) => {
+            let ts = ts.ok_or(MutationError::MissingTimestamp)?;
+            f.for_each_dot(&mut |d| {
+                ctx.insert(d);
+            });
+            Entry::Lww(DotFun::single(dot, (ts, v.clone())))
+        }
+        (Entry::MvReg(f), Mutation::Set(v)) => {
+            f.for_each_dot(&mut |d| {
+                ctx.insert(d);
+            });
+            Entry::MvReg(DotFun::single(dot, v.clone()))
+        }
+        (e, Mutation::Delete) => {
+            e.for_each_dot(&mut |d| {
+                ctx.insert(d);
+            });
+            Entry::bottom(kind)
+        }
+        (_, m) => {
+            return Err(MutationError::WrongOp {
+                kind,
+                op: m.name(),
+            });
+        }
+    };
+    Ok((store, ctx))
+}
+
+/// A delta (or whole state) of the store: keyed entries plus one shared context.
+pub type StoreDelta = Causal<DotMap<Key, Entry>>;
+
+/// Row access for the store join: a backend holding one entry per key plus a dot → key index.
+///
+/// Implemented by [`MemStore`] and by the node's redb tables, so both run one join algorithm.
+pub trait Rows {
+    /// The backend's error (e.g. an I/O error); `Infallible` in memory.
+    type Error;
+    /// The entry under `key`.
+    ///
+    /// # Errors
+    /// Backend failures.
+    fn get(&mut self, key: &Key) -> Result<Option<Entry>, Self::Error>;
+    /// Replaces the entry under `key` (`None` deletes it). `old` is what `get` returned, so the
+    /// backend can update its dot index by the difference.
+    ///
+    /// # Errors
+    /// Backend failures.
+    fn put(&mut self, key: &Key, old: Option<&Entry>, new: Option<&Entry>) -> Result<(), Self::Error>;
+    /// The keys whose entries hold at least one of `dots` (through the dot index).
+    ///
+    /// # Errors
+    /// Backend failures.
+    fn keys_holding(&mut self, dots: &CausalContext) -> Result<Vec<Key>, Self::Error>;
+}
+
+/// What [`join_delta`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JoinOutcome {
+    /// The part of the delta that inflated the state (redundancy removal, DESIGN.md C3):
+    /// joining it alone gives the same state as joining the whole delta. `None` if nothing changed.
+    pub inflation: Option<StoreDelta>,
+    /// The keys whose entries changed.
+    pub changed: Vec<Key>,
+}
+
+/// Joins `delta` into the rows and context, in O(|δ|) row accesses (never a scan).
+///
+/// Returns the inflating part and the changed keys. The context is joined last, after every
+/// row was written, so a backend that fails midway leaves the context untouched.
+///
+/// # Errors
+/// Backend failures (the caller must then discard its transaction).
+pub fn join_delta<R: Rows>(
+    rows: &mut R,
+    ctx: &mut CausalContext,
+    delta: StoreDelta,
+) -> Result<JoinOutcome, R::Error> {
+    let Causal {
+        store: delta_store,
+        ctx: delta_ctx,
+    } = delta;
+    let delta_dots = delta_store.dots();
+    // Dots we have seen that the delta's context holds but its store does not: each of them
+    // that is live here is removed by the delta.
+    let candidates = delta_ctx.intersection(ctx).diff(&delta_dots);
+    let mut infl_store: DotMap<Key, Entry> = DotMap::default();
+    let mut infl_ctx = delta_ctx.diff(ctx);
+    let mut changed = Vec::new();
+    let mut touched: Vec<Key> = Vec::new();
+    let child_entries: Vec<(Key, Entry)> = delta_store
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (key, theirs) in child_entries {
+        let old = rows.get(&key)?;
+        let unseen = theirs.unseen_by(ctx);
+        let mut new = old.clone().unwrap_or_else(|| Entry::bottom(key.kind));
+        if !candidates.is_empty() {
+            let before = new.dots();
+            new.join(ctx, theirs, &delta_ctx);
+            let removed = before.diff(&new.dots());
+            infl_ctx.join(&removed);
+        } else {
+            new.join(ctx, theirs, &delta_ctx);
+        }
+        let new_opt = (!new.is_bottom()).then_some(&new);
+        if new_opt != old.as_ref() {
+            rows.put(&key, old.as_ref(), new_opt)?;
+            changed.push(key.clone());
+        }
+        if !unseen.is_bottom() {
+            infl_store.set(key.clone(), unseen);
+        }
+        touched.push(key);
+    }
+    if !candidates.is_empty() {
+        touched.sort();
+        for key in rows.keys_holding(&candidates)? {
+            if touched.binary_search(&key).is_ok() {
+                continue;
+            }
+            let Some(old) = rows.get(&key)? else { continue };
+            let mut new = old.clone();
+            let before = new.dots();
+            if new.remove_dots(&candidates) > 0 {
+                infl_ctx.join(&before.diff(&new.dots()));
+                let new_opt = (!new.is_bottom()).then_some(&new);
+                rows.put(&key, Some(&old), new_opt)?;
+                changed.push(key);
+            }
+        }
+    }
+    ctx.join(&delta_ctx);
+    let inflation = (!infl_store.is_bottom() || !infl_ctx.is_empty()).then_some(Causal {
+        store: infl_store,
+        ctx: infl_ctx,
+    });
+    Ok(JoinOutcome { inflation, changed })
+}
+
+/// An in-memory [`Rows`] backend: entries by key plus the dot → key index.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemStore {
+    entries: BTreeMap<Key, Entry>,
+    index: BTreeMap<Dot, Key>,
+}
+
+impl MemStore {
+    /// The entries, ascending by key.
+    pub fn entries(&self) -> &BTreeMap<Key, Entry> {
+        &self.entries
+    }
+}
+
+impl Rows for MemStore {
+    type Error = core::convert::Infallible;
+    fn get(&mut self, key: &Key) -> Result<Option<Entry>, Self::Error> {
+        Ok(self.entries.get(key).cloned())
+    }
+    fn put(&mut self, key: &Key, old: Option<&Entry>, new: Option<&Entry>) -> Result<(), Self::Error> {
+        if let Some(old) = old {
+            old.for_each_dot(&mut |d| {
+                self.index.remove(&d);
+            });
+        }
+        match new {
+            Some(e) => {
+                e.for_each_dot(&mut |d| {
+                    self.index.insert(d, key.clone());
+                });
+                self.entries.insert(key.clone(), e.clone());
+            }
+            None => {
+                self.entries.remove(key);
+            }
+        }
+        Ok(())
+    }
+    fn keys_holding(&mut self, dots: &CausalContext) -> Result<Vec<Key>, Self::Error> {
+        let mut keys = Vec::new();
+        for (r, set) in dots.entries() {
+            for &(lo, hi) in set.ranges() {
+                for (_, k) in self.index.range(Dot::new(*r, lo)..=Dot::new(*r, hi)) {
+                    keys.push(k.clone());
+                }
+            }
+        }
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
+    }
+}
+
+/// A whole replicated store in memory: the reference implementation of a node's state, used
+/// by tests, simulations and embedded callers that want no disk.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Store {
+    rows: MemStore,
+    ctx: CausalContext,
+}
+
+fn infallible<T>(r: Result<T, core::convert::Infallible>) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => match e {},
+    }
+}
+
+impl Store {
+    /// The empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The shared causal context.
+    pub fn context(&self) -> &CausalContext {
+        &self.ctx
+    }
+
+    /// The entries, ascending by key.
+    pub fn entries(&self) -> &BTreeMap<Key, Entry> {
+        self.rows.entries()
+    }
+
+    /// The value of `key` (the empty value of its kind when absent).
+    pub fn get(&self, key: &Key) -> Value {
+        self.rows
+            .entries()
+            .get(key)
+            .map_or_else(|| Value::empty(key.kind), Entry::value)
+    }
+
+    /// Applies a local mutation at `replica` with the next dot; returns the delta.
+    ///
+    /// # Errors
+    /// [`MutationError`] when the mutation does not apply; nothing changes then.
+    pub fn mutate(
+        &mut self,
+        replica: ReplicaId,
+        key: &Key,
+        mutation: &Mutation,
+        ts: Option<Timestamp>,
+    ) -> Result<StoreDelta, MutationError> {
+        let dot = self.ctx.next_dot(replica);
+        let (entry, ctx) = delta_mutation(key.kind, self.rows.entries().get(key), mutation, dot, ts)?;
+        let mut store = DotMap::default();
+        // A bottom entry (a removal) is dropped here; the join finds its key by the dot index.
+        store.set(key.clone(), entry);
+        let delta = Causal { store, ctx };
+        self.apply(delta.clone());
+        Ok(delta)
+    }
+
+    /// Joins a delta (or a whole state); returns what inflated the store.
+    pub fn apply(&mut self, delta: StoreDelta) -> JoinOutcome {
+        infallible(join_delta(&mut self.rows, &mut self.ctx, delta))
+    }
+
+    /// The whole state as one delta.
+    pub fn to_delta(&self) -> StoreDelta {
+        let mut store = DotMap::default();
+        for (k, e) in self.rows.entries() {
+            store.set(k.clone(), e.clone());
+        }
+        Causal {
+            store,
+            ctx: self.ctx.clone(),
+        }
+    }
+
+    /// Invariant I3: every live dot is in the context.
+    pub fn dots_within_context(&self) -> bool {
+        self.rows.entries().values().all(|e| {
+            let mut ok = true;
+            e.for_each_dot(&mut |d| ok &= self.ctx.contains(&d));
+            ok
+        })
+    }
+}
