@@ -1,1 +1,19 @@
+//! # Tidemark
+//!
+//! A replicated stream state store: nodes ingest events and operations into lattice-typed state
+//! (counters, add-wins sets, LWW and multi-value registers) built as delta-state CRDTs, keep it
+//! durably in redb, and converge with their peers by delta anti-entropy.
+//!
+//! Layers, lowest first (each may use only those before it):
+//! [`tidemark_crdts`] (pure lattices) → [`model`], [`config`], [`codec`] → [`proto`] (sans-IO
+//! replication core) → [`apply`] + [`store`] (redb) → [`node`] (the embedded `Node`).
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
+pub mod apply;
+pub mod codec;
+pub mod config;
+pub mod model;
+pub mod proto;
+
+pub use tidemark_crdts as crdts;

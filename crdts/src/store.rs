@@ -695,3 +695,64 @@ impl Store {
         })
     }
 }
+
+/// Ingest dedup marks (DESIGN.md A8): per `(stream, source)` the set of event `seq`s applied.
+///
+/// A set of intervals per source is itself a lattice (join = union), so marks replicate with
+/// the state and a retry to any node that has them is a no-op.
+#[derive(Clone, PartialEq, Eq, Hash, Default, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct DedupMarks(BTreeMap<(String, String), crate::IntervalSet>);
+
+impl DedupMarks {
+    /// No marks.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Has `seq` of `(stream, source)` been applied?
+    pub fn contains(&self, stream: &str, source: &str, seq: u64) -> bool {
+        self.0
+            .get(&(stream.to_owned(), source.to_owned()))
+            .is_some_and(|s| s.contains(seq))
+    }
+    /// Marks `seq` of `(stream, source)`; returns true if it was new.
+    pub fn insert(&mut self, stream: &str, source: &str, seq: u64) -> bool {
+        self.0
+            .entry((stream.to_owned(), source.to_owned()))
+            .or_default()
+            .insert(seq)
+    }
+    /// The marks of one source.
+    pub fn get(&self, stream: &str, source: &str) -> Option<&crate::IntervalSet> {
+        self.0.get(&(stream.to_owned(), source.to_owned()))
+    }
+    /// Every `((stream, source), seqs)` entry.
+    pub fn iter(&self) -> impl Iterator<Item = (&(String, String), &crate::IntervalSet)> {
+        self.0.iter()
+    }
+    /// Sets one source's marks (for backends loading rows).
+    pub fn set(&mut self, stream: String, source: String, seqs: crate::IntervalSet) {
+        if seqs.is_empty() {
+            self.0.remove(&(stream, source));
+        } else {
+            self.0.insert((stream, source), seqs);
+        }
+    }
+    /// True when there is no mark.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// `self := self ∪ other`; returns the part of `other` that was new (redundancy removal).
+    pub fn join(&mut self, other: &DedupMarks) -> DedupMarks {
+        let mut new = DedupMarks::new();
+        for (k, theirs) in &other.0 {
+            let mine = self.0.entry(k.clone()).or_default();
+            let fresh = theirs.difference(mine);
+            if !fresh.is_empty() {
+                mine.union_with(&fresh);
+                new.0.insert(k.clone(), fresh);
+            }
+        }
+        new
+    }
+}

@@ -1,0 +1,91 @@
+//! The replication protocol's messages (DESIGN.md C1–C4). Encoded only through
+//! [`crate::codec`], which adds the version byte and enforces the frame size limit.
+
+use crate::model::{Delta, StateChunk};
+use tidemark_crdts::ReplicaId;
+
+/// One protocol message between two replicas.
+///
+/// `epoch` is the sender's incarnation (bumped at every boot); acknowledgements echo the epoch
+/// of what they acknowledge, and a replica drops acks that carry another epoch (pitfall #6).
+/// `log` is the id of the sender's delta log (its replica id): a cursor into a log is only
+/// meaningful for the same log id.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Message {
+    /// Sent when a peer comes up: who I am, and how far I have durably joined your log.
+    Hello {
+        /// The sender's replica id (also its log id).
+        replica: ReplicaId,
+        /// The sender's incarnation.
+        epoch: u64,
+        /// `(your log id, first seq I have not joined)`, if I have joined any of your log.
+        resume: Option<(ReplicaId, u64)>,
+    },
+    /// A delta-interval: the join of the sender's log entries `[from, end)` (minus BP skips).
+    Delta {
+        /// The sender's incarnation.
+        epoch: u64,
+        /// The sender's log id.
+        log: ReplicaId,
+        /// First log seq covered (the receiver's acknowledged cursor when it was built).
+        from: u64,
+        /// First log seq not covered.
+        end: u64,
+        /// The joined delta (empty when every entry in the interval came from the receiver).
+        delta: Delta,
+    },
+    /// The receiver's durable cursor into the sender's log, after a delta or a completed transfer.
+    Ack {
+        /// Echo of the epoch of the message acknowledged.
+        epoch: u64,
+        /// The log id acknowledged.
+        log: ReplicaId,
+        /// First seq of that log not yet joined.
+        upto: u64,
+    },
+    /// One chunk of a state transfer (for a peer that is new, evicted or behind compaction).
+    Chunk {
+        /// The sender's incarnation.
+        epoch: u64,
+        /// The sender's log id.
+        log: ReplicaId,
+        /// Transfer id (unique per sender incarnation).
+        transfer: u64,
+        /// Chunk index within the transfer, from 0.
+        index: u32,
+        /// The sender's log end when the transfer started: the receiver's cursor once it completes.
+        end: u64,
+        /// The chunk.
+        chunk: StateChunk,
+    },
+    /// Chunk `index` of `transfer` was durably applied; send the next.
+    ChunkAck {
+        /// Echo of the transfer's epoch.
+        epoch: u64,
+        /// The transfer.
+        transfer: u64,
+        /// The chunk applied.
+        index: u32,
+    },
+    /// The receiver cannot continue `transfer` (it lost track, e.g. after a restart): restart it.
+    ChunkNack {
+        /// Echo of the transfer's epoch.
+        epoch: u64,
+        /// The transfer.
+        transfer: u64,
+    },
+}
+
+impl Message {
+    /// A short name for metrics and traces.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Message::Hello { .. } => "hello",
+            Message::Delta { .. } => "delta",
+            Message::Ack { .. } => "ack",
+            Message::Chunk { .. } => "chunk",
+            Message::ChunkAck { .. } => "chunk_ack",
+            Message::ChunkNack { .. } => "chunk_nack",
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! The sans-IO replication core (DESIGN.md part C): deterministic, no tokio, no sockets, no
+//! clock, no OS randomness. Time (`now`) and a seeded RNG come in as arguments; the outside
+//! world is reached only through `poll_*` outputs and the [`StateStore`] trait.
+
+pub mod message;
+pub mod state_store;
+
+pub use message::Message;
+pub use state_store::{ApplyOutcome, ChunkRead, LogInterval, StateStore};
+
+/// A peer's identity as the host knows it (e.g. derived from its certificate's node name, or
+/// a simulation's node index). Stable across the peer's restarts and wipes; the peer's replica
+/// id and epoch tell incarnations apart.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, serde::Serialize, serde::Deserialize)]
+pub struct PeerId(pub u64);

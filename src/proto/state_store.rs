@@ -1,0 +1,118 @@
+//! The storage interface of the replication core: the only way `proto` reaches state.
+//!
+//! The durable node implements it over redb tables ([`crate::store::RedbStore`]); tests and
+//! simulations may implement it in memory. Every mutating call is durable when it returns.
+
+use crate::apply::Rejected;
+use crate::model::{Delta, StateChunk};
+use crate::proto::PeerId;
+use tidemark_crdts::{CausalContext, Key, ReplicaId};
+
+/// What a durable join of a remote delta or chunk did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ApplyOutcome {
+    /// True when the state changed (the inflating part was logged for forwarding).
+    pub inflated: bool,
+    /// Keys whose values changed (for watchers and views).
+    pub changed: Vec<Key>,
+    /// Remote LWW timestamps that were too far ahead for the local clock: the data was joined
+    /// (convergence needs it) but the clock was not advanced (DESIGN.md A4).
+    pub hlc_rejected: u64,
+}
+
+/// A bounded slice of the delta log, coalesced into one delta (a delta-interval, DESIGN.md C1).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogInterval {
+    /// The join of the included entries (`None` when every entry was skipped by BP).
+    pub delta: Option<Delta>,
+    /// The first log sequence number *not* covered: the receiver's cursor after joining.
+    pub end: u64,
+}
+
+/// A chunk of full state read for a transfer, plus where the next chunk starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkRead {
+    /// The entries of the range, in key order.
+    pub entries: Vec<(Key, tidemark_crdts::Entry)>,
+    /// The last key included (the next chunk starts after it); `None` when the range is empty.
+    pub last_key: Option<Key>,
+    /// True when no key follows the range.
+    pub done: bool,
+}
+
+/// Storage as seen by the sans-IO replication core. Implementations must be durable: when a
+/// mutating call returns `Ok`, its effect survives a crash (or the node refuses to start).
+pub trait StateStore {
+    /// Storage failure. After any error the caller must stop using the store for writes.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// This replica's id (the log's identity: a wiped store gets a new one).
+    fn replica_id(&self) -> ReplicaId;
+
+    /// The causal context of everything durably stored here.
+    fn context(&self) -> &CausalContext;
+
+    /// The retained log as `[start, end)`: `end` is the next sequence number to be written.
+    fn log_bounds(&self) -> (u64, u64);
+
+    /// Joins log entries from `from` onward into one delta, skipping entries whose origin is
+    /// `exclude` (BP), and stopping once the joined entries reach `bytes_max` encoded bytes
+    /// (at least one entry is taken, so progress is always made).
+    ///
+    /// # Errors
+    /// Storage failures; asking below the retained start is an error of the implementation's
+    /// choosing (callers check [`StateStore::log_bounds`] first).
+    fn log_interval(
+        &mut self,
+        from: u64,
+        exclude: Option<PeerId>,
+        bytes_max: usize,
+    ) -> Result<LogInterval, Self::Error>;
+
+    /// Durably joins a remote delta from `origin` with redundancy removal: only the inflating
+    /// part is stored and logged (tagged with `origin`). `cursor` is `(origin's log id, end)`:
+    /// how far into the origin's log this delta brings us, recorded in the same transaction.
+    ///
+    /// Returns `Ok(Err(reason))` for an invalid delta: nothing was applied, the store stays usable.
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn apply_remote(
+        &mut self,
+        origin: PeerId,
+        delta: Delta,
+        cursor: Option<(ReplicaId, u64)>,
+        now_ms: u64,
+    ) -> Result<Result<ApplyOutcome, Rejected>, Self::Error>;
+
+    /// The durable cursor into `peer`'s log: `(peer's log id, first seq not yet joined)`.
+    fn peer_cursor(&self, peer: PeerId) -> Option<(ReplicaId, u64)>;
+
+    /// Reads the entries of keys after `after`, up to about `bytes_max` encoded bytes (at least
+    /// one key when any remains).
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn read_chunk(&mut self, after: Option<&Key>, bytes_max: usize) -> Result<ChunkRead, Self::Error>;
+
+    /// Durably applies one chunk of a state transfer from `origin` (range-scoped join; the
+    /// final chunk also joins the transfer's context and marks and records `cursor`).
+    ///
+    /// Returns `Ok(Err(reason))` for an invalid chunk: nothing was applied.
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn apply_chunk(
+        &mut self,
+        origin: PeerId,
+        chunk: StateChunk,
+        cursor: Option<(ReplicaId, u64)>,
+        now_ms: u64,
+    ) -> Result<Result<ApplyOutcome, Rejected>, Self::Error>;
+
+    /// Drops log entries below `below` (the stable frontier); returns the bytes reclaimed.
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn truncate_log(&mut self, below: u64) -> Result<u64, Self::Error>;
+}
