@@ -15,5 +15,6 @@ pub mod codec;
 pub mod config;
 pub mod model;
 pub mod proto;
+pub mod store;
 
 pub use tidemark_crdts as crdts;

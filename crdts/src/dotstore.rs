@@ -39,7 +39,7 @@ pub trait DotStore: Clone + Default + PartialEq + Debug {
 
 /// A set of dots (the payload of an add-wins set element).
 #[derive(Clone, PartialEq, Eq, Hash, Default, Debug)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+// serde: hand-written in `serde_impls` below (canonical-form checks) / `crate::codec`.
 pub struct DotSet(Vec<Dot>);
 
 impl DotSet {
@@ -145,7 +145,7 @@ impl DotStore for DotSet {
 /// Values under the same dot are identical for correct replicas; on conflicting input the
 /// join keeps the larger value so it stays commutative.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+// serde: hand-written in `serde_impls` below (canonical-form checks) / `crate::codec`.
 pub struct DotFun<V>(Vec<(Dot, V)>);
 
 impl<V> Default for DotFun<V> {
@@ -232,7 +232,7 @@ impl<V: Clone + Ord + Debug> DotStore for DotFun<V> {
 
 /// A map from keys to nested dot stores sharing one context. Empty children are dropped.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+// serde: hand-written in `serde_impls` below (canonical-form checks) / `crate::codec`.
 pub struct DotMap<K: Ord, S>(BTreeMap<K, S>);
 
 impl<K: Ord, S> Default for DotMap<K, S> {
@@ -342,7 +342,7 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotStore for DotMap<K, S> {
 /// Guarantees: `join` is the causal join of DESIGN.md B2 (a join-semilattice: commutative,
 /// associative, idempotent); for states and deltas built by this crate `dots(store) ⊆ ctx` (I3).
 #[derive(Clone, PartialEq, Eq, Hash, Default, Debug)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+// serde: hand-written in `crate::codec` (compact replica-table encoding).
 pub struct Causal<S> {
     /// The dot store.
     pub store: S,
@@ -394,6 +394,114 @@ impl<S: DotStore> Causal<S> {
             None
         } else {
             Some(Causal { store, ctx })
+        }
+    }
+}
+
+/// Serde for the dot stores (DESIGN.md A11): the same shapes the plain derives wrote (newtypes
+/// over a sequence or map), but decoding accepts only canonical input, so a decoded store
+/// satisfies the invariants `is_canonical` states. How each [`Dot`] inside is written (in full,
+/// or as an index into the enclosing [`Causal`]'s replica table) is decided by `crate::codec`.
+#[cfg(feature = "serde")]
+mod serde_impls {
+    use super::{BTreeMap, Dot, DotFun, DotMap, DotSet, DotStore};
+    use core::fmt;
+    use core::marker::PhantomData;
+    use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
+    use serde::ser::{Serialize, Serializer};
+
+    impl Serialize for DotSet {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_newtype_struct("DotSet", &self.0)
+        }
+    }
+
+    impl<'de> Deserialize<'de> for DotSet {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            #[derive(serde::Deserialize)]
+            #[serde(rename = "DotSet")]
+            struct Raw(Vec<Dot>);
+            let set = DotSet(Raw::deserialize(d)?.0);
+            if set.is_canonical() {
+                Ok(set)
+            } else {
+                Err(de::Error::custom("dot set is not strictly ascending"))
+            }
+        }
+    }
+
+    impl<V: Serialize> Serialize for DotFun<V> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_newtype_struct("DotFun", &self.0)
+        }
+    }
+
+    impl<'de, V: Deserialize<'de>> Deserialize<'de> for DotFun<V> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            #[derive(serde::Deserialize)]
+            #[serde(rename = "DotFun")]
+            struct Raw<V>(Vec<(Dot, V)>);
+            let entries = Raw::<V>::deserialize(d)?.0;
+            // Same test as `DotFun::is_canonical`, which needs more bounds on `V` than serde.
+            if entries.windows(2).all(|w| w[0].0 < w[1].0) {
+                Ok(DotFun(entries))
+            } else {
+                Err(de::Error::custom("dot fun is not strictly ascending by dot"))
+            }
+        }
+    }
+
+    impl<K: Ord + Serialize, S: Serialize> Serialize for DotMap<K, S> {
+        fn serialize<Ser: Serializer>(&self, s: Ser) -> Result<Ser::Ok, Ser::Error> {
+            s.serialize_newtype_struct("DotMap", &self.0)
+        }
+    }
+
+    impl<'de, K: Ord + Deserialize<'de>, S: DotStore + Deserialize<'de>> Deserialize<'de> for DotMap<K, S> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            /// Reads the map strictly: keys strictly ascending (no duplicate silently dropped)
+            /// and no bottom child, i.e. exactly the canonical encoding of a `DotMap`.
+            struct MapVisitor<K, S>(PhantomData<(K, S)>);
+
+            impl<'de, K: Ord + Deserialize<'de>, S: DotStore + Deserialize<'de>> Visitor<'de> for MapVisitor<K, S> {
+                type Value = BTreeMap<K, S>;
+
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a map with strictly ascending keys and non-empty children")
+                }
+
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                    // Not pre-sized from the claimed length: it is untrusted input.
+                    let mut entries: Vec<(K, S)> = Vec::new();
+                    while let Some((k, child)) = map.next_entry::<K, S>()? {
+                        if entries.last().is_some_and(|(prev, _)| *prev >= k) {
+                            return Err(de::Error::custom("dot map keys are not strictly ascending"));
+                        }
+                        if child.is_bottom() {
+                            return Err(de::Error::custom("dot map holds an empty child"));
+                        }
+                        entries.push((k, child));
+                    }
+                    // Sorted input: `collect` builds the tree in bulk.
+                    Ok(entries.into_iter().collect())
+                }
+            }
+
+            struct NewtypeVisitor<K, S>(PhantomData<(K, S)>);
+
+            impl<'de, K: Ord + Deserialize<'de>, S: DotStore + Deserialize<'de>> Visitor<'de> for NewtypeVisitor<K, S> {
+                type Value = DotMap<K, S>;
+
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a dot map")
+                }
+
+                fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                    d.deserialize_map(MapVisitor(PhantomData)).map(DotMap)
+                }
+            }
+
+            d.deserialize_newtype_struct("DotMap", NewtypeVisitor(PhantomData))
         }
     }
 }

@@ -23,6 +23,8 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+#[cfg(feature = "serde")]
+pub mod codec;
 pub mod context;
 pub mod counter;
 pub mod dotstore;

@@ -95,6 +95,12 @@ pub trait StateStore {
     /// Storage failures.
     fn read_chunk(&mut self, after: Option<&Key>, bytes_max: usize) -> Result<ChunkRead, Self::Error>;
 
+    /// Every dedup mark held (sent with the final chunk of a state transfer).
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn dedup_marks(&mut self) -> Result<tidemark_crdts::DedupMarks, Self::Error>;
+
     /// Durably applies one chunk of a state transfer from `origin` (range-scoped join; the
     /// final chunk also joins the transfer's context and marks and records `cursor`).
     ///

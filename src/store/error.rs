@@ -1,0 +1,58 @@
+//! Errors of the durable store.
+
+use crate::codec::CodecError;
+
+/// A failure of the durable store. After any error from a write path the store is halted:
+/// nothing more is acknowledged until it is reopened (no retry-and-continue after an fsync
+/// error, TESTING.md #25).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// Another process (or another `Node` in this one) has the data directory open.
+    #[error("data directory {path} is in use by another tidemark process")]
+    AlreadyOpen {
+        /// The database path.
+        path: String,
+    },
+    /// redb reported an error (I/O, corruption, commit failure).
+    #[error("storage engine: {0}")]
+    Redb(#[from] redb::Error),
+    /// A stored record could not be decoded: the database is corrupt or from another build.
+    #[error("corrupt record in table {table}: {source}")]
+    Codec {
+        /// The table.
+        table: &'static str,
+        /// The decode error.
+        source: CodecError,
+    },
+    /// The stored state violates an invariant the node relies on.
+    #[error("stored state is inconsistent: {0}")]
+    Corrupt(String),
+    /// A previous commit failed; the store accepts no more writes until reopened.
+    #[error("the store stopped accepting writes after an earlier storage failure: {0}")]
+    Halted(String),
+    /// A local operation does not apply to its key (callers validate first; nothing was
+    /// written and the store stays usable).
+    #[error("invalid operation: {0}")]
+    InvalidOp(String),
+    /// A peer asked for log entries that compaction already dropped.
+    #[error("log entries below {start} were compacted")]
+    LogTruncated {
+        /// The first retained log seq.
+        start: u64,
+    },
+    /// Filesystem error around the database (creating the data directory).
+    #[error("i/o error on {path}: {source}")]
+    Io {
+        /// The path.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+impl StoreError {
+    pub(crate) fn redb<E: Into<redb::Error>>(e: E) -> Self {
+        StoreError::Redb(e.into())
+    }
+}

@@ -1,0 +1,347 @@
+//! The durable store: a node's replicated state in one redb database (DESIGN.md A5, A6, D).
+//!
+//! State lives in per-key rows with a dot → key index, so memory stays bounded by the page
+//! cache whatever the store's size, and a delta's join touches O(|δ|) rows. Every commit group,
+//! local or remote, is one redb write transaction holding its rows, dot index updates, delta-log
+//! entry, causal context, dedup marks, HLC mark and cursors; in-memory mirrors (context, HLC, log
+//! bounds) are updated only after that transaction committed.
+//!
+//! This module is the only one that knows redb tables; readers use [`Reader`] (MVCC read
+//! transactions that never block the writer).
+
+mod error;
+mod local;
+mod read;
+mod replicate;
+mod rows;
+pub(crate) mod tables;
+
+pub use error::StoreError;
+pub use local::{EventId, LocalCommit, LocalWrite};
+pub use read::Reader;
+pub use tables::LogRecord;
+
+use crate::codec;
+use crate::config::{Durability, Limits};
+use crate::proto::PeerId;
+use redb::{Database, ReadableTable, StorageBackend, WriteTransaction};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tables::{
+    CURSORS, DEDUP, DOTS, LOG, META, META_CONTEXT, META_EPOCH, META_HLC, META_LOG_BOUNDS,
+    META_REPLICA, META_TRUNCATED, ROWS,
+};
+use tidemark_crdts::{CausalContext, Hlc, ReplicaId};
+
+/// The database file inside the data directory.
+pub const DB_FILE: &str = "tidemark.redb";
+
+/// Counters for metrics (monotonic since open).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Write transactions committed (local groups, remote joins, chunks, compactions).
+    pub commits: u64,
+    /// Local operations applied.
+    pub ops_applied: u64,
+    /// Local events skipped as duplicates (dedup marks).
+    pub duplicates: u64,
+    /// Remote deltas and chunks that inflated the state.
+    pub remote_inflations: u64,
+    /// Remote deltas and chunks that brought nothing new (redundancy removal dropped them).
+    pub remote_redundant: u64,
+    /// Remote deltas and chunks rejected by validation.
+    pub rejected: u64,
+    /// Remote LWW timestamps too far ahead for the local clock.
+    pub hlc_rejected: u64,
+    /// Bytes of log entries dropped by compaction.
+    pub compaction_reclaimed_bytes: u64,
+}
+
+/// Options for opening a store.
+#[derive(Clone, Debug, Default)]
+pub struct OpenOptions {
+    /// Limits (sizes, cache).
+    pub limits: Limits,
+    /// Durability of commits.
+    pub durability: Durability,
+    /// Replica id to mint when the store is new (tests and simulations pass a deterministic
+    /// one); `None` mints a random v4 UUID.
+    pub new_replica_id: Option<ReplicaId>,
+}
+
+/// A node's durable state. Single writer: only the owner of `&mut RedbStore` writes.
+pub struct RedbStore {
+    db: Arc<Database>,
+    path: Option<PathBuf>,
+    replica: ReplicaId,
+    epoch: u64,
+    ctx: CausalContext,
+    hlc: Hlc,
+    log_start: u64,
+    log_end: u64,
+    truncated: CausalContext,
+    cursors: BTreeMap<PeerId, (ReplicaId, u64)>,
+    options: OpenOptions,
+    halted: Option<String>,
+    stats: StoreStats,
+}
+
+impl std::fmt::Debug for RedbStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedbStore")
+            .field("path", &self.path)
+            .field("replica", &self.replica)
+            .field("epoch", &self.epoch)
+            .field("log", &(self.log_start, self.log_end))
+            .finish_non_exhaustive()
+    }
+}
+
+fn meta_get<T: serde::de::DeserializeOwned>(
+    txn: &WriteTransaction,
+    name: &str,
+    max: usize,
+) -> Result<Option<T>, StoreError> {
+    let table = txn.open_table(META).map_err(StoreError::redb)?;
+    let Some(g) = table.get(name).map_err(StoreError::redb)? else {
+        return Ok(None);
+    };
+    codec::decode("meta record", g.value(), max)
+        .map(Some)
+        .map_err(|source| StoreError::Codec {
+            table: "meta",
+            source,
+        })
+}
+
+pub(crate) fn meta_put<T: serde::Serialize>(txn: &WriteTransaction, name: &str, value: &T) -> Result<(), StoreError> {
+    let bytes = codec::encode("meta record", value).map_err(|source| StoreError::Codec {
+        table: "meta",
+        source,
+    })?;
+    let mut table = txn.open_table(META).map_err(StoreError::redb)?;
+    table.insert(name, bytes.as_slice()).map_err(StoreError::redb)?;
+    Ok(())
+}
+
+fn random_replica_id() -> ReplicaId {
+    ReplicaId::from_bytes(*uuid::Uuid::new_v4().as_bytes())
+}
+
+impl RedbStore {
+    /// Opens (or creates) the store in `dir`, creating the directory with mode 0700.
+    ///
+    /// # Errors
+    /// [`StoreError::AlreadyOpen`] when another process holds the directory; storage and
+    /// corruption errors (the node must not start then).
+    pub fn open(dir: &Path, options: OpenOptions) -> Result<Self, StoreError> {
+        let io = |source| StoreError::Io {
+            path: dir.display().to_string(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
+        }
+        let path = dir.join(DB_FILE);
+        let db = redb::Builder::new()
+            .set_cache_size(options.limits.cache_bytes)
+            .create(&path)
+            .map_err(|e| match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => StoreError::AlreadyOpen {
+                    path: path.display().to_string(),
+                },
+                other => StoreError::redb(other),
+            })?;
+        Self::init(db, Some(path), options)
+    }
+
+    /// Opens (or creates) the store on a custom redb backend (in-memory, fault-injecting).
+    ///
+    /// # Errors
+    /// As [`RedbStore::open`].
+    pub fn open_with_backend(backend: impl StorageBackend, options: OpenOptions) -> Result<Self, StoreError> {
+        let db = redb::Builder::new()
+            .set_cache_size(options.limits.cache_bytes)
+            .create_with_backend(backend)
+            .map_err(StoreError::redb)?;
+        Self::init(db, None, options)
+    }
+
+    fn init(db: Database, path: Option<PathBuf>, options: OpenOptions) -> Result<Self, StoreError> {
+        let max = options.limits.record_bytes_max;
+        let txn = db.begin_write().map_err(StoreError::redb)?;
+        for t in [ROWS, DOTS, DEDUP] {
+            txn.open_table(t).map_err(StoreError::redb)?;
+        }
+        txn.open_table(LOG).map_err(StoreError::redb)?;
+        txn.open_table(CURSORS).map_err(StoreError::redb)?;
+        let existing: Option<ReplicaId> = meta_get(&txn, META_REPLICA, max)?;
+        let ctx: CausalContext = meta_get(&txn, META_CONTEXT, max)?.unwrap_or_default();
+        let mut replica = match existing {
+            Some(r) => r,
+            None => options.new_replica_id.unwrap_or_else(random_replica_id),
+        };
+        // Invariant I2 / pitfall E1: our own dots must be contiguous, or next_dot could reissue
+        // one. If they are not, continue under a fresh replica id instead of risking it.
+        if !ctx.own_dots_contiguous(replica) {
+            tracing::warn!(%replica, "own dots are not contiguous in the stored context; minting a new replica id");
+            replica = random_replica_id();
+        }
+        let epoch = meta_get::<u64>(&txn, META_EPOCH, max)?.unwrap_or(0).saturating_add(1);
+        let mark: (u64, u32) = meta_get(&txn, META_HLC, max)?.unwrap_or((0, 0));
+        let (log_start, log_end): (u64, u64) = meta_get(&txn, META_LOG_BOUNDS, max)?.unwrap_or((0, 0));
+        if log_start > log_end {
+            return Err(StoreError::Corrupt(format!("log bounds {log_start} > {log_end}")));
+        }
+        let truncated: CausalContext = meta_get(&txn, META_TRUNCATED, max)?.unwrap_or_default();
+        let mut cursors = BTreeMap::new();
+        {
+            let table = txn.open_table(CURSORS).map_err(StoreError::redb)?;
+            for item in table.iter().map_err(StoreError::redb)? {
+                let (k, v) = item.map_err(StoreError::redb)?;
+                let cursor: (ReplicaId, u64) =
+                    codec::decode("cursor", v.value(), max).map_err(|source| StoreError::Codec {
+                        table: "cursors",
+                        source,
+                    })?;
+                cursors.insert(PeerId(k.value()), cursor);
+            }
+        }
+        meta_put(&txn, META_REPLICA, &replica)?;
+        meta_put(&txn, META_EPOCH, &epoch)?;
+        meta_put(&txn, META_CONTEXT, &ctx)?;
+        meta_put(&txn, META_LOG_BOUNDS, &(log_start, log_end))?;
+        txn.commit().map_err(StoreError::redb)?;
+        let hlc = Hlc::restore(replica, mark, options.limits.max_clock_drift_ms);
+        Ok(Self {
+            db: Arc::new(db),
+            path,
+            replica,
+            epoch,
+            ctx,
+            hlc,
+            log_start,
+            log_end,
+            truncated,
+            cursors,
+            options,
+            halted: None,
+            stats: StoreStats::default(),
+        })
+    }
+
+    /// This replica's id.
+    pub fn replica(&self) -> ReplicaId {
+        self.replica
+    }
+
+    /// This incarnation's epoch (1 on first open, +1 at every open).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The causal context of everything committed.
+    pub fn ctx(&self) -> &CausalContext {
+        &self.ctx
+    }
+
+    /// The HLC high-water mark committed with the last write.
+    pub fn hlc_mark(&self) -> (u64, u32) {
+        self.hlc.mark()
+    }
+
+    /// Counters since open.
+    pub fn stats(&self) -> &StoreStats {
+        &self.stats
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.options.limits
+    }
+
+    /// The context of every log entry compaction dropped: a peer whose context does not
+    /// include it must get a state transfer instead of deltas.
+    pub fn truncated_context(&self) -> &CausalContext {
+        &self.truncated
+    }
+
+    /// A reader sharing this database (MVCC snapshots; never blocks the writer).
+    pub fn reader(&self) -> Reader {
+        Reader::new(Arc::clone(&self.db), self.options.limits.clone())
+    }
+
+    /// Why the store halted, if a write failed.
+    pub fn halted(&self) -> Option<&str> {
+        self.halted.as_deref()
+    }
+
+    fn check_halted(&self) -> Result<(), StoreError> {
+        match &self.halted {
+            Some(why) => Err(StoreError::Halted(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs a write path; any storage failure halts the store (no retry-and-continue).
+    fn guarded<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        self.check_halted()?;
+        let r = f(self);
+        if let Err(e) = &r {
+            if !matches!(e, StoreError::InvalidOp(_)) {
+                tracing::error!(error = %e, "storage write failed; halting writes");
+                self.halted = Some(e.to_string());
+            }
+        }
+        r
+    }
+
+    fn begin(&self) -> Result<WriteTransaction, StoreError> {
+        let mut txn = self.db.begin_write().map_err(StoreError::redb)?;
+        let durability = match self.options.durability {
+            Durability::Immediate => redb::Durability::Immediate,
+            Durability::Relaxed => redb::Durability::None,
+        };
+        txn.set_durability(durability).map_err(StoreError::redb)?;
+        Ok(txn)
+    }
+
+    /// Forces a durable commit of everything committed so far (meaningful in relaxed mode).
+    ///
+    /// # Errors
+    /// Storage failures (the store halts).
+    pub fn sync(&mut self) -> Result<(), StoreError> {
+        self.guarded(|s| {
+            let mut txn = s.db.begin_write().map_err(StoreError::redb)?;
+            txn.set_durability(redb::Durability::Immediate).map_err(StoreError::redb)?;
+            meta_put(&txn, META_HLC, &s.hlc.mark())?;
+            txn.commit().map_err(StoreError::redb)?;
+            Ok(())
+        })
+    }
+
+    /// Runs redb's integrity check (used by crash tests; needs exclusive access).
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub fn check_integrity(&mut self) -> Result<bool, StoreError> {
+        match Arc::get_mut(&mut self.db) {
+            Some(db) => db.check_integrity().map_err(StoreError::redb),
+            None => Err(StoreError::Corrupt("integrity check needs exclusive access (drop readers first)".into())),
+        }
+    }
+
+    /// Checks the store's invariants against its tables: every live dot is in the context and
+    /// indexed to its key, every index entry points at a row holding that dot, and the context
+    /// committed equals the one in memory (TESTING.md G7 5 and #22). Cost O(store).
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] naming the first violation; storage failures.
+    pub fn verify(&self) -> Result<(), StoreError> {
+        self.reader().verify(&self.ctx)
+    }
+}

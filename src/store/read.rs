@@ -1,0 +1,165 @@
+//! Readers: MVCC read transactions over the store's tables. A reader sees the last committed
+//! state, never blocks the writer, and is cheap to clone and share across threads.
+
+use super::error::StoreError;
+use super::rows::decode_entry;
+use super::tables::{dot_bytes, key_bytes, kind_prefix, parse_key, DOTS, META, META_CONTEXT, ROWS};
+use crate::codec;
+use crate::config::Limits;
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use std::ops::Bound;
+use std::sync::Arc;
+use tidemark_crdts::{CausalContext, DotStore, Entry, Key, KeyKind, Value};
+
+/// A shareable read handle on the store.
+#[derive(Clone)]
+pub struct Reader {
+    db: Arc<Database>,
+    limits: Limits,
+}
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader").finish_non_exhaustive()
+    }
+}
+
+impl Reader {
+    pub(crate) fn new(db: Arc<Database>, limits: Limits) -> Self {
+        Self { db, limits }
+    }
+
+    /// The committed entry of `key`.
+    ///
+    /// # Errors
+    /// Storage failures and corrupt rows.
+    pub fn entry(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
+        match rows.get(key_bytes(key).as_slice()).map_err(StoreError::redb)? {
+            Some(g) => Ok(Some(decode_entry(g.value(), self.limits.record_bytes_max)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The committed value of `key` (`None` when the key holds nothing).
+    ///
+    /// # Errors
+    /// Storage failures and corrupt rows.
+    pub fn get(&self, key: &Key) -> Result<Option<Value>, StoreError> {
+        Ok(self.entry(key)?.map(|e| e.value()))
+    }
+
+    /// Up to `limit` keys of `kind` whose names start with `prefix` and sort after `after`,
+    /// ascending, with their values.
+    ///
+    /// # Errors
+    /// Storage failures and corrupt rows.
+    pub fn list(&self, kind: KeyKind, prefix: &str, after: Option<&str>, limit: usize) -> Result<Vec<(Key, Value)>, StoreError> {
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
+        let start = match after {
+            Some(a) if a >= prefix => key_bytes(&Key::new(kind, a)),
+            _ => key_bytes(&Key::new(kind, prefix)),
+        };
+        let excl = after.is_some_and(|a| a >= prefix);
+        let lo: Bound<&[u8]> = if excl {
+            Bound::Excluded(start.as_slice())
+        } else {
+            Bound::Included(start.as_slice())
+        };
+        let kp = kind_prefix(kind);
+        let mut out = Vec::new();
+        for item in rows.range::<&[u8]>((lo, Bound::Unbounded)).map_err(StoreError::redb)? {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = item.map_err(StoreError::redb)?;
+            let kb = k.value();
+            if kb.first() != kp.first() || !kb[1..].starts_with(prefix.as_bytes()) {
+                break;
+            }
+            let key = parse_key(kb).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
+            out.push((key, decode_entry(v.value(), self.limits.record_bytes_max)?.value()));
+        }
+        Ok(out)
+    }
+
+    /// The committed causal context.
+    ///
+    /// # Errors
+    /// Storage failures and corrupt records.
+    pub fn context(&self) -> Result<CausalContext, StoreError> {
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let meta = rtxn.open_table(META).map_err(StoreError::redb)?;
+        match meta.get(META_CONTEXT).map_err(StoreError::redb)? {
+            Some(g) => codec::decode("meta record", g.value(), self.limits.record_bytes_max).map_err(|source| {
+                StoreError::Codec {
+                    table: "meta",
+                    source,
+                }
+            }),
+            None => Ok(CausalContext::new()),
+        }
+    }
+
+    /// Every committed entry, ascending by key (tests, digests; O(store)).
+    ///
+    /// # Errors
+    /// Storage failures and corrupt rows.
+    pub fn entries(&self) -> Result<Vec<(Key, Entry)>, StoreError> {
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
+        let mut out = Vec::new();
+        for item in rows.iter().map_err(StoreError::redb)? {
+            let (k, v) = item.map_err(StoreError::redb)?;
+            let key = parse_key(k.value()).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
+            out.push((key, decode_entry(v.value(), self.limits.record_bytes_max)?));
+        }
+        Ok(out)
+    }
+
+    /// Checks the committed tables against `expected_ctx` (see [`super::RedbStore::verify`]).
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] naming the first violation.
+    pub fn verify(&self, expected_ctx: &CausalContext) -> Result<(), StoreError> {
+        let ctx = self.context()?;
+        if &ctx != expected_ctx {
+            return Err(StoreError::Corrupt("committed context differs from the in-memory one".into()));
+        }
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let dots = rtxn.open_table(DOTS).map_err(StoreError::redb)?;
+        let mut live = 0u64;
+        for (key, entry) in self.entries()? {
+            let mut problem = None;
+            entry.for_each_dot(&mut |d| {
+                live += 1;
+                if problem.is_none() && !ctx.contains(&d) {
+                    problem = Some(format!("{key} holds {d:?} outside the context"));
+                }
+            });
+            if let Some(p) = problem {
+                return Err(StoreError::Corrupt(p));
+            }
+            let mut missing = None;
+            entry.for_each_dot(&mut |d| {
+                if missing.is_some() {
+                    return;
+                }
+                match dots.get(dot_bytes(d).as_slice()) {
+                    Ok(Some(g)) if g.value() == key_bytes(&key).as_slice() => {}
+                    _ => missing = Some(format!("{key}: {d:?} is not indexed to it")),
+                }
+            });
+            if let Some(m) = missing {
+                return Err(StoreError::Corrupt(m));
+            }
+        }
+        let indexed = dots.len().map_err(StoreError::redb)?;
+        if indexed != live {
+            return Err(StoreError::Corrupt(format!("dot index holds {indexed} dots, rows hold {live}")));
+        }
+        Ok(())
+    }
+}

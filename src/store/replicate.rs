@@ -1,0 +1,378 @@
+//! The replication side of the store: [`StateStore`] for the sans-IO core, plus
+//! `deltas_since` and log compaction.
+
+use super::error::StoreError;
+use super::rows::TxnRows;
+use super::tables::{
+    dedup_key, LogRecord, CURSORS, DEDUP, DOTS, LOG, META_CONTEXT, META_HLC, META_LOG_BOUNDS,
+    META_TRUNCATED, ROWS,
+};
+use super::{meta_put, RedbStore};
+use crate::apply::{self, Rejected};
+use crate::codec;
+use crate::model::{Delta, StateChunk};
+use crate::proto::{ApplyOutcome, ChunkRead, LogInterval, PeerId, StateStore};
+use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
+use tidemark_crdts::store::{join_delta, JoinOutcome};
+use tidemark_crdts::{CausalContext, DedupMarks, IntervalSet, Key, ReplicaId};
+
+/// Result of [`RedbStore::deltas_since`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeltasSince {
+    /// The join of every retained log entry the peer lacks, up to the byte bound.
+    Deltas {
+        /// The joined delta (empty when the peer lacks nothing).
+        delta: Delta,
+        /// True when the byte bound stopped the scan: call again after joining this.
+        more: bool,
+    },
+    /// Compaction dropped entries the peer lacks: it needs a state transfer.
+    NeedsStateTransfer,
+}
+
+fn codec_err(table: &'static str) -> impl Fn(codec::CodecError) -> StoreError {
+    move |source| StoreError::Codec { table, source }
+}
+
+impl RedbStore {
+    fn read_log_record(&self, bytes: &[u8]) -> Result<LogRecord, StoreError> {
+        codec::decode("log record", bytes, self.options.limits.record_bytes_max).map_err(codec_err("log"))
+    }
+
+    /// Every retained log delta a peer at `remote` lacks, joined, up to about `bytes_max`
+    /// encoded bytes ("heads and needs" against a version vector or full context).
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub fn deltas_since(&self, remote: &CausalContext, bytes_max: usize) -> Result<DeltasSince, StoreError> {
+        if !self.truncated.is_subset(remote) {
+            return Ok(DeltasSince::NeedsStateTransfer);
+        }
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let log = rtxn.open_table(LOG).map_err(StoreError::redb)?;
+        let mut delta = Delta::default();
+        let mut bytes = 0usize;
+        for item in log.range(self.log_start..).map_err(StoreError::redb)? {
+            let (_, v) = item.map_err(StoreError::redb)?;
+            if bytes >= bytes_max {
+                return Ok(DeltasSince::Deltas { delta, more: true });
+            }
+            let record = self.read_log_record(v.value())?;
+            if !record.delta.state.ctx.is_subset(remote) {
+                bytes += v.value().len();
+                delta.join(record.delta);
+            }
+        }
+        Ok(DeltasSince::Deltas { delta, more: false })
+    }
+
+    /// Joins a remote delta durably (see [`StateStore::apply_remote`]), without a peer cursor.
+    ///
+    /// # Errors
+    /// Storage failures (the store halts). An invalid delta is `Ok(Err(_))`.
+    pub fn apply_remote_delta(&mut self, origin: PeerId, delta: Delta, now_ms: u64) -> Result<Result<ApplyOutcome, Rejected>, StoreError> {
+        self.apply_remote(origin, delta, None, now_ms)
+    }
+
+    fn write_marks(&self, txn: &WriteTransaction, marks: &DedupMarks) -> Result<DedupMarks, StoreError> {
+        let max = self.options.limits.record_bytes_max;
+        let mut fresh = DedupMarks::new();
+        let mut table = txn.open_table(DEDUP).map_err(StoreError::redb)?;
+        for ((stream, source), theirs) in marks.iter() {
+            let k = dedup_key(stream, source);
+            let mut mine: IntervalSet = match table.get(k.as_slice()).map_err(StoreError::redb)? {
+                Some(g) => codec::decode("dedup marks", g.value(), max).map_err(codec_err("dedup"))?,
+                None => IntervalSet::new(),
+            };
+            let new = theirs.difference(&mine);
+            if new.is_empty() {
+                continue;
+            }
+            mine.union_with(&new);
+            let bytes = codec::encode("dedup marks", &mine).map_err(codec_err("dedup"))?;
+            table.insert(k.as_slice(), bytes.as_slice()).map_err(StoreError::redb)?;
+            fresh.set(stream.clone(), source.clone(), new);
+        }
+        Ok(fresh)
+    }
+
+    /// The common tail of a remote join: marks, log entry, cursor, meta, commit, mirrors.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_remote(
+        &mut self,
+        txn: WriteTransaction,
+        origin: PeerId,
+        outcome: JoinOutcome,
+        marks: &DedupMarks,
+        ctx: CausalContext,
+        cursor: Option<(ReplicaId, u64)>,
+        hlc: tidemark_crdts::Hlc,
+        hlc_rejected: u64,
+    ) -> Result<ApplyOutcome, StoreError> {
+        let fresh_marks = self.write_marks(&txn, marks)?;
+        let mut log_end = self.log_end;
+        let inflated = outcome.inflation.is_some() || !fresh_marks.is_empty();
+        if inflated {
+            let record = LogRecord {
+                origin: Some(origin),
+                delta: Delta {
+                    state: outcome.inflation.unwrap_or_default(),
+                    marks: fresh_marks,
+                },
+            };
+            let bytes = codec::encode("log record", &record).map_err(codec_err("log"))?;
+            let mut log_t = txn.open_table(LOG).map_err(StoreError::redb)?;
+            log_t.insert(log_end, bytes.as_slice()).map_err(StoreError::redb)?;
+            log_end += 1;
+            meta_put(&txn, META_CONTEXT, &ctx)?;
+            meta_put(&txn, META_LOG_BOUNDS, &(self.log_start, log_end))?;
+        }
+        let cursor_changed = cursor.is_some_and(|c| self.cursors.get(&origin) != Some(&c));
+        if let (true, Some(c)) = (cursor_changed, cursor) {
+            let bytes = codec::encode("cursor", &c).map_err(codec_err("cursors"))?;
+            let mut t = txn.open_table(CURSORS).map_err(StoreError::redb)?;
+            t.insert(origin.0, bytes.as_slice()).map_err(StoreError::redb)?;
+        }
+        if hlc != self.hlc {
+            meta_put(&txn, META_HLC, &hlc.mark())?;
+        }
+        if inflated || cursor_changed || hlc != self.hlc {
+            txn.commit().map_err(StoreError::redb)?;
+            self.stats.commits += 1;
+        } else {
+            txn.abort().map_err(StoreError::redb)?;
+        }
+        if inflated {
+            self.stats.remote_inflations += 1;
+        } else {
+            self.stats.remote_redundant += 1;
+        }
+        self.stats.hlc_rejected += hlc_rejected;
+        self.ctx = ctx;
+        self.hlc = hlc;
+        self.log_end = log_end;
+        if let (true, Some(c)) = (cursor_changed, cursor) {
+            self.cursors.insert(origin, c);
+        }
+        Ok(ApplyOutcome {
+            inflated,
+            changed: outcome.changed,
+            hlc_rejected,
+        })
+    }
+
+    /// HLC receive rule for the largest remote LWW timestamp: a timestamp too far ahead is
+    /// joined as data but does not move our clock (counted instead).
+    fn observe_remote_time<'a>(&self, entries: impl Iterator<Item = &'a tidemark_crdts::Entry>, now_ms: u64) -> (tidemark_crdts::Hlc, u64) {
+        let mut hlc = self.hlc.clone();
+        let rejected = match apply::max_timestamp(entries) {
+            Some(ts) => u64::from(hlc.observe(&ts, now_ms).is_err()),
+            None => 0,
+        };
+        (hlc, rejected)
+    }
+
+    /// Drops log entries below `below` in one transaction; returns the bytes reclaimed.
+    ///
+    /// # Errors
+    /// Storage failures (the store halts).
+    pub fn compact(&mut self, below: u64) -> Result<u64, StoreError> {
+        self.guarded(|s| {
+            let below = below.min(s.log_end);
+            if below <= s.log_start {
+                return Ok(0);
+            }
+            let txn = s.begin()?;
+            let mut truncated = s.truncated.clone();
+            let mut reclaimed = 0u64;
+            {
+                let mut log = txn.open_table(LOG).map_err(StoreError::redb)?;
+                let mut seqs = Vec::new();
+                for item in log.range(s.log_start..below).map_err(StoreError::redb)? {
+                    let (k, v) = item.map_err(StoreError::redb)?;
+                    let record = s.read_log_record(v.value())?;
+                    truncated.join(&record.delta.state.ctx);
+                    reclaimed += v.value().len() as u64;
+                    seqs.push(k.value());
+                }
+                for seq in seqs {
+                    log.remove(seq).map_err(StoreError::redb)?;
+                }
+            }
+            meta_put(&txn, META_TRUNCATED, &truncated)?;
+            meta_put(&txn, META_LOG_BOUNDS, &(below, s.log_end))?;
+            txn.commit().map_err(StoreError::redb)?;
+            s.stats.commits += 1;
+            s.stats.compaction_reclaimed_bytes += reclaimed;
+            s.truncated = truncated;
+            s.log_start = below;
+            Ok(reclaimed)
+        })
+    }
+
+    /// Number of retained log entries.
+    pub fn log_len(&self) -> u64 {
+        self.log_end - self.log_start
+    }
+}
+
+impl StateStore for RedbStore {
+    type Error = StoreError;
+
+    fn replica_id(&self) -> ReplicaId {
+        self.replica
+    }
+
+    fn context(&self) -> &CausalContext {
+        &self.ctx
+    }
+
+    fn log_bounds(&self) -> (u64, u64) {
+        (self.log_start, self.log_end)
+    }
+
+    fn log_interval(&mut self, from: u64, exclude: Option<PeerId>, bytes_max: usize) -> Result<LogInterval, StoreError> {
+        if from < self.log_start {
+            return Err(StoreError::LogTruncated {
+                start: self.log_start,
+            });
+        }
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let log = rtxn.open_table(LOG).map_err(StoreError::redb)?;
+        let mut delta: Option<Delta> = None;
+        let mut bytes = 0usize;
+        let mut end = from;
+        for item in log.range(from..self.log_end).map_err(StoreError::redb)? {
+            let (k, v) = item.map_err(StoreError::redb)?;
+            if bytes >= bytes_max {
+                break;
+            }
+            let record = self.read_log_record(v.value())?;
+            end = k.value() + 1;
+            if exclude.is_some() && record.origin == exclude {
+                continue;
+            }
+            bytes += v.value().len();
+            match &mut delta {
+                Some(d) => d.join(record.delta),
+                None => delta = Some(record.delta),
+            }
+        }
+        Ok(LogInterval { delta, end })
+    }
+
+    fn apply_remote(
+        &mut self,
+        origin: PeerId,
+        delta: Delta,
+        cursor: Option<(ReplicaId, u64)>,
+        now_ms: u64,
+    ) -> Result<Result<ApplyOutcome, Rejected>, StoreError> {
+        if let Err(r) = apply::validate_delta(&delta, &self.options.limits, self.replica, &self.ctx) {
+            self.stats.rejected += 1;
+            return Ok(Err(r));
+        }
+        self.guarded(|s| {
+            let max = s.options.limits.record_bytes_max;
+            let (hlc, hlc_rejected) = s.observe_remote_time(delta.state.store.iter().map(|(_, e)| e), now_ms);
+            let txn = s.begin()?;
+            let mut ctx = s.ctx.clone();
+            let outcome = {
+                let mut rows_t = txn.open_table(ROWS).map_err(StoreError::redb)?;
+                let mut dots_t = txn.open_table(DOTS).map_err(StoreError::redb)?;
+                let mut rows = TxnRows {
+                    rows: &mut rows_t,
+                    dots: &mut dots_t,
+                    record_bytes_max: max,
+                };
+                join_delta(&mut rows, &mut ctx, delta.state)?
+            };
+            s.finish_remote(txn, origin, outcome, &delta.marks, ctx, cursor, hlc, hlc_rejected)
+                .map(Ok)
+        })
+    }
+
+    fn peer_cursor(&self, peer: PeerId) -> Option<(ReplicaId, u64)> {
+        self.cursors.get(&peer).copied()
+    }
+
+    fn read_chunk(&mut self, after: Option<&Key>, bytes_max: usize) -> Result<ChunkRead, StoreError> {
+        use std::ops::Bound;
+        let max = self.options.limits.record_bytes_max;
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
+        let lo = after.map(super::tables::key_bytes);
+        let lo_b: Bound<&[u8]> = lo.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+        let mut entries = Vec::new();
+        let mut bytes = 0usize;
+        let mut done = true;
+        for item in rows.range::<&[u8]>((lo_b, Bound::Unbounded)).map_err(StoreError::redb)? {
+            let (k, v) = item.map_err(StoreError::redb)?;
+            if bytes >= bytes_max && !entries.is_empty() {
+                done = false;
+                break;
+            }
+            let key = super::tables::parse_key(k.value())
+                .ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
+            bytes += k.value().len() + v.value().len();
+            entries.push((key, super::rows::decode_entry(v.value(), max)?));
+        }
+        let last_key = entries.last().map(|(k, _)| k.clone());
+        Ok(ChunkRead {
+            entries,
+            last_key,
+            done,
+        })
+    }
+
+    fn apply_chunk(
+        &mut self,
+        origin: PeerId,
+        chunk: StateChunk,
+        cursor: Option<(ReplicaId, u64)>,
+        now_ms: u64,
+    ) -> Result<Result<ApplyOutcome, Rejected>, StoreError> {
+        if let Err(r) = apply::validate_chunk(&chunk, &self.options.limits, self.replica, &self.ctx) {
+            self.stats.rejected += 1;
+            return Ok(Err(r));
+        }
+        self.guarded(|s| {
+            let max = s.options.limits.record_bytes_max;
+            let (hlc, hlc_rejected) = s.observe_remote_time(chunk.entries.iter().map(|(_, e)| e), now_ms);
+            let marks = if chunk.last { chunk.marks.clone() } else { DedupMarks::new() };
+            let txn = s.begin()?;
+            let mut ctx = s.ctx.clone();
+            let outcome = {
+                let mut rows_t = txn.open_table(ROWS).map_err(StoreError::redb)?;
+                let mut dots_t = txn.open_table(DOTS).map_err(StoreError::redb)?;
+                let mut rows = TxnRows {
+                    rows: &mut rows_t,
+                    dots: &mut dots_t,
+                    record_bytes_max: max,
+                };
+                apply::join_chunk(&mut rows, &mut ctx, chunk)?
+            };
+            s.finish_remote(txn, origin, outcome, &marks, ctx, cursor, hlc, hlc_rejected)
+                .map(Ok)
+        })
+    }
+
+    fn dedup_marks(&mut self) -> Result<DedupMarks, StoreError> {
+        let max = self.options.limits.record_bytes_max;
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let table = rtxn.open_table(DEDUP).map_err(StoreError::redb)?;
+        let mut marks = DedupMarks::new();
+        for item in table.iter().map_err(StoreError::redb)? {
+            let (k, v) = item.map_err(StoreError::redb)?;
+            let (stream, source) = super::tables::parse_dedup_key(k.value())
+                .ok_or_else(|| StoreError::Corrupt("unreadable dedup key".into()))?;
+            let seqs: IntervalSet = codec::decode("dedup marks", v.value(), max).map_err(codec_err("dedup"))?;
+            marks.set(stream, source, seqs);
+        }
+        Ok(marks)
+    }
+
+    fn truncate_log(&mut self, below: u64) -> Result<u64, StoreError> {
+        self.compact(below)
+    }
+}

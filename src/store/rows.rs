@@ -1,0 +1,119 @@
+//! [`Rows`] and [`KeyRange`] over the tables of one redb write transaction, so the lattice
+//! crate's join runs directly against durable rows and the dot → key index.
+
+use super::error::StoreError;
+use super::tables::{dot_bytes, dot_key, key_bytes, parse_key};
+use crate::apply::KeyRange;
+use crate::codec;
+use redb::{ReadableTable, Table};
+use std::ops::Bound;
+use tidemark_crdts::{CausalContext, DotStore, Entry, Key, Rows};
+
+/// The `rows` and `dots` tables of one write transaction.
+pub(crate) struct TxnRows<'a, 't> {
+    pub(crate) rows: &'a mut Table<'t, &'static [u8], &'static [u8]>,
+    pub(crate) dots: &'a mut Table<'t, &'static [u8], &'static [u8]>,
+    pub(crate) record_bytes_max: usize,
+}
+
+pub(crate) fn decode_entry(bytes: &[u8], max: usize) -> Result<Entry, StoreError> {
+    codec::decode("state row", bytes, max).map_err(|source| StoreError::Codec {
+        table: "rows",
+        source,
+    })
+}
+
+impl Rows for TxnRows<'_, '_> {
+    type Error = StoreError;
+
+    fn get(&mut self, key: &Key) -> Result<Option<Entry>, StoreError> {
+        match self.rows.get(key_bytes(key).as_slice()).map_err(StoreError::redb)? {
+            Some(g) => Ok(Some(decode_entry(g.value(), self.record_bytes_max)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn put(&mut self, key: &Key, old: Option<&Entry>, new: Option<&Entry>) -> Result<(), StoreError> {
+        let kb = key_bytes(key);
+        let mut result = Ok(());
+        if let Some(old) = old {
+            old.for_each_dot(&mut |d| {
+                if result.is_ok() {
+                    result = self.dots.remove(dot_bytes(d).as_slice()).map(|_| ()).map_err(StoreError::redb);
+                }
+            });
+        }
+        result?;
+        match new {
+            Some(e) => {
+                let mut result = Ok(());
+                e.for_each_dot(&mut |d| {
+                    if result.is_ok() {
+                        result = self
+                            .dots
+                            .insert(dot_bytes(d).as_slice(), kb.as_slice())
+                            .map(|_| ())
+                            .map_err(StoreError::redb);
+                    }
+                });
+                result?;
+                let bytes = codec::encode("state row", e).map_err(|source| StoreError::Codec {
+                    table: "rows",
+                    source,
+                })?;
+                self.rows
+                    .insert(kb.as_slice(), bytes.as_slice())
+                    .map_err(StoreError::redb)?;
+            }
+            None => {
+                self.rows.remove(kb.as_slice()).map_err(StoreError::redb)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn keys_holding(&mut self, dots: &CausalContext) -> Result<Vec<Key>, StoreError> {
+        let mut keys = Vec::new();
+        for (replica, set) in dots.entries() {
+            for &(lo, hi) in set.ranges() {
+                let lo_b = dot_key(*replica, lo);
+                let hi_b = dot_key(*replica, hi);
+                for item in self
+                    .dots
+                    .range(lo_b.as_slice()..=hi_b.as_slice())
+                    .map_err(StoreError::redb)?
+                {
+                    let (_, v) = item.map_err(StoreError::redb)?;
+                    let key = parse_key(v.value())
+                        .ok_or_else(|| StoreError::Corrupt("dot index names an unreadable key".into()))?;
+                    keys.push(key);
+                }
+            }
+        }
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
+    }
+}
+
+impl KeyRange for TxnRows<'_, '_> {
+    fn keys_in_range(&mut self, after: Option<&Key>, upto: Option<&Key>) -> Result<Vec<Key>, StoreError> {
+        let lo = after.map(key_bytes);
+        let hi = upto.map(key_bytes);
+        let lo_b: Bound<&[u8]> = lo.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+        let hi_b: Bound<&[u8]> = hi.as_deref().map_or(Bound::Unbounded, Bound::Included);
+        let mut keys = Vec::new();
+        for item in self
+            .rows
+            .range::<&[u8]>((lo_b, hi_b))
+            .map_err(StoreError::redb)?
+        {
+            let (k, _) = item.map_err(StoreError::redb)?;
+            keys.push(
+                parse_key(k.value())
+                    .ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?,
+            );
+        }
+        Ok(keys)
+    }
+}
