@@ -13,8 +13,20 @@
 pub mod apply;
 pub mod codec;
 pub mod config;
+mod driver;
+pub mod error;
+pub mod metrics;
 pub mod model;
+mod node;
+pub mod ops;
 pub mod proto;
 pub mod store;
+
+pub use config::{Durability, Limits, NodeConfig};
+pub use driver::{Change, CompactReport};
+pub use error::Error;
+pub use node::{KeyFilter, Node, Watch, WatchEvent, WriteOutcome};
+pub use ops::{Event, Op};
+pub use tidemark_crdts::{Key, KeyKind, ReplicaId, Value};
 
 pub use tidemark_crdts as crdts;

@@ -2,8 +2,10 @@
 
 use super::error::StoreError;
 use super::rows::TxnRows;
-use super::tables::{dedup_key, LogRecord, DEDUP, DOTS, LOG, META_CONTEXT, META_HLC, META_LOG_BOUNDS, ROWS};
-use super::{meta_put, RedbStore};
+use super::tables::{
+    DEDUP, DOTS, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, ROWS, dedup_key,
+};
+use super::{RedbStore, meta_put};
 use crate::codec;
 use crate::model::Delta;
 use redb::ReadableTable;
@@ -54,7 +56,11 @@ impl RedbStore {
     /// # Errors
     /// [`StoreError::InvalidOp`] if an operation does not apply (nothing written, store usable);
     /// storage failures halt the store.
-    pub fn commit_local(&mut self, writes: &[LocalWrite], wall_ms: u64) -> Result<LocalCommit, StoreError> {
+    pub fn commit_local(
+        &mut self,
+        writes: &[LocalWrite],
+        wall_ms: u64,
+    ) -> Result<LocalCommit, StoreError> {
         for w in writes {
             for (key, m) in &w.ops {
                 tidemark_crdts::store::check_mutation(key.kind, m)
@@ -64,7 +70,11 @@ impl RedbStore {
         self.guarded(|s| s.commit_local_inner(writes, wall_ms))
     }
 
-    fn commit_local_inner(&mut self, writes: &[LocalWrite], wall_ms: u64) -> Result<LocalCommit, StoreError> {
+    fn commit_local_inner(
+        &mut self,
+        writes: &[LocalWrite],
+        wall_ms: u64,
+    ) -> Result<LocalCommit, StoreError> {
         let max = self.options.limits.record_bytes_max;
         let me = self.replica;
         let txn = self.begin()?;
@@ -90,18 +100,19 @@ impl RedbStore {
                 if let Some(ev) = &w.event {
                     let mk = (ev.stream.clone(), ev.source.clone());
                     if !marks.contains_key(&mk) {
-                        let seen = match dedup_t
-                            .get(dedup_key(&ev.stream, &ev.source).as_slice())
-                            .map_err(StoreError::redb)?
-                        {
-                            Some(g) => codec::decode("dedup marks", g.value(), max).map_err(|source| {
-                                StoreError::Codec {
-                                    table: "dedup",
-                                    source,
-                                }
-                            })?,
-                            None => IntervalSet::new(),
-                        };
+                        let seen =
+                            match dedup_t
+                                .get(dedup_key(&ev.stream, &ev.source).as_slice())
+                                .map_err(StoreError::redb)?
+                            {
+                                Some(g) => codec::decode("dedup marks", g.value(), max).map_err(
+                                    |source| StoreError::Codec {
+                                        table: "dedup",
+                                        source,
+                                    },
+                                )?,
+                                None => IntervalSet::new(),
+                            };
                         marks.insert(mk.clone(), seen);
                     }
                     let seen = marks.entry(mk).or_default();
@@ -115,7 +126,8 @@ impl RedbStore {
                 duplicate.push(false);
                 for (key, m) in &w.ops {
                     let dot = ctx.next_dot(me);
-                    let ts = (key.kind == KeyKind::Lww && matches!(m, Mutation::Set(_))).then(|| hlc.now(wall_ms));
+                    let ts = (key.kind == KeyKind::Lww && matches!(m, Mutation::Set(_)))
+                        .then(|| hlc.now(wall_ms));
                     let current = rows.get(key)?;
                     let (entry, dctx) = delta_mutation(key.kind, current.as_ref(), m, dot, ts)
                         .map_err(|e| StoreError::InvalidOp(format!("{key}: {e}")))?;
@@ -142,10 +154,11 @@ impl RedbStore {
                 values.push((key.clone(), v));
             }
             for ((stream, source), seqs) in &marks {
-                let bytes = codec::encode("dedup marks", seqs).map_err(|source| StoreError::Codec {
-                    table: "dedup",
-                    source,
-                })?;
+                let bytes =
+                    codec::encode("dedup marks", seqs).map_err(|source| StoreError::Codec {
+                        table: "dedup",
+                        source,
+                    })?;
                 dedup_t
                     .insert(dedup_key(stream, source).as_slice(), bytes.as_slice())
                     .map_err(StoreError::redb)?;
@@ -159,12 +172,15 @@ impl RedbStore {
                 origin: None,
                 delta: group,
             };
-            let bytes = codec::encode("log record", &record).map_err(|source| StoreError::Codec {
-                table: "log",
-                source,
-            })?;
+            let bytes =
+                codec::encode("log record", &record).map_err(|source| StoreError::Codec {
+                    table: "log",
+                    source,
+                })?;
             let mut log_t = txn.open_table(LOG).map_err(StoreError::redb)?;
-            log_t.insert(log_end, bytes.as_slice()).map_err(StoreError::redb)?;
+            log_t
+                .insert(log_end, bytes.as_slice())
+                .map_err(StoreError::redb)?;
             log_end += 1;
             Some(log_end - 1)
         };

@@ -19,6 +19,7 @@ pub(crate) mod tables;
 pub use error::StoreError;
 pub use local::{EventId, LocalCommit, LocalWrite};
 pub use read::Reader;
+pub use replicate::DeltasSince;
 pub use tables::LogRecord;
 
 use crate::codec;
@@ -115,13 +116,19 @@ fn meta_get<T: serde::de::DeserializeOwned>(
         })
 }
 
-pub(crate) fn meta_put<T: serde::Serialize>(txn: &WriteTransaction, name: &str, value: &T) -> Result<(), StoreError> {
+pub(crate) fn meta_put<T: serde::Serialize>(
+    txn: &WriteTransaction,
+    name: &str,
+    value: &T,
+) -> Result<(), StoreError> {
     let bytes = codec::encode("meta record", value).map_err(|source| StoreError::Codec {
         table: "meta",
         source,
     })?;
     let mut table = txn.open_table(META).map_err(StoreError::redb)?;
-    table.insert(name, bytes.as_slice()).map_err(StoreError::redb)?;
+    table
+        .insert(name, bytes.as_slice())
+        .map_err(StoreError::redb)?;
     Ok(())
 }
 
@@ -163,7 +170,10 @@ impl RedbStore {
     ///
     /// # Errors
     /// As [`RedbStore::open`].
-    pub fn open_with_backend(backend: impl StorageBackend, options: OpenOptions) -> Result<Self, StoreError> {
+    pub fn open_with_backend(
+        backend: impl StorageBackend,
+        options: OpenOptions,
+    ) -> Result<Self, StoreError> {
         let db = redb::Builder::new()
             .set_cache_size(options.limits.cache_bytes)
             .create_with_backend(backend)
@@ -191,11 +201,16 @@ impl RedbStore {
             tracing::warn!(%replica, "own dots are not contiguous in the stored context; minting a new replica id");
             replica = random_replica_id();
         }
-        let epoch = meta_get::<u64>(&txn, META_EPOCH, max)?.unwrap_or(0).saturating_add(1);
+        let epoch = meta_get::<u64>(&txn, META_EPOCH, max)?
+            .unwrap_or(0)
+            .saturating_add(1);
         let mark: (u64, u32) = meta_get(&txn, META_HLC, max)?.unwrap_or((0, 0));
-        let (log_start, log_end): (u64, u64) = meta_get(&txn, META_LOG_BOUNDS, max)?.unwrap_or((0, 0));
+        let (log_start, log_end): (u64, u64) =
+            meta_get(&txn, META_LOG_BOUNDS, max)?.unwrap_or((0, 0));
         if log_start > log_end {
-            return Err(StoreError::Corrupt(format!("log bounds {log_start} > {log_end}")));
+            return Err(StoreError::Corrupt(format!(
+                "log bounds {log_start} > {log_end}"
+            )));
         }
         let truncated: CausalContext = meta_get(&txn, META_TRUNCATED, max)?.unwrap_or_default();
         let mut cursors = BTreeMap::new();
@@ -204,9 +219,11 @@ impl RedbStore {
             for item in table.iter().map_err(StoreError::redb)? {
                 let (k, v) = item.map_err(StoreError::redb)?;
                 let cursor: (ReplicaId, u64) =
-                    codec::decode("cursor", v.value(), max).map_err(|source| StoreError::Codec {
-                        table: "cursors",
-                        source,
+                    codec::decode("cursor", v.value(), max).map_err(|source| {
+                        StoreError::Codec {
+                            table: "cursors",
+                            source,
+                        }
                     })?;
                 cursors.insert(PeerId(k.value()), cursor);
             }
@@ -288,7 +305,10 @@ impl RedbStore {
     }
 
     /// Runs a write path; any storage failure halts the store (no retry-and-continue).
-    fn guarded<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    fn guarded<T>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         self.check_halted()?;
         let r = f(self);
         if let Err(e) = &r {
@@ -317,7 +337,8 @@ impl RedbStore {
     pub fn sync(&mut self) -> Result<(), StoreError> {
         self.guarded(|s| {
             let mut txn = s.db.begin_write().map_err(StoreError::redb)?;
-            txn.set_durability(redb::Durability::Immediate).map_err(StoreError::redb)?;
+            txn.set_durability(redb::Durability::Immediate)
+                .map_err(StoreError::redb)?;
             meta_put(&txn, META_HLC, &s.hlc.mark())?;
             txn.commit().map_err(StoreError::redb)?;
             Ok(())
@@ -331,7 +352,9 @@ impl RedbStore {
     pub fn check_integrity(&mut self) -> Result<bool, StoreError> {
         match Arc::get_mut(&mut self.db) {
             Some(db) => db.check_integrity().map_err(StoreError::redb),
-            None => Err(StoreError::Corrupt("integrity check needs exclusive access (drop readers first)".into())),
+            None => Err(StoreError::Corrupt(
+                "integrity check needs exclusive access (drop readers first)".into(),
+            )),
         }
     }
 

@@ -3,7 +3,7 @@
 
 use super::error::StoreError;
 use super::rows::decode_entry;
-use super::tables::{dot_bytes, key_bytes, kind_prefix, parse_key, DOTS, META, META_CONTEXT, ROWS};
+use super::tables::{DOTS, META, META_CONTEXT, ROWS, dot_bytes, key_bytes, kind_prefix, parse_key};
 use crate::codec;
 use crate::config::Limits;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
@@ -36,7 +36,10 @@ impl Reader {
     pub fn entry(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
         let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
         let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
-        match rows.get(key_bytes(key).as_slice()).map_err(StoreError::redb)? {
+        match rows
+            .get(key_bytes(key).as_slice())
+            .map_err(StoreError::redb)?
+        {
             Some(g) => Ok(Some(decode_entry(g.value(), self.limits.record_bytes_max)?)),
             None => Ok(None),
         }
@@ -55,7 +58,13 @@ impl Reader {
     ///
     /// # Errors
     /// Storage failures and corrupt rows.
-    pub fn list(&self, kind: KeyKind, prefix: &str, after: Option<&str>, limit: usize) -> Result<Vec<(Key, Value)>, StoreError> {
+    pub fn list(
+        &self,
+        kind: KeyKind,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(Key, Value)>, StoreError> {
         let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
         let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
         let start = match after {
@@ -70,7 +79,10 @@ impl Reader {
         };
         let kp = kind_prefix(kind);
         let mut out = Vec::new();
-        for item in rows.range::<&[u8]>((lo, Bound::Unbounded)).map_err(StoreError::redb)? {
+        for item in rows
+            .range::<&[u8]>((lo, Bound::Unbounded))
+            .map_err(StoreError::redb)?
+        {
             if out.len() >= limit {
                 break;
             }
@@ -79,8 +91,12 @@ impl Reader {
             if kb.first() != kp.first() || !kb[1..].starts_with(prefix.as_bytes()) {
                 break;
             }
-            let key = parse_key(kb).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
-            out.push((key, decode_entry(v.value(), self.limits.record_bytes_max)?.value()));
+            let key =
+                parse_key(kb).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
+            out.push((
+                key,
+                decode_entry(v.value(), self.limits.record_bytes_max)?.value(),
+            ));
         }
         Ok(out)
     }
@@ -93,12 +109,11 @@ impl Reader {
         let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
         let meta = rtxn.open_table(META).map_err(StoreError::redb)?;
         match meta.get(META_CONTEXT).map_err(StoreError::redb)? {
-            Some(g) => codec::decode("meta record", g.value(), self.limits.record_bytes_max).map_err(|source| {
-                StoreError::Codec {
+            Some(g) => codec::decode("meta record", g.value(), self.limits.record_bytes_max)
+                .map_err(|source| StoreError::Codec {
                     table: "meta",
                     source,
-                }
-            }),
+                }),
             None => Ok(CausalContext::new()),
         }
     }
@@ -113,7 +128,8 @@ impl Reader {
         let mut out = Vec::new();
         for item in rows.iter().map_err(StoreError::redb)? {
             let (k, v) = item.map_err(StoreError::redb)?;
-            let key = parse_key(k.value()).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
+            let key = parse_key(k.value())
+                .ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
             out.push((key, decode_entry(v.value(), self.limits.record_bytes_max)?));
         }
         Ok(out)
@@ -126,7 +142,9 @@ impl Reader {
     pub fn verify(&self, expected_ctx: &CausalContext) -> Result<(), StoreError> {
         let ctx = self.context()?;
         if &ctx != expected_ctx {
-            return Err(StoreError::Corrupt("committed context differs from the in-memory one".into()));
+            return Err(StoreError::Corrupt(
+                "committed context differs from the in-memory one".into(),
+            ));
         }
         let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
         let dots = rtxn.open_table(DOTS).map_err(StoreError::redb)?;
@@ -158,7 +176,9 @@ impl Reader {
         }
         let indexed = dots.len().map_err(StoreError::redb)?;
         if indexed != live {
-            return Err(StoreError::Corrupt(format!("dot index holds {indexed} dots, rows hold {live}")));
+            return Err(StoreError::Corrupt(format!(
+                "dot index holds {indexed} dots, rows hold {live}"
+            )));
         }
         Ok(())
     }

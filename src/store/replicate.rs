@@ -4,16 +4,16 @@
 use super::error::StoreError;
 use super::rows::TxnRows;
 use super::tables::{
-    dedup_key, LogRecord, CURSORS, DEDUP, DOTS, LOG, META_CONTEXT, META_HLC, META_LOG_BOUNDS,
-    META_TRUNCATED, ROWS,
+    CURSORS, DEDUP, DOTS, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, META_TRUNCATED,
+    ROWS, dedup_key,
 };
-use super::{meta_put, RedbStore};
+use super::{RedbStore, meta_put};
 use crate::apply::{self, Rejected};
 use crate::codec;
 use crate::model::{Delta, StateChunk};
 use crate::proto::{ApplyOutcome, ChunkRead, LogInterval, PeerId, StateStore};
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
-use tidemark_crdts::store::{join_delta, JoinOutcome};
+use tidemark_crdts::store::{JoinOutcome, join_delta};
 use tidemark_crdts::{CausalContext, DedupMarks, IntervalSet, Key, ReplicaId};
 
 /// Result of [`RedbStore::deltas_since`].
@@ -36,7 +36,8 @@ fn codec_err(table: &'static str) -> impl Fn(codec::CodecError) -> StoreError {
 
 impl RedbStore {
     fn read_log_record(&self, bytes: &[u8]) -> Result<LogRecord, StoreError> {
-        codec::decode("log record", bytes, self.options.limits.record_bytes_max).map_err(codec_err("log"))
+        codec::decode("log record", bytes, self.options.limits.record_bytes_max)
+            .map_err(codec_err("log"))
     }
 
     /// Every retained log delta a peer at `remote` lacks, joined, up to about `bytes_max`
@@ -44,7 +45,11 @@ impl RedbStore {
     ///
     /// # Errors
     /// Storage failures.
-    pub fn deltas_since(&self, remote: &CausalContext, bytes_max: usize) -> Result<DeltasSince, StoreError> {
+    pub fn deltas_since(
+        &self,
+        remote: &CausalContext,
+        bytes_max: usize,
+    ) -> Result<DeltasSince, StoreError> {
         if !self.truncated.is_subset(remote) {
             return Ok(DeltasSince::NeedsStateTransfer);
         }
@@ -70,18 +75,29 @@ impl RedbStore {
     ///
     /// # Errors
     /// Storage failures (the store halts). An invalid delta is `Ok(Err(_))`.
-    pub fn apply_remote_delta(&mut self, origin: PeerId, delta: Delta, now_ms: u64) -> Result<Result<ApplyOutcome, Rejected>, StoreError> {
+    pub fn apply_remote_delta(
+        &mut self,
+        origin: PeerId,
+        delta: Delta,
+        now_ms: u64,
+    ) -> Result<Result<ApplyOutcome, Rejected>, StoreError> {
         self.apply_remote(origin, delta, None, now_ms)
     }
 
-    fn write_marks(&self, txn: &WriteTransaction, marks: &DedupMarks) -> Result<DedupMarks, StoreError> {
+    fn write_marks(
+        &self,
+        txn: &WriteTransaction,
+        marks: &DedupMarks,
+    ) -> Result<DedupMarks, StoreError> {
         let max = self.options.limits.record_bytes_max;
         let mut fresh = DedupMarks::new();
         let mut table = txn.open_table(DEDUP).map_err(StoreError::redb)?;
         for ((stream, source), theirs) in marks.iter() {
             let k = dedup_key(stream, source);
             let mut mine: IntervalSet = match table.get(k.as_slice()).map_err(StoreError::redb)? {
-                Some(g) => codec::decode("dedup marks", g.value(), max).map_err(codec_err("dedup"))?,
+                Some(g) => {
+                    codec::decode("dedup marks", g.value(), max).map_err(codec_err("dedup"))?
+                }
                 None => IntervalSet::new(),
             };
             let new = theirs.difference(&mine);
@@ -90,7 +106,9 @@ impl RedbStore {
             }
             mine.union_with(&new);
             let bytes = codec::encode("dedup marks", &mine).map_err(codec_err("dedup"))?;
-            table.insert(k.as_slice(), bytes.as_slice()).map_err(StoreError::redb)?;
+            table
+                .insert(k.as_slice(), bytes.as_slice())
+                .map_err(StoreError::redb)?;
             fresh.set(stream.clone(), source.clone(), new);
         }
         Ok(fresh)
@@ -122,7 +140,9 @@ impl RedbStore {
             };
             let bytes = codec::encode("log record", &record).map_err(codec_err("log"))?;
             let mut log_t = txn.open_table(LOG).map_err(StoreError::redb)?;
-            log_t.insert(log_end, bytes.as_slice()).map_err(StoreError::redb)?;
+            log_t
+                .insert(log_end, bytes.as_slice())
+                .map_err(StoreError::redb)?;
             log_end += 1;
             meta_put(&txn, META_CONTEXT, &ctx)?;
             meta_put(&txn, META_LOG_BOUNDS, &(self.log_start, log_end))?;
@@ -131,7 +151,8 @@ impl RedbStore {
         if let (true, Some(c)) = (cursor_changed, cursor) {
             let bytes = codec::encode("cursor", &c).map_err(codec_err("cursors"))?;
             let mut t = txn.open_table(CURSORS).map_err(StoreError::redb)?;
-            t.insert(origin.0, bytes.as_slice()).map_err(StoreError::redb)?;
+            t.insert(origin.0, bytes.as_slice())
+                .map_err(StoreError::redb)?;
         }
         if hlc != self.hlc {
             meta_put(&txn, META_HLC, &hlc.mark())?;
@@ -163,7 +184,11 @@ impl RedbStore {
 
     /// HLC receive rule for the largest remote LWW timestamp: a timestamp too far ahead is
     /// joined as data but does not move our clock (counted instead).
-    fn observe_remote_time<'a>(&self, entries: impl Iterator<Item = &'a tidemark_crdts::Entry>, now_ms: u64) -> (tidemark_crdts::Hlc, u64) {
+    fn observe_remote_time<'a>(
+        &self,
+        entries: impl Iterator<Item = &'a tidemark_crdts::Entry>,
+        now_ms: u64,
+    ) -> (tidemark_crdts::Hlc, u64) {
         let mut hlc = self.hlc.clone();
         let rejected = match apply::max_timestamp(entries) {
             Some(ts) => u64::from(hlc.observe(&ts, now_ms).is_err()),
@@ -231,7 +256,12 @@ impl StateStore for RedbStore {
         (self.log_start, self.log_end)
     }
 
-    fn log_interval(&mut self, from: u64, exclude: Option<PeerId>, bytes_max: usize) -> Result<LogInterval, StoreError> {
+    fn log_interval(
+        &mut self,
+        from: u64,
+        exclude: Option<PeerId>,
+        bytes_max: usize,
+    ) -> Result<LogInterval, StoreError> {
         if from < self.log_start {
             return Err(StoreError::LogTruncated {
                 start: self.log_start,
@@ -268,13 +298,15 @@ impl StateStore for RedbStore {
         cursor: Option<(ReplicaId, u64)>,
         now_ms: u64,
     ) -> Result<Result<ApplyOutcome, Rejected>, StoreError> {
-        if let Err(r) = apply::validate_delta(&delta, &self.options.limits, self.replica, &self.ctx) {
+        if let Err(r) = apply::validate_delta(&delta, &self.options.limits, self.replica, &self.ctx)
+        {
             self.stats.rejected += 1;
             return Ok(Err(r));
         }
         self.guarded(|s| {
             let max = s.options.limits.record_bytes_max;
-            let (hlc, hlc_rejected) = s.observe_remote_time(delta.state.store.iter().map(|(_, e)| e), now_ms);
+            let (hlc, hlc_rejected) =
+                s.observe_remote_time(delta.state.store.iter().map(|(_, e)| e), now_ms);
             let txn = s.begin()?;
             let mut ctx = s.ctx.clone();
             let outcome = {
@@ -287,8 +319,17 @@ impl StateStore for RedbStore {
                 };
                 join_delta(&mut rows, &mut ctx, delta.state)?
             };
-            s.finish_remote(txn, origin, outcome, &delta.marks, ctx, cursor, hlc, hlc_rejected)
-                .map(Ok)
+            s.finish_remote(
+                txn,
+                origin,
+                outcome,
+                &delta.marks,
+                ctx,
+                cursor,
+                hlc,
+                hlc_rejected,
+            )
+            .map(Ok)
         })
     }
 
@@ -296,7 +337,11 @@ impl StateStore for RedbStore {
         self.cursors.get(&peer).copied()
     }
 
-    fn read_chunk(&mut self, after: Option<&Key>, bytes_max: usize) -> Result<ChunkRead, StoreError> {
+    fn read_chunk(
+        &mut self,
+        after: Option<&Key>,
+        bytes_max: usize,
+    ) -> Result<ChunkRead, StoreError> {
         use std::ops::Bound;
         let max = self.options.limits.record_bytes_max;
         let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
@@ -306,7 +351,10 @@ impl StateStore for RedbStore {
         let mut entries = Vec::new();
         let mut bytes = 0usize;
         let mut done = true;
-        for item in rows.range::<&[u8]>((lo_b, Bound::Unbounded)).map_err(StoreError::redb)? {
+        for item in rows
+            .range::<&[u8]>((lo_b, Bound::Unbounded))
+            .map_err(StoreError::redb)?
+        {
             let (k, v) = item.map_err(StoreError::redb)?;
             if bytes >= bytes_max && !entries.is_empty() {
                 done = false;
@@ -332,14 +380,20 @@ impl StateStore for RedbStore {
         cursor: Option<(ReplicaId, u64)>,
         now_ms: u64,
     ) -> Result<Result<ApplyOutcome, Rejected>, StoreError> {
-        if let Err(r) = apply::validate_chunk(&chunk, &self.options.limits, self.replica, &self.ctx) {
+        if let Err(r) = apply::validate_chunk(&chunk, &self.options.limits, self.replica, &self.ctx)
+        {
             self.stats.rejected += 1;
             return Ok(Err(r));
         }
         self.guarded(|s| {
             let max = s.options.limits.record_bytes_max;
-            let (hlc, hlc_rejected) = s.observe_remote_time(chunk.entries.iter().map(|(_, e)| e), now_ms);
-            let marks = if chunk.last { chunk.marks.clone() } else { DedupMarks::new() };
+            let (hlc, hlc_rejected) =
+                s.observe_remote_time(chunk.entries.iter().map(|(_, e)| e), now_ms);
+            let marks = if chunk.last {
+                chunk.marks.clone()
+            } else {
+                DedupMarks::new()
+            };
             let txn = s.begin()?;
             let mut ctx = s.ctx.clone();
             let outcome = {
@@ -366,7 +420,8 @@ impl StateStore for RedbStore {
             let (k, v) = item.map_err(StoreError::redb)?;
             let (stream, source) = super::tables::parse_dedup_key(k.value())
                 .ok_or_else(|| StoreError::Corrupt("unreadable dedup key".into()))?;
-            let seqs: IntervalSet = codec::decode("dedup marks", v.value(), max).map_err(codec_err("dedup"))?;
+            let seqs: IntervalSet =
+                codec::decode("dedup marks", v.value(), max).map_err(codec_err("dedup"))?;
             marks.set(stream, source, seqs);
         }
         Ok(marks)

@@ -27,19 +27,32 @@ impl Rows for TxnRows<'_, '_> {
     type Error = StoreError;
 
     fn get(&mut self, key: &Key) -> Result<Option<Entry>, StoreError> {
-        match self.rows.get(key_bytes(key).as_slice()).map_err(StoreError::redb)? {
+        match self
+            .rows
+            .get(key_bytes(key).as_slice())
+            .map_err(StoreError::redb)?
+        {
             Some(g) => Ok(Some(decode_entry(g.value(), self.record_bytes_max)?)),
             None => Ok(None),
         }
     }
 
-    fn put(&mut self, key: &Key, old: Option<&Entry>, new: Option<&Entry>) -> Result<(), StoreError> {
+    fn put(
+        &mut self,
+        key: &Key,
+        old: Option<&Entry>,
+        new: Option<&Entry>,
+    ) -> Result<(), StoreError> {
         let kb = key_bytes(key);
         let mut result = Ok(());
         if let Some(old) = old {
             old.for_each_dot(&mut |d| {
                 if result.is_ok() {
-                    result = self.dots.remove(dot_bytes(d).as_slice()).map(|_| ()).map_err(StoreError::redb);
+                    result = self
+                        .dots
+                        .remove(dot_bytes(d).as_slice())
+                        .map(|_| ())
+                        .map_err(StoreError::redb);
                 }
             });
         }
@@ -84,8 +97,9 @@ impl Rows for TxnRows<'_, '_> {
                     .map_err(StoreError::redb)?
                 {
                     let (_, v) = item.map_err(StoreError::redb)?;
-                    let key = parse_key(v.value())
-                        .ok_or_else(|| StoreError::Corrupt("dot index names an unreadable key".into()))?;
+                    let key = parse_key(v.value()).ok_or_else(|| {
+                        StoreError::Corrupt("dot index names an unreadable key".into())
+                    })?;
                     keys.push(key);
                 }
             }
@@ -97,7 +111,11 @@ impl Rows for TxnRows<'_, '_> {
 }
 
 impl KeyRange for TxnRows<'_, '_> {
-    fn keys_in_range(&mut self, after: Option<&Key>, upto: Option<&Key>) -> Result<Vec<Key>, StoreError> {
+    fn keys_in_range(
+        &mut self,
+        after: Option<&Key>,
+        upto: Option<&Key>,
+    ) -> Result<Vec<Key>, StoreError> {
         let lo = after.map(key_bytes);
         let hi = upto.map(key_bytes);
         let lo_b: Bound<&[u8]> = lo.as_deref().map_or(Bound::Unbounded, Bound::Excluded);

@@ -87,7 +87,11 @@ pub(crate) fn dot_key(replica: ReplicaId, seq: u64) -> [u8; 24] {
 pub(crate) fn dedup_key(stream: &str, source: &str) -> Vec<u8> {
     // Length-prefixed stream so ("a","bc") and ("ab","c") differ.
     let mut out = Vec::with_capacity(4 + stream.len() + source.len());
-    out.extend_from_slice(&u32::try_from(stream.len()).unwrap_or(u32::MAX).to_be_bytes());
+    out.extend_from_slice(
+        &u32::try_from(stream.len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
+    );
     out.extend_from_slice(stream.as_bytes());
     out.extend_from_slice(source.as_bytes());
     out

@@ -1,0 +1,255 @@
+//! The writer: the only thread that mutates the store (single writer, ARCHITECTURE invariant 5).
+//!
+//! It takes every write waiting in its queue, commits them as one durable transaction (group
+//! commit), and only then acknowledges each caller and publishes the changes to watchers.
+
+use crate::apply::Rejected;
+use crate::error::Error;
+use crate::metrics::Metrics;
+use crate::model::Delta;
+use crate::proto::{ApplyOutcome, PeerId};
+use crate::store::{DeltasSince, LocalCommit, LocalWrite, RedbStore};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+use tidemark_crdts::{CausalContext, Key, Value};
+use tokio::sync::{broadcast, oneshot};
+
+/// One change published to watchers after its commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    /// The key that changed.
+    pub key: Key,
+    /// Its value after the commit.
+    pub value: Value,
+}
+
+/// What compaction did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompactReport {
+    /// Log entries dropped.
+    pub log_entries_dropped: u64,
+    /// Bytes of log entries dropped.
+    pub bytes_reclaimed: u64,
+    /// Ranges left in the dot cloud (0 when the context is a pure version vector).
+    pub cloud_ranges: usize,
+}
+
+/// Inputs of the writer thread.
+pub(crate) enum Input {
+    Write {
+        writes: Vec<LocalWrite>,
+        reply: oneshot::Sender<Result<LocalCommit, Error>>,
+    },
+    ApplyRemote {
+        origin: PeerId,
+        delta: Delta,
+        reply: oneshot::Sender<Result<Result<ApplyOutcome, Rejected>, Error>>,
+    },
+    DeltasSince {
+        remote: CausalContext,
+        bytes_max: usize,
+        reply: oneshot::Sender<Result<DeltasSince, Error>>,
+    },
+    Compact {
+        below: Option<u64>,
+        reply: oneshot::Sender<Result<CompactReport, Error>>,
+    },
+    Shutdown {
+        reply: oneshot::Sender<()>,
+    },
+}
+
+pub(crate) struct Driver {
+    pub(crate) store: RedbStore,
+    pub(crate) inputs: Receiver<Input>,
+    pub(crate) queued_ops: Arc<AtomicUsize>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) changes: broadcast::Sender<Arc<Change>>,
+    pub(crate) group_ops_max: usize,
+    pub(crate) tick: Duration,
+}
+
+pub(crate) fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl Driver {
+    /// Runs until shutdown or until every sender is gone.
+    pub(crate) fn run(mut self) {
+        loop {
+            let first = match self.inputs.recv_timeout(self.tick) {
+                Ok(input) => input,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.on_tick();
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            let mut writes: Vec<(Vec<LocalWrite>, oneshot::Sender<Result<LocalCommit, Error>>)> =
+                Vec::new();
+            let mut others = Vec::new();
+            let mut ops = 0usize;
+            let mut next = Some(first);
+            while let Some(input) = next.take() {
+                match input {
+                    Input::Write { writes: w, reply } => {
+                        ops += w.iter().map(|x| x.ops.len().max(1)).sum::<usize>();
+                        writes.push((w, reply));
+                    }
+                    other => others.push(other),
+                }
+                if ops < self.group_ops_max {
+                    next = self.inputs.try_recv().ok();
+                }
+            }
+            if !writes.is_empty() {
+                self.commit_group(writes);
+            }
+            for input in others {
+                if let Input::Shutdown { reply } = input {
+                    let _ = reply.send(());
+                    return;
+                }
+                self.handle(input);
+            }
+        }
+    }
+
+    fn on_tick(&mut self) {
+        Metrics::set(&self.metrics.log_entries, self.store.log_len());
+    }
+
+    fn commit_group(
+        &mut self,
+        group: Vec<(Vec<LocalWrite>, oneshot::Sender<Result<LocalCommit, Error>>)>,
+    ) {
+        let sizes: Vec<usize> = group.iter().map(|(w, _)| w.len()).collect();
+        let group_ops: usize = group
+            .iter()
+            .map(|(w, _)| w.iter().map(|x| x.ops.len().max(1)).sum::<usize>())
+            .sum();
+        let mut all = Vec::with_capacity(sizes.iter().sum());
+        let mut replies = Vec::with_capacity(group.len());
+        for (w, r) in group {
+            all.extend(w);
+            replies.push(r);
+        }
+        let started = Instant::now();
+        let result = self.store.commit_local(&all, wall_ms());
+        let latency_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.queued_ops.fetch_sub(group_ops, Ordering::AcqRel);
+        match result {
+            Ok(commit) => {
+                let m = &self.metrics;
+                Metrics::add(&m.commits, 1);
+                Metrics::add(&m.commit_groups_ops, all.len() as u64);
+                Metrics::max(&m.commit_group_max, all.len() as u64);
+                Metrics::add(&m.commit_latency_us_sum, latency_us);
+                Metrics::max(&m.commit_latency_us_max, latency_us);
+                let dups = commit.duplicate.iter().filter(|d| **d).count() as u64;
+                Metrics::add(&m.duplicates, dups);
+                Metrics::add(
+                    &m.ops_applied,
+                    all.iter()
+                        .zip(&commit.duplicate)
+                        .filter(|(_, d)| !**d)
+                        .map(|(w, _)| w.ops.len() as u64)
+                        .sum(),
+                );
+                Metrics::set(&m.log_entries, self.store.log_len());
+                let mut offset = 0;
+                for (size, reply) in sizes.into_iter().zip(replies) {
+                    let part = LocalCommit {
+                        duplicate: commit.duplicate[offset..offset + size].to_vec(),
+                        changes: Vec::new(),
+                        log_seq: commit.log_seq,
+                    };
+                    offset += size;
+                    let _ = reply.send(Ok(part));
+                }
+                for (key, value) in commit.changes {
+                    let _ = self.changes.send(Arc::new(Change { key, value }));
+                }
+            }
+            Err(e) => {
+                // Not acknowledged: every caller of the group gets the failure.
+                let msg = e.to_string();
+                tracing::error!(error = %msg, "commit group failed");
+                for reply in replies {
+                    let _ = reply.send(Err(Error::Store(crate::store::StoreError::Halted(
+                        msg.clone(),
+                    ))));
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, input: Input) {
+        match input {
+            Input::Write { .. } | Input::Shutdown { .. } => {}
+            Input::ApplyRemote {
+                origin,
+                delta,
+                reply,
+            } => {
+                let r = self.store.apply_remote_delta(origin, delta, wall_ms());
+                if let Ok(Ok(outcome)) = &r {
+                    self.publish(&outcome.changed);
+                    Metrics::add(&self.metrics.hlc_rejected, outcome.hlc_rejected);
+                } else if let Ok(Err(_)) = &r {
+                    Metrics::add(&self.metrics.remote_rejected, 1);
+                }
+                let _ = reply.send(r.map_err(Error::from));
+            }
+            Input::DeltasSince {
+                remote,
+                bytes_max,
+                reply,
+            } => {
+                let _ = reply.send(
+                    self.store
+                        .deltas_since(&remote, bytes_max)
+                        .map_err(Error::from),
+                );
+            }
+            Input::Compact { below, reply } => {
+                let (start, end) = crate::proto::StateStore::log_bounds(&self.store);
+                let below = below.unwrap_or(end);
+                let r = self.store.compact(below).map(|bytes| {
+                    Metrics::add(&self.metrics.compaction_reclaimed_bytes, bytes);
+                    Metrics::set(&self.metrics.log_entries, self.store.log_len());
+                    CompactReport {
+                        log_entries_dropped: below.min(end).saturating_sub(start),
+                        bytes_reclaimed: bytes,
+                        cloud_ranges: self.store.ctx().cloud_ranges(),
+                    }
+                });
+                let _ = reply.send(r.map_err(Error::from));
+            }
+        }
+    }
+
+    fn publish(&self, keys: &[Key]) {
+        if self.changes.receiver_count() == 0 {
+            return;
+        }
+        let reader = self.store.reader();
+        for key in keys {
+            let value = match reader.get(key) {
+                Ok(v) => v.unwrap_or_else(|| Value::empty(key.kind)),
+                Err(e) => {
+                    tracing::warn!(error = %e, %key, "cannot read changed key for watchers");
+                    continue;
+                }
+            };
+            let _ = self.changes.send(Arc::new(Change {
+                key: key.clone(),
+                value,
+            }));
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! The node's public error type. Each variant says whether anything was applied.
+
+use crate::store::StoreError;
+use tidemark_crdts::KeyKind;
+
+/// Errors of [`crate::Node`] calls. Unless a variant says otherwise, nothing of the rejected
+/// call was applied.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An op or event is malformed: `index` is its position in the batch, `field` the field.
+    #[error("op {index}: field `{field}`: {message}")]
+    InvalidOp {
+        /// Position in the batch.
+        index: usize,
+        /// The field at fault.
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// The op does not apply to the key's type (e.g. `add` on a counter).
+    #[error("op {index}: {message}")]
+    WrongOp {
+        /// Position in the batch.
+        index: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// Counters cannot be deleted (API code `counter_not_deletable`).
+    #[error("op {index}: a {kind} cannot be deleted")]
+    CounterNotDeletable {
+        /// Position in the batch.
+        index: usize,
+        /// The counter type.
+        kind: KeyKind,
+    },
+    /// A value or element is over its size limit.
+    #[error("op {index}: field `{field}` is {len} bytes, over the limit of {limit}")]
+    TooLarge {
+        /// Position in the batch.
+        index: usize,
+        /// The field.
+        field: &'static str,
+        /// Its size.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The batch has more ops than `limits.batch_ops_max`.
+    #[error("batch of {len} ops is over the limit of {limit}")]
+    BatchTooLarge {
+        /// The batch size.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The write queue is full: retry later (HTTP 429). Nothing was queued.
+    #[error("write queue is full ({queued} ops waiting); retry later")]
+    Backpressure {
+        /// Ops waiting when the call was refused.
+        queued: usize,
+    },
+    /// The node is shut down (or its writer stopped).
+    #[error("the node is shut down")]
+    Closed,
+    /// The configuration is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// Storage failed. A write that returns this was **not** acknowledged; after a write
+    /// failure the node accepts no more writes until reopened.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl Error {
+    /// A stable machine-readable code (API.md error bodies).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::InvalidOp { .. } => "invalid_op",
+            Error::WrongOp { .. } => "type_mismatch",
+            Error::CounterNotDeletable { .. } => "counter_not_deletable",
+            Error::TooLarge { .. } | Error::BatchTooLarge { .. } => "too_large",
+            Error::Backpressure { .. } => "backpressure",
+            Error::Closed => "closed",
+            Error::Config(_) => "config",
+            Error::Store(StoreError::AlreadyOpen { .. }) => "already_open",
+            Error::Store(_) => "storage",
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! Metrics-ready counters of a node (exported as Prometheus text by the HTTP API later).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Live counters, updated by the writer and read by anyone.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub(crate) commits: AtomicU64,
+    pub(crate) commit_groups_ops: AtomicU64,
+    pub(crate) commit_group_max: AtomicU64,
+    pub(crate) commit_latency_us_sum: AtomicU64,
+    pub(crate) commit_latency_us_max: AtomicU64,
+    pub(crate) ops_applied: AtomicU64,
+    pub(crate) duplicates: AtomicU64,
+    pub(crate) rejected_ops: AtomicU64,
+    pub(crate) backpressure: AtomicU64,
+    pub(crate) log_entries: AtomicU64,
+    pub(crate) compaction_reclaimed_bytes: AtomicU64,
+    pub(crate) remote_rejected: AtomicU64,
+    pub(crate) hlc_rejected: AtomicU64,
+}
+
+/// A point-in-time copy of [`Metrics`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetricsSnapshot {
+    /// Local commit groups committed.
+    pub commits: u64,
+    /// Writes (ops or events) carried by those groups: `commit_groups_ops / commits` is the
+    /// mean group size.
+    pub commit_groups_ops: u64,
+    /// Largest group so far.
+    pub commit_group_max: u64,
+    /// Sum of commit latencies in microseconds (mean = sum / commits).
+    pub commit_latency_us_sum: u64,
+    /// Largest commit latency in microseconds.
+    pub commit_latency_us_max: u64,
+    /// Operations applied.
+    pub ops_applied: u64,
+    /// Events or idempotent ops skipped as duplicates.
+    pub duplicates: u64,
+    /// Ops rejected by validation.
+    pub rejected_ops: u64,
+    /// Calls refused with backpressure.
+    pub backpressure: u64,
+    /// Retained delta-log entries.
+    pub log_entries: u64,
+    /// Bytes of log entries reclaimed by compaction.
+    pub compaction_reclaimed_bytes: u64,
+    /// Remote deltas rejected by validation.
+    pub remote_rejected: u64,
+    /// Remote timestamps too far ahead for the local clock.
+    pub hlc_rejected: u64,
+}
+
+impl Metrics {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn max(counter: &AtomicU64, n: u64) {
+        counter.fetch_max(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set(counter: &AtomicU64, n: u64) {
+        counter.store(n, Ordering::Relaxed);
+    }
+
+    /// Copies every counter.
+    pub fn snapshot(&self) -> MetricsSnapshot {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        MetricsSnapshot {
+            commits: g(&self.commits),
+            commit_groups_ops: g(&self.commit_groups_ops),
+            commit_group_max: g(&self.commit_group_max),
+            commit_latency_us_sum: g(&self.commit_latency_us_sum),
+            commit_latency_us_max: g(&self.commit_latency_us_max),
+            ops_applied: g(&self.ops_applied),
+            duplicates: g(&self.duplicates),
+            rejected_ops: g(&self.rejected_ops),
+            backpressure: g(&self.backpressure),
+            log_entries: g(&self.log_entries),
+            compaction_reclaimed_bytes: g(&self.compaction_reclaimed_bytes),
+            remote_rejected: g(&self.remote_rejected),
+            hlc_rejected: g(&self.hlc_rejected),
+        }
+    }
+}

@@ -1,0 +1,394 @@
+//! The embedded node: open a data directory, apply ops and events, read typed values, watch
+//! changes, shut down cleanly. Works fully offline; replication layers on top.
+
+use crate::apply::Rejected;
+use crate::config::NodeConfig;
+use crate::driver::{Change, CompactReport, Driver, Input};
+use crate::error::Error;
+use crate::metrics::{Metrics, MetricsSnapshot};
+use crate::model::Delta;
+use crate::ops::{self, Event, Op};
+use crate::proto::{ApplyOutcome, PeerId};
+use crate::store::{DeltasSince, LocalCommit, LocalWrite, OpenOptions, Reader, RedbStore};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tidemark_crdts::{CausalContext, Key, KeyKind, ReplicaId, Value};
+use tokio::sync::{broadcast, oneshot};
+
+/// How many writes a call applied and how many it skipped as duplicates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteOutcome {
+    /// Ops or events applied.
+    pub applied: usize,
+    /// Events or idempotent ops already applied before (no-ops).
+    pub duplicates: usize,
+}
+
+/// Which keys a watcher wants.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyFilter {
+    /// Only keys of this type (`None`: every type).
+    pub kind: Option<KeyKind>,
+    /// Only names starting with this prefix.
+    pub prefix: String,
+}
+
+impl KeyFilter {
+    /// Every key.
+    pub fn all() -> Self {
+        Self::default()
+    }
+    /// Names starting with `prefix`, any type.
+    pub fn prefix(prefix: &str) -> Self {
+        Self {
+            kind: None,
+            prefix: prefix.to_owned(),
+        }
+    }
+    /// Does `key` pass?
+    pub fn matches(&self, key: &Key) -> bool {
+        self.kind.is_none_or(|k| k == key.kind) && key.name.starts_with(&self.prefix)
+    }
+}
+
+/// A stream of committed changes matching a filter.
+#[derive(Debug)]
+pub struct Watch {
+    rx: broadcast::Receiver<Arc<Change>>,
+    filter: KeyFilter,
+}
+
+/// What a watcher receives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchEvent {
+    /// A key changed to `value` (published only after the change committed durably).
+    Changed(Change),
+    /// The watcher fell behind by this many changes (bounded buffer); re-read to resync.
+    Lagged(u64),
+}
+
+impl Watch {
+    /// The next change, or `None` once the node shut down.
+    pub async fn next(&mut self) -> Option<WatchEvent> {
+        loop {
+            match self.rx.recv().await {
+                Ok(c) if self.filter.matches(&c.key) => {
+                    return Some(WatchEvent::Changed((*c).clone()));
+                }
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(n)) => return Some(WatchEvent::Lagged(n)),
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
+}
+
+struct Shared {
+    inputs: Mutex<Option<Sender<Input>>>,
+    queued_ops: Arc<AtomicUsize>,
+    metrics: Arc<Metrics>,
+    changes: broadcast::Sender<Arc<Change>>,
+    reader: Mutex<Option<Reader>>,
+    replica: ReplicaId,
+    epoch: u64,
+    config: NodeConfig,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// An embedded Tidemark node. Cheap to clone (clones share one node).
+///
+/// Guarantees: a write call returns `Ok` only after its effects are durably committed (in the
+/// default `Immediate` durability); a rejected call applies nothing; reads see committed state
+/// and never block the writer; at most one process opens a data directory.
+#[derive(Clone)]
+pub struct Node {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("replica", &self.shared.replica)
+            .field("data_dir", &self.shared.config.data_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Node {
+    /// Opens (or creates) the node in `config.data_dir`, recovering committed state.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for invalid limits; [`Error::Store`] when the directory is in use by
+    /// another process or the stored state cannot be read.
+    pub async fn open(config: NodeConfig) -> Result<Node, Error> {
+        tokio::task::spawn_blocking(move || Self::open_blocking(config))
+            .await
+            .map_err(|_| Error::Closed)?
+    }
+
+    /// [`Node::open`] for callers outside an async runtime (the node still needs one for its
+    /// async calls).
+    ///
+    /// # Errors
+    /// As [`Node::open`].
+    pub fn open_blocking(config: NodeConfig) -> Result<Node, Error> {
+        config.limits.validate().map_err(Error::Config)?;
+        let store = RedbStore::open(
+            &config.data_dir,
+            OpenOptions {
+                limits: config.limits.clone(),
+                durability: config.durability,
+                new_replica_id: None,
+            },
+        )?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let queued_ops = Arc::new(AtomicUsize::new(0));
+        let metrics = Arc::new(Metrics::default());
+        let (changes, _) = broadcast::channel(config.limits.watch_buffer_max);
+        let reader = store.reader();
+        let replica = store.replica();
+        let epoch = store.epoch();
+        let driver = Driver {
+            store,
+            inputs: rx,
+            queued_ops: Arc::clone(&queued_ops),
+            metrics: Arc::clone(&metrics),
+            changes: changes.clone(),
+            group_ops_max: config.limits.commit_group_ops_max,
+            tick: Duration::from_millis(100),
+        };
+        let thread = std::thread::Builder::new()
+            .name("tidemark-writer".into())
+            .spawn(move || driver.run())
+            .map_err(|e| Error::Config(format!("cannot start the writer thread: {e}")))?;
+        tracing::info!(%replica, epoch, dir = %config.data_dir.display(), "node open");
+        Ok(Node {
+            shared: Arc::new(Shared {
+                inputs: Mutex::new(Some(tx)),
+                queued_ops,
+                metrics,
+                changes,
+                reader: Mutex::new(Some(reader)),
+                replica,
+                epoch,
+                config,
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    /// This node's replica id.
+    pub fn replica_id(&self) -> ReplicaId {
+        self.shared.replica
+    }
+
+    /// This incarnation's epoch (bumped at every open).
+    pub fn epoch(&self) -> u64 {
+        self.shared.epoch
+    }
+
+    /// The configuration the node was opened with.
+    pub fn config(&self) -> &NodeConfig {
+        &self.shared.config
+    }
+
+    fn reader(&self) -> Result<Reader, Error> {
+        self.shared
+            .reader
+            .lock()
+            .map_err(|_| Error::Closed)?
+            .clone()
+            .ok_or(Error::Closed)
+    }
+
+    fn send(&self, input: Input) -> Result<(), Error> {
+        let guard = self.shared.inputs.lock().map_err(|_| Error::Closed)?;
+        let tx = guard.as_ref().ok_or(Error::Closed)?;
+        tx.send(input).map_err(|_| Error::Closed)
+    }
+
+    async fn submit(&self, writes: Vec<LocalWrite>) -> Result<WriteOutcome, Error> {
+        if writes.is_empty() {
+            return Ok(WriteOutcome::default());
+        }
+        let ops: usize = writes.iter().map(|w| w.ops.len().max(1)).sum();
+        let limit = self.shared.config.limits.write_queue_ops_max;
+        let before = self.shared.queued_ops.fetch_add(ops, Ordering::AcqRel);
+        if before + ops > limit {
+            self.shared.queued_ops.fetch_sub(ops, Ordering::AcqRel);
+            Metrics::add(&self.shared.metrics.backpressure, 1);
+            return Err(Error::Backpressure { queued: before });
+        }
+        let (reply, rx) = oneshot::channel();
+        if let Err(e) = self.send(Input::Write { writes, reply }) {
+            self.shared.queued_ops.fetch_sub(ops, Ordering::AcqRel);
+            return Err(e);
+        }
+        let commit: LocalCommit = rx.await.map_err(|_| Error::Closed)??;
+        let duplicates = commit.duplicate.iter().filter(|d| **d).count();
+        Ok(WriteOutcome {
+            applied: commit.duplicate.len() - duplicates,
+            duplicates,
+        })
+    }
+
+    fn count_rejection<T>(&self, r: Result<T, Error>) -> Result<T, Error> {
+        if r.is_err() {
+            Metrics::add(&self.shared.metrics.rejected_ops, 1);
+        }
+        r
+    }
+
+    /// Applies one op; returns after its durable commit.
+    ///
+    /// # Errors
+    /// Validation errors naming the field; [`Error::Backpressure`]; storage errors (not
+    /// acknowledged).
+    pub async fn apply(&self, op: Op) -> Result<WriteOutcome, Error> {
+        self.apply_batch(vec![op]).await
+    }
+
+    /// Applies a batch of ops, all or none; returns after the durable commit.
+    ///
+    /// # Errors
+    /// As [`Node::apply`]; a validation error names the index of the op at fault and nothing
+    /// of the batch is applied.
+    pub async fn apply_batch(&self, ops: Vec<Op>) -> Result<WriteOutcome, Error> {
+        let writes = self.count_rejection(ops::validate_ops(&ops, &self.shared.config.limits))?;
+        self.submit(writes).await
+    }
+
+    /// Ingests events of `stream`; each `(source, seq)` is applied at most once.
+    ///
+    /// # Errors
+    /// As [`Node::apply_batch`].
+    pub async fn ingest(&self, stream: &str, events: Vec<Event>) -> Result<WriteOutcome, Error> {
+        let writes = self.count_rejection(ops::validate_events(
+            stream,
+            &events,
+            &self.shared.config.limits,
+        ))?;
+        self.submit(writes).await
+    }
+
+    /// The committed value of `key` (the empty value of its type if never written).
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub fn get(&self, key: &Key) -> Result<Value, Error> {
+        Ok(self
+            .reader()?
+            .get(key)?
+            .unwrap_or_else(|| Value::empty(key.kind)))
+    }
+
+    /// Up to `limit` keys of `kind` with names starting with `prefix`, after `after`, ascending.
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub fn list(
+        &self,
+        kind: KeyKind,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(Key, Value)>, Error> {
+        Ok(self.reader()?.list(kind, prefix, after, limit)?)
+    }
+
+    /// Changes committed from now on that match `filter`.
+    pub fn watch(&self, filter: KeyFilter) -> Watch {
+        Watch {
+            rx: self.shared.changes.subscribe(),
+            filter,
+        }
+    }
+
+    /// The committed causal context (the digest of everything this node has seen).
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub fn context(&self) -> Result<CausalContext, Error> {
+        Ok(self.reader()?.context()?)
+    }
+
+    /// The retained deltas a peer at `remote` lacks, joined, up to about `bytes_max` bytes.
+    ///
+    /// # Errors
+    /// Storage failures; [`Error::Closed`].
+    pub async fn deltas_since(
+        &self,
+        remote: CausalContext,
+        bytes_max: usize,
+    ) -> Result<DeltasSince, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Input::DeltasSince {
+            remote,
+            bytes_max,
+            reply,
+        })?;
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    /// Joins a remote delta (with redundancy removal), durably, before returning.
+    /// `Ok(Err(reason))` when the delta is invalid: nothing applied.
+    ///
+    /// # Errors
+    /// Storage failures; [`Error::Closed`].
+    pub async fn apply_remote(
+        &self,
+        origin: PeerId,
+        delta: Delta,
+    ) -> Result<Result<ApplyOutcome, Rejected>, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Input::ApplyRemote {
+            origin,
+            delta,
+            reply,
+        })?;
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    /// Compacts: drops delta-log entries below `below` (default: all; replication passes the
+    /// stable frontier) and reports what was reclaimed.
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub async fn compact(&self, below: Option<u64>) -> Result<CompactReport, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Input::Compact { below, reply })?;
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    /// Current metrics.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.shared.metrics.snapshot()
+    }
+
+    /// Stops the writer after the writes already queued, and closes the database.
+    ///
+    /// # Errors
+    /// [`Error::Closed`] if already shut down.
+    pub async fn shutdown(&self) -> Result<(), Error> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Input::Shutdown { reply })?;
+        let _ = rx.await;
+        if let Ok(mut g) = self.shared.inputs.lock() {
+            g.take();
+        }
+        // Release our read handle so the database file closes with the writer.
+        if let Ok(mut g) = self.shared.reader.lock() {
+            g.take();
+        }
+        let thread = self.shared.thread.lock().ok().and_then(|mut g| g.take());
+        if let Some(t) = thread {
+            tokio::task::spawn_blocking(move || t.join())
+                .await
+                .map_err(|_| Error::Closed)?
+                .map_err(|_| Error::Closed)?;
+        }
+        Ok(())
+    }
+}

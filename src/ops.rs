@@ -1,0 +1,334 @@
+//! Operations and events as clients send them (API.md "Operations", "Events"), and their
+//! validation into lattice mutations. Every rejection names the op's index and the field.
+
+use crate::config::Limits;
+use crate::error::Error;
+use crate::store::{EventId, LocalWrite};
+use serde::{Deserialize, Serialize};
+use tidemark_crdts::{Key, KeyKind, Mutation};
+
+/// One operation, in the JSON shape of API.md:
+/// `{"type":"orset","key":"online","op":"add","value":"alice"}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Op {
+    /// Key type: `gcounter`, `pncounter`, `orset`, `lww` or `mvreg`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Key name: 1–256 bytes of UTF-8, no control characters.
+    pub key: String,
+    /// `inc`, `dec`, `add`, `remove`, `set` or `delete`.
+    pub op: String,
+    /// Amount for `inc`/`dec` (default 1, must be positive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<u64>,
+    /// Element (`add`/`remove`) or value (`set`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<serde_json::Value>,
+    /// Source for idempotent ops (with `seq`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Per-source sequence number for idempotent ops (with `source`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
+}
+
+impl Op {
+    fn new(kind: KeyKind, key: &str, op: &str) -> Self {
+        Self {
+            kind: kind.as_str().to_owned(),
+            key: key.to_owned(),
+            op: op.to_owned(),
+            by: None,
+            value: None,
+            source: None,
+            seq: None,
+        }
+    }
+    /// `gcounter/key += by`.
+    pub fn inc_gcounter(key: &str, by: u64) -> Self {
+        Self {
+            by: Some(by),
+            ..Self::new(KeyKind::GCounter, key, "inc")
+        }
+    }
+    /// `pncounter/key += by`.
+    pub fn inc_pncounter(key: &str, by: u64) -> Self {
+        Self {
+            by: Some(by),
+            ..Self::new(KeyKind::PNCounter, key, "inc")
+        }
+    }
+    /// `pncounter/key -= by`.
+    pub fn dec_pncounter(key: &str, by: u64) -> Self {
+        Self {
+            by: Some(by),
+            ..Self::new(KeyKind::PNCounter, key, "dec")
+        }
+    }
+    /// Adds `value` to `orset/key`.
+    pub fn add(key: &str, value: impl Into<serde_json::Value>) -> Self {
+        Self {
+            value: Some(value.into()),
+            ..Self::new(KeyKind::ORSet, key, "add")
+        }
+    }
+    /// Removes `value` from `orset/key` (the adds this node has seen).
+    pub fn remove(key: &str, value: impl Into<serde_json::Value>) -> Self {
+        Self {
+            value: Some(value.into()),
+            ..Self::new(KeyKind::ORSet, key, "remove")
+        }
+    }
+    /// Writes `lww/key`.
+    pub fn set_lww(key: &str, value: impl Into<serde_json::Value>) -> Self {
+        Self {
+            value: Some(value.into()),
+            ..Self::new(KeyKind::Lww, key, "set")
+        }
+    }
+    /// Writes `mvreg/key`.
+    pub fn set_mvreg(key: &str, value: impl Into<serde_json::Value>) -> Self {
+        Self {
+            value: Some(value.into()),
+            ..Self::new(KeyKind::MvReg, key, "set")
+        }
+    }
+    /// Deletes an orset, lww or mvreg key (counters refuse).
+    pub fn delete(kind: KeyKind, key: &str) -> Self {
+        Self::new(kind, key, "delete")
+    }
+    /// Makes the op idempotent under `(source, seq)`.
+    pub fn with_id(mut self, source: &str, seq: u64) -> Self {
+        self.source = Some(source.to_owned());
+        self.seq = Some(seq);
+        self
+    }
+}
+
+/// An event of a stream: `source` + `seq` identify it (a retry is a no-op); its operations are
+/// applied together, or not at all when it is a duplicate. (The stream views that derive
+/// operations from event fields build on this.)
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// The producer.
+    pub source: String,
+    /// The producer's sequence number.
+    pub seq: u64,
+    /// The operations the event applies.
+    pub ops: Vec<Op>,
+}
+
+/// The stream under which idempotent plain ops (`source`/`seq` on an op) are deduplicated.
+pub const OPS_STREAM: &str = "_ops";
+
+fn invalid(index: usize, field: &'static str, message: impl Into<String>) -> Error {
+    Error::InvalidOp {
+        index,
+        field,
+        message: message.into(),
+    }
+}
+
+/// Canonical JSON text: object keys sorted, no whitespace (serde_json's map is ordered).
+fn canonical(v: &serde_json::Value) -> String {
+    v.to_string()
+}
+
+/// Validates one op into its key and mutation; `index` is its position in the caller's batch.
+///
+/// # Errors
+/// [`Error::InvalidOp`], [`Error::WrongOp`], [`Error::CounterNotDeletable`] or
+/// [`Error::TooLarge`], naming `index` and the field at fault.
+pub fn validate_op(op: &Op, index: usize, limits: &Limits) -> Result<(Key, Mutation), Error> {
+    let kind = KeyKind::parse(&op.kind).ok_or_else(|| {
+        invalid(
+            index,
+            "type",
+            format!(
+                "unknown type {:?} (gcounter, pncounter, orset, lww, mvreg)",
+                op.kind
+            ),
+        )
+    })?;
+    crate::apply::check_key_name(&op.key, limits)
+        .map_err(|e| invalid(index, "key", e.to_string()))?;
+    let key = Key::new(kind, op.key.clone());
+    let value_text = |limit: usize| -> Result<String, Error> {
+        let v = op
+            .value
+            .as_ref()
+            .ok_or_else(|| invalid(index, "value", format!("`{}` needs a value", op.op)))?;
+        let text = canonical(v);
+        if text.len() > limit {
+            return Err(Error::TooLarge {
+                index,
+                field: "value",
+                len: text.len(),
+                limit,
+            });
+        }
+        Ok(text)
+    };
+    let by = || -> Result<u64, Error> {
+        match op.by {
+            Some(0) => Err(invalid(index, "by", "must be positive")),
+            Some(n) => Ok(n),
+            None => Ok(1),
+        }
+    };
+    // The op must fit the type before its fields are examined.
+    let applies = match (kind, op.op.as_str()) {
+        (KeyKind::GCounter | KeyKind::PNCounter, "inc")
+        | (KeyKind::PNCounter, "dec")
+        | (KeyKind::ORSet, "add" | "remove")
+        | (KeyKind::Lww | KeyKind::MvReg, "set")
+        | (KeyKind::ORSet | KeyKind::Lww | KeyKind::MvReg, "delete") => true,
+        (KeyKind::GCounter | KeyKind::PNCounter, "delete") => {
+            return Err(Error::CounterNotDeletable { index, kind });
+        }
+        (_, "inc" | "dec" | "add" | "remove" | "set") => false,
+        (_, other) => {
+            return Err(invalid(
+                index,
+                "op",
+                format!("unknown op {other:?} (inc, dec, add, remove, set, delete)"),
+            ));
+        }
+    };
+    if !applies {
+        return Err(Error::WrongOp {
+            index,
+            message: format!("operation `{}` does not apply to type `{kind}`", op.op),
+        });
+    }
+    let mutation = match op.op.as_str() {
+        "inc" => Mutation::Inc(by()?),
+        "dec" => Mutation::Dec(by()?),
+        "add" | "remove" => {
+            if let Some(v) = &op.value {
+                if !(v.is_string() || v.is_number() || v.is_boolean()) {
+                    return Err(invalid(
+                        index,
+                        "value",
+                        "set elements must be strings, numbers or booleans",
+                    ));
+                }
+            }
+            let text = value_text(limits.element_bytes_max)?;
+            if op.op == "add" {
+                Mutation::Add(text)
+            } else {
+                Mutation::Remove(text)
+            }
+        }
+        "set" => Mutation::Set(value_text(limits.value_bytes_max)?),
+        "delete" => Mutation::Delete,
+        other => {
+            return Err(invalid(
+                index,
+                "op",
+                format!("unknown op {other:?} (inc, dec, add, remove, set, delete)"),
+            ));
+        }
+    };
+    tidemark_crdts::store::check_mutation(kind, &mutation).map_err(|e| match e {
+        tidemark_crdts::MutationError::CounterNotDeletable(k) => {
+            Error::CounterNotDeletable { index, kind: k }
+        }
+        tidemark_crdts::MutationError::ZeroAmount => invalid(index, "by", "must be positive"),
+        other => Error::WrongOp {
+            index,
+            message: other.to_string(),
+        },
+    })?;
+    if op.source.is_some() != op.seq.is_some() {
+        return Err(invalid(
+            index,
+            if op.source.is_some() { "seq" } else { "source" },
+            "`source` and `seq` go together",
+        ));
+    }
+    Ok((key, mutation))
+}
+
+/// Validates a batch of ops into commit-group writes (one write per op); all or nothing.
+///
+/// # Errors
+/// The first invalid op's error; [`Error::BatchTooLarge`] over `batch_ops_max`.
+pub fn validate_ops(ops: &[Op], limits: &Limits) -> Result<Vec<LocalWrite>, Error> {
+    if ops.len() > limits.batch_ops_max {
+        return Err(Error::BatchTooLarge {
+            len: ops.len(),
+            limit: limits.batch_ops_max,
+        });
+    }
+    ops.iter()
+        .enumerate()
+        .map(|(i, op)| {
+            let (key, mutation) = validate_op(op, i, limits)?;
+            let event = match (&op.source, op.seq) {
+                (Some(source), Some(seq)) => Some(EventId {
+                    stream: OPS_STREAM.to_owned(),
+                    source: source.clone(),
+                    seq,
+                }),
+                _ => None,
+            };
+            Ok(LocalWrite {
+                ops: vec![(key, mutation)],
+                event,
+            })
+        })
+        .collect()
+}
+
+/// Validates a batch of events of `stream` into commit-group writes; all or nothing.
+///
+/// # Errors
+/// The first invalid event's error (its index; the field is prefixed `ops[i].`).
+pub fn validate_events(
+    stream: &str,
+    events: &[Event],
+    limits: &Limits,
+) -> Result<Vec<LocalWrite>, Error> {
+    if stream.is_empty()
+        || stream.len() > limits.key_bytes_max
+        || stream.chars().any(char::is_control)
+    {
+        return Err(invalid(
+            0,
+            "stream",
+            "stream names are 1–256 bytes without control characters",
+        ));
+    }
+    let total: usize = events.iter().map(|e| e.ops.len().max(1)).sum();
+    if total > limits.batch_ops_max {
+        return Err(Error::BatchTooLarge {
+            len: total,
+            limit: limits.batch_ops_max,
+        });
+    }
+    events
+        .iter()
+        .enumerate()
+        .map(|(i, ev)| {
+            if ev.source.is_empty() || ev.source.len() > limits.key_bytes_max {
+                return Err(invalid(i, "source", "sources are 1–256 bytes"));
+            }
+            let ops = ev
+                .ops
+                .iter()
+                .map(|op| validate_op(op, i, limits))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(LocalWrite {
+                ops,
+                event: Some(EventId {
+                    stream: stream.to_owned(),
+                    source: ev.source.clone(),
+                    seq: ev.seq,
+                }),
+            })
+        })
+        .collect()
+}
