@@ -26,7 +26,7 @@ pub use config::{Durability, Limits, NodeConfig};
 pub use driver::{Change, CompactReport};
 pub use error::Error;
 pub use node::{KeyFilter, Node, Watch, WatchEvent, WriteOutcome};
-pub use ops::{Event, Op};
+pub use ops::{Event, Op, value_to_json};
 pub use tidemark_crdts::{Key, KeyKind, ReplicaId, Value};
 
 pub use tidemark_crdts as crdts;

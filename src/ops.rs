@@ -332,3 +332,19 @@ pub fn validate_events(
         })
         .collect()
 }
+
+/// A value as JSON (API.md "Keys and values"): counters as numbers, an orset as a sorted array,
+/// an lww register as its value or `null`, an mvreg as the sorted array of concurrent values.
+pub fn value_to_json(value: &tidemark_crdts::Value) -> serde_json::Value {
+    use serde_json::Value as J;
+    // Stored text is canonical JSON written by this crate; fall back to a string if not.
+    let parse = |text: &String| serde_json::from_str(text).unwrap_or_else(|_| J::String(text.clone()));
+    match value {
+        tidemark_crdts::Value::GCounter(n) => J::from(*n),
+        tidemark_crdts::Value::PNCounter(n) => J::from(*n),
+        tidemark_crdts::Value::ORSet(items) | tidemark_crdts::Value::MvReg(items) => {
+            J::Array(items.iter().map(parse).collect())
+        }
+        tidemark_crdts::Value::Lww(v) => v.as_ref().map_or(J::Null, parse),
+    }
+}

@@ -6,7 +6,7 @@
 use crate::apply::Rejected;
 use crate::model::{Delta, StateChunk};
 use crate::proto::PeerId;
-use tidemark_crdts::{CausalContext, Key, ReplicaId};
+use tidemark_crdts::{CausalContext, DedupMarks, Key, ReplicaId};
 
 /// What a durable join of a remote delta or chunk did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -52,6 +52,13 @@ pub trait StateStore {
     /// The causal context of everything durably stored here.
     fn context(&self) -> &CausalContext;
 
+    /// Every ingest dedup mark stored here (sent with the final chunk of a state transfer, so a
+    /// peer seeded by transfer also refuses retried events).
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn dedup_marks(&mut self) -> Result<DedupMarks, Self::Error>;
+
     /// The retained log as `[start, end)`: `end` is the next sequence number to be written.
     fn log_bounds(&self) -> (u64, u64);
 
@@ -60,8 +67,8 @@ pub trait StateStore {
     /// (at least one entry is taken, so progress is always made).
     ///
     /// # Errors
-    /// Storage failures; asking below the retained start is an error of the implementation's
-    /// choosing (callers check [`StateStore::log_bounds`] first).
+    /// Storage failures; asking below the retained start or beyond the end is an error of the
+    /// implementation's choosing (callers check [`StateStore::log_bounds`] first).
     fn log_interval(
         &mut self,
         from: u64,
@@ -72,6 +79,9 @@ pub trait StateStore {
     /// Durably joins a remote delta from `origin` with redundancy removal: only the inflating
     /// part is stored and logged (tagged with `origin`). `cursor` is `(origin's log id, end)`:
     /// how far into the origin's log this delta brings us, recorded in the same transaction.
+    /// For the log id already recorded the cursor never moves back (the larger seq is kept; a
+    /// duplicate interval may end below it); another log id (the peer was wiped) replaces it.
+    /// An empty delta still records its cursor (pitfall #22).
     ///
     /// Returns `Ok(Err(reason))` for an invalid delta: nothing was applied, the store stays usable.
     ///
@@ -93,16 +103,16 @@ pub trait StateStore {
     ///
     /// # Errors
     /// Storage failures.
-    fn read_chunk(&mut self, after: Option<&Key>, bytes_max: usize) -> Result<ChunkRead, Self::Error>;
-
-    /// Every dedup mark held (sent with the final chunk of a state transfer).
-    ///
-    /// # Errors
-    /// Storage failures.
-    fn dedup_marks(&mut self) -> Result<tidemark_crdts::DedupMarks, Self::Error>;
+    fn read_chunk(
+        &mut self,
+        after: Option<&Key>,
+        bytes_max: usize,
+    ) -> Result<ChunkRead, Self::Error>;
 
     /// Durably applies one chunk of a state transfer from `origin` (range-scoped join; the
-    /// final chunk also joins the transfer's context and marks and records `cursor`).
+    /// final chunk also joins the transfer's context and marks and records `cursor`, with the
+    /// same rule as [`StateStore::apply_remote`]). The inflating part is logged tagged with
+    /// `origin`, like a delta's, so what a transfer brought is forwarded to other peers.
     ///
     /// Returns `Ok(Err(reason))` for an invalid chunk: nothing was applied.
     ///
