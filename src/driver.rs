@@ -69,6 +69,9 @@ pub(crate) struct Driver {
     pub(crate) changes: broadcast::Sender<Arc<Change>>,
     pub(crate) group_ops_max: usize,
     pub(crate) tick: Duration,
+    /// In relaxed durability: commits since the last forced durable commit.
+    pub(crate) relaxed_dirty: bool,
+    pub(crate) relaxed: bool,
 }
 
 pub(crate) fn wall_ms() -> u64 {
@@ -80,14 +83,20 @@ pub(crate) fn wall_ms() -> u64 {
 impl Driver {
     /// Runs until shutdown or until every sender is gone.
     pub(crate) fn run(mut self) {
+        let mut next_tick = Instant::now() + self.tick;
         loop {
-            let first = match self.inputs.recv_timeout(self.tick) {
+            let now = Instant::now();
+            if now >= next_tick {
+                self.on_tick();
+                next_tick = now + self.tick;
+            }
+            let first = match self.inputs.recv_timeout(next_tick.saturating_duration_since(now)) {
                 Ok(input) => input,
-                Err(RecvTimeoutError::Timeout) => {
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => {
                     self.on_tick();
-                    continue;
+                    return;
                 }
-                Err(RecvTimeoutError::Disconnected) => return,
             };
             let mut writes: Vec<(Vec<LocalWrite>, oneshot::Sender<Result<LocalCommit, Error>>)> =
                 Vec::new();
@@ -111,6 +120,8 @@ impl Driver {
             }
             for input in others {
                 if let Input::Shutdown { reply } = input {
+                    // Relaxed mode: make everything acknowledged so far durable before closing.
+                    self.on_tick();
                     let _ = reply.send(());
                     return;
                 }
@@ -121,6 +132,12 @@ impl Driver {
 
     fn on_tick(&mut self) {
         Metrics::set(&self.metrics.log_entries, self.store.log_len());
+        if self.relaxed && self.relaxed_dirty {
+            match self.store.sync() {
+                Ok(()) => self.relaxed_dirty = false,
+                Err(e) => tracing::error!(error = %e, "periodic durable commit failed; writes halted"),
+            }
+        }
     }
 
     fn commit_group(
@@ -144,6 +161,7 @@ impl Driver {
         self.queued_ops.fetch_sub(group_ops, Ordering::AcqRel);
         match result {
             Ok(commit) => {
+                self.relaxed_dirty = true;
                 let m = &self.metrics;
                 Metrics::add(&m.commits, 1);
                 Metrics::add(&m.commit_groups_ops, all.len() as u64);

@@ -157,7 +157,12 @@ impl Node {
             metrics: Arc::clone(&metrics),
             changes: changes.clone(),
             group_ops_max: config.limits.commit_group_ops_max,
-            tick: Duration::from_millis(100),
+            tick: match config.durability {
+                crate::config::Durability::Relaxed => config.relaxed_sync_interval,
+                crate::config::Durability::Immediate => Duration::from_millis(100),
+            },
+            relaxed_dirty: false,
+            relaxed: config.durability == crate::config::Durability::Relaxed,
         };
         let thread = std::thread::Builder::new()
             .name("tidemark-writer".into())
