@@ -81,13 +81,17 @@ impl Limits {
             return Err(format!("limits.{name} must be positive"));
         }
         if self.message_bytes_target.saturating_mul(2) > self.frame_bytes_max {
-            return Err("limits.message_bytes_target must be at most half of limits.frame_bytes_max".into());
+            return Err(
+                "limits.message_bytes_target must be at most half of limits.frame_bytes_max".into(),
+            );
         }
         if self.batch_ops_max > self.write_queue_ops_max {
             return Err("limits.batch_ops_max must not exceed limits.write_queue_ops_max".into());
         }
         if self.value_bytes_max.saturating_add(self.key_bytes_max) * 4 > self.message_bytes_target {
-            return Err("limits.message_bytes_target must hold at least four maximal values".into());
+            return Err(
+                "limits.message_bytes_target must hold at least four maximal values".into(),
+            );
         }
         Ok(())
     }
@@ -115,6 +119,11 @@ pub struct NodeConfig {
     pub durability: Durability,
     /// In `Relaxed` mode, how often a durable commit is forced.
     pub relaxed_sync_interval: Duration,
+    /// Replication timing and policy (gossip interval, retransmit, eviction, message size).
+    pub replication: crate::proto::replica::ReplicaConfig,
+    /// Delta-log entries kept even when every peer acknowledged them, so briefly disconnected
+    /// peers resume with deltas instead of a state transfer (default 10,000).
+    pub log_retain_entries: u64,
 }
 
 impl NodeConfig {
@@ -125,6 +134,12 @@ impl NodeConfig {
             limits: Limits::default(),
             durability: Durability::Immediate,
             relaxed_sync_interval: Duration::from_millis(100),
+            replication: crate::proto::replica::ReplicaConfig {
+                gossip_interval_ms: 100,
+                retransmit_timeout_ms: 1_000,
+                ..Default::default()
+            },
+            log_retain_entries: 10_000,
         }
     }
 }

@@ -7,11 +7,13 @@ use crate::apply::Rejected;
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::Delta;
-use crate::proto::{ApplyOutcome, PeerId};
+use crate::proto::replica::{Event as ReplicaEvent, Now, Replica};
+use crate::proto::{ApplyOutcome, Message, PeerId, StateStore};
 use crate::store::{DeltasSince, LocalCommit, LocalWrite, RedbStore};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 use tidemark_crdts::{CausalContext, Key, Value};
 use tokio::sync::{broadcast, oneshot};
@@ -59,6 +61,39 @@ pub(crate) enum Input {
     Shutdown {
         reply: oneshot::Sender<()>,
     },
+    /// A peer became reachable through `outbox` (in-process transport: the peer's own inputs).
+    Connect {
+        peer: PeerId,
+        outbox: Sender<Input>,
+    },
+    /// The peer is no longer reachable.
+    Disconnect {
+        peer: PeerId,
+    },
+    /// An encoded protocol message from a peer.
+    Frame {
+        from: PeerId,
+        bytes: Vec<u8>,
+    },
+    /// Replication counters.
+    Status {
+        reply: oneshot::Sender<ReplicationStatus>,
+    },
+}
+
+/// What replication has done and where it stands.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplicationStatus {
+    /// Peers connected now.
+    pub peers_connected: Vec<PeerId>,
+    /// Per peer, the acknowledged cursor into our log (`None`: unknown yet).
+    pub peer_acked: Vec<(PeerId, Option<u64>)>,
+    /// Our log as `[start, end)`.
+    pub log_bounds: (u64, u64),
+    /// The protocol's counters.
+    pub stats: crate::proto::replica::ReplicaStats,
+    /// Frames that could not be decoded (size limit, version, malformed).
+    pub frames_rejected: u64,
 }
 
 pub(crate) struct Driver {
@@ -72,6 +107,18 @@ pub(crate) struct Driver {
     /// In relaxed durability: commits since the last forced durable commit.
     pub(crate) relaxed_dirty: bool,
     pub(crate) relaxed: bool,
+    /// The sans-IO replication core this writer drives.
+    pub(crate) replica: Replica,
+    /// This node's peer id (what peers call us).
+    pub(crate) me: PeerId,
+    /// Reachable peers: where their frames go.
+    pub(crate) outboxes: BTreeMap<PeerId, Sender<Input>>,
+    /// Start of monotonic time for the protocol.
+    pub(crate) started: Instant,
+    /// Retain at least this many log entries before compacting to the stable frontier.
+    pub(crate) log_retain_entries: u64,
+    pub(crate) frames_rejected: u64,
+    pub(crate) frame_bytes_max: usize,
 }
 
 pub(crate) fn wall_ms() -> u64 {
@@ -90,9 +137,18 @@ impl Driver {
                 self.on_tick();
                 next_tick = now + self.tick;
             }
-            let first = match self.inputs.recv_timeout(next_tick.saturating_duration_since(now)) {
+            let deadline = self
+                .replica_deadline()
+                .map_or(next_tick, |d| d.min(next_tick));
+            let first = match self
+                .inputs
+                .recv_timeout(deadline.saturating_duration_since(now))
+            {
                 Ok(input) => input,
-                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.drive_timeout();
+                    continue;
+                }
                 Err(RecvTimeoutError::Disconnected) => {
                     self.on_tick();
                     return;
@@ -117,6 +173,8 @@ impl Driver {
             }
             if !writes.is_empty() {
                 self.commit_group(writes);
+                let now = self.now();
+                self.replica.handle_local_commit(now);
             }
             for input in others {
                 if let Input::Shutdown { reply } = input {
@@ -127,6 +185,81 @@ impl Driver {
                 }
                 self.handle(input);
             }
+            if self.replica_deadline().is_some_and(|d| d <= Instant::now()) {
+                self.drive_timeout();
+            }
+            self.drive_outputs();
+        }
+    }
+
+    fn now(&self) -> Now {
+        Now {
+            mono_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            wall_ms: wall_ms(),
+        }
+    }
+
+    fn replica_deadline(&self) -> Option<Instant> {
+        self.replica
+            .poll_timeout()
+            .map(|ms| self.started + Duration::from_millis(ms))
+    }
+
+    fn drive_timeout(&mut self) {
+        let now = self.now();
+        if let Err(e) = self.replica.handle_timeout(now, &mut self.store) {
+            tracing::error!(error = %e, "replication storage failure");
+        }
+        self.drive_outputs();
+    }
+
+    /// Sends what the core wants sent and acts on its events (quinn's poll order).
+    fn drive_outputs(&mut self) {
+        while let Some(t) = self.replica.poll_transmit() {
+            let Some(outbox) = self.outboxes.get(&t.to) else {
+                continue; // unreachable peer: like a lost packet; the protocol retransmits
+            };
+            match crate::codec::encode("protocol frame", &t.msg) {
+                Ok(bytes) if bytes.len() <= self.frame_bytes_max => {
+                    if outbox
+                        .send(Input::Frame {
+                            from: self.me,
+                            bytes,
+                        })
+                        .is_err()
+                    {
+                        self.outboxes.remove(&t.to);
+                    }
+                }
+                Ok(bytes) => tracing::error!(
+                    len = bytes.len(),
+                    kind = t.msg.kind(),
+                    "frame over the limit not sent"
+                ),
+                Err(e) => tracing::error!(error = %e, "cannot encode frame"),
+            }
+        }
+        while let Some(event) = self.replica.poll_event() {
+            match event {
+                ReplicaEvent::Applied { changed, .. } => self.publish(&changed),
+                ReplicaEvent::Compact { below } => {
+                    let (start, end) = self.store.log_bounds();
+                    if end - start > self.log_retain_entries {
+                        let below = below.min(end.saturating_sub(self.log_retain_entries));
+                        match self.store.compact(below) {
+                            Ok(bytes) => {
+                                Metrics::add(&self.metrics.compaction_reclaimed_bytes, bytes)
+                            }
+                            Err(e) => tracing::error!(error = %e, "compaction failed"),
+                        }
+                    }
+                }
+                ReplicaEvent::Rejected { from, kind, reason } => {
+                    Metrics::add(&self.metrics.remote_rejected, 1);
+                    tracing::warn!(?from, kind, ?reason, "rejected a peer message");
+                }
+                other => tracing::debug!(?other, "replication event"),
+            }
         }
     }
 
@@ -135,7 +268,9 @@ impl Driver {
         if self.relaxed && self.relaxed_dirty {
             match self.store.sync() {
                 Ok(()) => self.relaxed_dirty = false,
-                Err(e) => tracing::error!(error = %e, "periodic durable commit failed; writes halted"),
+                Err(e) => {
+                    tracing::error!(error = %e, "periodic durable commit failed; writes halted")
+                }
             }
         }
     }
@@ -209,6 +344,51 @@ impl Driver {
     fn handle(&mut self, input: Input) {
         match input {
             Input::Write { .. } | Input::Shutdown { .. } => {}
+            Input::Connect { peer, outbox } => {
+                self.outboxes.insert(peer, outbox);
+                let now = self.now();
+                if let Err(e) = self.replica.peer_up(now, peer, &mut self.store) {
+                    tracing::error!(error = %e, "replication storage failure");
+                }
+            }
+            Input::Disconnect { peer } => {
+                self.outboxes.remove(&peer);
+                let now = self.now();
+                self.replica.peer_down(now, peer);
+            }
+            Input::Frame { from, bytes } => {
+                match crate::codec::decode::<Message>(
+                    "protocol frame",
+                    &bytes,
+                    self.frame_bytes_max,
+                ) {
+                    Ok(msg) => {
+                        let now = self.now();
+                        if let Err(e) = self.replica.handle_message(now, from, msg, &mut self.store)
+                        {
+                            tracing::error!(error = %e, "replication storage failure");
+                        }
+                    }
+                    Err(e) => {
+                        self.frames_rejected += 1;
+                        Metrics::add(&self.metrics.remote_rejected, 1);
+                        tracing::warn!(?from, error = %e, "undecodable frame dropped");
+                    }
+                }
+            }
+            Input::Status { reply } => {
+                let peers: Vec<PeerId> = self.outboxes.keys().copied().collect();
+                let _ = reply.send(ReplicationStatus {
+                    peer_acked: peers
+                        .iter()
+                        .map(|p| (*p, self.replica.peer_acked(*p)))
+                        .collect(),
+                    peers_connected: peers,
+                    log_bounds: self.store.log_bounds(),
+                    stats: self.replica.stats().clone(),
+                    frames_rejected: self.frames_rejected,
+                });
+            }
             Input::ApplyRemote {
                 origin,
                 delta,
@@ -235,7 +415,7 @@ impl Driver {
                 );
             }
             Input::Compact { below, reply } => {
-                let (start, end) = crate::proto::StateStore::log_bounds(&self.store);
+                let (start, end) = self.store.log_bounds();
                 let below = below.unwrap_or(end);
                 let r = self.store.compact(below).map(|bytes| {
                     Metrics::add(&self.metrics.compaction_reclaimed_bytes, bytes);

@@ -23,7 +23,7 @@ pub mod proto;
 pub mod store;
 
 pub use config::{Durability, Limits, NodeConfig};
-pub use driver::{Change, CompactReport};
+pub use driver::{Change, CompactReport, ReplicationStatus};
 pub use error::Error;
 pub use node::{KeyFilter, Node, Watch, WatchEvent, WriteOutcome};
 pub use ops::{Event, Op, value_to_json};

@@ -3,11 +3,12 @@
 
 use crate::apply::Rejected;
 use crate::config::NodeConfig;
-use crate::driver::{Change, CompactReport, Driver, Input};
+use crate::driver::{Change, CompactReport, Driver, Input, ReplicationStatus};
 use crate::error::Error;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::model::Delta;
 use crate::ops::{self, Event, Op};
+use crate::proto::replica::Replica;
 use crate::proto::{ApplyOutcome, PeerId};
 use crate::store::{DeltasSince, LocalCommit, LocalWrite, OpenOptions, Reader, RedbStore};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -85,6 +86,12 @@ impl Watch {
     }
 }
 
+/// A node's peer id: stable for a replica id (a wiped node, with a new id, is a new peer).
+fn peer_id_of(replica: ReplicaId) -> PeerId {
+    let [hi, lo] = [(replica.0 >> 64) as u64, replica.0 as u64];
+    PeerId(hi ^ lo)
+}
+
 struct Shared {
     inputs: Mutex<Option<Sender<Input>>>,
     queued_ops: Arc<AtomicUsize>,
@@ -150,6 +157,17 @@ impl Node {
         let reader = store.reader();
         let replica = store.replica();
         let epoch = store.epoch();
+        let me = peer_id_of(replica);
+        let mut replication = config.replication.clone();
+        replication.message_bytes_target = replication
+            .message_bytes_target
+            .min(config.limits.message_bytes_target);
+        let seed = u64::from_le_bytes(
+            uuid::Uuid::new_v4().as_bytes()[..8]
+                .try_into()
+                .unwrap_or([7; 8]),
+        );
+        let core = Replica::new(replication, epoch, seed, store.known_peers());
         let driver = Driver {
             store,
             inputs: rx,
@@ -163,6 +181,13 @@ impl Node {
             },
             relaxed_dirty: false,
             relaxed: config.durability == crate::config::Durability::Relaxed,
+            replica: core,
+            me,
+            outboxes: std::collections::BTreeMap::new(),
+            started: std::time::Instant::now(),
+            log_retain_entries: config.log_retain_entries,
+            frames_rejected: 0,
+            frame_bytes_max: config.limits.frame_bytes_max,
         };
         let thread = std::thread::Builder::new()
             .name("tidemark-writer".into())
@@ -192,6 +217,61 @@ impl Node {
     /// This incarnation's epoch (bumped at every open).
     pub fn epoch(&self) -> u64 {
         self.shared.epoch
+    }
+
+    /// This node's id as a peer (derived from its replica id).
+    pub fn peer_id(&self) -> PeerId {
+        peer_id_of(self.shared.replica)
+    }
+
+    fn input_sender(&self) -> Result<Sender<Input>, Error> {
+        self.shared
+            .inputs
+            .lock()
+            .map_err(|_| Error::Closed)?
+            .clone()
+            .ok_or(Error::Closed)
+    }
+
+    /// Connects two nodes of this process (embedded sync): each becomes a peer of the other and
+    /// they converge through the same protocol core, frames and codec the network uses. Works
+    /// at any time: writes made while disconnected are exchanged on connect.
+    ///
+    /// # Errors
+    /// [`Error::Closed`] if either node is shut down.
+    pub fn connect(&self, other: &Node) -> Result<(), Error> {
+        let (mine, theirs) = (self.input_sender()?, other.input_sender()?);
+        self.send(Input::Connect {
+            peer: other.peer_id(),
+            outbox: theirs,
+        })?;
+        other.send(Input::Connect {
+            peer: self.peer_id(),
+            outbox: mine,
+        })
+    }
+
+    /// Disconnects two in-process nodes ("going offline"); each keeps writing locally.
+    ///
+    /// # Errors
+    /// [`Error::Closed`] if either node is shut down.
+    pub fn disconnect(&self, other: &Node) -> Result<(), Error> {
+        self.send(Input::Disconnect {
+            peer: other.peer_id(),
+        })?;
+        other.send(Input::Disconnect {
+            peer: self.peer_id(),
+        })
+    }
+
+    /// Where replication stands: peers, their acknowledged cursors, the log, counters.
+    ///
+    /// # Errors
+    /// [`Error::Closed`].
+    pub async fn replication_status(&self) -> Result<ReplicationStatus, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Input::Status { reply })?;
+        rx.await.map_err(|_| Error::Closed)
     }
 
     /// The configuration the node was opened with.

@@ -292,6 +292,12 @@ impl RedbStore {
         Reader::new(Arc::clone(&self.db), self.options.limits.clone())
     }
 
+    /// Peers whose logs this store has joined (from the durable cursors): the peers a restarted
+    /// node should expect back.
+    pub fn known_peers(&self) -> Vec<PeerId> {
+        self.cursors.keys().copied().collect()
+    }
+
     /// Why the store halted, if a write failed.
     pub fn halted(&self) -> Option<&str> {
         self.halted.as_deref()
