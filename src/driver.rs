@@ -96,6 +96,9 @@ pub struct ReplicationStatus {
     pub frames_rejected: u64,
 }
 
+/// One caller's writes and where to acknowledge them.
+type PendingWrite = (Vec<LocalWrite>, oneshot::Sender<Result<LocalCommit, Error>>);
+
 pub(crate) struct Driver {
     pub(crate) store: RedbStore,
     pub(crate) inputs: Receiver<Input>,
@@ -154,8 +157,7 @@ impl Driver {
                     return;
                 }
             };
-            let mut writes: Vec<(Vec<LocalWrite>, oneshot::Sender<Result<LocalCommit, Error>>)> =
-                Vec::new();
+            let mut writes: Vec<PendingWrite> = Vec::new();
             let mut others = Vec::new();
             let mut ops = 0usize;
             let mut next = Some(first);
@@ -275,10 +277,7 @@ impl Driver {
         }
     }
 
-    fn commit_group(
-        &mut self,
-        group: Vec<(Vec<LocalWrite>, oneshot::Sender<Result<LocalCommit, Error>>)>,
-    ) {
+    fn commit_group(&mut self, group: Vec<PendingWrite>) {
         let sizes: Vec<usize> = group.iter().map(|(w, _)| w.len()).collect();
         let group_ops: usize = group
             .iter()
