@@ -9,9 +9,11 @@
 //!   replica to [`crate::IntervalSet`], ascending by replica), then the store.
 //! * While the store of a `Causal` is encoded or decoded, the context's replicas, in ascending
 //!   order, form the **replica table**, and every `Dot` inside the store is the pair
-//!   `(index, seq)`, `index` being the position of the dot's replica in that table (one byte
-//!   under bincode varints for tables of fewer than 251 replicas). The context already lists its
-//!   replicas, so the table costs nothing extra.
+//!   `(index, seq delta)`: `index` is the position of the dot's replica in that table (one byte
+//!   under bincode varints for tables of fewer than 251 replicas), `seq delta` the signed
+//!   difference from the previous dot of that replica in the same table (one byte for the
+//!   usual runs of nearby seqs). The context already lists its replicas, so the table costs
+//!   nothing extra.
 //! * Everywhere else (a standalone `Dot`, `DotSet`, `DotFun`, `store::Entry`, ...) a dot is
 //!   written in full as the struct `{ replica, seq }`, exactly as the plain derive would.
 //!
@@ -20,7 +22,13 @@
 //! table before the store and pops it after (with a drop guard, so errors and panics pop too),
 //! and `Dot` consults the top of the stack. A `Causal` nested inside another store pushes its
 //! own table, so nesting works; encoding and decoding visit values in the same order, so they
-//! always agree on which table is in force.
+//! always agree on which table is in force and on the base of every seq delta.
+//!
+//! Limitation (of the seq delta, which makes a dot's bytes depend on the dots before it): inside
+//! a causal store, a serde construct that serializes one value twice in a call, or retries
+//! decoding of buffered input (`#[serde(untagged)]` enums), would desynchronize the bases. The
+//! crate's stores and `store::Entry` use none (enums are externally tagged); a whole `Causal`
+//! inside such a construct is fine, since each attempt starts a fresh table.
 //!
 //! ## Guarantees
 //! * Inside a `Causal`, every dot must be in the context (invariant I3: true for every value
@@ -42,9 +50,17 @@ use core::marker::PhantomData;
 use serde::de::{self, Deserialize, Deserializer, SeqAccess, Visitor};
 use serde::ser::{self, Serialize, SerializeTuple, Serializer};
 
-/// One replica table: the context's entries, ascending by replica, so a dot is checked against
-/// the context (I3) with the same lookup that finds its index.
-type Table = Vec<(ReplicaId, IntervalSet)>;
+/// One row of a replica table: a replica of the context, its seqs (so a dot is checked against
+/// the context, invariant I3, by the same lookup that finds its index), and the seq of the last
+/// dot of that replica written or read under this table (the base of the next seq delta).
+struct Row {
+    replica: ReplicaId,
+    seqs: IntervalSet,
+    last: u64,
+}
+
+/// A replica table: one row per replica of the context, ascending by replica.
+type Table = Vec<Row>;
 
 thread_local! {
     /// The tables of the `Causal` values being encoded or decoded on this thread, innermost last.
@@ -56,7 +72,14 @@ struct TableScope;
 
 impl TableScope {
     fn enter(ctx: &CausalContext) -> Self {
-        let table: Table = ctx.entries().map(|(r, s)| (*r, s.clone())).collect();
+        let table: Table = ctx
+            .entries()
+            .map(|(r, s)| Row {
+                replica: *r,
+                seqs: s.clone(),
+                last: 0,
+            })
+            .collect();
         TABLES.with(|t| t.borrow_mut().push(table));
         TableScope
     }
@@ -69,46 +92,64 @@ impl Drop for TableScope {
     }
 }
 
+/// The indexed form of a dot: `(index, seq delta)`.
+///
+/// The seq is written as its difference from the previous dot *of the same replica* in the
+/// same table (0 before the first one), as a signed integer: bincode zigzag-varint-encodes it,
+/// so the common runs of consecutive or nearby seqs (a replica's adds, in key order) cost one
+/// byte instead of up to five. Encoder and decoder visit the dots in the same order, so they
+/// track the same bases; the difference is taken with wrapping arithmetic, so every
+/// `(previous, seq)` pair has exactly one encoding and decoding never overflows.
+type IndexedDot = (u64, i64);
+
 /// How the innermost table sees a dot.
 enum Lookup {
     /// No `Causal` is being encoded or decoded: the dot is written in full.
     NoTable,
-    /// The dot is in the context; its replica is at this index of the table.
-    Index(u64),
+    /// The dot is in the context: its indexed form (the table's base was advanced to it).
+    Indexed(IndexedDot),
     /// The dot is not in the context (its replica is unknown, or the seq is unseen).
     Outside,
 }
 
 fn lookup(dot: &Dot) -> Lookup {
     TABLES.with(|t| {
-        let t = t.borrow();
-        let Some(table) = t.last() else {
+        let mut t = t.borrow_mut();
+        let Some(table) = t.last_mut() else {
             return Lookup::NoTable;
         };
-        match table.binary_search_by(|(r, _)| r.cmp(&dot.replica)) {
-            Ok(i) if table[i].1.contains(dot.seq) => {
-                u64::try_from(i).map_or(Lookup::Outside, Lookup::Index)
-            }
-            _ => Lookup::Outside,
+        let Ok(i) = table.binary_search_by(|row| row.replica.cmp(&dot.replica)) else {
+            return Lookup::Outside;
+        };
+        let (Some(row), Ok(index)) = (table.get_mut(i), u64::try_from(i)) else {
+            return Lookup::Outside;
+        };
+        if !row.seqs.contains(dot.seq) {
+            return Lookup::Outside;
         }
+        // Two's-complement reinterpretation, undone exactly by `resolve`.
+        let delta = dot.seq.wrapping_sub(row.last) as i64;
+        row.last = dot.seq;
+        Lookup::Indexed((index, delta))
     })
 }
 
-/// Resolves `(index, seq)` against the innermost table: `Ok(None)` when no table is in force,
-/// `Err` when the index is out of range or the dot is not in the context.
-fn resolve(index: u64, seq: u64) -> Result<Dot, &'static str> {
+/// Resolves an indexed dot against the innermost table; `Err` when no table is in force, the
+/// index is out of range or the dot is not in the context.
+fn resolve((index, delta): IndexedDot) -> Result<Dot, &'static str> {
     TABLES.with(|t| {
-        let t = t.borrow();
-        let table = t.last().ok_or("indexed dot outside a causal context")?;
-        let (replica, seqs) = usize::try_from(index)
+        let mut t = t.borrow_mut();
+        let table = t.last_mut().ok_or("indexed dot outside a causal context")?;
+        let row = usize::try_from(index)
             .ok()
-            .and_then(|i| table.get(i))
+            .and_then(|i| table.get_mut(i))
             .ok_or("dot replica index out of range")?;
-        if seqs.contains(seq) {
-            Ok(Dot::new(*replica, seq))
-        } else {
-            Err("dot outside its causal context")
+        let seq = row.last.wrapping_add(delta as u64);
+        if !row.seqs.contains(seq) {
+            return Err("dot outside its causal context");
         }
+        row.last = seq;
+        Ok(Dot::new(row.replica, seq))
     })
 }
 
@@ -132,7 +173,7 @@ impl Serialize for Dot {
                 seq: self.seq,
             }
             .serialize(s),
-            Lookup::Index(i) => (i, self.seq).serialize(s),
+            Lookup::Indexed(indexed) => indexed.serialize(s),
             Lookup::Outside => Err(ser::Error::custom(
                 "dot outside the causal context it is encoded in (invariant I3)",
             )),
@@ -143,8 +184,7 @@ impl Serialize for Dot {
 impl<'de> Deserialize<'de> for Dot {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         if table_in_force() {
-            let (index, seq) = <(u64, u64)>::deserialize(d)?;
-            resolve(index, seq).map_err(de::Error::custom)
+            resolve(IndexedDot::deserialize(d)?).map_err(de::Error::custom)
         } else {
             let f = FullDot::deserialize(d)?;
             Ok(Dot::new(f.replica, f.seq))
@@ -198,7 +238,7 @@ mod tests {
     use super::*;
     use crate::dotstore::{DotFun, DotMap, DotSet};
     use crate::store::{Entry, Key, KeyKind, Mutation, Store, StoreDelta};
-    use crate::{Hlc, Lattice, MVRegister, ORSet, ORSetDelta};
+    use crate::{GCounter, Hlc, Lattice, MVRegister, ORSet, ORSetDelta, PNCounter};
 
     fn cfg() -> bincode::config::Configuration {
         bincode::config::standard()
@@ -276,6 +316,52 @@ mod tests {
     }
 
     #[test]
+    fn seq_deltas_roundtrip_in_any_order_and_at_the_extremes() {
+        let mut ctx = CausalContext::from_range(A, 1, 3);
+        ctx.insert_range(A, u64::MAX - 2, u64::MAX);
+        ctx.insert_range(B, 1_000_000, 1_000_010);
+        let mut m: DotMap<u64, DotSet> = DotMap::default();
+        // Keys in an order unrelated to the seqs: deltas go up, down and wrap.
+        m.set(
+            1,
+            DotSet::from_dots(vec![Dot::new(A, u64::MAX), Dot::new(B, 1_000_005)]),
+        );
+        m.set(
+            2,
+            DotSet::from_dots(vec![Dot::new(A, 1), Dot::new(A, u64::MAX - 2)]),
+        );
+        m.set(
+            3,
+            DotSet::from_dots(vec![Dot::new(B, 1_000_000), Dot::new(A, 3)]),
+        );
+        m.set(4, DotSet::single(Dot::new(B, 1_000_010)));
+        let c: ORSetDelta<u64> = Causal::new(m, ctx);
+        roundtrip_both(&c);
+        // An add-only replica's set: every seq delta is +1, one byte per dot.
+        let mut s = ORSet::new();
+        for i in 0..300u64 {
+            s.add(A, 1000 + i);
+        }
+        // ctx: entries 1 + replica 17 + ranges 1 + range (1, 300) 1 + 3; then map length 3;
+        // then per element: key 3, dot count 1, index 1, seq delta 1.
+        assert_eq!(enc(&s).len(), 23 + 3 + 300 * 6);
+    }
+
+    #[test]
+    fn gcounter_decoding_is_canonical() {
+        let mut c = GCounter::new();
+        c.inc(A, 3);
+        c.inc(B, 4);
+        roundtrip_both(&c);
+        roundtrip_both(&PNCounter::new());
+        // B < A as integers, so [B, A] is the canonical order.
+        assert!(dec::<GCounter>(&enc(&vec![(B, 1u64), (A, 2u64)])).is_ok());
+        assert!(dec::<GCounter>(&enc(&vec![(A, 1u64), (B, 2u64)])).is_err());
+        assert!(dec::<GCounter>(&enc(&vec![(B, 1u64), (B, 2u64)])).is_err());
+        assert!(dec::<GCounter>(&enc(&vec![(B, 0u64)])).is_err());
+    }
+
+    #[test]
     fn mvregister_and_standalone_stores_roundtrip() {
         let mut r = MVRegister::new();
         r.write(A, "x".to_owned());
@@ -288,7 +374,10 @@ mod tests {
         // Standalone stores and dots (no table in force) use the full form.
         roundtrip_both(&Dot::new(A, 7));
         roundtrip_both(&DotSet::from_dots(vec![Dot::new(A, 1), Dot::new(B, 2)]));
-        roundtrip_both(&DotFun::from_entries(vec![(Dot::new(B, 3), 9u64), (Dot::new(A, 1), 4)]));
+        roundtrip_both(&DotFun::from_entries(vec![
+            (Dot::new(B, 3), 9u64),
+            (Dot::new(A, 1), 4),
+        ]));
         let full = enc(&Dot::new(A, 7));
         assert_eq!(full.len(), 17 + 1);
     }
@@ -300,7 +389,10 @@ mod tests {
         let keys = [
             (Key::new(KeyKind::GCounter, "g"), Mutation::Inc(3)),
             (Key::new(KeyKind::PNCounter, "p"), Mutation::Dec(2)),
-            (Key::new(KeyKind::ORSet, "s"), Mutation::Add("\"e\"".to_owned())),
+            (
+                Key::new(KeyKind::ORSet, "s"),
+                Mutation::Add("\"e\"".to_owned()),
+            ),
             (Key::new(KeyKind::Lww, "l"), Mutation::Set("1".to_owned())),
             (Key::new(KeyKind::MvReg, "m"), Mutation::Set("2".to_owned())),
         ];
@@ -354,25 +446,27 @@ mod tests {
 
     #[test]
     fn rejects_dots_outside_the_context() {
-        let bad: Causal<DotSet> =
-            Causal::new(DotSet::single(Dot::new(A, 5)), CausalContext::from_range(A, 1, 4));
+        let bad: Causal<DotSet> = Causal::new(
+            DotSet::single(Dot::new(A, 5)),
+            CausalContext::from_range(A, 1, 4),
+        );
         assert!(bincode::serde::encode_to_vec(&bad, cfg()).is_err());
         // Hand-built bytes: ctx {A: 1..=4}, store [(0, 5)].
         let ctx_bytes = enc(&CausalContext::from_range(A, 1, 4));
         let mut b = ctx_bytes.clone();
-        b.extend(enc(&vec![(0u64, 5u64)]));
+        b.extend(enc(&vec![(0u64, 5i64)]));
         assert!(dec::<Causal<DotSet>>(&b).is_err());
         // Index out of range.
         let mut b = ctx_bytes.clone();
-        b.extend(enc(&vec![(1u64, 2u64)]));
+        b.extend(enc(&vec![(1u64, 2i64)]));
         assert!(dec::<Causal<DotSet>>(&b).is_err());
         // Empty context: no index is valid.
         let mut b = enc(&CausalContext::new());
-        b.extend(enc(&vec![(0u64, 1u64)]));
+        b.extend(enc(&vec![(0u64, 1i64)]));
         assert!(dec::<Causal<DotSet>>(&b).is_err());
         // The good one decodes.
         let mut b = ctx_bytes;
-        b.extend(enc(&vec![(0u64, 4u64)]));
+        b.extend(enc(&vec![(0u64, 4i64)]));
         assert!(dec::<Causal<DotSet>>(&b).is_ok());
         assert!(TABLES.with(|t| t.borrow().is_empty()), "table stack leaked");
     }
@@ -386,17 +480,21 @@ mod tests {
             b.extend(store);
             b
         };
-        // DotSet unsorted / duplicated.
-        assert!(dec::<Causal<DotSet>>(&with(enc(&vec![(0u64, 3u64), (0, 2)]))).is_err());
-        assert!(dec::<Causal<DotSet>>(&with(enc(&vec![(0u64, 3u64), (0, 3)]))).is_err());
+        // Indexed dots are (index, seq delta from the replica's previous dot).
+        // DotSet unsorted (3, 2) / duplicated (3, 3) / fine (3, 4).
+        assert!(dec::<Causal<DotSet>>(&with(enc(&vec![(0u64, 3i64), (0, -1)]))).is_err());
+        assert!(dec::<Causal<DotSet>>(&with(enc(&vec![(0u64, 3i64), (0, 0)]))).is_err());
+        assert!(dec::<Causal<DotSet>>(&with(enc(&vec![(0u64, 3i64), (0, 1)]))).is_ok());
         // DotFun duplicated dot.
         assert!(
-            dec::<Causal<DotFun<u8>>>(&with(enc(&vec![((0u64, 3u64), 1u8), ((0, 3), 2)])))
-                .is_err()
+            dec::<Causal<DotFun<u8>>>(&with(enc(&vec![((0u64, 3i64), 1u8), ((0, 0), 2)]))).is_err()
         );
+        // A delta leading outside the context (9 + 1), or wrapping around to seq 0.
+        assert!(dec::<Causal<DotSet>>(&with(enc(&vec![(0u64, 9i64), (0, 1)]))).is_err());
+        assert!(dec::<Causal<DotSet>>(&with(enc(&vec![(0u64, 9i64), (0, -9)]))).is_err());
         // DotMap with an empty child, with unsorted keys, with a duplicate key.
-        let empty: Vec<(u64, u64)> = Vec::new();
-        fn map<K: Serialize>(entries: Vec<(K, Vec<(u64, u64)>)>) -> Vec<u8> {
+        let empty: Vec<(u64, i64)> = Vec::new();
+        fn map<K: Serialize>(entries: Vec<(K, Vec<(u64, i64)>)>) -> Vec<u8> {
             let mut b = enc(&(entries.len() as u64));
             for (k, v) in entries {
                 b.extend(enc(&k));
@@ -406,14 +504,14 @@ mod tests {
         }
         type M = Causal<DotMap<u8, DotSet>>;
         assert!(dec::<M>(&with(map(vec![(1u8, vec![(0, 1)]), (2, empty)]))).is_err());
-        assert!(dec::<M>(&with(map(vec![(2u8, vec![(0, 1)]), (1, vec![(0, 2)])]))).is_err());
-        assert!(dec::<M>(&with(map(vec![(1u8, vec![(0, 1)]), (1, vec![(0, 2)])]))).is_err());
-        assert!(dec::<M>(&with(map(vec![(1u8, vec![(0, 1)]), (2, vec![(0, 2)])]))).is_ok());
+        assert!(dec::<M>(&with(map(vec![(2u8, vec![(0, 1)]), (1, vec![(0, 1)])]))).is_err());
+        assert!(dec::<M>(&with(map(vec![(1u8, vec![(0, 1)]), (1, vec![(0, 1)])]))).is_err());
+        assert!(dec::<M>(&with(map(vec![(1u8, vec![(0, 1)]), (2, vec![(0, 1)])]))).is_ok());
         // Standalone stores are checked too.
         let full = |seq: u64| FullDot { replica: A, seq };
         assert!(dec::<DotSet>(&enc(&vec![full(2), full(1)])).is_err());
         // Store-level entries: a non-canonical ORSet entry inside a delta.
-        let orset_entry = |children: Vec<(String, Vec<(u64, u64)>)>| {
+        let orset_entry = |children: Vec<(String, Vec<(u64, i64)>)>| {
             let mut b = ctx_bytes.clone();
             b.extend(enc(&1u64)); // one key
             b.extend(enc(&Key::new(KeyKind::ORSet, "s")));

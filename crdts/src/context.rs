@@ -28,10 +28,14 @@ impl<'de> serde::Deserialize<'de> for CausalContext {
         }
         let raw = Raw::deserialize(d)?;
         if raw.dots.values().any(IntervalSet::is_empty) {
-            return Err(serde::de::Error::custom("causal context holds an empty entry"));
+            return Err(serde::de::Error::custom(
+                "causal context holds an empty entry",
+            ));
         }
         if raw.dots.values().any(|s| s.contains(0)) {
-            return Err(serde::de::Error::custom("causal context holds sequence number 0"));
+            return Err(serde::de::Error::custom(
+                "causal context holds sequence number 0",
+            ));
         }
         Ok(Self { dots: raw.dots })
     }
@@ -101,13 +105,20 @@ impl CausalContext {
     /// Guarantee (DESIGN.md B1, I2): for the local replica its own dots are contiguous, so this is
     /// `vv[replica] + 1`; callers check that with [`CausalContext::own_dots_contiguous`].
     pub fn next_dot(&self, replica: ReplicaId) -> Dot {
-        let max = self.dots.get(&replica).and_then(IntervalSet::max).unwrap_or(0);
+        let max = self
+            .dots
+            .get(&replica)
+            .and_then(IntervalSet::max)
+            .unwrap_or(0);
         Dot::new(replica, max.saturating_add(1))
     }
 
     /// The largest seq seen from `replica` (0 if none).
     pub fn max_seq(&self, replica: ReplicaId) -> u64 {
-        self.dots.get(&replica).and_then(IntervalSet::max).unwrap_or(0)
+        self.dots
+            .get(&replica)
+            .and_then(IntervalSet::max)
+            .unwrap_or(0)
     }
 
     /// True when `replica`'s dots form one prefix `1..=n` (no cloud): invariant I2 for own dots.

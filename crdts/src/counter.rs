@@ -9,9 +9,32 @@ use crate::replica::ReplicaId;
 ///
 /// Entries are kept sorted by replica in a vector, so merges are a linear sorted merge.
 #[derive(Clone, PartialEq, Eq, Hash, Default, Debug)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct GCounter {
     entries: Vec<(ReplicaId, u64)>,
+}
+
+/// Decoding accepts only the canonical form (replicas strictly ascending, no zero total): the
+/// binary searches and the sorted-merge join rely on it.
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for GCounter {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(rename = "GCounter")]
+        struct Raw {
+            entries: Vec<(ReplicaId, u64)>,
+        }
+        let entries = Raw::deserialize(d)?.entries;
+        if !entries.windows(2).all(|w| w[0].0 < w[1].0) {
+            return Err(serde::de::Error::custom(
+                "counter replicas are not strictly ascending",
+            ));
+        }
+        if entries.iter().any(|(_, n)| *n == 0) {
+            return Err(serde::de::Error::custom("counter holds a zero entry"));
+        }
+        Ok(Self { entries })
+    }
 }
 
 impl GCounter {
@@ -42,12 +65,19 @@ impl GCounter {
                 self.entries[i].1
             }
             Err(i) => {
-                self.entries.insert(i, (replica, by));
+                // No zero entries: `{r ↦ 0}` and `{}` are the same counter (canonical form).
+                if by > 0 {
+                    self.entries.insert(i, (replica, by));
+                }
                 by
             }
         };
         GCounter {
-            entries: vec![(replica, total)],
+            entries: if total > 0 {
+                vec![(replica, total)]
+            } else {
+                Vec::new()
+            },
         }
     }
 
@@ -107,6 +137,8 @@ impl Lattice for GCounter {
         }
         out.extend_from_slice(&mine[i..]);
         out.extend_from_slice(&b[j..]);
+        // Canonical form: zero entries are bottom, keep none (equality and bytes depend on it).
+        out.retain(|(_, n)| *n > 0);
         self.entries = out;
     }
     fn is_bottom(&self) -> bool {

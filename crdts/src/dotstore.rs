@@ -136,7 +136,13 @@ impl DotStore for DotSet {
         before - self.0.len()
     }
     fn unseen_by(&self, ctx: &CausalContext) -> Self {
-        Self(self.0.iter().filter(|d| !ctx.contains(d)).copied().collect())
+        Self(
+            self.0
+                .iter()
+                .filter(|d| !ctx.contains(d))
+                .copied()
+                .collect(),
+        )
     }
 }
 
@@ -370,7 +376,8 @@ impl<S: DotStore> Causal<S> {
     /// Invariant I3: every dot of the store is in the context.
     pub fn dots_within_context(&self) -> bool {
         let mut ok = true;
-        self.store.for_each_dot(&mut |d| ok &= self.ctx.contains(&d));
+        self.store
+            .for_each_dot(&mut |d| ok &= self.ctx.contains(&d));
         ok
     }
 
@@ -446,7 +453,9 @@ mod serde_impls {
             if entries.windows(2).all(|w| w[0].0 < w[1].0) {
                 Ok(DotFun(entries))
             } else {
-                Err(de::Error::custom("dot fun is not strictly ascending by dot"))
+                Err(de::Error::custom(
+                    "dot fun is not strictly ascending by dot",
+                ))
             }
         }
     }
@@ -457,13 +466,17 @@ mod serde_impls {
         }
     }
 
-    impl<'de, K: Ord + Deserialize<'de>, S: DotStore + Deserialize<'de>> Deserialize<'de> for DotMap<K, S> {
+    impl<'de, K: Ord + Deserialize<'de>, S: DotStore + Deserialize<'de>> Deserialize<'de>
+        for DotMap<K, S>
+    {
         fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
             /// Reads the map strictly: keys strictly ascending (no duplicate silently dropped)
             /// and no bottom child, i.e. exactly the canonical encoding of a `DotMap`.
             struct MapVisitor<K, S>(PhantomData<(K, S)>);
 
-            impl<'de, K: Ord + Deserialize<'de>, S: DotStore + Deserialize<'de>> Visitor<'de> for MapVisitor<K, S> {
+            impl<'de, K: Ord + Deserialize<'de>, S: DotStore + Deserialize<'de>> Visitor<'de>
+                for MapVisitor<K, S>
+            {
                 type Value = BTreeMap<K, S>;
 
                 fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -475,7 +488,9 @@ mod serde_impls {
                     let mut entries: Vec<(K, S)> = Vec::new();
                     while let Some((k, child)) = map.next_entry::<K, S>()? {
                         if entries.last().is_some_and(|(prev, _)| *prev >= k) {
-                            return Err(de::Error::custom("dot map keys are not strictly ascending"));
+                            return Err(de::Error::custom(
+                                "dot map keys are not strictly ascending",
+                            ));
                         }
                         if child.is_bottom() {
                             return Err(de::Error::custom("dot map holds an empty child"));
@@ -489,14 +504,19 @@ mod serde_impls {
 
             struct NewtypeVisitor<K, S>(PhantomData<(K, S)>);
 
-            impl<'de, K: Ord + Deserialize<'de>, S: DotStore + Deserialize<'de>> Visitor<'de> for NewtypeVisitor<K, S> {
+            impl<'de, K: Ord + Deserialize<'de>, S: DotStore + Deserialize<'de>> Visitor<'de>
+                for NewtypeVisitor<K, S>
+            {
                 type Value = DotMap<K, S>;
 
                 fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                     f.write_str("a dot map")
                 }
 
-                fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                fn visit_newtype_struct<D: Deserializer<'de>>(
+                    self,
+                    d: D,
+                ) -> Result<Self::Value, D::Error> {
                     d.deserialize_map(MapVisitor(PhantomData)).map(DotMap)
                 }
             }

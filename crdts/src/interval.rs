@@ -81,9 +81,9 @@ impl IntervalSet {
 
     /// Number of values in the set (saturating at `u64::MAX`).
     pub fn len(&self) -> u64 {
-        self.ranges
-            .iter()
-            .fold(0u64, |acc, (lo, hi)| acc.saturating_add(hi - lo).saturating_add(1))
+        self.ranges.iter().fold(0u64, |acc, (lo, hi)| {
+            acc.saturating_add(hi - lo).saturating_add(1)
+        })
     }
 
     /// The largest value, if any.

@@ -46,8 +46,8 @@ pub use mvreg::{MVRegister, MVRegisterDelta};
 pub use orset::{ORSet, ORSetDelta};
 pub use replica::{Dot, ReplicaId};
 pub use store::{
-    DedupMarks, Entry, Json, Key, KeyKind, MemStore, Mutation, MutationError, Rows, Store, StoreDelta,
-    Value,
+    DedupMarks, Entry, Json, Key, KeyKind, MemStore, Mutation, MutationError, Rows, Store,
+    StoreDelta, Value,
 };
 
 /// A join-semilattice.

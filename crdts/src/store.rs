@@ -161,24 +161,22 @@ impl Entry {
     /// The value a reader sees.
     pub fn value(&self) -> Value {
         match self {
-            Entry::GCounter(f) => Value::GCounter(
-                f.iter()
-                    .fold(0u64, |acc, (_, n)| acc.saturating_add(*n)),
-            ),
+            Entry::GCounter(f) => {
+                Value::GCounter(f.iter().fold(0u64, |acc, (_, n)| acc.saturating_add(*n)))
+            }
             Entry::PNCounter(f) => {
                 let (p, n) = f.iter().fold((0u64, 0u64), |(p, n), (_, (a, b))| {
                     (p.saturating_add(*a), n.saturating_add(*b))
                 });
                 let v = i128::from(p) - i128::from(n);
-                Value::PNCounter(i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX }))
+                Value::PNCounter(i64::try_from(v).unwrap_or(if v < 0 {
+                    i64::MIN
+                } else {
+                    i64::MAX
+                }))
             }
             Entry::ORSet(m) => Value::ORSet(m.keys().cloned().collect()),
-            Entry::Lww(f) => Value::Lww(
-                f.iter()
-                    .map(|(_, tv)| tv)
-                    .max()
-                    .map(|(_, v)| v.clone()),
-            ),
+            Entry::Lww(f) => Value::Lww(f.iter().map(|(_, tv)| tv).max().map(|(_, v)| v.clone())),
             Entry::MvReg(f) => {
                 let mut v: Vec<Json> = f.iter().map(|(_, v)| v.clone()).collect();
                 v.sort();
@@ -189,7 +187,10 @@ impl Entry {
     }
 
     /// The live dot of `replica` in a causal counter, with its payload.
-    fn counter_dot<V: Clone + Ord + fmt::Debug>(f: &DotFun<V>, replica: ReplicaId) -> Option<(Dot, V)> {
+    fn counter_dot<V: Clone + Ord + fmt::Debug>(
+        f: &DotFun<V>,
+        replica: ReplicaId,
+    ) -> Option<(Dot, V)> {
         f.iter()
             .filter(|(d, _)| d.replica == replica)
             .max_by_key(|(d, _)| d.seq)
@@ -435,10 +436,7 @@ pub fn delta_mutation(
             Entry::bottom(kind)
         }
         (_, m) => {
-            return Err(MutationError::WrongOp {
-                kind,
-                op: m.name(),
-            });
+            return Err(MutationError::WrongOp { kind, op: m.name() });
         }
     };
     Ok((store, ctx))
@@ -463,7 +461,12 @@ pub trait Rows {
     ///
     /// # Errors
     /// Backend failures.
-    fn put(&mut self, key: &Key, old: Option<&Entry>, new: Option<&Entry>) -> Result<(), Self::Error>;
+    fn put(
+        &mut self,
+        key: &Key,
+        old: Option<&Entry>,
+        new: Option<&Entry>,
+    ) -> Result<(), Self::Error>;
     /// The keys whose entries hold at least one of `dots` (through the dot index).
     ///
     /// # Errors
@@ -495,9 +498,13 @@ pub fn join_delta<R: Rows>(
 ) -> Result<JoinOutcome, R::Error> {
     let Causal {
         store: delta_store,
-        ctx: delta_ctx,
+        ctx: mut delta_ctx,
     } = delta;
     let delta_dots = delta_store.dots();
+    // A delta's dots are in its context (I3). Enforce it for input that breaks it, so the
+    // state keeps I3 and never holds a dot its context lacks (which `next_dot` could reissue).
+    // A no-op for every delta this crate builds.
+    delta_ctx.join(&delta_dots);
     // Dots we have seen that the delta's context holds but its store does not: each of them
     // that is live here is removed by the delta.
     let candidates = delta_ctx.intersection(ctx).diff(&delta_dots);
@@ -575,7 +582,12 @@ impl Rows for MemStore {
     fn get(&mut self, key: &Key) -> Result<Option<Entry>, Self::Error> {
         Ok(self.entries.get(key).cloned())
     }
-    fn put(&mut self, key: &Key, old: Option<&Entry>, new: Option<&Entry>) -> Result<(), Self::Error> {
+    fn put(
+        &mut self,
+        key: &Key,
+        old: Option<&Entry>,
+        new: Option<&Entry>,
+    ) -> Result<(), Self::Error> {
         if let Some(old) = old {
             old.for_each_dot(&mut |d| {
                 self.index.remove(&d);
@@ -660,7 +672,8 @@ impl Store {
         ts: Option<Timestamp>,
     ) -> Result<StoreDelta, MutationError> {
         let dot = self.ctx.next_dot(replica);
-        let (entry, ctx) = delta_mutation(key.kind, self.rows.entries().get(key), mutation, dot, ts)?;
+        let (entry, ctx) =
+            delta_mutation(key.kind, self.rows.entries().get(key), mutation, dot, ts)?;
         let mut store = DotMap::default();
         // A bottom entry (a removal) is dropped here; the join finds its key by the dot index.
         store.set(key.clone(), entry);

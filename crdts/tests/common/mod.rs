@@ -9,6 +9,8 @@
 //!   ([`oracle_entries`], [`oracle_value`]) used by the convergence and exhaustive tests.
 #![allow(dead_code)]
 
+pub mod pools;
+
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseResult, TestRng, TestRunner};
 use serde::Serialize;
@@ -31,7 +33,11 @@ pub fn soak() -> bool {
 
 /// `base` cases, ×10 under `SOAK=1`.
 pub fn cases(base: u32) -> u32 {
-    if soak() { base.saturating_mul(10) } else { base }
+    if soak() {
+        base.saturating_mul(10)
+    } else {
+        base
+    }
 }
 
 /// The seed of this run: `SEED` from the environment, else drawn from the clock (mixed with
@@ -173,7 +179,7 @@ pub fn history<O: Clone + std::fmt::Debug + 'static>(
 ) -> impl Strategy<Value = (usize, Vec<Step<O>>)> {
     let step = prop_oneof![
         4 => (any::<u8>(), op).prop_map(|(r, o)| Step::Op(r, o)),
-        3 => (any::<u8>(), any::<u16>()).prop_map(|(r, i)| Step::Deliver(r, i)),
+        4 => (any::<u8>(), any::<u16>()).prop_map(|(r, i)| Step::Deliver(r, i)),
         1 => (any::<u8>(), any::<u8>()).prop_map(|(a, b)| Step::Sync(a, b)),
     ];
     (2usize..=4, proptest::collection::vec(step, 0..max_steps))
