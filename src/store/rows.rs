@@ -44,32 +44,33 @@ impl Rows for TxnRows<'_, '_> {
         new: Option<&Entry>,
     ) -> Result<(), StoreError> {
         let kb = key_bytes(key);
-        let mut result = Ok(());
-        if let Some(old) = old {
-            old.for_each_dot(&mut |d| {
-                if result.is_ok() {
-                    result = self
-                        .dots
-                        .remove(dot_bytes(d).as_slice())
-                        .map(|_| ())
-                        .map_err(StoreError::redb);
-                }
-            });
+        // Only the dots that changed touch the index, so updating a large entry (a big set)
+        // costs index writes in proportion to the change, not to the entry (DESIGN.md D3).
+        let sorted = |e: Option<&Entry>| {
+            let mut dots = Vec::new();
+            if let Some(e) = e {
+                e.for_each_dot(&mut |d| dots.push(d));
+            }
+            dots.sort_unstable();
+            dots
+        };
+        let (before, after) = (sorted(old), sorted(new));
+        for d in &before {
+            if after.binary_search(d).is_err() {
+                self.dots
+                    .remove(dot_bytes(*d).as_slice())
+                    .map_err(StoreError::redb)?;
+            }
         }
-        result?;
+        for d in &after {
+            if before.binary_search(d).is_err() {
+                self.dots
+                    .insert(dot_bytes(*d).as_slice(), kb.as_slice())
+                    .map_err(StoreError::redb)?;
+            }
+        }
         match new {
             Some(e) => {
-                let mut result = Ok(());
-                e.for_each_dot(&mut |d| {
-                    if result.is_ok() {
-                        result = self
-                            .dots
-                            .insert(dot_bytes(d).as_slice(), kb.as_slice())
-                            .map(|_| ())
-                            .map_err(StoreError::redb);
-                    }
-                });
-                result?;
                 let bytes = codec::encode("state row", e).map_err(|source| StoreError::Codec {
                     table: "rows",
                     source,

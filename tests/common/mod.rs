@@ -1,0 +1,338 @@
+//! Shared helpers of the crash and durability tests (TESTING.md T3): seeds that replay with
+//! `SEED=<n>`, budgets scaled by `SOAK=1`, and a fault-injecting redb [`StorageBackend`] that
+//! records every write, resize and sync so crash images can be rebuilt afterwards.
+#![allow(dead_code)]
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use redb::StorageBackend;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// True under `SOAK=1` (longer runs).
+pub fn soak() -> bool {
+    std::env::var("SOAK").is_ok_and(|v| v == "1")
+}
+
+/// A `usize` from the environment, or `default`.
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The run's seed: `SEED` if set, else drawn from the clock. Printed, so a failure names it.
+pub fn seed(test: &str) -> u64 {
+    let seed = std::env::var("SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| {
+                    d.as_secs().wrapping_mul(1_000_000_007) ^ u64::from(d.subsec_nanos())
+                })
+        });
+    println!("{test}: SEED={seed} (replay with SEED={seed})");
+    eprintln!("{test}: SEED={seed} (replay with SEED={seed})");
+    seed
+}
+
+/// A deterministic generator for `seed`.
+pub fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+/// Resident and peak memory of this process in KiB (`VmRSS`, `VmHWM` of /proc/self/status).
+pub fn rss_kib() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// One recorded backend call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rec {
+    /// `write(offset, data)`.
+    Write {
+        /// Offset.
+        offset: u64,
+        /// Bytes.
+        data: Vec<u8>,
+    },
+    /// `set_len(len)`.
+    SetLen(u64),
+    /// A `sync_data` that succeeded: everything before it is durable.
+    Sync,
+    /// A `sync_data` that failed (injected): nothing is known to be durable.
+    SyncFailed,
+}
+
+#[derive(Default)]
+struct State {
+    live: Vec<u8>,
+    recording: bool,
+    log: Vec<Rec>,
+    syncs: u64,
+    /// The 1-based `sync_data` call that fails.
+    fail_sync_at: Option<u64>,
+    /// After the first injected failure, every later sync fails too.
+    sticky: bool,
+    failures: u64,
+}
+
+/// An in-memory redb backend that can record every call and fail a chosen `sync_data` with EIO.
+/// Clones share the same file.
+#[derive(Clone, Default)]
+pub struct FaultBackend {
+    state: Arc<Mutex<State>>,
+}
+
+impl std::fmt::Debug for FaultBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultBackend").finish_non_exhaustive()
+    }
+}
+
+fn eio() -> std::io::Error {
+    std::io::Error::from_raw_os_error(5)
+}
+
+fn apply(image: &mut Vec<u8>, rec: &Rec) {
+    match rec {
+        Rec::Write { offset, data } => {
+            let at = usize::try_from(*offset).expect("offset fits");
+            if image.len() < at + data.len() {
+                image.resize(at + data.len(), 0);
+            }
+            image[at..at + data.len()].copy_from_slice(data);
+        }
+        Rec::SetLen(len) => image.resize(usize::try_from(*len).expect("len fits"), 0),
+        Rec::Sync | Rec::SyncFailed => {}
+    }
+}
+
+impl FaultBackend {
+    /// An empty file that records every call.
+    pub fn recording() -> Self {
+        let b = Self::default();
+        b.lock().recording = true;
+        b
+    }
+
+    /// A file holding `image` (not recording).
+    pub fn from_image(image: Vec<u8>) -> Self {
+        let b = Self::default();
+        b.lock().live = image;
+        b
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Makes the `n`-th `sync_data` call (1-based, counting from now on's total) fail with EIO;
+    /// with `sticky`, every later one fails too.
+    pub fn fail_sync_at(&self, n: u64, sticky: bool) {
+        let mut s = self.lock();
+        s.fail_sync_at = Some(n);
+        s.sticky = sticky;
+    }
+
+    /// `sync_data` calls so far (failed ones included).
+    pub fn syncs(&self) -> u64 {
+        self.lock().syncs
+    }
+
+    /// Injected failures so far.
+    pub fn failures(&self) -> u64 {
+        self.lock().failures
+    }
+
+    /// The recorded calls so far.
+    pub fn log_len(&self) -> usize {
+        self.lock().log.len()
+    }
+
+    /// A copy of the recorded calls.
+    pub fn log(&self) -> Vec<Rec> {
+        self.lock().log.clone()
+    }
+
+    /// The current file contents (as if every write reached the disk).
+    pub fn live(&self) -> Vec<u8> {
+        self.lock().live.clone()
+    }
+}
+
+impl StorageBackend for FaultBackend {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        Ok(self.lock().live.len() as u64)
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        let s = self.lock();
+        let at = usize::try_from(offset).map_err(|_| eio())?;
+        let end = at
+            .checked_add(out.len())
+            .filter(|e| *e <= s.live.len())
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
+        out.copy_from_slice(&s.live[at..end]);
+        Ok(())
+    }
+
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        let mut s = self.lock();
+        let rec = Rec::SetLen(len);
+        apply(&mut s.live, &rec);
+        if s.recording {
+            s.log.push(rec);
+        }
+        Ok(())
+    }
+
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        let mut s = self.lock();
+        s.syncs += 1;
+        let fail = match s.fail_sync_at {
+            Some(n) => s.syncs == n || (s.sticky && s.syncs > n),
+            None => false,
+        };
+        if fail {
+            s.failures += 1;
+            if s.recording {
+                s.log.push(Rec::SyncFailed);
+            }
+            return Err(eio());
+        }
+        if s.recording {
+            s.log.push(Rec::Sync);
+        }
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        let mut s = self.lock();
+        let rec = Rec::Write {
+            offset,
+            data: data.to_vec(),
+        };
+        apply(&mut s.live, &rec);
+        if s.recording {
+            s.log.push(rec);
+        }
+        Ok(())
+    }
+}
+
+/// How a crash image is cut from a recorded log (TESTING.md G14).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImageKind {
+    /// Only what the last successful sync made durable.
+    DurableOnly,
+    /// Durable, plus a random subset of the later writes and resizes (in order).
+    DurableSubset,
+    /// Durable, plus every later write, the last of them torn at a `n`-byte boundary.
+    TornLast(usize),
+    /// Durable, plus the later writes to the header (offset 0) but not the file extension nor
+    /// any other later write (redb's `CrashBackend`).
+    HeaderNotExtension,
+    /// Every write up to the crash point reached the disk.
+    Everything,
+}
+
+impl ImageKind {
+    /// A random kind.
+    pub fn pick(rng: &mut ChaCha8Rng) -> Self {
+        match rng.random_range(0..6) {
+            0 => ImageKind::DurableOnly,
+            1 => ImageKind::DurableSubset,
+            2 => ImageKind::TornLast(512),
+            3 => ImageKind::TornLast(4096),
+            4 => ImageKind::HeaderNotExtension,
+            _ => ImageKind::Everything,
+        }
+    }
+}
+
+/// Index one past the last successful sync in `log[..upto]` (0 if none).
+pub fn durable_prefix(log: &[Rec], upto: usize) -> usize {
+    log[..upto]
+        .iter()
+        .rposition(|r| *r == Rec::Sync)
+        .map_or(0, |i| i + 1)
+}
+
+/// The file a crash at `log[..upto]` leaves behind, as `kind` says.
+pub fn crash_image(log: &[Rec], upto: usize, kind: ImageKind, rng: &mut ChaCha8Rng) -> Vec<u8> {
+    let durable = durable_prefix(log, upto);
+    let mut image = Vec::new();
+    for rec in &log[..durable] {
+        apply(&mut image, rec);
+    }
+    let tail = &log[durable..upto];
+    match kind {
+        ImageKind::DurableOnly => {}
+        ImageKind::Everything => {
+            for rec in tail {
+                apply(&mut image, rec);
+            }
+        }
+        ImageKind::DurableSubset => {
+            let p = rng.random_range(0.0..1.0);
+            for rec in tail {
+                if rng.random_bool(p) {
+                    apply(&mut image, rec);
+                }
+            }
+        }
+        ImageKind::TornLast(boundary) => {
+            let last = tail
+                .iter()
+                .rposition(|r| matches!(r, Rec::Write { .. }))
+                .unwrap_or(tail.len());
+            for rec in &tail[..last] {
+                apply(&mut image, rec);
+            }
+            if let Some(Rec::Write { offset, data }) = tail.get(last) {
+                let start = usize::try_from(*offset).expect("offset fits");
+                // Cut points inside the write where the file offset is on a boundary.
+                let first = (start / boundary + 1) * boundary - start;
+                let cuts: Vec<usize> = (first..data.len()).step_by(boundary).collect();
+                let cut = if cuts.is_empty() {
+                    0
+                } else {
+                    cuts[rng.random_range(0..cuts.len())]
+                };
+                apply(
+                    &mut image,
+                    &Rec::Write {
+                        offset: *offset,
+                        data: data[..cut].to_vec(),
+                    },
+                );
+            }
+        }
+        ImageKind::HeaderNotExtension => {
+            let len = image.len();
+            for rec in tail {
+                if let Rec::Write { offset: 0, data } = rec {
+                    let n = data.len().min(len);
+                    image[..n].copy_from_slice(&data[..n]);
+                }
+            }
+        }
+    }
+    image
+}
+
+pub mod workload;
