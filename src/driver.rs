@@ -331,10 +331,14 @@ impl Driver {
                 // Not acknowledged: every caller of the group gets the failure.
                 let msg = e.to_string();
                 tracing::error!(error = %msg, "commit group failed");
+                use crate::store::StoreError as SE;
                 for reply in replies {
-                    let _ = reply.send(Err(Error::Store(crate::store::StoreError::Halted(
-                        msg.clone(),
-                    ))));
+                    let err = match &e {
+                        SE::InvalidOp(m) => SE::InvalidOp(m.clone()),
+                        SE::Halted(m) => SE::Halted(m.clone()),
+                        _ => SE::CommitFailed(msg.clone()),
+                    };
+                    let _ = reply.send(Err(Error::Store(err)));
                 }
             }
         }

@@ -28,6 +28,10 @@ pub enum StoreError {
     /// The stored state violates an invariant the node relies on.
     #[error("stored state is inconsistent: {0}")]
     Corrupt(String),
+    /// This commit group failed and was not acknowledged (the cause follows); the store now
+    /// refuses writes until reopened.
+    #[error("commit failed and was not acknowledged: {0}")]
+    CommitFailed(String),
     /// A previous commit failed; the store accepts no more writes until reopened.
     #[error("the store stopped accepting writes after an earlier storage failure: {0}")]
     Halted(String),

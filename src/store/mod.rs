@@ -132,6 +132,15 @@ pub(crate) fn meta_put<T: serde::Serialize>(
     Ok(())
 }
 
+/// True when the database file exists but its header magic was never written (all zeros).
+fn never_initialized(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 9];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|()| magic.iter().all(|b| *b == 0))
+}
+
 fn random_replica_id() -> ReplicaId {
     ReplicaId::from_bytes(*uuid::Uuid::new_v4().as_bytes())
 }
@@ -161,6 +170,11 @@ impl RedbStore {
                 redb::DatabaseError::DatabaseAlreadyOpen => StoreError::AlreadyOpen {
                     path: path.display().to_string(),
                 },
+                other if never_initialized(&path) => StoreError::Corrupt(format!(
+                    "{} was never fully created (a crash during the very first start, before \
+                     anything was acknowledged); remove it to start fresh ({other})",
+                    path.display()
+                )),
                 other => StoreError::redb(other),
             })?;
         Self::init(db, Some(path), options)
