@@ -1,17 +1,22 @@
 //! Local commit groups: many callers' writes in one durable transaction (DESIGN.md A5, A8, D2).
 
 use super::error::StoreError;
-use super::rows::TxnRows;
+use super::rows::{TxnRows, decode_entry};
 use super::tables::{
     DEDUP, DOTS, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, ROWS, dedup_key,
+    dot_bytes, key_bytes,
 };
 use super::{RedbStore, meta_put};
 use crate::codec;
 use crate::model::Delta;
 use redb::ReadableTable;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::rc::Rc;
 use tidemark_crdts::store::{delta_mutation, join_delta};
-use tidemark_crdts::{Causal, DotMap, DotStore, IntervalSet, Key, KeyKind, Mutation, Rows, Value};
+use tidemark_crdts::{
+    Causal, CausalContext, Dot, DotMap, DotStore, Entry, IntervalSet, Key, KeyKind, Mutation, Rows,
+    Value,
+};
 
 /// Identity of an ingested event: `(stream, source, seq)`; a retry with the same identity is
 /// a no-op (DESIGN.md A8).
@@ -89,13 +94,14 @@ impl RedbStore {
             let mut rows_t = txn.open_table(ROWS).map_err(StoreError::redb)?;
             let mut dots_t = txn.open_table(DOTS).map_err(StoreError::redb)?;
             let mut dedup_t = txn.open_table(DEDUP).map_err(StoreError::redb)?;
-            let mut rows = TxnRows {
+            let mut rows = GroupRows::new(TxnRows {
                 rows: &mut rows_t,
                 dots: &mut dots_t,
                 record_bytes_max: max,
-            };
-            let mut group_store: DotMap<Key, tidemark_crdts::Entry> = DotMap::default();
-            let mut group_ctx = tidemark_crdts::CausalContext::new();
+            });
+            // Every dot of the group's per-op delta contexts; the group's context is built from
+            // them once, after the loop (joining op by op is quadratic in the group size).
+            let mut group_dots: Vec<Dot> = Vec::new();
             for w in writes {
                 if let Some(ev) = &w.event {
                     let mk = (ev.stream.clone(), ev.source.clone());
@@ -128,31 +134,39 @@ impl RedbStore {
                     let dot = ctx.next_dot(me);
                     let ts = (key.kind == KeyKind::Lww && matches!(m, Mutation::Set(_)))
                         .then(|| hlc.now(wall_ms));
-                    let current = rows.get(key)?;
-                    let (entry, dctx) = delta_mutation(key.kind, current.as_ref(), m, dot, ts)
+                    let (entry, dctx) = delta_mutation(key.kind, rows.entry(key)?, m, dot, ts)
                         .map_err(|e| StoreError::InvalidOp(format!("{key}: {e}")))?;
+                    group_dots.extend(dctx.iter_dots());
                     let mut store = DotMap::default();
                     store.set(key.clone(), entry);
                     let delta = Causal { store, ctx: dctx };
-                    let outcome = join_delta(&mut rows, &mut ctx, delta.clone())?;
+                    let outcome = join_delta(&mut rows, &mut ctx, delta)?;
                     changed.extend(outcome.changed);
-                    // Coalesce into the group's delta (cheap: the group is small and keyed).
-                    group_store.join(&group_ctx, delta.store, &delta.ctx);
-                    group_ctx.join(&delta.ctx);
                 }
+            }
+            changed.sort();
+            changed.dedup();
+            // The group's delta is the join of its per-op deltas. Each op's delta store holds
+            // only the op's fresh dot, and fresh dots are exactly the dots the group's state has
+            // that the context before the group lacks (every stored dot is in the context), so
+            // the joined store is each changed key's final entry restricted to the dots unseen
+            // by the context before the group; its context is the union of the ops' contexts.
+            group_dots.sort_unstable();
+            group_dots.dedup();
+            let group_ctx: CausalContext = group_dots.into_iter().collect();
+            let mut group_store: DotMap<Key, Entry> = DotMap::default();
+            for key in &changed {
+                let entry = rows.entry(key)?;
+                if let Some(e) = entry {
+                    group_store.set(key.clone(), e.unseen_by(&self.ctx));
+                }
+                let v = entry.map_or_else(|| Value::empty(key.kind), Entry::value);
+                values.push((key.clone(), v));
             }
             group.state = Causal {
                 store: group_store,
                 ctx: group_ctx,
             };
-            changed.sort();
-            changed.dedup();
-            for key in &changed {
-                let v = rows
-                    .get(key)?
-                    .map_or_else(|| Value::empty(key.kind), |e| e.value());
-                values.push((key.clone(), v));
-            }
             for ((stream, source), seqs) in &marks {
                 let bytes =
                     codec::encode("dedup marks", seqs).map_err(|source| StoreError::Codec {
@@ -208,5 +222,210 @@ impl RedbStore {
             changes: values,
             log_seq,
         })
+    }
+}
+
+/// Bytes of decoded entries a commit group keeps cached before it starts over (the cache is
+/// write-through, so dropping it loses nothing).
+const GROUP_CACHE_BYTES_MAX: usize = 32 << 20;
+
+/// Most candidate dots looked up one by one in the group's own index changes before the dot
+/// index is scanned instead.
+const OWNER_LOOKUPS_MAX: u64 = 4096;
+
+/// The rows of one local commit group: [`TxnRows`] with a write-through cache of the entries
+/// the group touched, so each key is read and decoded once per group (an op reads its key
+/// before the mutation, the join reads it again, the watchers' values once more), and with the
+/// dots the group's writes added and removed, so the join's search for the keys holding the
+/// dots an op overwrote (dots of the op's own key, which the join has already rewritten)
+/// needs no index scan. Every write still goes to the tables at once, so the tables and the
+/// cache always agree.
+struct GroupRows<'r, 't> {
+    inner: TxnRows<'r, 't>,
+    /// Entry of each cached key as the transaction now has it (`None`: no row).
+    cache: HashMap<Rc<Key>, Option<Entry>>,
+    /// Dot → key of the dot-index rows this group inserted (and has not deleted since).
+    owner: HashMap<Dot, Rc<Key>>,
+    /// Dots whose index rows this group deleted (and has not inserted again since).
+    removed: HashSet<Dot>,
+    /// Approximate bytes held by `cache` (encoded sizes; grows only).
+    cached_bytes: usize,
+}
+
+impl<'r, 't> GroupRows<'r, 't> {
+    fn new(inner: TxnRows<'r, 't>) -> Self {
+        Self {
+            inner,
+            cache: HashMap::new(),
+            owner: HashMap::new(),
+            removed: HashSet::new(),
+            cached_bytes: 0,
+        }
+    }
+
+    /// Caches `entry` as the current entry of `key`, starting over when the cache is full, and
+    /// records `key` as the owner of `owned` (dots of `entry`).
+    fn remember(&mut self, key: &Key, entry: Option<Entry>, bytes: usize, owned: &[Dot]) {
+        let bytes = bytes + key.name.len() + 64;
+        if self.cached_bytes + bytes > GROUP_CACHE_BYTES_MAX {
+            self.cache.clear();
+            self.owner.clear();
+            self.removed.clear();
+            self.cached_bytes = 0;
+        }
+        self.cached_bytes += bytes;
+        let key = match self.cache.get_key_value(key) {
+            Some((k, _)) => Rc::clone(k),
+            None => Rc::new(key.clone()),
+        };
+        for d in owned {
+            self.owner.insert(*d, Rc::clone(&key));
+        }
+        self.cache.insert(key, entry);
+    }
+
+    /// The current entry of `key`, read from the table (and cached) on first use.
+    fn entry(&mut self, key: &Key) -> Result<Option<&Entry>, StoreError> {
+        if !self.cache.contains_key(key) {
+            let found = match self
+                .inner
+                .rows
+                .get(key_bytes(key).as_slice())
+                .map_err(StoreError::redb)?
+            {
+                Some(g) => {
+                    let bytes = g.value();
+                    Some((
+                        decode_entry(bytes, self.inner.record_bytes_max)?,
+                        bytes.len(),
+                    ))
+                }
+                None => None,
+            };
+            match found {
+                Some((e, len)) => self.remember(key, Some(e), len, &[]),
+                None => self.remember(key, None, 0, &[]),
+            }
+        }
+        Ok(self.cache.get(key).and_then(Option::as_ref))
+    }
+}
+
+/// The dots of `e` (none for `None`), ascending.
+fn sorted_dots(e: Option<&Entry>) -> Vec<Dot> {
+    let mut out = Vec::new();
+    if let Some(e) = e {
+        e.for_each_dot(&mut |d| out.push(d));
+    }
+    out.sort_unstable();
+    out
+}
+
+impl Rows for GroupRows<'_, '_> {
+    type Error = StoreError;
+
+    fn get(&mut self, key: &Key) -> Result<Option<Entry>, StoreError> {
+        Ok(self.entry(key)?.cloned())
+    }
+
+    /// As [`TxnRows::put`], but the dot index is updated by the difference between `old` and
+    /// `new` only (a set's unchanged elements keep their index rows).
+    fn put(
+        &mut self,
+        key: &Key,
+        old: Option<&Entry>,
+        new: Option<&Entry>,
+    ) -> Result<(), StoreError> {
+        let kb = key_bytes(key);
+        let before = sorted_dots(old);
+        let after = sorted_dots(new);
+        let (mut i, mut j) = (0, 0);
+        let mut removed = Vec::new();
+        let mut added = Vec::new();
+        while i < before.len() || j < after.len() {
+            match (before.get(i), after.get(j)) {
+                (Some(b), Some(a)) if b == a => {
+                    i += 1;
+                    j += 1;
+                }
+                (Some(b), Some(a)) if b < a => {
+                    removed.push(*b);
+                    i += 1;
+                }
+                (Some(b), None) => {
+                    removed.push(*b);
+                    i += 1;
+                }
+                (_, Some(a)) => {
+                    added.push(*a);
+                    j += 1;
+                }
+                (None, None) => break,
+            }
+        }
+        for d in &removed {
+            self.inner
+                .dots
+                .remove(dot_bytes(*d).as_slice())
+                .map_err(StoreError::redb)?;
+            self.owner.remove(d);
+            self.removed.insert(*d);
+        }
+        for d in &added {
+            self.inner
+                .dots
+                .insert(dot_bytes(*d).as_slice(), kb.as_slice())
+                .map_err(StoreError::redb)?;
+            self.removed.remove(d);
+        }
+        let len = match new {
+            Some(e) => {
+                let bytes = codec::encode("state row", e).map_err(|source| StoreError::Codec {
+                    table: "rows",
+                    source,
+                })?;
+                self.inner
+                    .rows
+                    .insert(kb.as_slice(), bytes.as_slice())
+                    .map_err(StoreError::redb)?;
+                bytes.len()
+            }
+            None => {
+                self.inner
+                    .rows
+                    .remove(kb.as_slice())
+                    .map_err(StoreError::redb)?;
+                0
+            }
+        };
+        let bookkeeping = 32 * (removed.len() + added.len());
+        self.remember(key, new.cloned(), len + bookkeeping, &added);
+        Ok(())
+    }
+
+    fn keys_holding(&mut self, dots: &CausalContext) -> Result<Vec<Key>, StoreError> {
+        // `owner` and `removed` mirror the dot-index rows this group inserted and deleted, so
+        // for a dot found in either they give exactly what the index holds now; only when
+        // some dot is in neither is the index scanned.
+        if dots.len() <= OWNER_LOOKUPS_MAX {
+            let mut keys = Vec::new();
+            let mut all_known = true;
+            for d in dots.iter_dots() {
+                match self.owner.get(&d) {
+                    Some(k) => keys.push(Key::clone(k)),
+                    None if self.removed.contains(&d) => {}
+                    None => {
+                        all_known = false;
+                        break;
+                    }
+                }
+            }
+            if all_known {
+                keys.sort();
+                keys.dedup();
+                return Ok(keys);
+            }
+        }
+        self.inner.keys_holding(dots)
     }
 }
