@@ -197,6 +197,31 @@ impl RedbStore {
         (hlc, rejected)
     }
 
+    /// One remote join as one transaction: the rows/dots join given by `join`, then marks, log
+    /// entry, cursor and HLC mark ([`RedbStore::finish_remote`]).
+    fn remote_join(
+        &mut self,
+        origin: PeerId,
+        marks: &DedupMarks,
+        cursor: Option<(ReplicaId, u64)>,
+        (hlc, hlc_rejected): (tidemark_crdts::Hlc, u64),
+        join: impl FnOnce(&mut TxnRows<'_, '_>, &mut CausalContext) -> Result<JoinOutcome, StoreError>,
+    ) -> Result<ApplyOutcome, StoreError> {
+        let txn = self.begin()?;
+        let mut ctx = self.ctx.clone();
+        let outcome = {
+            let mut rows_t = txn.open_table(ROWS).map_err(StoreError::redb)?;
+            let mut dots_t = txn.open_table(DOTS).map_err(StoreError::redb)?;
+            let mut rows = TxnRows {
+                rows: &mut rows_t,
+                dots: &mut dots_t,
+                record_bytes_max: self.options.limits.record_bytes_max,
+            };
+            join(&mut rows, &mut ctx)?
+        };
+        self.finish_remote(txn, origin, outcome, marks, ctx, cursor, hlc, hlc_rejected)
+    }
+
     /// Drops log entries below `below` in one transaction; returns the bytes reclaimed.
     ///
     /// # Errors
@@ -303,32 +328,12 @@ impl StateStore for RedbStore {
             self.stats.rejected += 1;
             return Ok(Err(r));
         }
+        let Delta { state, marks } = delta;
         self.guarded(|s| {
-            let max = s.options.limits.record_bytes_max;
-            let (hlc, hlc_rejected) =
-                s.observe_remote_time(delta.state.store.iter().map(|(_, e)| e), now_ms);
-            let txn = s.begin()?;
-            let mut ctx = s.ctx.clone();
-            let outcome = {
-                let mut rows_t = txn.open_table(ROWS).map_err(StoreError::redb)?;
-                let mut dots_t = txn.open_table(DOTS).map_err(StoreError::redb)?;
-                let mut rows = TxnRows {
-                    rows: &mut rows_t,
-                    dots: &mut dots_t,
-                    record_bytes_max: max,
-                };
-                join_delta(&mut rows, &mut ctx, delta.state)?
-            };
-            s.finish_remote(
-                txn,
-                origin,
-                outcome,
-                &delta.marks,
-                ctx,
-                cursor,
-                hlc,
-                hlc_rejected,
-            )
+            let observed = s.observe_remote_time(state.store.iter().map(|(_, e)| e), now_ms);
+            s.remote_join(origin, &marks, cursor, observed, |rows, ctx| {
+                join_delta(rows, ctx, state)
+            })
             .map(Ok)
         })
     }
@@ -386,28 +391,16 @@ impl StateStore for RedbStore {
             return Ok(Err(r));
         }
         self.guarded(|s| {
-            let max = s.options.limits.record_bytes_max;
-            let (hlc, hlc_rejected) =
-                s.observe_remote_time(chunk.entries.iter().map(|(_, e)| e), now_ms);
+            let observed = s.observe_remote_time(chunk.entries.iter().map(|(_, e)| e), now_ms);
             let marks = if chunk.last {
                 chunk.marks.clone()
             } else {
                 DedupMarks::new()
             };
-            let txn = s.begin()?;
-            let mut ctx = s.ctx.clone();
-            let outcome = {
-                let mut rows_t = txn.open_table(ROWS).map_err(StoreError::redb)?;
-                let mut dots_t = txn.open_table(DOTS).map_err(StoreError::redb)?;
-                let mut rows = TxnRows {
-                    rows: &mut rows_t,
-                    dots: &mut dots_t,
-                    record_bytes_max: max,
-                };
-                apply::join_chunk(&mut rows, &mut ctx, chunk)?
-            };
-            s.finish_remote(txn, origin, outcome, &marks, ctx, cursor, hlc, hlc_rejected)
-                .map(Ok)
+            s.remote_join(origin, &marks, cursor, observed, |rows, ctx| {
+                apply::join_chunk(rows, ctx, chunk)
+            })
+            .map(Ok)
         })
     }
 
