@@ -88,7 +88,12 @@ pub fn check_key_name(name: &str, limits: &Limits) -> Result<(), Rejected> {
     }
 }
 
-fn check_entry(key: &Key, entry: &Entry, ctx: Option<&CausalContext>, limits: &Limits) -> Result<(), Rejected> {
+fn check_entry(
+    key: &Key,
+    entry: &Entry,
+    ctx: Option<&CausalContext>,
+    limits: &Limits,
+) -> Result<(), Rejected> {
     check_key_name(&key.name, limits)?;
     if entry.kind() != key.kind {
         return Err(Rejected::KindMismatch {
@@ -132,7 +137,11 @@ fn check_entry(key: &Key, entry: &Entry, ctx: Option<&CausalContext>, limits: &L
     err.map_or(Ok(()), Err)
 }
 
-fn check_own_dots(ctx: &CausalContext, me: ReplicaId, local: &CausalContext) -> Result<(), Rejected> {
+fn check_own_dots(
+    ctx: &CausalContext,
+    me: ReplicaId,
+    local: &CausalContext,
+) -> Result<(), Rejected> {
     let claimed = ctx.max_seq(me);
     let local_max = local.max_seq(me);
     if claimed > local_max {
@@ -148,7 +157,12 @@ fn check_own_dots(ctx: &CausalContext, me: ReplicaId, local: &CausalContext) -> 
 ///
 /// # Errors
 /// The first [`Rejected`] reason found.
-pub fn validate_delta(delta: &Delta, limits: &Limits, me: ReplicaId, local: &CausalContext) -> Result<(), Rejected> {
+pub fn validate_delta(
+    delta: &Delta,
+    limits: &Limits,
+    me: ReplicaId,
+    local: &CausalContext,
+) -> Result<(), Rejected> {
     for (key, entry) in delta.state.store.iter() {
         check_entry(key, entry, Some(&delta.state.ctx), limits)?;
     }
@@ -159,7 +173,12 @@ pub fn validate_delta(delta: &Delta, limits: &Limits, me: ReplicaId, local: &Cau
 ///
 /// # Errors
 /// The first [`Rejected`] reason found.
-pub fn validate_chunk(chunk: &StateChunk, limits: &Limits, me: ReplicaId, local: &CausalContext) -> Result<(), Rejected> {
+pub fn validate_chunk(
+    chunk: &StateChunk,
+    limits: &Limits,
+    me: ReplicaId,
+    local: &CausalContext,
+) -> Result<(), Rejected> {
     if let (Some(a), Some(u)) = (&chunk.after, &chunk.upto) {
         if a >= u {
             return Err(Rejected::BadChunk("empty or inverted key range"));
@@ -168,7 +187,9 @@ pub fn validate_chunk(chunk: &StateChunk, limits: &Limits, me: ReplicaId, local:
     let mut prev: Option<&Key> = chunk.after.as_ref();
     for (key, entry) in &chunk.entries {
         if prev.is_some_and(|p| p >= key) {
-            return Err(Rejected::BadChunk("entries not strictly ascending within the range"));
+            return Err(Rejected::BadChunk(
+                "entries not strictly ascending within the range",
+            ));
         }
         if chunk.upto.as_ref().is_some_and(|u| key > u) {
             return Err(Rejected::BadChunk("entry beyond the chunk's range"));
@@ -201,7 +222,11 @@ pub trait KeyRange: Rows {
     ///
     /// # Errors
     /// Backend failures.
-    fn keys_in_range(&mut self, after: Option<&Key>, upto: Option<&Key>) -> Result<Vec<Key>, Self::Error>;
+    fn keys_in_range(
+        &mut self,
+        after: Option<&Key>,
+        upto: Option<&Key>,
+    ) -> Result<Vec<Key>, Self::Error>;
 }
 
 /// Joins one state-transfer chunk into the rows and context (range-scoped, pitfall #4).
@@ -212,7 +237,11 @@ pub trait KeyRange: Rows {
 ///
 /// # Errors
 /// Backend failures (the caller discards its transaction).
-pub fn join_chunk<R: KeyRange>(rows: &mut R, ctx: &mut CausalContext, chunk: StateChunk) -> Result<JoinOutcome, R::Error> {
+pub fn join_chunk<R: KeyRange>(
+    rows: &mut R,
+    ctx: &mut CausalContext,
+    chunk: StateChunk,
+) -> Result<JoinOutcome, R::Error> {
     let local_keys = rows.keys_in_range(chunk.after.as_ref(), chunk.upto.as_ref())?;
     let mut carried: std::collections::BTreeMap<Key, Entry> = chunk.entries.into_iter().collect();
     let mut keys: Vec<Key> = local_keys;

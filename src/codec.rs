@@ -96,7 +96,10 @@ pub fn encode<T: Serialize + ?Sized>(what: &'static str, value: &T) -> Result<Ve
 ///
 /// # Errors
 /// As [`encode`].
-pub fn encoded_len<T: Serialize + ?Sized>(what: &'static str, value: &T) -> Result<usize, CodecError> {
+pub fn encoded_len<T: Serialize + ?Sized>(
+    what: &'static str,
+    value: &T,
+) -> Result<usize, CodecError> {
     let mut counter = SizeCounter(0);
     bincode::serde::encode_into_std_write(value, &mut counter, config()).map_err(|e| {
         CodecError::Encode {
@@ -124,7 +127,11 @@ impl std::io::Write for SizeCounter {
 ///
 /// # Errors
 /// The [`CodecError`] describing what is wrong.
-pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8], limit: usize) -> Result<T, CodecError> {
+pub fn decode<T: DeserializeOwned>(
+    what: &'static str,
+    bytes: &[u8],
+    limit: usize,
+) -> Result<T, CodecError> {
     let limit = limit.min(DECODE_CEILING);
     if bytes.len() > limit {
         return Err(CodecError::TooLarge {
@@ -171,7 +178,10 @@ mod tests {
             decode::<Vec<u64>>("test", &bytes, 2),
             Err(CodecError::TooLarge { .. })
         ));
-        assert!(matches!(decode::<Vec<u64>>("test", &[], 10), Err(CodecError::Empty { .. })));
+        assert!(matches!(
+            decode::<Vec<u64>>("test", &[], 10),
+            Err(CodecError::Empty { .. })
+        ));
         let mut wrong = bytes.clone();
         wrong[0] = 9;
         assert!(matches!(
@@ -185,7 +195,18 @@ mod tests {
             Err(CodecError::Trailing { extra: 1, .. })
         ));
         // A length prefix claiming far more elements than bytes present must fail, not allocate.
-        let hostile = [FORMAT_VERSION, 0xfd, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f];
+        let hostile = [
+            FORMAT_VERSION,
+            0xfd,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0x7f,
+        ];
         assert!(decode::<Vec<u64>>("test", &hostile, 1024).is_err());
     }
 }

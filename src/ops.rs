@@ -338,7 +338,8 @@ pub fn validate_events(
 pub fn value_to_json(value: &tidemark_crdts::Value) -> serde_json::Value {
     use serde_json::Value as J;
     // Stored text is canonical JSON written by this crate; fall back to a string if not.
-    let parse = |text: &String| serde_json::from_str(text).unwrap_or_else(|_| J::String(text.clone()));
+    let parse =
+        |text: &String| serde_json::from_str(text).unwrap_or_else(|_| J::String(text.clone()));
     match value {
         tidemark_crdts::Value::GCounter(n) => J::from(*n),
         tidemark_crdts::Value::PNCounter(n) => J::from(*n),

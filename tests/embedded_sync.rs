@@ -26,7 +26,10 @@ async fn converge(nodes: &[Node]) {
         if ctxs.windows(2).all(|w| w[0] == w[1]) {
             return;
         }
-        assert!(started.elapsed() < Duration::from_secs(60), "no convergence within 60 s");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no convergence within 60 s"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -91,11 +94,15 @@ async fn random_writes_across_partitions_and_restarts_converge_to_exact_values()
         assert_eq!(all_keys(n), reference);
     }
     assert_eq!(
-        nodes[0].get(&Key::new(KeyKind::GCounter, "hits")).expect("get"),
+        nodes[0]
+            .get(&Key::new(KeyKind::GCounter, "hits"))
+            .expect("get"),
         Value::GCounter(expected_counter)
     );
     assert_eq!(
-        nodes[0].get(&Key::new(KeyKind::ORSet, "seen")).expect("get"),
+        nodes[0]
+            .get(&Key::new(KeyKind::ORSet, "seen"))
+            .expect("get"),
         Value::ORSet(added.into_iter().collect())
     );
     for n in &nodes {
@@ -106,15 +113,24 @@ async fn random_writes_across_partitions_and_restarts_converge_to_exact_values()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_peer_resumes_with_deltas_not_a_state_transfer() {
     let root = tempfile::tempdir().expect("tempdir");
-    let a = Node::open(NodeConfig::new(root.path().join("a"))).await.expect("open");
+    let a = Node::open(NodeConfig::new(root.path().join("a")))
+        .await
+        .expect("open");
     let b_dir = root.path().join("b");
     let b = Node::open(NodeConfig::new(&b_dir)).await.expect("open");
     a.apply(Op::add("s", "first")).await.expect("write");
     a.connect(&b).expect("connect");
     converge(&[a.clone(), b.clone()]).await;
-    let transfers_before = a.replication_status().await.expect("status").stats.transfers_started;
+    let transfers_before = a
+        .replication_status()
+        .await
+        .expect("status")
+        .stats
+        .transfers_started;
     b.shutdown().await.expect("shutdown");
-    a.apply(Op::add("s", "while-b-was-down")).await.expect("write");
+    a.apply(Op::add("s", "while-b-was-down"))
+        .await
+        .expect("write");
     let b = Node::open(NodeConfig::new(&b_dir)).await.expect("reopen");
     a.connect(&b).expect("connect");
     converge(&[a.clone(), b.clone()]).await;

@@ -2,7 +2,7 @@
 //! [`crate::codec`], which adds the version byte and enforces the frame size limit.
 
 use crate::model::{Delta, StateChunk};
-use tidemark_crdts::ReplicaId;
+use tidemark_crdts::{CausalContext, ReplicaId};
 
 /// One protocol message between two replicas.
 ///
@@ -74,6 +74,17 @@ pub enum Message {
         /// The transfer.
         transfer: u64,
     },
+    /// The sender's durable causal context: a digest of every dot it has seen. Sent after a
+    /// Hello and after a large join; a peer may then leave out of the intervals it sends what
+    /// the context proves the sender has already seen (a per-dot filter that changes neither
+    /// the joined state nor the logged inflation). Valid while `replica` is the sender's id
+    /// (a wiped peer has another id, so its old context is never used).
+    Have {
+        /// The sender's replica id.
+        replica: ReplicaId,
+        /// Its durable context.
+        ctx: CausalContext,
+    },
 }
 
 impl Message {
@@ -86,6 +97,7 @@ impl Message {
             Message::Chunk { .. } => "chunk",
             Message::ChunkAck { .. } => "chunk_ack",
             Message::ChunkNack { .. } => "chunk_nack",
+            Message::Have { .. } => "have",
         }
     }
 }

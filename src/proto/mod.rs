@@ -2,14 +2,24 @@
 //! clock, no OS randomness. Time (`now`) and a seeded RNG come in as arguments; the outside
 //! world is reached only through `poll_*` outputs and the [`StateStore`] trait.
 
+pub mod mem_store;
 pub mod message;
+mod peers;
+pub mod replica;
 pub mod state_store;
+#[cfg(test)]
+mod tests;
+mod transfer;
 
+pub use mem_store::{MemStateStore, MemStoreError};
 pub use message::Message;
+pub use replica::{Event, Now, RejectReason, Replica, ReplicaConfig, ReplicaStats, Transmit};
 pub use state_store::{ApplyOutcome, ChunkRead, LogInterval, StateStore};
 
 /// A peer's identity as the host knows it (e.g. derived from its certificate's node name, or
 /// a simulation's node index). Stable across the peer's restarts and wipes; the peer's replica
 /// id and epoch tell incarnations apart.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, serde::Serialize, serde::Deserialize,
+)]
 pub struct PeerId(pub u64);

@@ -110,9 +110,11 @@ pub trait StateStore {
     ) -> Result<ChunkRead, Self::Error>;
 
     /// Durably applies one chunk of a state transfer from `origin` (range-scoped join; the
-    /// final chunk also joins the transfer's context and marks and records `cursor`, with the
-    /// same rule as [`StateStore::apply_remote`]). The inflating part is logged tagged with
-    /// `origin`, like a delta's, so what a transfer brought is forwarded to other peers.
+    /// final chunk also joins the transfer's context and marks and records `cursor`). A completed
+    /// transfer is authoritative: its cursor *replaces* the recorded one, even a larger one for
+    /// the same log (this repairs a cursor that was ever pushed beyond the sender's log). The
+    /// inflating part is logged tagged with `origin`, like a delta's, so what a transfer brought
+    /// is forwarded to other peers.
     ///
     /// Returns `Ok(Err(reason))` for an invalid chunk: nothing was applied.
     ///

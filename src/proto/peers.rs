@@ -1,0 +1,123 @@
+//! Per-peer volatile state of the replication core: what we know of a peer's cursor into our
+//! log (`A[j]` of DESIGN.md C1), the one message we may have in flight to it, and liveness.
+//! Nothing here is durable: a restart forgets it and peers re-report their cursors.
+
+use crate::proto::transfer::OutTransfer;
+use tidemark_crdts::{CausalContext, ReplicaId};
+
+/// What we know of a peer's durable cursor into our log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PeerCursor {
+    /// Not heard since boot or since eviction: ask with a Hello before falling back to a transfer.
+    Unknown,
+    /// The peer said it has no cursor into our current log: it needs a state transfer.
+    NoCursor,
+    /// The peer has durably joined our log up to (excluding) this seq.
+    At(u64),
+}
+
+/// The kind of the one unacknowledged message in flight to a peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Inflight {
+    /// A delta-interval `[from, end)`.
+    Delta { from: u64, end: u64 },
+    /// A transfer chunk.
+    Chunk { transfer: u64, index: u32 },
+}
+
+/// Everything the replica tracks for one peer.
+#[derive(Debug)]
+pub(crate) struct Peer {
+    /// The host reported a working connection.
+    pub up: bool,
+    /// `A[j]`.
+    pub cursor: PeerCursor,
+    /// Counted in the stable frontier (false after eviction until the peer speaks again).
+    pub tracked: bool,
+    /// Monotonic time the peer was last heard from.
+    pub last_heard: Option<u64>,
+    /// The peer's incarnation `(replica id, epoch)` from its last Hello.
+    pub incarnation: Option<(ReplicaId, u64)>,
+    /// The unacknowledged message in flight and its retransmit deadline.
+    pub inflight: Option<(Inflight, u64)>,
+    /// Consecutive retransmit timeouts (exponential backoff; reset by any ack).
+    pub timeouts_in_row: u32,
+    /// The outgoing state transfer, if one is running.
+    pub transfer: Option<OutTransfer>,
+    /// When we last sent this peer a Hello.
+    pub hello_sent_at: Option<u64>,
+    /// Hellos sent while the cursor was unknown, unanswered so far.
+    pub hellos_unanswered: u32,
+    /// The last interval stopped at the size bound: send the rest as soon as it is acked.
+    pub more: bool,
+    /// The last context the peer announced (`Have`), tagged with its replica id then.
+    pub known: Option<(ReplicaId, CausalContext)>,
+    /// After a reconnect, do not serve the peer before this time (catch-up stagger).
+    pub serve_after: Option<u64>,
+}
+
+impl Peer {
+    pub fn new() -> Self {
+        Self {
+            up: false,
+            cursor: PeerCursor::Unknown,
+            tracked: true,
+            last_heard: None,
+            incarnation: None,
+            inflight: None,
+            timeouts_in_row: 0,
+            transfer: None,
+            hello_sent_at: None,
+            hellos_unanswered: 0,
+            more: false,
+            known: None,
+            serve_after: None,
+        }
+    }
+
+    /// The announced context, if it belongs to the peer's current replica id (a wiped peer has
+    /// a new id and a smaller context: its old announcement must not be used).
+    pub fn known_context(&self) -> Option<&CausalContext> {
+        let current = self.incarnation.map(|(r, _)| r)?;
+        self.known
+            .as_ref()
+            .filter(|(r, _)| *r == current)
+            .map(|(_, c)| c)
+    }
+
+    /// The peer spoke: it is live and counts in the frontier again.
+    pub fn heard(&mut self, now: u64) {
+        self.last_heard = Some(now);
+        if !self.tracked {
+            // Back after an eviction: ask for its cursor again before paying for a transfer.
+            self.tracked = true;
+            self.hellos_unanswered = 0;
+        }
+    }
+
+    /// Forgets the connection's volatile exchanges (in-flight message, outgoing transfer).
+    pub fn reset_link(&mut self) {
+        self.inflight = None;
+        self.transfer = None;
+        self.timeouts_in_row = 0;
+        self.more = false;
+    }
+
+    /// This peer's lower bound on the stable frontier given our log `[start, end)`:
+    /// `Err(())` when the frontier cannot be known yet (the peer has not reported since boot),
+    /// `Ok(None)` when the peer does not pin the log (it needs a transfer anyway).
+    pub fn frontier_bound(&self, start: u64, end: u64) -> Result<Option<u64>, ()> {
+        if !self.tracked {
+            return Ok(None);
+        }
+        if let Some(t) = &self.transfer {
+            return Ok(Some(t.end.min(end)));
+        }
+        match self.cursor {
+            PeerCursor::Unknown => Err(()),
+            PeerCursor::NoCursor => Ok(None),
+            PeerCursor::At(a) if a < start => Ok(None),
+            PeerCursor::At(a) => Ok(Some(a.min(end))),
+        }
+    }
+}

@@ -1,0 +1,1114 @@
+//! [`Replica`]: the deterministic, sans-IO delta anti-entropy state machine (DESIGN.md C1–C5).
+//!
+//! It owns only volatile protocol state (per-peer acknowledged cursors `A[j]`, the one message in
+//! flight per peer, transfer progress, timers). Everything durable — the state, the delta log,
+//! the receiver-owned cursors into each sender's log, the clock — lives behind [`StateStore`],
+//! passed into every call that needs it. It never reads a clock, never draws OS randomness and
+//! never iterates a `HashMap`: the same inputs give the same outputs, byte for byte.
+
+use crate::apply::Rejected;
+use crate::proto::peers::{Inflight, Peer, PeerCursor};
+use crate::proto::transfer::{InTransfer, OutTransfer};
+use crate::proto::{Message, PeerId, StateStore};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::{BTreeMap, VecDeque};
+use tidemark_crdts::{Key, ReplicaId};
+
+/// The time of an input: monotonic (virtual) time for timers, and the node's wall clock, which
+/// may be skewed, for the hybrid logical clock. Both in milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Now {
+    /// Monotonic milliseconds (never goes back; any origin).
+    pub mono_ms: u64,
+    /// Wall-clock milliseconds since the Unix epoch (as the node's clock reads it).
+    pub wall_ms: u64,
+}
+
+/// A message to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// The destination peer.
+    pub to: PeerId,
+    /// The message.
+    pub msg: Message,
+}
+
+/// Protocol timing and policy. Every duration in milliseconds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaConfig {
+    /// Period of the gossip tick (each tick offers every idle peer what it lacks). Default 500.
+    pub gossip_interval_ms: u64,
+    /// First retransmit timeout of an unacknowledged message; doubles per consecutive timeout.
+    /// Also the quiet period between Hellos to one peer. Default 2,000.
+    pub retransmit_timeout_ms: u64,
+    /// Ceiling of the retransmit backoff. Default 8,000.
+    pub retransmit_timeout_max_ms: u64,
+    /// A peer silent this long is evicted from the ack map, so it no longer pins the log; it
+    /// re-syncs when heard again. Default 300,000.
+    pub peer_evict_after_ms: u64,
+    /// Hellos sent to a peer whose cursor is unknown before falling back to a transfer. Default 2.
+    pub hello_attempts: u32,
+    /// Target encoded size of one delta-interval or transfer chunk. Default 1 MiB.
+    pub message_bytes_target: usize,
+    /// Back-propagation avoidance (BP, DESIGN.md C3): never send a peer the log entries it
+    /// originated. Default on; off only for measurements.
+    pub back_propagation_avoidance: bool,
+    /// Leave out of a peer's intervals the dots its last announced context (`Have`) proves it
+    /// has seen. Default on; off only for measurements.
+    pub filter_by_peer_context: bool,
+    /// Announce our context (`Have`) to every other up peer after a join that changed at least
+    /// this many keys (a catch-up), so they do not send the same data again. Default 1,024.
+    pub have_after_changed_keys: usize,
+    /// When a peer reconnects with a backlog, its senders serve it one after another, ordered by
+    /// replica id, this far apart; each later sender filters by what the earlier ones delivered
+    /// (announced with `Have`). Default 1,000 (two gossip intervals); 0 serves at once.
+    pub catch_up_stagger_ms: u64,
+}
+
+impl Default for ReplicaConfig {
+    fn default() -> Self {
+        Self {
+            gossip_interval_ms: 500,
+            retransmit_timeout_ms: 2_000,
+            retransmit_timeout_max_ms: 8_000,
+            peer_evict_after_ms: 300_000,
+            hello_attempts: 2,
+            message_bytes_target: 1024 * 1024,
+            back_propagation_avoidance: true,
+            filter_by_peer_context: true,
+            have_after_changed_keys: 1024,
+            catch_up_stagger_ms: 1_000,
+        }
+    }
+}
+
+/// Counters of what the replica did since it was created (volatile, like the replica).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplicaStats {
+    /// Non-empty delta-intervals sent.
+    pub deltas_sent: u64,
+    /// Empty delta-intervals sent (every entry came from the receiver: BP; pitfalls #9, #22).
+    pub empty_intervals_sent: u64,
+    /// Delta-intervals joined.
+    pub deltas_applied: u64,
+    /// Intervals received that start below our cursor (a duplicate or widened resend).
+    pub duplicate_intervals: u64,
+    /// Intervals received that start above our cursor (a delta before its causal predecessor):
+    /// refused, answered with our real cursor.
+    pub gap_intervals: u64,
+    /// Acks (and chunk acks/nacks) dropped because they carry another epoch or log id.
+    pub acks_stale_epoch: u64,
+    /// Retransmit timeouts.
+    pub retransmits: u64,
+    /// Hellos sent.
+    pub hellos_sent: u64,
+    /// Outgoing state transfers started.
+    pub transfers_started: u64,
+    /// Of the transfers started, those because the peer's cursor was below the retained log
+    /// start (the log was compacted past it, DESIGN.md C2).
+    pub transfers_behind_log: u64,
+    /// Outgoing state transfers completed (final chunk acknowledged).
+    pub transfers_completed: u64,
+    /// Incoming state transfers completed (final chunk applied).
+    pub transfers_received: u64,
+    /// Transfer chunks sent (retransmissions included).
+    pub chunks_sent: u64,
+    /// Transfer chunks applied.
+    pub chunks_applied: u64,
+    /// `ChunkNack`s sent.
+    pub chunk_nacks_sent: u64,
+    /// `ChunkNack`s received.
+    pub chunk_nacks_received: u64,
+    /// Duplicate chunks of an already completed transfer (acknowledged again, not applied).
+    pub stale_chunks: u64,
+    /// Invalid deltas or chunks refused (nothing applied, nothing acknowledged).
+    pub rejected: u64,
+    /// Peers evicted from the ack map for silence.
+    pub evictions: u64,
+    /// Remote LWW timestamps too far ahead for our clock (joined, clock not advanced).
+    pub hlc_rejected: u64,
+    /// `Have` announcements sent.
+    pub haves_sent: u64,
+    /// Intervals from which the receiver's announced context removed something.
+    pub intervals_filtered: u64,
+}
+
+/// Why a peer's message was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RejectReason {
+    /// The store's validation refused the content.
+    Invalid(Rejected),
+    /// The message itself is inconsistent.
+    Malformed(&'static str),
+}
+
+/// Something the host may want to know or act on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A remote delta or chunk changed these keys (for watchers and views).
+    Applied {
+        /// The sender.
+        from: PeerId,
+        /// Keys whose values changed.
+        changed: Vec<Key>,
+    },
+    /// A peer's message was refused; nothing of it was applied or acknowledged (pitfall #31).
+    Rejected {
+        /// The sender.
+        from: PeerId,
+        /// The message kind.
+        kind: &'static str,
+        /// Why.
+        reason: RejectReason,
+    },
+    /// A state transfer to a peer started (it is new, evicted, wiped or behind the log start).
+    TransferStarted {
+        /// The receiver.
+        to: PeerId,
+        /// The transfer id.
+        transfer: u64,
+    },
+    /// A state transfer to a peer completed.
+    TransferCompleted {
+        /// The receiver.
+        to: PeerId,
+        /// The transfer id.
+        transfer: u64,
+    },
+    /// A state transfer from a peer was fully applied.
+    TransferReceived {
+        /// The sender.
+        from: PeerId,
+    },
+    /// A silent peer was evicted from the ack map.
+    PeerEvicted {
+        /// The peer.
+        peer: PeerId,
+    },
+    /// Every tracked peer has joined the log below `below`: the host may call
+    /// [`StateStore::truncate_log`]`(below)`.
+    Compact {
+        /// The stable frontier.
+        below: u64,
+    },
+}
+
+/// The replication state machine of one node (quinn-proto/foca style: no I/O, no clock).
+///
+/// # Call order
+/// The host owns the `Replica` and its [`StateStore`], and runs one loop:
+/// 1. Create it with [`Replica::new`] at every boot, with an epoch greater than any earlier
+///    boot's over the same store (acks echo the epoch and our log id, so an ack from before a
+///    restart is recognised and dropped; a wiped store has a new log id anyway).
+/// 2. Feed every input with the current [`Now`]: [`Replica::peer_up`] when a connection to a
+///    peer is established (sends a Hello), [`Replica::peer_down`] when it is lost,
+///    [`Replica::handle_message`] for each decoded message, [`Replica::handle_local_commit`]
+///    after local writes were durably committed (the log grew), and [`Replica::handle_timeout`]
+///    once the deadline from [`Replica::poll_timeout`] has passed.
+/// 3. After each input, drain [`Replica::poll_transmit`] (send each message to its peer, in
+///    order) and [`Replica::poll_event`] (act on [`Event::Compact`]; the rest is information),
+///    then sleep until the next input or the new [`Replica::poll_timeout`].
+///
+/// Storage errors returned by any `handle_*`/`peer_up` call are fatal to the node (fail-stop):
+/// the store may be unusable; restart instead of continuing.
+///
+/// # Protocol (DESIGN.md C1–C5)
+/// * Sender: for each up peer with nothing in flight, every gossip tick: if its cursor `A[j]`
+///   is unknown, ask with a Hello (a few times), then fall back to a state transfer; if it has
+///   no cursor or `A[j]` is outside the retained log, run a chunked state transfer; otherwise
+///   send the interval `[A[j], end)` (BP-filtered, size-bounded; empty if every entry came from
+///   `j`). At most one unacknowledged message per peer: a slow peer gets wider intervals.
+/// * Receiver: accept an interval only if it starts at or below our durable cursor into that
+///   log; join it through the store (which logs only the inflating part and records the cursor
+///   in the same transaction), then ack. An interval starting above our cursor is refused and
+///   answered with a Hello stating our real cursor.
+/// * Compaction: the stable frontier is the minimum cursor of the tracked peers; silent peers
+///   are evicted so they do not pin the log.
+/// * Redundancy: peers announce their durable context ([`Message::Have`]) after a Hello and after
+///   a large join; intervals to a peer leave out, dot by dot, what its announcement proves it
+///   has seen (the joined result is unchanged). After a reconnect the peer's senders serve its
+///   backlog staggered by rank, so each later one filters what the earlier ones delivered.
+///
+/// Messages must come only from configured, authenticated peers: a message from an unknown
+/// `PeerId` adds it, and it then holds back compaction until it reports or is evicted.
+#[derive(Debug)]
+pub struct Replica {
+    config: ReplicaConfig,
+    epoch: u64,
+    rng: ChaCha8Rng,
+    peers: BTreeMap<PeerId, Peer>,
+    incoming: BTreeMap<PeerId, InTransfer>,
+    /// Per sender, the last transfer `(log, epoch, transfer)` we completed: a duplicate of its
+    /// chunks is acknowledged again, never re-applied (that would move our cursor back).
+    completed_transfer: BTreeMap<PeerId, (ReplicaId, u64, u64)>,
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<Event>,
+    stats: ReplicaStats,
+    boot_ms: Option<u64>,
+    next_tick: Option<u64>,
+    next_transfer: u64,
+    bounds: (u64, u64),
+    compact_emitted: u64,
+}
+
+impl Replica {
+    /// A replica for this boot: `epoch` must exceed every earlier boot's epoch over this store;
+    /// `seed` drives the only randomness (tick jitter); `peers` are the configured peers, all of
+    /// which must report (or be evicted) before the log may be compacted.
+    pub fn new(
+        config: ReplicaConfig,
+        epoch: u64,
+        seed: u64,
+        peers: impl IntoIterator<Item = PeerId>,
+    ) -> Self {
+        Self {
+            config,
+            epoch,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            peers: peers.into_iter().map(|p| (p, Peer::new())).collect(),
+            incoming: BTreeMap::new(),
+            completed_transfer: BTreeMap::new(),
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: ReplicaStats::default(),
+            boot_ms: None,
+            next_tick: None,
+            next_transfer: 1,
+            bounds: (0, 0),
+            compact_emitted: 0,
+        }
+    }
+
+    /// This boot's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ReplicaConfig {
+        &self.config
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &ReplicaStats {
+        &self.stats
+    }
+
+    /// Number of peers with an unacknowledged message in flight.
+    pub fn in_flight(&self) -> usize {
+        self.peers.values().filter(|p| p.inflight.is_some()).count()
+    }
+
+    /// Our knowledge of `peer`'s cursor into our log (`None` when unknown or absent).
+    pub fn peer_acked(&self, peer: PeerId) -> Option<u64> {
+        match self.peers.get(&peer)?.cursor {
+            PeerCursor::At(a) => Some(a),
+            PeerCursor::Unknown | PeerCursor::NoCursor => None,
+        }
+    }
+
+    /// The stable frontier: every tracked peer has durably joined our log below it (peers that
+    /// need a state transfer do not pin it; a running transfer pins its starting log end).
+    /// `None` until every configured peer has reported since boot or been evicted. Computed
+    /// against the log bounds seen at the last call that had the store.
+    pub fn stable_frontier(&self) -> Option<u64> {
+        let (start, end) = self.bounds;
+        let mut min = end;
+        for p in self.peers.values() {
+            match p.frontier_bound(start, end) {
+                Err(()) => return None,
+                Ok(Some(b)) => min = min.min(b),
+                Ok(None) => {}
+            }
+        }
+        Some(min)
+    }
+
+    /// The stable frontier when it is above the log start seen last: the host may truncate the
+    /// log below it (also announced once per advance as [`Event::Compact`]).
+    pub fn compaction_due(&self) -> Option<u64> {
+        self.stable_frontier().filter(|f| *f > self.bounds.0)
+    }
+
+    /// A connection to `peer` is up: sends it a Hello with our cursor into its log.
+    ///
+    /// # Errors
+    /// Storage failures (fatal).
+    pub fn peer_up<S: StateStore>(
+        &mut self,
+        now: Now,
+        peer: PeerId,
+        store: &mut S,
+    ) -> Result<(), S::Error> {
+        self.start(now.mono_ms);
+        let p = self.peer_mut(peer);
+        p.up = true;
+        p.reset_link();
+        self.send_hello(now.mono_ms, peer, store);
+        Ok(())
+    }
+
+    /// The connection to `peer` is lost: whatever was in flight to it is forgotten.
+    pub fn peer_down(&mut self, now: Now, peer: PeerId) {
+        self.start(now.mono_ms);
+        let p = self.peer_mut(peer);
+        p.up = false;
+        p.reset_link();
+    }
+
+    /// The host durably committed local writes (the log grew). They go out at the next tick,
+    /// coalesced with whatever else accumulates until then.
+    pub fn handle_local_commit(&mut self, now: Now) {
+        self.start(now.mono_ms);
+    }
+
+    /// Handles one message from `from`.
+    ///
+    /// Never panics on peer input: invalid content is refused, counted and reported as
+    /// [`Event::Rejected`].
+    ///
+    /// # Errors
+    /// Storage failures (fatal).
+    pub fn handle_message<S: StateStore>(
+        &mut self,
+        now: Now,
+        from: PeerId,
+        msg: Message,
+        store: &mut S,
+    ) -> Result<(), S::Error> {
+        self.start(now.mono_ms);
+        self.peer_mut(from).heard(now.mono_ms);
+        match msg {
+            Message::Hello {
+                replica,
+                epoch,
+                resume,
+            } => self.on_hello(now, from, (replica, epoch), resume, store),
+            Message::Delta {
+                epoch,
+                log,
+                from: start,
+                end,
+                delta,
+            } => self.on_delta(now, from, epoch, log, (start, end), delta, store),
+            Message::Ack { epoch, log, upto } => self.on_ack(now, from, epoch, log, upto, store),
+            Message::Chunk {
+                epoch,
+                log,
+                transfer,
+                index,
+                end,
+                chunk,
+            } => self.on_chunk(now, from, (epoch, log, transfer, index, end), chunk, store),
+            Message::ChunkAck {
+                epoch,
+                transfer,
+                index,
+            } => self.on_chunk_ack(now, from, epoch, transfer, index, store),
+            Message::ChunkNack { epoch, transfer } => {
+                self.on_chunk_nack(now, from, epoch, transfer, store)
+            }
+            Message::Have { replica, ctx } => {
+                self.on_have(from, replica, ctx);
+                Ok(())
+            }
+        }
+    }
+
+    /// Runs due timers: retransmissions, then the gossip tick (evictions, intervals, transfers,
+    /// compaction). Call when `now.mono_ms >= poll_timeout()`; early calls are harmless.
+    ///
+    /// # Errors
+    /// Storage failures (fatal).
+    pub fn handle_timeout<S: StateStore>(
+        &mut self,
+        now: Now,
+        store: &mut S,
+    ) -> Result<(), S::Error> {
+        self.start(now.mono_ms);
+        let t = now.mono_ms;
+        let expired: Vec<PeerId> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.inflight.is_some_and(|(_, d)| d <= t))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            self.retransmit(t, id, store)?;
+        }
+        if self.next_tick.is_some_and(|n| n <= t) {
+            let jitter = self
+                .rng
+                .random_range(0..=self.config.gossip_interval_ms / 8);
+            self.next_tick = Some(
+                t.saturating_add(self.config.gossip_interval_ms.max(1))
+                    .saturating_add(jitter),
+            );
+            self.gossip_round(t, store)?;
+        }
+        Ok(())
+    }
+
+    /// The next message to send, in order.
+    #[must_use]
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// When [`Replica::handle_timeout`] should next be called (monotonic ms); `None` before the
+    /// first input.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.peers
+            .values()
+            .filter_map(|p| p.inflight.map(|(_, d)| d))
+            .chain(self.next_tick)
+            .min()
+    }
+
+    /// The next event, in order.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    // ---- internals -------------------------------------------------------------------------
+
+    fn start(&mut self, now: u64) {
+        if self.boot_ms.is_none() {
+            self.boot_ms = Some(now);
+            let first = self.rng.random_range(0..=self.config.gossip_interval_ms);
+            self.next_tick = Some(now.saturating_add(first));
+        }
+    }
+
+    fn peer_mut(&mut self, peer: PeerId) -> &mut Peer {
+        self.peers.entry(peer).or_insert_with(Peer::new)
+    }
+
+    fn rto(&self, timeouts_in_row: u32) -> u64 {
+        let base = self.config.retransmit_timeout_ms.max(1);
+        base.saturating_mul(1u64 << timeouts_in_row.min(16))
+            .min(self.config.retransmit_timeout_max_ms.max(base))
+    }
+
+    fn send(&mut self, to: PeerId, msg: Message) {
+        self.transmits.push_back(Transmit { to, msg });
+    }
+
+    fn send_hello<S: StateStore>(&mut self, now: u64, to: PeerId, store: &S) {
+        let msg = Message::Hello {
+            replica: store.replica_id(),
+            epoch: self.epoch,
+            resume: store.peer_cursor(to),
+        };
+        self.peer_mut(to).hello_sent_at = Some(now);
+        self.stats.hellos_sent += 1;
+        self.send(to, msg);
+        self.send_have(to, store);
+    }
+
+    fn send_have<S: StateStore>(&mut self, to: PeerId, store: &S) {
+        self.stats.haves_sent += 1;
+        self.send(
+            to,
+            Message::Have {
+                replica: store.replica_id(),
+                ctx: store.context().clone(),
+            },
+        );
+    }
+
+    /// After a large join, tells every other up peer what we now hold.
+    fn announce_after_join<S: StateStore>(&mut self, origin: PeerId, changed: usize, store: &S) {
+        if changed < self.config.have_after_changed_keys.max(1) {
+            return;
+        }
+        let to: Vec<PeerId> = self
+            .peers
+            .iter()
+            .filter(|(id, p)| **id != origin && p.up)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in to {
+            self.send_have(id, store);
+        }
+    }
+
+    fn gossip_round<S: StateStore>(&mut self, now: u64, store: &mut S) -> Result<(), S::Error> {
+        let boot = self.boot_ms.unwrap_or(now);
+        let evict_after = self.config.peer_evict_after_ms;
+        let ids: Vec<PeerId> = self.peers.keys().copied().collect();
+        for id in ids {
+            let p = self.peer_mut(id);
+            let silent = now.saturating_sub(p.last_heard.unwrap_or(boot));
+            if p.tracked && silent > evict_after {
+                p.tracked = false;
+                p.cursor = PeerCursor::Unknown;
+                p.hellos_unanswered = 0;
+                p.reset_link();
+                self.stats.evictions += 1;
+                self.events.push_back(Event::PeerEvicted { peer: id });
+            }
+            self.pump(now, id, store)?;
+        }
+        self.bounds = store.log_bounds();
+        if let Some(f) = self.compaction_due() {
+            if f > self.compact_emitted {
+                self.compact_emitted = f;
+                self.events.push_back(Event::Compact { below: f });
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `peer` what it lacks, if it is up and nothing is in flight to it.
+    fn pump<S: StateStore>(&mut self, now: u64, id: PeerId, store: &mut S) -> Result<(), S::Error> {
+        let (start, end) = store.log_bounds();
+        self.bounds = (start, end);
+        let rto = self.config.retransmit_timeout_ms;
+        let attempts = self.config.hello_attempts;
+        let Some(p) = self.peers.get_mut(&id) else {
+            return Ok(());
+        };
+        if !p.up || p.inflight.is_some() {
+            return Ok(());
+        }
+        if p.transfer.is_some() {
+            return self.send_chunk(now, id, store);
+        }
+        if p.serve_after.is_some_and(|t| now < t) {
+            return Ok(());
+        }
+        p.serve_after = None;
+        if !p.tracked || p.cursor == PeerCursor::Unknown {
+            // Ask for the cursor before paying for a transfer; an evicted peer gets only Hellos
+            // until it speaks again.
+            if p.hello_sent_at.is_some_and(|t| now < t.saturating_add(rto)) {
+                return Ok(());
+            }
+            if p.hellos_unanswered < attempts {
+                p.hellos_unanswered += 1;
+                self.send_hello(now, id, store);
+                return Ok(());
+            }
+            if !p.tracked {
+                return Ok(());
+            }
+            return self.start_transfer(now, id, store);
+        }
+        match p.cursor {
+            PeerCursor::At(a) if a == end => {
+                p.more = false;
+                Ok(())
+            }
+            PeerCursor::At(a) if a >= start && a < end => {
+                self.send_interval(now, id, a, end, store)
+            }
+            PeerCursor::At(a) if a < start => {
+                self.stats.transfers_behind_log += 1;
+                self.start_transfer(now, id, store)
+            }
+            PeerCursor::At(_) | PeerCursor::NoCursor | PeerCursor::Unknown => {
+                self.start_transfer(now, id, store)
+            }
+        }
+    }
+
+    fn send_interval<S: StateStore>(
+        &mut self,
+        now: u64,
+        id: PeerId,
+        from: u64,
+        log_end: u64,
+        store: &mut S,
+    ) -> Result<(), S::Error> {
+        let exclude = self.config.back_propagation_avoidance.then_some(id);
+        let interval = store.log_interval(from, exclude, self.config.message_bytes_target)?;
+        if interval.end <= from {
+            // No progress is possible (a store bug); do not spin.
+            return Ok(());
+        }
+        let known = self
+            .peers
+            .get(&id)
+            .filter(|_| self.config.filter_by_peer_context)
+            .and_then(Peer::known_context);
+        let delta = match (interval.delta, known) {
+            (Some(d), Some(seen)) => {
+                let (d, filtered) = without_seen(d, seen);
+                self.stats.intervals_filtered += u64::from(filtered);
+                Some(d)
+            }
+            (d, _) => d,
+        };
+        match delta {
+            Some(_) => self.stats.deltas_sent += 1,
+            None => self.stats.empty_intervals_sent += 1,
+        }
+        let msg = Message::Delta {
+            epoch: self.epoch,
+            log: store.replica_id(),
+            from,
+            end: interval.end,
+            delta: delta.unwrap_or_default(),
+        };
+        let rto = self.rto(self.peers.get(&id).map_or(0, |p| p.timeouts_in_row));
+        let p = self.peer_mut(id);
+        p.inflight = Some((
+            Inflight::Delta {
+                from,
+                end: interval.end,
+            },
+            now.saturating_add(rto),
+        ));
+        p.more = interval.end < log_end;
+        self.send(id, msg);
+        Ok(())
+    }
+
+    fn start_transfer<S: StateStore>(
+        &mut self,
+        now: u64,
+        id: PeerId,
+        store: &mut S,
+    ) -> Result<(), S::Error> {
+        let transfer = self.next_transfer;
+        self.next_transfer += 1;
+        let (_, end) = store.log_bounds();
+        self.peer_mut(id).transfer = Some(OutTransfer::new(transfer, store.context().clone(), end));
+        self.stats.transfers_started += 1;
+        self.events
+            .push_back(Event::TransferStarted { to: id, transfer });
+        self.send_chunk(now, id, store)
+    }
+
+    fn send_chunk<S: StateStore>(
+        &mut self,
+        now: u64,
+        id: PeerId,
+        store: &mut S,
+    ) -> Result<(), S::Error> {
+        let target = self.config.message_bytes_target;
+        let after = match self.peers.get(&id).and_then(|p| p.transfer.as_ref()) {
+            Some(t) => t.after.clone(),
+            None => return Ok(()),
+        };
+        let read = store.read_chunk(after.as_ref(), target)?;
+        let last = read.done || read.last_key.is_none();
+        let marks = if last {
+            Some(store.dedup_marks()?)
+        } else {
+            None
+        };
+        let log = store.replica_id();
+        let epoch = self.epoch;
+        let rto = self.rto(self.peers.get(&id).map_or(0, |p| p.timeouts_in_row));
+        let p = self.peer_mut(id);
+        let Some(t) = p.transfer.as_mut() else {
+            return Ok(());
+        };
+        let sent = t.chunk(epoch, log, read, marks);
+        let msg = sent.msg.clone();
+        p.inflight = Some((
+            Inflight::Chunk {
+                transfer: t.id,
+                index: sent.index,
+            },
+            now.saturating_add(rto),
+        ));
+        t.sent = Some(sent);
+        self.stats.chunks_sent += 1;
+        self.send(id, msg);
+        Ok(())
+    }
+
+    fn retransmit<S: StateStore>(
+        &mut self,
+        now: u64,
+        id: PeerId,
+        store: &mut S,
+    ) -> Result<(), S::Error> {
+        self.stats.retransmits += 1;
+        let p = self.peer_mut(id);
+        p.timeouts_in_row = p.timeouts_in_row.saturating_add(1);
+        let Some((what, _)) = p.inflight.take() else {
+            return Ok(());
+        };
+        match what {
+            // Rebuild from A[j]: the interval widens with whatever was logged since.
+            Inflight::Delta { .. } => self.pump(now, id, store),
+            Inflight::Chunk { .. } => {
+                let timeouts = p.timeouts_in_row;
+                let Some(msg) = p
+                    .transfer
+                    .as_ref()
+                    .and_then(|t| t.sent.as_ref())
+                    .map(|s| s.msg.clone())
+                else {
+                    return self.pump(now, id, store);
+                };
+                let deadline = now.saturating_add(self.rto(timeouts));
+                let p = self.peer_mut(id);
+                p.inflight = Some((what, deadline));
+                self.stats.chunks_sent += 1;
+                self.send(id, msg);
+                Ok(())
+            }
+        }
+    }
+
+    fn on_hello<S: StateStore>(
+        &mut self,
+        now: Now,
+        from: PeerId,
+        incarnation: (ReplicaId, u64),
+        resume: Option<(ReplicaId, u64)>,
+        store: &mut S,
+    ) -> Result<(), S::Error> {
+        let me = store.replica_id();
+        let quiet = self.config.retransmit_timeout_ms;
+        let t = now.mono_ms;
+        let p = self.peer_mut(from);
+        if p.incarnation != Some(incarnation) {
+            // A new incarnation lost whatever we had in flight to it.
+            p.incarnation = Some(incarnation);
+            p.reset_link();
+        } else if matches!(p.inflight, Some((Inflight::Delta { .. }, _))) {
+            // The Hello answers our interval (it started above the peer's cursor).
+            p.inflight = None;
+        }
+        p.cursor = match resume {
+            Some((log, seq)) if log == me => PeerCursor::At(seq),
+            _ => PeerCursor::NoCursor,
+        };
+        p.hellos_unanswered = 0;
+        let backlog = matches!(p.cursor, PeerCursor::At(a) if a < store.log_bounds().1);
+        let reply = p.hello_sent_at.is_none_or(|s| t >= s.saturating_add(quiet));
+        if backlog && self.config.catch_up_stagger_ms > 0 {
+            // Our rank among the peer's other senders we know of (by replica id, which every
+            // node orders the same way): rank k serves it k staggers after the reconnect.
+            let rank = self
+                .peers
+                .iter()
+                .filter(|(id, q)| {
+                    **id != from && q.up && q.incarnation.is_some_and(|(r, _)| r < me)
+                })
+                .count() as u64;
+            self.peer_mut(from).serve_after =
+                Some(t.saturating_add(rank.saturating_mul(self.config.catch_up_stagger_ms)));
+        }
+        if reply {
+            self.send_hello(t, from, store);
+        }
+        // The peer is served at our next (randomly phased) tick, not at once: after a heal every
+        // peer would otherwise push the same backlog at the same moment, while this way the
+        // first delivery's `Have` reaches the others before their turn.
+        Ok(())
+    }
+
+    fn on_have(&mut self, from: PeerId, replica: ReplicaId, ctx: tidemark_crdts::CausalContext) {
+        let p = self.peer_mut(from);
+        match &mut p.known {
+            Some((r, known)) if *r == replica => {
+                known.join(&ctx);
+            }
+            _ => p.known = Some((replica, ctx)),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_delta<S: StateStore>(
+        &mut self,
+        now: Now,
+        from: PeerId,
+        epoch: u64,
+        log: ReplicaId,
+        (start, end): (u64, u64),
+        delta: crate::model::Delta,
+        store: &mut S,
+    ) -> Result<(), S::Error> {
+        if end < start {
+            self.reject(
+                from,
+                "delta",
+                RejectReason::Malformed("interval ends before it starts"),
+            );
+            return Ok(());
+        }
+        let cursor = store
+            .peer_cursor(from)
+            .filter(|(l, _)| *l == log)
+            .map(|(_, c)| c);
+        let Some(cursor) = cursor.filter(|c| start <= *c) else {
+            // A delta before its causal predecessor (or into a log we never joined): joining it
+            // could expose effects without their causes. Tell the sender where we really are.
+            self.stats.gap_intervals += 1;
+            self.send_hello(now.mono_ms, from, store);
+            return Ok(());
+        };
+        if start < cursor {
+            self.stats.duplicate_intervals += 1;
+        }
+        if end <= cursor {
+            self.send(
+                from,
+                Message::Ack {
+                    epoch,
+                    log,
+                    upto: cursor,
+                },
+            );
+            return Ok(());
+        }
+        match store.apply_remote(from, delta, Some((log, end)), now.wall_ms)? {
+            Ok(outcome) => {
+                self.stats.deltas_applied += 1;
+                self.stats.hlc_rejected =
+                    self.stats.hlc_rejected.saturating_add(outcome.hlc_rejected);
+                self.announce_after_join(from, outcome.changed.len(), store);
+                if !outcome.changed.is_empty() {
+                    self.events.push_back(Event::Applied {
+                        from,
+                        changed: outcome.changed,
+                    });
+                }
+                let upto = store
+                    .peer_cursor(from)
+                    .filter(|(l, _)| *l == log)
+                    .map_or(end, |(_, c)| c.max(end));
+                self.send(from, Message::Ack { epoch, log, upto });
+            }
+            Err(reason) => self.reject(from, "delta", RejectReason::Invalid(reason)),
+        }
+        Ok(())
+    }
+
+    fn on_ack<S: StateStore>(
+        &mut self,
+        now: Now,
+        from: PeerId,
+        epoch: u64,
+        log: ReplicaId,
+        upto: u64,
+        store: &mut S,
+    ) -> Result<(), S::Error> {
+        if epoch != self.epoch || log != store.replica_id() {
+            self.stats.acks_stale_epoch += 1;
+            return Ok(());
+        }
+        let p = self.peer_mut(from);
+        match p.cursor {
+            PeerCursor::At(a) if upto <= a => {}
+            _ => p.cursor = PeerCursor::At(upto),
+        }
+        p.hellos_unanswered = 0;
+        if let Some((Inflight::Delta { end, .. }, _)) = p.inflight {
+            if upto >= end {
+                p.inflight = None;
+                p.timeouts_in_row = 0;
+                if p.more {
+                    return self.pump(now.mono_ms, from, store);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn on_chunk<S: StateStore>(
+        &mut self,
+        now: Now,
+        from: PeerId,
+        (epoch, log, transfer, index, end): (u64, ReplicaId, u64, u32, u64),
+        chunk: crate::model::StateChunk,
+        store: &mut S,
+    ) -> Result<(), S::Error> {
+        if self.completed_transfer.get(&from) == Some(&(log, epoch, transfer)) {
+            self.stats.stale_chunks += 1;
+            self.send(
+                from,
+                Message::ChunkAck {
+                    epoch,
+                    transfer,
+                    index,
+                },
+            );
+            return Ok(());
+        }
+        let current = self.incoming.get(&from).copied();
+        let same = current.filter(|s| s.is(epoch, log, transfer));
+        if let Some(s) = same {
+            if index < s.next {
+                // A duplicate of a chunk already applied: acknowledge it again.
+                self.send(
+                    from,
+                    Message::ChunkAck {
+                        epoch,
+                        transfer,
+                        index,
+                    },
+                );
+                return Ok(());
+            }
+        }
+        let expected = match same {
+            Some(s) => index == s.next,
+            None => index == 0,
+        };
+        if !expected {
+            self.stats.chunk_nacks_sent += 1;
+            self.send(from, Message::ChunkNack { epoch, transfer });
+            return Ok(());
+        }
+        let last = chunk.last;
+        let cursor = last.then_some((log, end));
+        match store.apply_chunk(from, chunk, cursor, now.wall_ms)? {
+            Ok(outcome) => {
+                self.stats.chunks_applied += 1;
+                self.stats.hlc_rejected =
+                    self.stats.hlc_rejected.saturating_add(outcome.hlc_rejected);
+                self.announce_after_join(from, outcome.changed.len(), store);
+                if !outcome.changed.is_empty() {
+                    self.events.push_back(Event::Applied {
+                        from,
+                        changed: outcome.changed,
+                    });
+                }
+                if last {
+                    self.incoming.remove(&from);
+                    self.completed_transfer.insert(from, (log, epoch, transfer));
+                    self.stats.transfers_received += 1;
+                    self.events.push_back(Event::TransferReceived { from });
+                } else {
+                    self.incoming.insert(
+                        from,
+                        InTransfer {
+                            epoch,
+                            log,
+                            transfer,
+                            next: index.saturating_add(1),
+                        },
+                    );
+                }
+                self.send(
+                    from,
+                    Message::ChunkAck {
+                        epoch,
+                        transfer,
+                        index,
+                    },
+                );
+            }
+            Err(reason) => {
+                self.incoming.remove(&from);
+                self.reject(from, "chunk", RejectReason::Invalid(reason));
+            }
+        }
+        Ok(())
+    }
+
+    fn on_chunk_ack<S: StateStore>(
+        &mut self,
+        now: Now,
+        from: PeerId,
+        epoch: u64,
+        transfer: u64,
+        index: u32,
+        store: &mut S,
+    ) -> Result<(), S::Error> {
+        if epoch != self.epoch {
+            self.stats.acks_stale_epoch += 1;
+            return Ok(());
+        }
+        let p = self.peer_mut(from);
+        let Some(t) = p.transfer.as_mut() else {
+            return Ok(());
+        };
+        let Some(sent) = t
+            .sent
+            .as_ref()
+            .filter(|s| t.id == transfer && s.index == index)
+        else {
+            return Ok(());
+        };
+        p.inflight = None;
+        p.timeouts_in_row = 0;
+        p.hellos_unanswered = 0;
+        if sent.last {
+            let end = t.end;
+            p.transfer = None;
+            // A completed transfer is authoritative (the receiver recorded exactly `end`), which
+            // also repairs a cursor that was ever reported beyond our log.
+            p.cursor = PeerCursor::At(end);
+            p.more = true;
+            self.stats.transfers_completed += 1;
+            self.events
+                .push_back(Event::TransferCompleted { to: from, transfer });
+        } else {
+            t.after = sent.upto.clone();
+            t.index += 1;
+            t.sent = None;
+        }
+        self.pump(now.mono_ms, from, store)
+    }
+
+    fn on_chunk_nack<S: StateStore>(
+        &mut self,
+        now: Now,
+        from: PeerId,
+        epoch: u64,
+        transfer: u64,
+        store: &mut S,
+    ) -> Result<(), S::Error> {
+        if epoch != self.epoch {
+            self.stats.acks_stale_epoch += 1;
+            return Ok(());
+        }
+        self.stats.chunk_nacks_received += 1;
+        let p = self.peer_mut(from);
+        if p.transfer.as_ref().is_some_and(|t| t.id == transfer) {
+            p.transfer = None;
+            p.inflight = None;
+            return self.pump(now.mono_ms, from, store);
+        }
+        Ok(())
+    }
+
+    fn reject(&mut self, from: PeerId, kind: &'static str, reason: RejectReason) {
+        self.stats.rejected += 1;
+        self.events
+            .push_back(Event::Rejected { from, kind, reason });
+    }
+}
+
+/// Leaves out of `delta` what a peer whose context includes `seen` has already seen: entries'
+/// dots in `seen`, and those same dots from the context (DESIGN.md C4's digest filter, without
+/// the live-dot part). For every state whose context includes `seen`, joining the result gives
+/// the same state, the same context and the same inflation as joining `delta`: a dot both sides
+/// know is kept iff the receiver holds it, with or without it in the delta. Dots the delta's
+/// context holds but its store does not (removals) are always kept. Returns whether anything
+/// was left out.
+pub(crate) fn without_seen(
+    delta: crate::model::Delta,
+    seen: &tidemark_crdts::CausalContext,
+) -> (crate::model::Delta, bool) {
+    use tidemark_crdts::{Causal, DotMap, DotStore};
+    let crate::model::Delta { state, marks } = delta;
+    let known = state.store.dots().intersection(seen);
+    if known.is_empty() {
+        return (crate::model::Delta { state, marks }, false);
+    }
+    let mut store = DotMap::default();
+    for (key, entry) in state.store.iter() {
+        store.set(key.clone(), entry.unseen_by(&known));
+    }
+    let ctx = state.ctx.diff(&known);
+    (
+        crate::model::Delta {
+            state: Causal { store, ctx },
+            marks,
+        },
+        true,
+    )
+}

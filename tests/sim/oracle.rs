@@ -1,0 +1,191 @@
+//! Sequential-specification oracle (TESTING.md G3) over acknowledged operations.
+//!
+//! Happens-before is taken from the dots: `o1 → o2` iff `o1`'s dot is in the context that
+//! `o2`'s replica had when it issued `o2`. An op is *dominated* when a later op on the same key
+//! that retires it (a remove/add of the same element, a delete, a register write) saw it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use tidemark::model::Delta;
+use tidemark_crdts::{
+    CausalContext, Dot, Entry, Key, KeyKind, Mutation, ReplicaId, Timestamp, Value,
+};
+
+/// One acknowledged operation.
+#[derive(Clone, Debug)]
+pub struct OpRec {
+    pub key: Key,
+    pub mutation: Mutation,
+    pub dot: Dot,
+    /// The issuing replica's context just before the op (earlier ops of its batch included).
+    pub seen: CausalContext,
+    /// The LWW timestamp of a `Set` on an lww key.
+    pub ts: Option<Timestamp>,
+    /// Lost by a wipe before any other store saw it (the one allowed loss).
+    pub lost: bool,
+}
+
+#[derive(Default)]
+pub struct Oracle {
+    pub ops: Vec<OpRec>,
+    by_dot: BTreeMap<Dot, usize>,
+}
+
+impl Oracle {
+    /// Records an acknowledged batch and checks dot uniqueness (G7.1): every dot is fresh
+    /// cluster-wide and the batch took the contiguous range after the issuer's last own dot.
+    pub fn record_batch(
+        &mut self,
+        replica: ReplicaId,
+        before: &CausalContext,
+        ops: &[(Key, Mutation)],
+        delta: &Delta,
+    ) {
+        let base = before.max_seq(replica);
+        assert_eq!(
+            delta.context().max_seq(replica),
+            base + ops.len() as u64,
+            "a batch must take the next contiguous dots"
+        );
+        let mut seen = before.clone();
+        for (i, (key, mutation)) in ops.iter().enumerate() {
+            let dot = Dot::new(replica, base + 1 + i as u64);
+            assert!(!before.contains(&dot), "dot {dot:?} issued twice");
+            assert!(
+                self.by_dot.insert(dot, self.ops.len()).is_none(),
+                "dot {dot:?} issued twice cluster-wide"
+            );
+            let ts = match (key.kind, mutation) {
+                (KeyKind::Lww, Mutation::Set(_)) => match delta.state.store.get(key) {
+                    Some(Entry::Lww(f)) => f.get(&dot).map(|(t, _)| *t),
+                    _ => None,
+                },
+                _ => None,
+            };
+            self.ops.push(OpRec {
+                key: key.clone(),
+                mutation: mutation.clone(),
+                dot,
+                seen: seen.clone(),
+                ts,
+                lost: false,
+            });
+            seen.insert(dot);
+        }
+    }
+
+    /// Marks as lost every op of `replica` whose dot no store in `others` has seen.
+    pub fn mark_lost<'a>(
+        &mut self,
+        replica: ReplicaId,
+        others: impl Iterator<Item = &'a CausalContext> + Clone,
+    ) -> u64 {
+        let mut n = 0;
+        for op in self
+            .ops
+            .iter_mut()
+            .filter(|o| o.dot.replica == replica && !o.lost)
+        {
+            if !others.clone().any(|c| c.contains(&op.dot)) {
+                op.lost = true;
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Every key any op touched.
+    pub fn keys(&self) -> BTreeSet<Key> {
+        self.ops.iter().map(|o| o.key.clone()).collect()
+    }
+
+    /// The counter ops of `key` whose increments survive. A causal counter's dot carries its
+    /// replica's running total, so an op survives iff it or a later op of the same replica on
+    /// the key survived: a lost op's increment lives on in a surviving later total (e.g. a
+    /// peer holds the later dot from a transfer's entries but never saw the earlier dot).
+    fn counter_ops<'a>(&'a self, key: &'a Key) -> impl Iterator<Item = &'a OpRec> + 'a {
+        let mut top: BTreeMap<ReplicaId, u64> = BTreeMap::new();
+        for o in self.ops.iter().filter(|o| !o.lost && &o.key == key) {
+            let t = top.entry(o.dot.replica).or_default();
+            *t = (*t).max(o.dot.seq);
+        }
+        self.ops.iter().filter(move |o| {
+            &o.key == key && top.get(&o.dot.replica).is_some_and(|t| o.dot.seq <= *t)
+        })
+    }
+
+    /// The expected value of `key` over the surviving acknowledged ops.
+    pub fn expected(&self, key: &Key) -> Value {
+        let ops: Vec<&OpRec> = self
+            .ops
+            .iter()
+            .filter(|o| !o.lost && &o.key == key)
+            .collect();
+        // `retires(o, a)`: o is a later op on the key that removes/overwrites a's effect.
+        let dominated = |a: &OpRec, retires: &dyn Fn(&OpRec) -> bool| {
+            ops.iter()
+                .any(|o| o.dot != a.dot && retires(o) && o.seen.contains(&a.dot))
+        };
+        match key.kind {
+            KeyKind::GCounter => {
+                Value::GCounter(self.counter_ops(key).fold(0u64, |s, o| match o.mutation {
+                    Mutation::Inc(by) => s.saturating_add(by),
+                    _ => s,
+                }))
+            }
+            KeyKind::PNCounter => {
+                let v = self.counter_ops(key).fold(0i128, |s, o| match o.mutation {
+                    Mutation::Inc(by) => s + i128::from(by),
+                    Mutation::Dec(by) => s - i128::from(by),
+                    _ => s,
+                });
+                Value::PNCounter(i64::try_from(v).unwrap_or(if v < 0 {
+                    i64::MIN
+                } else {
+                    i64::MAX
+                }))
+            }
+            KeyKind::ORSet => {
+                let mut present = BTreeSet::new();
+                for a in &ops {
+                    let Mutation::Add(x) = &a.mutation else {
+                        continue;
+                    };
+                    let retires = |o: &OpRec| match &o.mutation {
+                        Mutation::Add(y) | Mutation::Remove(y) => y == x,
+                        Mutation::Delete => true,
+                        _ => false,
+                    };
+                    if !dominated(a, &retires) {
+                        present.insert(x.clone());
+                    }
+                }
+                Value::ORSet(present.into_iter().collect())
+            }
+            KeyKind::MvReg | KeyKind::Lww => {
+                let retires = |o: &OpRec| matches!(o.mutation, Mutation::Set(_) | Mutation::Delete);
+                let survivors: Vec<&&OpRec> = ops
+                    .iter()
+                    .filter(|a| matches!(a.mutation, Mutation::Set(_)) && !dominated(a, &retires))
+                    .collect();
+                let value = |o: &OpRec| match &o.mutation {
+                    Mutation::Set(v) => v.clone(),
+                    _ => String::new(),
+                };
+                if key.kind == KeyKind::MvReg {
+                    let mut vs: Vec<String> = survivors.iter().map(|o| value(o)).collect();
+                    vs.sort();
+                    vs.dedup();
+                    Value::MvReg(vs)
+                } else {
+                    Value::Lww(
+                        survivors
+                            .iter()
+                            .map(|o| (o.ts.expect("surviving lww write has a timestamp"), value(o)))
+                            .max()
+                            .map(|(_, v)| v),
+                    )
+                }
+            }
+        }
+    }
+}
