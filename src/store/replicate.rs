@@ -329,6 +329,12 @@ impl StateStore for RedbStore {
             return Ok(Err(r));
         }
         let Delta { state, marks } = delta;
+        // For the same sender log the cursor only moves forward (a late, shorter interval must
+        // not move it back); another log id (a wiped sender) replaces it.
+        let cursor = cursor.map(|(log, end)| match self.cursors.get(&origin) {
+            Some(&(known, at)) if known == log && at > end => (known, at),
+            _ => (log, end),
+        });
         self.guarded(|s| {
             let observed = s.observe_remote_time(state.store.iter().map(|(_, e)| e), now_ms);
             s.remote_join(origin, &marks, cursor, observed, |rows, ctx| {
