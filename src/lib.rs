@@ -7,6 +7,23 @@
 //! Layers, lowest first (each may use only those before it):
 //! [`tidemark_crdts`] (pure lattices) → [`model`], [`config`], [`codec`] → [`proto`] (sans-IO
 //! replication core) → [`apply`] + [`store`] (redb) → [`node`] (the embedded `Node`).
+//!
+//! ## Example
+//! ```
+//! use tidemark::{Key, KeyKind, Node, NodeConfig, Op, Value};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let runtime = tokio::runtime::Runtime::new()?;
+//! runtime.block_on(async {
+//!     let dir = tempfile::tempdir()?;
+//!     let node = Node::open(NodeConfig::new(dir.path())).await?;
+//!     node.apply(Op::inc_gcounter("visits", 2)).await?; // durable when it returns
+//!     let visits = node.get(&Key::new(KeyKind::GCounter, "visits"))?;
+//!     assert_eq!(visits, Value::GCounter(2));
+//!     node.shutdown().await?;
+//!     Ok(())
+//! })
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 

@@ -20,6 +20,21 @@
 //! [`LWWRegister`] over [`Timestamp`]s from a hybrid logical clock [`Hlc`], and the store-level
 //! causal map of [`store`] (`(type, name)` keys to typed values sharing one context), which is
 //! exactly a Tidemark node's replicated state.
+//!
+//! ## Example: add wins, in any delivery order
+//! ```
+//! use tidemark_crdts::{ORSet, ReplicaId};
+//! let (a, b) = (ReplicaId(1), ReplicaId(2));
+//! let (mut alice, mut bob) = (ORSet::new(), ORSet::new());
+//! bob.apply(alice.add(a, "x"));
+//! // Concurrently: alice removes "x" while bob adds it again.
+//! let remove = alice.remove(&"x");
+//! let re_add = bob.add(b, "x");
+//! alice.apply(re_add);
+//! bob.apply(remove);
+//! assert!(alice.contains(&"x"));
+//! assert_eq!(alice, bob);
+//! ```
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
