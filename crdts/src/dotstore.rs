@@ -276,6 +276,11 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
             self.0.insert(key, child);
         }
     }
+    /// Sets a non-bottom child in one tree walk, returning the previous one (mutators' fast path).
+    pub(crate) fn replace(&mut self, key: K, child: S) -> Option<S> {
+        debug_assert!(!child.is_bottom());
+        self.0.insert(key, child)
+    }
     /// Removes and returns a child.
     pub fn take(&mut self, key: &K) -> Option<S> {
         self.0.remove(key)
@@ -298,26 +303,40 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotStore for DotMap<K, S> {
         // any of them that is live here must be removed. Most deltas name the keys whose
         // dots they remove; only when some of these dots are not found under the keys the
         // other side names do we scan our remaining keys (e.g. a context-only remove delta).
-        let candidates = other_ctx.intersection(ctx).diff(&other.dots());
+        let seen_by_both = other_ctx.intersection(ctx);
+        let candidates = if seen_by_both.is_empty() {
+            seen_by_both
+        } else {
+            seen_by_both.diff(&other.dots())
+        };
         let mut found = 0u64;
-        let mut touched: Vec<K> = Vec::with_capacity(other.0.len());
         for (k, theirs) in other.0 {
-            let mut child = self.0.remove(&k).unwrap_or_default();
-            if !candidates.is_empty() {
-                child.for_each_dot(&mut |d| found += u64::from(candidates.contains(&d)));
+            match self.0.entry(k) {
+                std::collections::btree_map::Entry::Occupied(mut slot) => {
+                    let child = slot.get_mut();
+                    if !candidates.is_empty() {
+                        child.for_each_dot(&mut |d| found += u64::from(candidates.contains(&d)));
+                    }
+                    child.join(ctx, theirs, other_ctx);
+                    if child.is_bottom() {
+                        slot.remove();
+                    }
+                }
+                std::collections::btree_map::Entry::Vacant(slot) => {
+                    let mut child = S::default();
+                    child.join(ctx, theirs, other_ctx);
+                    if !child.is_bottom() {
+                        slot.insert(child);
+                    }
+                }
             }
-            child.join(ctx, theirs, other_ctx);
-            if !child.is_bottom() {
-                self.0.insert(k.clone(), child);
-            }
-            touched.push(k);
         }
         if found < candidates.len() {
-            touched.sort();
-            self.0.retain(|k, child| {
-                if touched.binary_search(k).is_err() {
-                    child.remove_dots(&candidates);
-                }
+            // Children the other side named already lost every candidate dot in their join
+            // (a candidate is in the other context and not in the other store), so removing
+            // the candidates from every child touches only the ones it did not name.
+            self.0.retain(|_, child| {
+                child.remove_dots(&candidates);
                 !child.is_bottom()
             });
         }

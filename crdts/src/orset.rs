@@ -50,13 +50,12 @@ impl<E: Ord + Clone + Debug> ORSet<E> {
     pub fn add(&mut self, replica: ReplicaId, e: E) -> ORSetDelta<E> {
         let dot = self.state.ctx.next_dot(replica);
         let mut delta_ctx = CausalContext::from_dot(dot);
-        if let Some(old) = self.state.store.take(&e) {
+        if let Some(old) = self.state.store.replace(e.clone(), DotSet::single(dot)) {
             old.for_each_dot(&mut |d| {
                 delta_ctx.insert(d);
             });
         }
         self.state.ctx.insert(dot);
-        self.state.store.set(e.clone(), DotSet::single(dot));
         let mut store = DotMap::default();
         store.set(e, DotSet::single(dot));
         Causal {
