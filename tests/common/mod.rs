@@ -335,4 +335,5 @@ pub fn crash_image(log: &[Rec], upto: usize, kind: ImageKind, rng: &mut ChaCha8R
     image
 }
 
+pub mod rebase;
 pub mod workload;
