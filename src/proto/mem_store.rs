@@ -137,6 +137,44 @@ pub struct MemStateStore {
 }
 
 impl MemStateStore {
+    /// The common tail of a remote join (delta or chunk): marks, HLC receive rule, the logged
+    /// inflation (or `whole` when redundancy removal is off) tagged with `origin`, the cursor
+    /// (`replace_cursor` for a completed transfer, else forward-only).
+    #[allow(clippy::too_many_arguments)]
+    fn finish_remote(
+        &mut self,
+        origin: PeerId,
+        out: tidemark_crdts::store::JoinOutcome,
+        marks: &DedupMarks,
+        whole: Option<Delta>,
+        cursor: Option<(ReplicaId, u64)>,
+        replace_cursor: bool,
+        now_ms: u64,
+    ) -> Result<ApplyOutcome, MemStoreError> {
+        let fresh_marks = self.marks.join(marks);
+        let hlc_rejected = out
+            .inflation
+            .as_ref()
+            .map_or(0, |i| self.observe_timestamps(&i.store, now_ms));
+        let inflated = out.inflation.is_some() || !fresh_marks.is_empty();
+        if inflated {
+            let logged = whole.unwrap_or(Delta {
+                state: out.inflation.unwrap_or_default(),
+                marks: fresh_marks,
+            });
+            let bytes = codec::encoded_len("delta", &logged)?;
+            self.push_log(Some(origin), logged, bytes);
+        }
+        if let Some(c) = cursor {
+            self.set_cursor(origin, c, replace_cursor);
+        }
+        Ok(ApplyOutcome {
+            inflated,
+            changed: out.changed,
+            hlc_rejected,
+        })
+    }
+
     /// An empty store for `replica` (redundancy removal on).
     pub fn new(replica: ReplicaId, limits: Limits) -> Self {
         let hlc = Hlc::new(replica, limits.max_clock_drift_ms);
@@ -417,33 +455,14 @@ impl StateStore for MemStateStore {
             return Ok(Err(reason));
         }
         let Delta { state, marks } = delta;
-        let whole = (!self.redundancy_removal).then(|| state.clone());
+        // With redundancy removal off (measurements only) the whole delta is logged.
+        let whole = (!self.redundancy_removal).then(|| Delta {
+            state: state.clone(),
+            marks: marks.clone(),
+        });
         let out = infallible(join_delta(&mut self.rows, &mut self.ctx, state));
-        let fresh_marks = self.marks.join(&marks);
-        let hlc_rejected = out
-            .inflation
-            .as_ref()
-            .map_or(0, |i| self.observe_timestamps(&i.store, now_ms));
-        let inflated = out.inflation.is_some() || !fresh_marks.is_empty();
-        if inflated {
-            let logged = match whole {
-                Some(state) => Delta { state, marks },
-                None => Delta {
-                    state: out.inflation.unwrap_or_default(),
-                    marks: fresh_marks,
-                },
-            };
-            let bytes = codec::encoded_len("delta", &logged)?;
-            self.push_log(Some(origin), logged, bytes);
-        }
-        if let Some(c) = cursor {
-            self.set_cursor(origin, c, false);
-        }
-        Ok(Ok(ApplyOutcome {
-            inflated,
-            changed: out.changed,
-            hlc_rejected,
-        }))
+        self.finish_remote(origin, out, &marks, whole, cursor, false, now_ms)
+            .map(Ok)
     }
 
     fn peer_cursor(&self, peer: PeerId) -> Option<(ReplicaId, u64)> {
@@ -489,28 +508,8 @@ impl StateStore for MemStateStore {
         }
         let marks = chunk.marks.clone();
         let out = infallible(apply::join_chunk(&mut self.rows, &mut self.ctx, chunk));
-        let fresh_marks = self.marks.join(&marks);
-        let hlc_rejected = out
-            .inflation
-            .as_ref()
-            .map_or(0, |i| self.observe_timestamps(&i.store, now_ms));
-        let inflated = out.inflation.is_some() || !fresh_marks.is_empty();
-        if inflated {
-            let logged = Delta {
-                state: out.inflation.unwrap_or_default(),
-                marks: fresh_marks,
-            };
-            let bytes = codec::encoded_len("delta", &logged)?;
-            self.push_log(Some(origin), logged, bytes);
-        }
-        if let Some(c) = cursor {
-            self.set_cursor(origin, c, true);
-        }
-        Ok(Ok(ApplyOutcome {
-            inflated,
-            changed: out.changed,
-            hlc_rejected,
-        }))
+        self.finish_remote(origin, out, &marks, None, cursor, true, now_ms)
+            .map(Ok)
     }
 
     fn truncate_log(&mut self, below: u64) -> Result<u64, MemStoreError> {
