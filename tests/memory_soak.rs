@@ -50,12 +50,7 @@ fn child_reader() {
     let Ok(dir) = std::env::var(CHILD_DIR) else {
         return; // Only meaningful as the child of the tests below.
     };
-    let num = |name: &str| -> u64 {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .expect("child env")
-    };
+    let num = common::child_env_u64;
     let (keys, reads, seed) = (num(CHILD_KEYS), num(CHILD_READS), num(CHILD_SEED));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -39,6 +39,14 @@ pub fn seed(test: &str) -> u64 {
 }
 
 /// A deterministic generator for `seed`.
+/// A number the parent process passed to a re-executed child test through the environment.
+pub fn child_env_u64(name: &str) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .expect("child env")
+}
+
 pub fn rng(seed: u64) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(seed)
 }
