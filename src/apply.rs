@@ -63,6 +63,38 @@ pub enum Rejected {
     /// A chunk's range or entries are inconsistent.
     #[error("state chunk is malformed: {0}")]
     BadChunk(&'static str),
+    /// Dedup marks are malformed (a stream or source name outside 1..=`key_bytes_max` bytes
+    /// or holding control characters, or a source with no seqs).
+    #[error("dedup marks are malformed: {0}")]
+    BadMarks(&'static str),
+}
+
+/// Validates remote dedup marks like local ones: stream and source names 1..=`key_bytes_max`
+/// bytes without control characters, and no empty seq set.
+///
+/// Marks are not bound to dots (an event may have no ops, and redundancy removal forwards
+/// marks whose effects the receiver already has), so a mark cannot be checked against the
+/// delta's context; what a peer can do with a wrong mark is make this node answer `duplicate`
+/// to a retry of an event whose effects it does not hold — the same power an authenticated
+/// peer has by sending any valid write. See ARCHITECTURE.md "size invariants".
+///
+/// # Errors
+/// [`Rejected::BadMarks`].
+pub fn validate_marks(marks: &tidemark_crdts::DedupMarks, limits: &Limits) -> Result<(), Rejected> {
+    let bad_name =
+        |n: &str| n.is_empty() || n.len() > limits.key_bytes_max || n.chars().any(char::is_control);
+    for ((stream, source), seqs) in marks.iter() {
+        if bad_name(stream) {
+            return Err(Rejected::BadMarks("invalid stream name"));
+        }
+        if bad_name(source) {
+            return Err(Rejected::BadMarks("invalid source name"));
+        }
+        if seqs.is_empty() {
+            return Err(Rejected::BadMarks("a source with no seqs"));
+        }
+    }
+    Ok(())
 }
 
 /// Checks a key name: 1..=`key_bytes_max` bytes of UTF-8 without control characters.
@@ -166,6 +198,7 @@ pub fn validate_delta(
     for (key, entry) in delta.state.store.iter() {
         check_entry(key, entry, Some(&delta.state.ctx), limits)?;
     }
+    validate_marks(&delta.marks, limits)?;
     check_own_dots(&delta.state.ctx, me, local)
 }
 
@@ -180,10 +213,15 @@ pub fn validate_chunk(
     local: &CausalContext,
 ) -> Result<(), Rejected> {
     if let (Some(a), Some(u)) = (&chunk.after, &chunk.upto) {
-        if a >= u {
-            return Err(Rejected::BadChunk("empty or inverted key range"));
+        // `(k, k]` is the empty range of a chunk that carries only dedup marks.
+        if a > u {
+            return Err(Rejected::BadChunk("inverted key range"));
         }
     }
+    if chunk.dots.is_some_and(|s| s.is_empty()) {
+        return Err(Rejected::BadChunk("empty dot slice"));
+    }
+    validate_marks(&chunk.marks, limits)?;
     let mut prev: Option<&Key> = chunk.after.as_ref();
     for (key, entry) in &chunk.entries {
         if prev.is_some_and(|p| p >= key) {
@@ -196,6 +234,15 @@ pub fn validate_chunk(
         }
         // Entries may carry dots newer than the transfer's starting context.
         check_entry(key, entry, None, limits)?;
+        if let Some(slice) = &chunk.dots {
+            let mut inside = true;
+            entry.for_each_dot(&mut |d| inside &= slice.contains(&d));
+            if !inside {
+                return Err(Rejected::BadChunk(
+                    "entry dot outside the chunk's dot slice",
+                ));
+            }
+        }
         let mut own = CausalContext::new();
         entry.for_each_dot(&mut |d| {
             own.insert(d);
@@ -233,6 +280,9 @@ pub trait KeyRange: Rows {
 ///
 /// For every key in the chunk's range, local or carried, the entry is causally joined with the
 /// chunk's entry under the transfer's context; removals therefore touch only keys in the range.
+/// A chunk with a dot slice (a part of a large row) joins under the part of the transfer's
+/// context inside the slice, so it never removes a dot outside the slice (one another part
+/// carries).
 /// The local context gains the dots carried and, for the final chunk, the transfer's context.
 ///
 /// # Errors
@@ -243,6 +293,8 @@ pub fn join_chunk<R: KeyRange>(
     chunk: StateChunk,
 ) -> Result<JoinOutcome, R::Error> {
     let local_keys = rows.keys_in_range(chunk.after.as_ref(), chunk.upto.as_ref())?;
+    let removal_ctx = chunk.dots.map(|slice| slice.clip(&chunk.ctx));
+    let join_ctx = removal_ctx.as_ref().unwrap_or(&chunk.ctx);
     let mut carried: std::collections::BTreeMap<Key, Entry> = chunk.entries.into_iter().collect();
     let mut keys: Vec<Key> = local_keys;
     keys.extend(carried.keys().cloned());
@@ -260,7 +312,7 @@ pub fn join_chunk<R: KeyRange>(
         let mut new = old.clone().unwrap_or_else(|| Entry::bottom(key.kind));
         let before = new.dots();
         let unseen = theirs.unseen_by(ctx);
-        new.join(ctx, theirs, &chunk.ctx);
+        new.join(ctx, theirs, join_ctx);
         infl_ctx.join(&before.diff(&new.dots()));
         let new_opt = (!new.is_bottom()).then_some(&new);
         if new_opt != old.as_ref() {

@@ -36,7 +36,14 @@ pub struct Limits {
     /// follow it (default 500 ms).
     pub max_clock_drift_ms: u64,
     /// Most streams × sources tracked for dedup marks in one ingest call (default 10,000).
+    /// Over it the call is refused with `too_large` (field `source`), nothing applied.
     pub sources_per_batch_max: usize,
+    /// Most disjoint seq ranges kept per `(stream, source)` (default 1,024). A source whose
+    /// seqs arrive with gaps grows one range per gap; an event whose seq would open a range
+    /// beyond this bound is refused (`Error::DedupGaps`, nothing of it applied), never silently
+    /// treated as a duplicate, so no acknowledged write is lost and none is counted twice. It
+    /// bounds each dedup row (about 20 bytes a range) and so the cost of rewriting it.
+    pub dedup_ranges_max: usize,
 }
 
 impl Default for Limits {
@@ -55,12 +62,18 @@ impl Default for Limits {
             cache_bytes: 64 * 1024 * 1024,
             max_clock_drift_ms: 500,
             sources_per_batch_max: 10_000,
+            dedup_ranges_max: 1024,
         }
     }
 }
 
 impl Limits {
-    /// Checks how the limits relate (e.g. a message fits in a frame).
+    /// Checks how the limits relate, so that every message and record the node writes fits
+    /// where it must by construction: a value or element fits a message with room for the
+    /// envelope (`value_bytes_max`, `element_bytes_max` ≤ `message_bytes_target` / 4), a
+    /// message fits a frame twice over (`message_bytes_target` ≤ `frame_bytes_max` / 2), a frame
+    /// fits a disk record (`frame_bytes_max` ≤ `record_bytes_max`, so any log record is
+    /// readable), and a batch fits the queue and a commit group.
     ///
     /// # Errors
     /// A message naming the offending field.
@@ -76,6 +89,8 @@ impl Limits {
             ("message_bytes_target", self.message_bytes_target),
             ("record_bytes_max", self.record_bytes_max),
             ("watch_buffer_max", self.watch_buffer_max),
+            ("sources_per_batch_max", self.sources_per_batch_max),
+            ("dedup_ranges_max", self.dedup_ranges_max),
         ];
         if let Some((name, _)) = nonzero.iter().find(|(_, v)| *v == 0) {
             return Err(format!("limits.{name} must be positive"));
@@ -92,6 +107,18 @@ impl Limits {
             return Err(
                 "limits.message_bytes_target must hold at least four maximal values".into(),
             );
+        }
+        if self.element_bytes_max.saturating_add(self.key_bytes_max) * 4 > self.message_bytes_target
+        {
+            return Err(
+                "limits.message_bytes_target must hold at least four maximal set elements".into(),
+            );
+        }
+        if self.frame_bytes_max > self.record_bytes_max {
+            return Err("limits.frame_bytes_max must not exceed limits.record_bytes_max".into());
+        }
+        if self.batch_ops_max > self.commit_group_ops_max {
+            return Err("limits.batch_ops_max must not exceed limits.commit_group_ops_max".into());
         }
         Ok(())
     }

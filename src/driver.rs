@@ -233,12 +233,20 @@ impl Driver {
                         self.outboxes.remove(&t.to);
                     }
                 }
-                Ok(bytes) => tracing::error!(
-                    len = bytes.len(),
-                    kind = t.msg.kind(),
-                    "frame over the limit not sent"
-                ),
-                Err(e) => tracing::error!(error = %e, "cannot encode frame"),
+                Ok(bytes) => {
+                    // By the size invariants this cannot happen; if it does, it is an error
+                    // counted in metrics, not only a trace line.
+                    Metrics::add(&self.metrics.frames_oversize, 1);
+                    tracing::error!(
+                        len = bytes.len(),
+                        kind = t.msg.kind(),
+                        "frame over the limit not sent"
+                    );
+                }
+                Err(e) => {
+                    Metrics::add(&self.metrics.frames_oversize, 1);
+                    tracing::error!(error = %e, "cannot encode frame");
+                }
             }
         }
         while let Some(event) = self.replica.poll_event() {
@@ -314,11 +322,26 @@ impl Driver {
                 );
                 Metrics::set(&m.log_entries, self.store.log_len());
                 let mut offset = 0;
+                let ranges_max = self.store.limits().dedup_ranges_max;
                 for (size, reply) in sizes.into_iter().zip(replies) {
+                    let range = offset..offset + size;
+                    // A write refused for too many dedup gaps fails its caller's call (the
+                    // caller's other writes are idempotent: a retry applies none twice).
+                    if let Some(r) = commit.refused.iter().find(|r| range.contains(&r.index)) {
+                        let _ = reply.send(Err(Error::DedupGaps {
+                            index: r.index - offset,
+                            event_source: r.source.clone(),
+                            ranges: r.ranges,
+                            limit: ranges_max,
+                        }));
+                        offset += size;
+                        continue;
+                    }
                     let part = LocalCommit {
-                        duplicate: commit.duplicate[offset..offset + size].to_vec(),
+                        duplicate: commit.duplicate[range].to_vec(),
                         changes: Vec::new(),
                         log_seq: commit.log_seq,
+                        refused: Vec::new(),
                     };
                     offset += size;
                     let _ = reply.send(Ok(part));
@@ -336,6 +359,11 @@ impl Driver {
                     let err = match &e {
                         SE::InvalidOp(m) => SE::InvalidOp(m.clone()),
                         SE::Halted(m) => SE::Halted(m.clone()),
+                        SE::TooLarge { what, len, limit } => SE::TooLarge {
+                            what,
+                            len: *len,
+                            limit: *limit,
+                        },
                         _ => SE::CommitFailed(msg.clone()),
                     };
                     let _ = reply.send(Err(Error::Store(err)));

@@ -54,6 +54,35 @@ pub enum Error {
         /// The limit.
         limit: usize,
     },
+    /// The batch names more distinct `(stream, source)` pairs than
+    /// `limits.sources_per_batch_max` (API code `too_large`).
+    #[error("batch names {len} sources, over the limit of {limit} (first over it: op {index})")]
+    TooManySources {
+        /// Position of the first op or event over the limit.
+        index: usize,
+        /// Distinct sources in the batch.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The event's `seq` would open a new gap in its source's dedup marks beyond
+    /// `limits.dedup_ranges_max` (API code `dedup_gaps`). That event was not applied (a retry
+    /// after the gaps are filled is safe); the batch's other events may have been applied, and
+    /// retrying the whole batch applies none of them twice.
+    #[error(
+        "op {index}: source {event_source:?} has {ranges} disjoint seq ranges, the limit is {limit}; \
+         send its missing seqs first"
+    )]
+    DedupGaps {
+        /// Position of the refused event (or op) in the batch.
+        index: usize,
+        /// The event's source.
+        event_source: String,
+        /// Its disjoint ranges now.
+        ranges: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The write queue is full: retry later (HTTP 429). Nothing was queued.
     #[error("write queue is full ({queued} ops waiting); retry later")]
     Backpressure {
@@ -79,11 +108,15 @@ impl Error {
             Error::InvalidOp { .. } => "invalid_op",
             Error::WrongOp { .. } => "type_mismatch",
             Error::CounterNotDeletable { .. } => "counter_not_deletable",
-            Error::TooLarge { .. } | Error::BatchTooLarge { .. } => "too_large",
+            Error::TooLarge { .. } | Error::BatchTooLarge { .. } | Error::TooManySources { .. } => {
+                "too_large"
+            }
+            Error::DedupGaps { .. } => "dedup_gaps",
             Error::Backpressure { .. } => "backpressure",
             Error::Closed => "closed",
             Error::Config(_) => "config",
             Error::Store(StoreError::AlreadyOpen { .. }) => "already_open",
+            Error::Store(StoreError::TooLarge { .. }) => "too_large",
             Error::Store(_) => "storage",
         }
     }

@@ -18,6 +18,7 @@ pub struct Metrics {
     pub(crate) compaction_reclaimed_bytes: AtomicU64,
     pub(crate) remote_rejected: AtomicU64,
     pub(crate) hlc_rejected: AtomicU64,
+    pub(crate) frames_oversize: AtomicU64,
 }
 
 /// A point-in-time copy of [`Metrics`].
@@ -50,6 +51,10 @@ pub struct MetricsSnapshot {
     pub remote_rejected: u64,
     /// Remote timestamps too far ahead for the local clock.
     pub hlc_rejected: u64,
+    /// Outgoing protocol messages that could not be sent because they encode to more than
+    /// `limits.frame_bytes_max` (or not at all). Always 0 while the size invariants hold
+    /// (ARCHITECTURE.md); nonzero is a bug: replication to that peer is stalled.
+    pub frames_oversize: u64,
 }
 
 impl Metrics {
@@ -82,6 +87,7 @@ impl Metrics {
             compaction_reclaimed_bytes: g(&self.compaction_reclaimed_bytes),
             remote_rejected: g(&self.remote_rejected),
             hlc_rejected: g(&self.hlc_rejected),
+            frames_oversize: g(&self.frames_oversize),
         }
     }
 }

@@ -252,10 +252,81 @@ pub fn validate_op(op: &Op, index: usize, limits: &Limits) -> Result<(Key, Mutat
     Ok((key, mutation))
 }
 
+/// Checks an event or op `source`: 1..=`key_bytes_max` bytes, no control characters (NUL
+/// included).
+fn check_source(source: &str, index: usize, limits: &Limits) -> Result<(), Error> {
+    if source.is_empty() || source.len() > limits.key_bytes_max {
+        return Err(invalid(
+            index,
+            "source",
+            format!(
+                "sources are 1–{} bytes (this one is {})",
+                limits.key_bytes_max,
+                source.len()
+            ),
+        ));
+    }
+    if source.chars().any(char::is_control) {
+        return Err(invalid(
+            index,
+            "source",
+            "sources hold no control characters",
+        ));
+    }
+    Ok(())
+}
+
+/// Counts the distinct sources of a batch against `limits.sources_per_batch_max`.
+struct SourceCount<'a> {
+    seen: std::collections::HashSet<&'a str>,
+    limit: usize,
+}
+
+impl<'a> SourceCount<'a> {
+    fn new(limits: &Limits) -> Self {
+        Self {
+            seen: std::collections::HashSet::new(),
+            limit: limits.sources_per_batch_max,
+        }
+    }
+
+    fn add(&mut self, source: &'a str, index: usize, total: usize) -> Result<(), Error> {
+        if self.seen.insert(source) && self.seen.len() > self.limit {
+            return Err(Error::TooManySources {
+                index,
+                len: total,
+                limit: self.limit,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Distinct sources named in a batch (for the error message).
+fn distinct<'a>(sources: impl Iterator<Item = &'a str>) -> usize {
+    sources.collect::<std::collections::HashSet<_>>().len()
+}
+
+/// Refuses a write whose delta could not fit one replication message: every write (an op, or
+/// an event with its ops) must fit one log record of at most `message_bytes_target`.
+fn check_write_size(w: &LocalWrite, index: usize, limits: &Limits) -> Result<(), Error> {
+    let len = crate::store::write_bytes_estimate(w);
+    if len > limits.message_bytes_target {
+        return Err(Error::TooLarge {
+            index,
+            field: if w.event.is_some() { "ops" } else { "value" },
+            len,
+            limit: limits.message_bytes_target,
+        });
+    }
+    Ok(())
+}
+
 /// Validates a batch of ops into commit-group writes (one write per op); all or nothing.
 ///
 /// # Errors
-/// The first invalid op's error; [`Error::BatchTooLarge`] over `batch_ops_max`.
+/// The first invalid op's error; [`Error::BatchTooLarge`] over `batch_ops_max`;
+/// [`Error::TooManySources`] over `sources_per_batch_max`.
 pub fn validate_ops(ops: &[Op], limits: &Limits) -> Result<Vec<LocalWrite>, Error> {
     if ops.len() > limits.batch_ops_max {
         return Err(Error::BatchTooLarge {
@@ -263,22 +334,30 @@ pub fn validate_ops(ops: &[Op], limits: &Limits) -> Result<Vec<LocalWrite>, Erro
             limit: limits.batch_ops_max,
         });
     }
+    let mut sources = SourceCount::new(limits);
+    let total = || distinct(ops.iter().filter_map(|o| o.source.as_deref()));
     ops.iter()
         .enumerate()
         .map(|(i, op)| {
             let (key, mutation) = validate_op(op, i, limits)?;
             let event = match (&op.source, op.seq) {
-                (Some(source), Some(seq)) => Some(EventId {
-                    stream: OPS_STREAM.to_owned(),
-                    source: source.clone(),
-                    seq,
-                }),
+                (Some(source), Some(seq)) => {
+                    check_source(source, i, limits)?;
+                    sources.add(source, i, total())?;
+                    Some(EventId {
+                        stream: OPS_STREAM.to_owned(),
+                        source: source.clone(),
+                        seq,
+                    })
+                }
                 _ => None,
             };
-            Ok(LocalWrite {
+            let w = LocalWrite {
                 ops: vec![(key, mutation)],
                 event,
-            })
+            };
+            check_write_size(&w, i, limits)?;
+            Ok(w)
         })
         .collect()
 }
@@ -286,7 +365,9 @@ pub fn validate_ops(ops: &[Op], limits: &Limits) -> Result<Vec<LocalWrite>, Erro
 /// Validates a batch of events of `stream` into commit-group writes; all or nothing.
 ///
 /// # Errors
-/// The first invalid event's error (its index; the field is prefixed `ops[i].`).
+/// The first invalid event's error (its index and field); [`Error::TooLarge`] (field `ops`) for
+/// an event whose operations together cannot fit one replication message;
+/// [`Error::TooManySources`] over `sources_per_batch_max`.
 pub fn validate_events(
     stream: &str,
     events: &[Event],
@@ -309,26 +390,29 @@ pub fn validate_events(
             limit: limits.batch_ops_max,
         });
     }
+    let mut sources = SourceCount::new(limits);
+    let total = || distinct(events.iter().map(|e| e.source.as_str()));
     events
         .iter()
         .enumerate()
         .map(|(i, ev)| {
-            if ev.source.is_empty() || ev.source.len() > limits.key_bytes_max {
-                return Err(invalid(i, "source", "sources are 1–256 bytes"));
-            }
+            check_source(&ev.source, i, limits)?;
+            sources.add(&ev.source, i, total())?;
             let ops = ev
                 .ops
                 .iter()
                 .map(|op| validate_op(op, i, limits))
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok(LocalWrite {
+            let w = LocalWrite {
                 ops,
                 event: Some(EventId {
                     stream: stream.to_owned(),
                     source: ev.source.clone(),
                     seq: ev.seq,
                 }),
-            })
+            };
+            check_write_size(&w, i, limits)?;
+            Ok(w)
         })
         .collect()
 }

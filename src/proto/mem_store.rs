@@ -493,6 +493,7 @@ impl StateStore for MemStateStore {
             entries,
             last_key,
             done,
+            part: None,
         })
     }
 

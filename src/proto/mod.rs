@@ -14,7 +14,7 @@ mod transfer;
 pub use mem_store::{MemStateStore, MemStoreError};
 pub use message::Message;
 pub use replica::{Event, Now, RejectReason, Replica, ReplicaConfig, ReplicaStats, Transmit};
-pub use state_store::{ApplyOutcome, ChunkRead, LogInterval, StateStore};
+pub use state_store::{ApplyOutcome, ChunkRead, LogInterval, MarksRead, RowPart, StateStore};
 
 /// A peer's identity as the host knows it (e.g. derived from its certificate's node name, or
 /// a simulation's node index). Stable across the peer's restarts and wipes; the peer's replica

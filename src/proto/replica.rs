@@ -691,14 +691,22 @@ impl Replica {
         store: &mut S,
     ) -> Result<(), S::Error> {
         let target = self.config.message_bytes_target;
-        let after = match self.peers.get(&id).and_then(|p| p.transfer.as_ref()) {
-            Some(t) => t.after.clone(),
+        let pos = match self.peers.get(&id).and_then(|p| p.transfer.as_ref()) {
+            Some(t) => t.pos.clone(),
             None => return Ok(()),
         };
-        let read = store.read_chunk(after.as_ref(), target)?;
-        let last = read.done || read.last_key.is_none();
-        let marks = if last {
-            Some(store.dedup_marks()?)
+        // Rows first (large rows in dot slices), then dedup marks in pages with whatever room
+        // the chunk has left: every chunk stays within the target (issue 11, 2c/2d).
+        let (rows, used) = if pos.rows_done {
+            (None, 0)
+        } else {
+            let read = store.read_chunk_from(pos.after.as_ref(), pos.resume.as_ref(), target)?;
+            let used = crate::codec::encoded_len("chunk entries", &read.entries).unwrap_or(target);
+            (Some(read), used)
+        };
+        let rows_done = rows.as_ref().is_none_or(OutTransfer::rows_finished);
+        let marks = if rows_done {
+            Some(store.read_marks(pos.marks_after.as_ref(), target.saturating_sub(used))?)
         } else {
             None
         };
@@ -709,7 +717,7 @@ impl Replica {
         let Some(t) = p.transfer.as_mut() else {
             return Ok(());
         };
-        let sent = t.chunk(epoch, log, read, marks);
+        let sent = t.chunk(epoch, log, rows, marks);
         let msg = sent.msg.clone();
         p.inflight = Some((
             Inflight::Chunk {
@@ -1046,7 +1054,7 @@ impl Replica {
             self.events
                 .push_back(Event::TransferCompleted { to: from, transfer });
         } else {
-            t.after = sent.upto.clone();
+            t.pos = sent.next.clone();
             t.index += 1;
             t.sent = None;
         }

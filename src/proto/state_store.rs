@@ -36,8 +36,58 @@ pub struct ChunkRead {
     pub entries: Vec<(Key, tidemark_crdts::Entry)>,
     /// The last key included (the next chunk starts after it); `None` when the range is empty.
     pub last_key: Option<Key>,
-    /// True when no key follows the range.
+    /// True when no key follows the range (and no part of a row remains).
     pub done: bool,
+    /// `Some` when the read is one part of a row too large for one message: `entries` then
+    /// holds only that key's dots within `slice`, and the chunk must join within the slice.
+    pub part: Option<RowPart>,
+}
+
+/// One part of a large row in a state transfer (see [`crate::model::DotSlice`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowPart {
+    /// The row's key (the chunk's range ends at it).
+    pub key: Key,
+    /// The slice of dot space this part covers; `upto == None` for the row's last part.
+    pub slice: crate::model::DotSlice,
+}
+
+/// A page of dedup marks read for a state transfer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MarksRead {
+    /// The marks of the page (whole sources, in `(stream, source)` order).
+    pub marks: DedupMarks,
+    /// The last `(stream, source)` included: the next page starts after it.
+    pub last: Option<(String, String)>,
+    /// True when no source follows.
+    pub done: bool,
+}
+
+/// Takes whole sources after `after` from `sources` (ascending) up to about `bytes_max`.
+pub(crate) fn page_marks(
+    sources: impl Iterator<Item = ((String, String), tidemark_crdts::IntervalSet)>,
+    after: Option<&(String, String)>,
+    bytes_max: usize,
+) -> MarksRead {
+    let mut page = MarksRead {
+        done: true,
+        ..MarksRead::default()
+    };
+    let mut bytes = 0usize;
+    for ((stream, source), seqs) in sources {
+        if after.is_some_and(|a| (&stream, &source) <= (&a.0, &a.1)) {
+            continue;
+        }
+        let len = crate::store::marks_bytes(&stream, &source, &seqs);
+        if page.last.is_some() && bytes.saturating_add(len) > bytes_max {
+            page.done = false;
+            break;
+        }
+        bytes = bytes.saturating_add(len);
+        page.last = Some((stream.clone(), source.clone()));
+        page.marks.set(stream, source, seqs);
+    }
+    page
 }
 
 /// Storage as seen by the sans-IO replication core. Implementations must be durable: when a
@@ -108,6 +158,44 @@ pub trait StateStore {
         after: Option<&Key>,
         bytes_max: usize,
     ) -> Result<ChunkRead, Self::Error>;
+
+    /// Reads the next chunk of a transfer: as [`StateStore::read_chunk`] when `resume` is
+    /// `None`; a row too large for `bytes_max` is returned in parts ([`ChunkRead::part`]), and
+    /// `resume = (key, last dot sent)` continues such a row. Every part's slice starts where the
+    /// previous one ended, and the last is open, so the parts cover all of dot space for the
+    /// key even if the row changed or vanished in between.
+    ///
+    /// The default never splits rows (backends without large rows).
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn read_chunk_from(
+        &mut self,
+        after: Option<&Key>,
+        resume: Option<&(Key, tidemark_crdts::Dot)>,
+        bytes_max: usize,
+    ) -> Result<ChunkRead, Self::Error> {
+        let _ = resume;
+        self.read_chunk(after, bytes_max)
+    }
+
+    /// A page of dedup marks after `after`, of about `bytes_max` encoded bytes (at least one
+    /// source when any remains). The default pages [`StateStore::dedup_marks`] in memory.
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn read_marks(
+        &mut self,
+        after: Option<&(String, String)>,
+        bytes_max: usize,
+    ) -> Result<MarksRead, Self::Error> {
+        let all = self.dedup_marks()?;
+        Ok(page_marks(
+            all.iter().map(|(k, v)| (k.clone(), v.clone())),
+            after,
+            bytes_max,
+        ))
+    }
 
     /// Durably applies one chunk of a state transfer from `origin` (range-scoped join; the
     /// final chunk also joins the transfer's context and marks and records `cursor`). A completed

@@ -678,6 +678,7 @@ fn hostile_messages_do_not_break_a_replica() {
                     ctx: CausalContext::new(),
                     marks: Default::default(),
                     last: rng.random_bool(0.5),
+                    dots: None,
                 },
             },
             _ => Message::Have {

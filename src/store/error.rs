@@ -39,6 +39,17 @@ pub enum StoreError {
     /// written and the store stays usable).
     #[error("invalid operation: {0}")]
     InvalidOp(String),
+    /// A write would store a record (state row, log record) over `limits.record_bytes_max`,
+    /// which could never be read back: nothing was written and the store stays usable.
+    #[error("{what} of {len} bytes is over the record limit of {limit}")]
+    TooLarge {
+        /// The record.
+        what: &'static str,
+        /// Its encoded size.
+        len: usize,
+        /// `limits.record_bytes_max`.
+        limit: usize,
+    },
     /// A peer asked for log entries that compaction already dropped.
     #[error("log entries below {start} were compacted")]
     LogTruncated {

@@ -2,6 +2,7 @@
 
 use super::error::StoreError;
 use super::rows::{TxnRows, decode_entry};
+use super::split::{split_delta, write_bytes_estimate};
 use super::tables::{
     DEDUP, DOTS, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, ROWS, dedup_key,
     dot_bytes, key_bytes,
@@ -14,8 +15,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;
 use tidemark_crdts::store::{delta_mutation, join_delta};
 use tidemark_crdts::{
-    Causal, CausalContext, Dot, DotMap, DotStore, Entry, IntervalSet, Key, KeyKind, Mutation, Rows,
-    Value,
+    Causal, CausalContext, DedupMarks, Dot, DotMap, DotStore, Entry, IntervalSet, Key, KeyKind,
+    Mutation, Rows, Value,
 };
 
 /// Identity of an ingested event: `(stream, source, seq)`; a retry with the same identity is
@@ -40,6 +41,18 @@ pub struct LocalWrite {
     pub event: Option<EventId>,
 }
 
+/// A write of a commit group refused because its event's seq would open a dedup range beyond
+/// `limits.dedup_ranges_max` for its source. Nothing of that write was applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DedupRefusal {
+    /// Position of the write in the group.
+    pub index: usize,
+    /// The event's source.
+    pub source: String,
+    /// The source's disjoint ranges.
+    pub ranges: usize,
+}
+
 /// What a committed group did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LocalCommit {
@@ -47,20 +60,146 @@ pub struct LocalCommit {
     pub duplicate: Vec<bool>,
     /// Changed keys with their new values (for watchers), ascending by key.
     pub changes: Vec<(Key, Value)>,
-    /// The log sequence number of the group's delta (`None` when nothing was applied).
+    /// The log sequence number of the group's first log record (`None` when nothing was
+    /// applied). A group is logged as one or more consecutive records, each within
+    /// `limits.message_bytes_target`; they end at the log end when the commit returns.
     pub log_seq: Option<u64>,
+    /// Writes refused for too many dedup gaps (not applied; also not duplicates).
+    pub refused: Vec<DedupRefusal>,
+}
+
+/// True when inserting `seq` into `seen` adds a range (neither neighbour is present).
+fn opens_range(seen: &IntervalSet, seq: u64) -> bool {
+    let below = seq.checked_sub(1).is_some_and(|s| seen.contains(s));
+    let above = seq.checked_add(1).is_some_and(|s| seen.contains(s));
+    !below && !above
+}
+
+/// The log record being accumulated by a commit group: consecutive writes, cut so that each
+/// record stays within the message target (ARCHITECTURE "size invariants").
+struct RecordBuilder {
+    /// Own seqs issued by this record: `(first, last]`.
+    first: u64,
+    last: u64,
+    /// Keys the record's ops changed.
+    keys: Vec<Key>,
+    /// Every dot of the record's per-op delta contexts.
+    dots: Vec<Dot>,
+    marks: DedupMarks,
+    /// Estimated encoded bytes so far.
+    bytes: usize,
+}
+
+impl RecordBuilder {
+    fn new(ctx: &CausalContext, me: tidemark_crdts::ReplicaId) -> Self {
+        let at = ctx.max_seq(me);
+        Self {
+            first: at,
+            last: at,
+            keys: Vec::new(),
+            dots: Vec::new(),
+            marks: DedupMarks::new(),
+            bytes: 0,
+        }
+    }
+
+    /// The record's delta — the join of its ops' deltas: each changed key's current entry
+    /// restricted to the record's fresh dots (every other dot of the entry was in the context
+    /// before the record), the union of the ops' contexts, and the record's marks — split into
+    /// pieces within `target` ([`split_delta`]), in log order.
+    fn finish(
+        self,
+        rows: &mut GroupRows<'_, '_>,
+        me: tidemark_crdts::ReplicaId,
+        target: usize,
+    ) -> Result<Vec<Delta>, StoreError> {
+        let RecordBuilder {
+            first,
+            last,
+            mut keys,
+            mut dots,
+            marks,
+            ..
+        } = self;
+        keys.sort();
+        keys.dedup();
+        let fresh = CausalContext::from_range(me, first + 1, last);
+        let mut store: DotMap<Key, Entry> = DotMap::default();
+        for key in keys {
+            if let Some(e) = rows.entry(&key)? {
+                let older = e.dots().diff(&fresh);
+                let part = e.unseen_by(&older);
+                if !part.is_bottom() {
+                    store.set(key, part);
+                }
+            }
+        }
+        dots.sort_unstable();
+        dots.dedup();
+        let ctx: CausalContext = dots.into_iter().collect();
+        // Fresh dots no entry holds (a removal's or delete's own dot) travel with every piece.
+        let keep = fresh.diff(&store.dots());
+        let delta = Delta {
+            state: Causal { store, ctx },
+            marks,
+        };
+        if delta.is_empty() {
+            return Ok(Vec::new());
+        }
+        split_delta(delta, target, &keep).map_err(|source| StoreError::Codec {
+            table: "log",
+            source,
+        })
+    }
+}
+
+/// Encodes log records and appends them from `log_end` on; returns the new end. A record
+/// over `record_bytes_max` is refused before anything is written (it could never be read
+/// back), which by the size invariants cannot happen for a delta within the message target.
+pub(crate) fn append_log(
+    txn: &redb::WriteTransaction,
+    origin: Option<crate::proto::PeerId>,
+    deltas: Vec<Delta>,
+    mut log_end: u64,
+    record_bytes_max: usize,
+) -> Result<u64, StoreError> {
+    let mut log_t = txn.open_table(LOG).map_err(StoreError::redb)?;
+    for delta in deltas {
+        let record = LogRecord { origin, delta };
+        let bytes = codec::encode("log record", &record).map_err(|source| StoreError::Codec {
+            table: "log",
+            source,
+        })?;
+        if bytes.len() > record_bytes_max {
+            return Err(StoreError::TooLarge {
+                what: "log record",
+                len: bytes.len(),
+                limit: record_bytes_max,
+            });
+        }
+        log_t
+            .insert(log_end, bytes.as_slice())
+            .map_err(StoreError::redb)?;
+        log_end += 1;
+    }
+    Ok(log_end)
 }
 
 impl RedbStore {
     /// Applies a commit group in one durable transaction and returns what it did. Returns only
     /// after the commit is durable (in `Immediate` mode); nothing is visible to readers before.
     ///
-    /// Each non-duplicate operation takes a fresh dot (a contiguous range for the group); the
-    /// group's delta becomes one log entry; dedup marks, context and HLC mark commit with it.
+    /// Each non-duplicate operation takes a fresh dot (a contiguous range for the group). The
+    /// group's delta is logged as consecutive records cut at write boundaries so each stays
+    /// within `limits.message_bytes_target` (one write alone is split further only by its
+    /// removals); dedup marks, context and HLC mark commit with it. A write whose event would
+    /// open a dedup range beyond `limits.dedup_ranges_max` is refused (see
+    /// [`LocalCommit::refused`]); the rest of the group commits.
     ///
     /// # Errors
-    /// [`StoreError::InvalidOp`] if an operation does not apply (nothing written, store usable);
-    /// storage failures halt the store.
+    /// [`StoreError::InvalidOp`] if an operation does not apply, [`StoreError::TooLarge`] if
+    /// a row would exceed `limits.record_bytes_max` (nothing written, store usable); storage
+    /// failures halt the store.
     pub fn commit_local(
         &mut self,
         writes: &[LocalWrite],
@@ -81,12 +220,15 @@ impl RedbStore {
         wall_ms: u64,
     ) -> Result<LocalCommit, StoreError> {
         let max = self.options.limits.record_bytes_max;
+        let target = self.options.limits.message_bytes_target;
+        let ranges_max = self.options.limits.dedup_ranges_max;
         let me = self.replica;
         let txn = self.begin()?;
         let mut ctx = self.ctx.clone();
         let mut hlc = self.hlc.clone();
-        let mut group = Delta::default();
+        let mut records: Vec<Delta> = Vec::new();
         let mut duplicate = Vec::with_capacity(writes.len());
+        let mut refused = Vec::new();
         let mut changed: Vec<Key> = Vec::new();
         let mut marks: BTreeMap<(String, String), IntervalSet> = BTreeMap::new();
         let mut values = Vec::new();
@@ -99,10 +241,8 @@ impl RedbStore {
                 dots: &mut dots_t,
                 record_bytes_max: max,
             });
-            // Every dot of the group's per-op delta contexts; the group's context is built from
-            // them once, after the loop (joining op by op is quadratic in the group size).
-            let mut group_dots: Vec<Dot> = Vec::new();
-            for w in writes {
+            let mut rec = RecordBuilder::new(&ctx, me);
+            for (index, w) in writes.iter().enumerate() {
                 if let Some(ev) = &w.event {
                     let mk = (ev.stream.clone(), ev.source.clone());
                     if !marks.contains_key(&mk) {
@@ -126,8 +266,28 @@ impl RedbStore {
                         duplicate.push(true);
                         continue;
                     }
-                    seen.insert(ev.seq);
-                    group.marks.insert(&ev.stream, &ev.source, ev.seq);
+                    if opens_range(seen, ev.seq) && seen.ranges().len() >= ranges_max {
+                        refused.push(DedupRefusal {
+                            index,
+                            source: ev.source.clone(),
+                            ranges: seen.ranges().len(),
+                        });
+                        duplicate.push(false);
+                        continue;
+                    }
+                }
+                let estimate = write_bytes_estimate(w);
+                if rec.bytes > 0 && rec.bytes.saturating_add(estimate) > target {
+                    records.extend(rec.finish(&mut rows, me, target)?);
+                    rec = RecordBuilder::new(&ctx, me);
+                }
+                rec.bytes = rec.bytes.saturating_add(estimate);
+                if let Some(ev) = &w.event {
+                    marks
+                        .entry((ev.stream.clone(), ev.source.clone()))
+                        .or_default()
+                        .insert(ev.seq);
+                    rec.marks.insert(&ev.stream, &ev.source, ev.seq);
                 }
                 duplicate.push(false);
                 for (key, m) in &w.ops {
@@ -136,37 +296,24 @@ impl RedbStore {
                         .then(|| hlc.now(wall_ms));
                     let (entry, dctx) = delta_mutation(key.kind, rows.entry(key)?, m, dot, ts)
                         .map_err(|e| StoreError::InvalidOp(format!("{key}: {e}")))?;
-                    group_dots.extend(dctx.iter_dots());
+                    rec.dots.extend(dctx.iter_dots());
+                    rec.last = dot.seq;
                     let mut store = DotMap::default();
                     store.set(key.clone(), entry);
                     let delta = Causal { store, ctx: dctx };
                     let outcome = join_delta(&mut rows, &mut ctx, delta)?;
+                    rec.keys.extend(outcome.changed.iter().cloned());
                     changed.extend(outcome.changed);
                 }
             }
+            records.extend(rec.finish(&mut rows, me, target)?);
             changed.sort();
             changed.dedup();
-            // The group's delta is the join of its per-op deltas. Each op's delta store holds
-            // only the op's fresh dot, and fresh dots are exactly the dots the group's state has
-            // that the context before the group lacks (every stored dot is in the context), so
-            // the joined store is each changed key's final entry restricted to the dots unseen
-            // by the context before the group; its context is the union of the ops' contexts.
-            group_dots.sort_unstable();
-            group_dots.dedup();
-            let group_ctx: CausalContext = group_dots.into_iter().collect();
-            let mut group_store: DotMap<Key, Entry> = DotMap::default();
             for key in &changed {
                 let entry = rows.entry(key)?;
-                if let Some(e) = entry {
-                    group_store.set(key.clone(), e.unseen_by(&self.ctx));
-                }
                 let v = entry.map_or_else(|| Value::empty(key.kind), Entry::value);
                 values.push((key.clone(), v));
             }
-            group.state = Causal {
-                store: group_store,
-                ctx: group_ctx,
-            };
             for ((stream, source), seqs) in &marks {
                 let bytes =
                     codec::encode("dedup marks", seqs).map_err(|source| StoreError::Codec {
@@ -178,26 +325,8 @@ impl RedbStore {
                     .map_err(StoreError::redb)?;
             }
         }
-        let mut log_end = self.log_end;
-        let log_seq = if group.is_empty() {
-            None
-        } else {
-            let record = LogRecord {
-                origin: None,
-                delta: group,
-            };
-            let bytes =
-                codec::encode("log record", &record).map_err(|source| StoreError::Codec {
-                    table: "log",
-                    source,
-                })?;
-            let mut log_t = txn.open_table(LOG).map_err(StoreError::redb)?;
-            log_t
-                .insert(log_end, bytes.as_slice())
-                .map_err(StoreError::redb)?;
-            log_end += 1;
-            Some(log_end - 1)
-        };
+        let log_seq = (!records.is_empty()).then_some(self.log_end);
+        let log_end = append_log(&txn, None, records, self.log_end, max)?;
         if log_seq.is_some() {
             meta_put(&txn, META_CONTEXT, &ctx)?;
             meta_put(&txn, META_HLC, &hlc.mark())?;
@@ -205,15 +334,19 @@ impl RedbStore {
         }
         txn.commit().map_err(StoreError::redb)?;
         // Only now, after the durable commit, does the in-memory mirror move.
-        let applied = duplicate.iter().filter(|d| !**d).count() as u64;
+        let skipped = duplicate.iter().filter(|d| **d).count() as u64;
+        let mut applied_ops = 0u64;
+        let mut next_refused = refused.iter().map(|r| r.index).peekable();
+        for (i, (w, d)) in writes.iter().zip(&duplicate).enumerate() {
+            if next_refused.peek() == Some(&i) {
+                next_refused.next();
+            } else if !*d {
+                applied_ops += w.ops.len() as u64;
+            }
+        }
         self.stats.commits += 1;
-        self.stats.duplicates += duplicate.len() as u64 - applied;
-        self.stats.ops_applied += writes
-            .iter()
-            .zip(&duplicate)
-            .filter(|(_, d)| !**d)
-            .map(|(w, _)| w.ops.len() as u64)
-            .sum::<u64>();
+        self.stats.duplicates += skipped;
+        self.stats.ops_applied += applied_ops;
         self.ctx = ctx;
         self.hlc = hlc;
         self.log_end = log_end;
@@ -221,6 +354,7 @@ impl RedbStore {
             duplicate,
             changes: values,
             log_seq,
+            refused,
         })
     }
 }
@@ -384,6 +518,14 @@ impl Rows for GroupRows<'_, '_> {
                     table: "rows",
                     source,
                 })?;
+                // A row over the record limit could never be read back: refuse the write.
+                if bytes.len() > self.inner.record_bytes_max {
+                    return Err(StoreError::TooLarge {
+                        what: "state row",
+                        len: bytes.len(),
+                        limit: self.inner.record_bytes_max,
+                    });
+                }
                 self.inner
                     .rows
                     .insert(kb.as_slice(), bytes.as_slice())

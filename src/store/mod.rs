@@ -14,12 +14,15 @@ mod local;
 mod read;
 mod replicate;
 mod rows;
+mod split;
 pub(crate) mod tables;
 
 pub use error::StoreError;
-pub use local::{EventId, LocalCommit, LocalWrite};
+pub use local::{DedupRefusal, EventId, LocalCommit, LocalWrite};
 pub use read::Reader;
 pub use replicate::DeltasSince;
+pub(crate) use split::marks_bytes;
+pub use split::write_bytes_estimate;
 pub use tables::LogRecord;
 
 use crate::codec;
@@ -332,7 +335,7 @@ impl RedbStore {
         self.check_halted()?;
         let r = f(self);
         if let Err(e) = &r {
-            if !matches!(e, StoreError::InvalidOp(_)) {
+            if !matches!(e, StoreError::InvalidOp(_) | StoreError::TooLarge { .. }) {
                 tracing::error!(error = %e, "storage write failed; halting writes");
                 self.halted = Some(e.to_string());
             }

@@ -2,7 +2,9 @@
 //! `deltas_since` and log compaction.
 
 use super::error::StoreError;
+use super::local::append_log;
 use super::rows::TxnRows;
+use super::split::{marks_bytes, split_delta};
 use super::tables::{
     CURSORS, DEDUP, DOTS, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, META_TRUNCATED,
     ROWS, dedup_key,
@@ -11,10 +13,12 @@ use super::{RedbStore, meta_put};
 use crate::apply::{self, Rejected};
 use crate::codec;
 use crate::model::{Delta, StateChunk};
-use crate::proto::{ApplyOutcome, ChunkRead, LogInterval, PeerId, StateStore};
+use crate::proto::{ApplyOutcome, ChunkRead, LogInterval, MarksRead, PeerId, RowPart, StateStore};
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 use tidemark_crdts::store::{JoinOutcome, join_delta};
-use tidemark_crdts::{CausalContext, DedupMarks, IntervalSet, Key, ReplicaId};
+use tidemark_crdts::{
+    CausalContext, DedupMarks, Dot, DotStore, Entry, IntervalSet, Key, ReplicaId,
+};
 
 /// Result of [`RedbStore::deltas_since`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,12 +63,15 @@ impl RedbStore {
         let mut bytes = 0usize;
         for item in log.range(self.log_start..).map_err(StoreError::redb)? {
             let (_, v) = item.map_err(StoreError::redb)?;
-            if bytes >= bytes_max {
-                return Ok(DeltasSince::Deltas { delta, more: true });
-            }
             let record = self.read_log_record(v.value())?;
             if !record.delta.state.ctx.is_subset(remote) {
-                bytes += v.value().len();
+                let len = v.value().len();
+                // The bound is checked before adding, so the result stays within `bytes_max`
+                // unless one record alone is larger (records are within the message target).
+                if bytes > 0 && bytes.saturating_add(len) > bytes_max {
+                    return Ok(DeltasSince::Deltas { delta, more: true });
+                }
+                bytes += len;
                 delta.join(record.delta);
             }
         }
@@ -131,19 +138,25 @@ impl RedbStore {
         let mut log_end = self.log_end;
         let inflated = outcome.inflation.is_some() || !fresh_marks.is_empty();
         if inflated {
-            let record = LogRecord {
-                origin: Some(origin),
-                delta: Delta {
-                    state: outcome.inflation.unwrap_or_default(),
-                    marks: fresh_marks,
-                },
+            let delta = Delta {
+                state: outcome.inflation.unwrap_or_default(),
+                marks: fresh_marks,
             };
-            let bytes = codec::encode("log record", &record).map_err(codec_err("log"))?;
-            let mut log_t = txn.open_table(LOG).map_err(StoreError::redb)?;
-            log_t
-                .insert(log_end, bytes.as_slice())
-                .map_err(StoreError::redb)?;
-            log_end += 1;
+            // Logged in pieces within the message target, so forwarding it never needs a
+            // message larger than a frame (issue 11, 2).
+            let pieces = split_delta(
+                delta,
+                self.options.limits.message_bytes_target,
+                &CausalContext::new(),
+            )
+            .map_err(codec_err("log"))?;
+            log_end = append_log(
+                &txn,
+                Some(origin),
+                pieces,
+                log_end,
+                self.options.limits.record_bytes_max,
+            )?;
             meta_put(&txn, META_CONTEXT, &ctx)?;
             meta_put(&txn, META_LOG_BOUNDS, &(self.log_start, log_end))?;
         }
@@ -299,15 +312,19 @@ impl StateStore for RedbStore {
         let mut end = from;
         for item in log.range(from..self.log_end).map_err(StoreError::redb)? {
             let (k, v) = item.map_err(StoreError::redb)?;
-            if bytes >= bytes_max {
-                break;
-            }
             let record = self.read_log_record(v.value())?;
-            end = k.value() + 1;
             if exclude.is_some() && record.origin == exclude {
+                end = k.value() + 1;
                 continue;
             }
-            bytes += v.value().len();
+            // Checked before adding (issue 11, 2b): the interval never exceeds `bytes_max`
+            // unless its one record does, and records are within the message target.
+            let len = v.value().len();
+            if delta.is_some() && bytes.saturating_add(len) > bytes_max {
+                break;
+            }
+            end = k.value() + 1;
+            bytes += len;
             match &mut delta {
                 Some(d) => d.join(record.delta),
                 None => delta = Some(record.delta),
@@ -353,10 +370,30 @@ impl StateStore for RedbStore {
         after: Option<&Key>,
         bytes_max: usize,
     ) -> Result<ChunkRead, StoreError> {
+        self.read_chunk_from(after, None, bytes_max)
+    }
+
+    fn read_chunk_from(
+        &mut self,
+        after: Option<&Key>,
+        resume: Option<&(Key, Dot)>,
+        bytes_max: usize,
+    ) -> Result<ChunkRead, StoreError> {
         use std::ops::Bound;
         let max = self.options.limits.record_bytes_max;
         let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
         let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
+        if let Some((key, from)) = resume {
+            // Continue a large row (or cover the rest of its dot space if it vanished).
+            let entry = match rows
+                .get(super::tables::key_bytes(key).as_slice())
+                .map_err(StoreError::redb)?
+            {
+                Some(g) => super::rows::decode_entry(g.value(), max)?,
+                None => Entry::bottom(key.kind),
+            };
+            return row_part(key.clone(), &entry, Some(*from), bytes_max);
+        }
         let lo = after.map(super::tables::key_bytes);
         let lo_b: Bound<&[u8]> = lo.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
         let mut entries = Vec::new();
@@ -367,21 +404,70 @@ impl StateStore for RedbStore {
             .map_err(StoreError::redb)?
         {
             let (k, v) = item.map_err(StoreError::redb)?;
-            if bytes >= bytes_max && !entries.is_empty() {
+            let size = k.value().len() + v.value().len();
+            if !entries.is_empty() && bytes.saturating_add(size) > bytes_max {
                 done = false;
                 break;
             }
             let key = super::tables::parse_key(k.value())
                 .ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
-            bytes += k.value().len() + v.value().len();
-            entries.push((key, super::rows::decode_entry(v.value(), max)?));
+            let entry = super::rows::decode_entry(v.value(), max)?;
+            if entries.is_empty() && size > bytes_max {
+                // A row too large for one message goes in parts (issue 11, 2d).
+                return row_part(key, &entry, None, bytes_max);
+            }
+            bytes += size;
+            entries.push((key, entry));
         }
         let last_key = entries.last().map(|(k, _)| k.clone());
         Ok(ChunkRead {
             entries,
             last_key,
             done,
+            part: None,
         })
+    }
+
+    fn read_marks(
+        &mut self,
+        after: Option<&(String, String)>,
+        bytes_max: usize,
+    ) -> Result<MarksRead, StoreError> {
+        use std::ops::Bound;
+        let max = self.options.limits.record_bytes_max;
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let table = rtxn.open_table(DEDUP).map_err(StoreError::redb)?;
+        let lo = after.map(|(stream, source)| dedup_key(stream, source));
+        let lo_b: Bound<&[u8]> = lo.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+        let mut sources = Vec::new();
+        let mut bytes = 0usize;
+        let mut more = false;
+        for item in table
+            .range::<&[u8]>((lo_b, Bound::Unbounded))
+            .map_err(StoreError::redb)?
+        {
+            let (k, v) = item.map_err(StoreError::redb)?;
+            if !sources.is_empty() && bytes >= bytes_max {
+                more = true;
+                break;
+            }
+            let (stream, source) = super::tables::parse_dedup_key(k.value())
+                .ok_or_else(|| StoreError::Corrupt("unreadable dedup key".into()))?;
+            let seqs: IntervalSet =
+                codec::decode("dedup marks", v.value(), max).map_err(codec_err("dedup"))?;
+            bytes = bytes.saturating_add(marks_bytes(&stream, &source, &seqs));
+            sources.push(((stream, source), seqs));
+        }
+        // Pages follow the table's key order and resume by table key (`dedup_key`).
+        let mut page = MarksRead {
+            done: !more,
+            ..MarksRead::default()
+        };
+        for ((stream, source), seqs) in sources {
+            page.last = Some((stream.clone(), source.clone()));
+            page.marks.set(stream, source, seqs);
+        }
+        Ok(page)
     }
 
     fn apply_chunk(
@@ -398,11 +484,8 @@ impl StateStore for RedbStore {
         }
         self.guarded(|s| {
             let observed = s.observe_remote_time(chunk.entries.iter().map(|(_, e)| e), now_ms);
-            let marks = if chunk.last {
-                chunk.marks.clone()
-            } else {
-                DedupMarks::new()
-            };
+            // Marks come in pages after the rows (issue 11, 2c): every chunk's are joined.
+            let marks = chunk.marks.clone();
             s.remote_join(origin, &marks, cursor, observed, |rows, ctx| {
                 apply::join_chunk(rows, ctx, chunk)
             })
@@ -429,4 +512,63 @@ impl StateStore for RedbStore {
     fn truncate_log(&mut self, below: u64) -> Result<u64, StoreError> {
         self.compact(below)
     }
+}
+
+/// The next part of the large row `key` after dot `from` (`None`: from the start): its dots in
+/// the following run of dot space, within about `bytes_max` encoded bytes. The last part's
+/// slice is open above, so the parts cover all dot space for the key whatever the row became
+/// between reads; after it the transfer continues with the keys after `key`.
+fn row_part(
+    key: Key,
+    entry: &Entry,
+    from: Option<Dot>,
+    bytes_max: usize,
+) -> Result<ChunkRead, StoreError> {
+    let mut dots = Vec::new();
+    entry.for_each_dot(&mut |d| {
+        if from.is_none_or(|f| d > f) {
+            dots.push(d);
+        }
+    });
+    dots.sort_unstable();
+    let all = entry.dots();
+    let size = codec::encoded_len("state row", entry).map_err(codec_err("rows"))?;
+    let total = {
+        let mut n = 0usize;
+        entry.for_each_dot(&mut |_| n += 1);
+        n.max(1)
+    };
+    // A first guess from the mean bytes per dot, halved until the part fits.
+    let budget = (bytes_max / 2).max(1);
+    let mut take = (total.saturating_mul(budget) / size.max(1)).clamp(1, dots.len().max(1));
+    let part = loop {
+        let run = &dots[..take.min(dots.len())];
+        let part = super::split::restrict(entry, &all, run);
+        let len = codec::encoded_len("state row", &part).map_err(codec_err("rows"))?;
+        if len <= budget || take <= 1 {
+            break part;
+        }
+        take /= 2;
+    };
+    let finished = take >= dots.len();
+    let upto = if finished {
+        None
+    } else {
+        dots.get(take.saturating_sub(1)).copied()
+    };
+    let entries = if part.is_bottom() {
+        Vec::new()
+    } else {
+        vec![(key.clone(), part)]
+    };
+    Ok(ChunkRead {
+        entries,
+        last_key: Some(key.clone()),
+        // Never done after a part: one more read covers the keys after the row.
+        done: false,
+        part: Some(RowPart {
+            key,
+            slice: crate::model::DotSlice { after: from, upto },
+        }),
+    })
 }

@@ -117,6 +117,11 @@ impl KeyRange for TxnRows<'_, '_> {
         after: Option<&Key>,
         upto: Option<&Key>,
     ) -> Result<Vec<Key>, StoreError> {
+        if let (Some(a), Some(u)) = (after, upto) {
+            if a >= u {
+                return Ok(Vec::new());
+            }
+        }
         let lo = after.map(key_bytes);
         let hi = upto.map(key_bytes);
         let lo_b: Bound<&[u8]> = lo.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
