@@ -690,11 +690,20 @@ impl Replica {
         id: PeerId,
         store: &mut S,
     ) -> Result<(), S::Error> {
-        let target = self.config.message_bytes_target;
-        let pos = match self.peers.get(&id).and_then(|p| p.transfer.as_ref()) {
-            Some(t) => t.pos.clone(),
+        let (pos, ctx_bytes) = match self.peers.get(&id).and_then(|p| p.transfer.as_ref()) {
+            Some(t) => (
+                t.pos.clone(),
+                crate::codec::encoded_len("transfer context", &t.ctx).unwrap_or(0),
+            ),
             None => return Ok(()),
         };
+        // Every chunk carries the transfer's context: the rows and marks get what is left of
+        // the target (at least a quarter of it, so a transfer always progresses).
+        let target = self
+            .config
+            .message_bytes_target
+            .saturating_sub(ctx_bytes)
+            .max(self.config.message_bytes_target / 4);
         // Rows first (large rows in dot slices), then dedup marks in pages with whatever room
         // the chunk has left: every chunk stays within the target (issue 11, 2c/2d).
         let (rows, used) = if pos.rows_done {
