@@ -168,6 +168,8 @@ impl Node {
                 .unwrap_or([7; 8]),
         );
         let core = Replica::new(replication, epoch, seed, store.known_peers());
+        let relaxed = config.durability == crate::config::Durability::Relaxed;
+        let durable = crate::driver::DurablePoint::new(&store, relaxed);
         let driver = Driver {
             store,
             inputs: rx,
@@ -179,8 +181,7 @@ impl Node {
                 crate::config::Durability::Relaxed => config.relaxed_sync_interval,
                 crate::config::Durability::Immediate => Duration::from_millis(100),
             },
-            relaxed_dirty: false,
-            relaxed: config.durability == crate::config::Durability::Relaxed,
+            durable,
             replica: core,
             me,
             outboxes: std::collections::BTreeMap::new(),
