@@ -104,7 +104,32 @@ struct Shared {
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
+impl Drop for Shared {
+    /// The last handle is gone without [`Node::shutdown`]: stop the writer after the writes
+    /// already queued (with a final durable commit) and wait for it, so the database is closed
+    /// when the drop returns. Peers only hold this node's inbox, which keeps nothing alive.
+    fn drop(&mut self) {
+        let inputs = self.inputs.get_mut().ok().and_then(Option::take);
+        if let Some(tx) = inputs {
+            let (reply, _) = oneshot::channel();
+            let _ = tx.send(Input::Shutdown { reply });
+        }
+        if let Ok(reader) = self.reader.get_mut() {
+            reader.take();
+        }
+        let thread = self.thread.get_mut().ok().and_then(Option::take);
+        if let Some(t) = thread {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
 /// An embedded Tidemark node. Cheap to clone (clones share one node).
+///
+/// Dropping the last handle without [`Node::shutdown`] shuts the node down the same way (it
+/// blocks the dropping thread until the writer has finished and the database is closed).
 ///
 /// Guarantees: a write call returns `Ok` only after its effects are durably committed (in the
 /// default `Immediate` durability); a rejected call applies nothing; reads see committed state
@@ -168,6 +193,8 @@ impl Node {
                 .unwrap_or([7; 8]),
         );
         let core = Replica::new(replication, epoch, seed, store.known_peers());
+        let relaxed = config.durability == crate::config::Durability::Relaxed;
+        let durable = crate::driver::DurablePoint::new(&store, relaxed);
         let driver = Driver {
             store,
             inputs: rx,
@@ -179,8 +206,7 @@ impl Node {
                 crate::config::Durability::Relaxed => config.relaxed_sync_interval,
                 crate::config::Durability::Immediate => Duration::from_millis(100),
             },
-            relaxed_dirty: false,
-            relaxed: config.durability == crate::config::Durability::Relaxed,
+            durable,
             replica: core,
             me,
             outboxes: std::collections::BTreeMap::new(),
