@@ -106,7 +106,7 @@ impl std::fmt::Debug for RedbStore {
     }
 }
 
-fn meta_get<T: serde::de::DeserializeOwned>(
+fn meta_get<T: serde::de::DeserializeOwned + serde::Serialize>(
     txn: &WriteTransaction,
     name: &str,
     max: usize,
