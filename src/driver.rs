@@ -563,7 +563,7 @@ impl StateStore for Served<'_> {
     fn log_bounds(&self) -> (u64, u64) {
         let (start, end) = self.store.log_bounds();
         if self.durable.relaxed {
-            (start, self.durable.log_end.clamp(start, end))
+            (start, self.durable.log_end.min(end).max(start))
         } else {
             (start, end)
         }
