@@ -6,8 +6,7 @@
 use crate::apply::Rejected;
 use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::model::Delta;
-use crate::model::StateChunk;
+use crate::model::{Delta, StateChunk};
 use crate::proto::replica::{Event as ReplicaEvent, Now, Replica};
 use crate::proto::{ApplyOutcome, ChunkRead, LogInterval, Message, PeerId, StateStore};
 use crate::store::{DeltasSince, LocalCommit, LocalWrite, RedbStore, StoreError};
@@ -585,7 +584,7 @@ impl StateStore for Served<'_> {
     fn apply_remote(
         &mut self,
         origin: PeerId,
-        delta: crate::model::Delta,
+        delta: Delta,
         cursor: Option<(ReplicaId, u64)>,
         now_ms: u64,
     ) -> Result<Result<ApplyOutcome, Rejected>, StoreError> {
