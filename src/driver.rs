@@ -6,8 +6,7 @@
 use crate::apply::Rejected;
 use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::model::Delta;
-use crate::model::StateChunk;
+use crate::model::{Delta, StateChunk};
 use crate::proto::replica::{Event as ReplicaEvent, Now, Replica};
 use crate::proto::{ApplyOutcome, ChunkRead, LogInterval, Message, PeerId, StateStore};
 use crate::store::{DeltasSince, LocalCommit, LocalWrite, RedbStore, StoreError};
@@ -591,7 +590,7 @@ impl StateStore for Served<'_> {
     fn log_bounds(&self) -> (u64, u64) {
         let (start, end) = self.store.log_bounds();
         if self.durable.relaxed {
-            (start, self.durable.log_end.clamp(start, end))
+            (start, self.durable.log_end.min(end).max(start))
         } else {
             (start, end)
         }
@@ -613,7 +612,7 @@ impl StateStore for Served<'_> {
     fn apply_remote(
         &mut self,
         origin: PeerId,
-        delta: crate::model::Delta,
+        delta: Delta,
         cursor: Option<(ReplicaId, u64)>,
         now_ms: u64,
     ) -> Result<Result<ApplyOutcome, Rejected>, StoreError> {

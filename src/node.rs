@@ -64,14 +64,15 @@ pub struct Watch {
 /// What a watcher receives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WatchEvent {
-    /// A key changed to `value` (published only after the change committed durably).
+    /// A key changed to `value` (published only after the change committed; durably, unless
+    /// the node runs in relaxed durability).
     Changed(Change),
     /// The watcher fell behind by this many changes (bounded buffer); re-read to resync.
     Lagged(u64),
 }
 
 impl Watch {
-    /// The next change, or `None` once the node shut down.
+    /// The next change, or `None` once the node shut down (or its last handle was dropped).
     pub async fn next(&mut self) -> Option<WatchEvent> {
         loop {
             match self.rx.recv().await {
@@ -417,7 +418,8 @@ impl Node {
         }
     }
 
-    /// The committed causal context (the digest of everything this node has seen).
+    /// The committed causal context (the digest of everything this node has seen). In relaxed
+    /// durability it includes local commits that are not durable yet.
     ///
     /// # Errors
     /// Storage failures.
@@ -426,6 +428,8 @@ impl Node {
     }
 
     /// The retained deltas a peer at `remote` lacks, joined, up to about `bytes_max` bytes.
+    /// Only durable commits are served: in relaxed durability pending commits are made durable
+    /// first.
     ///
     /// # Errors
     /// Storage failures; [`Error::Closed`].
@@ -443,7 +447,8 @@ impl Node {
         rx.await.map_err(|_| Error::Closed)?
     }
 
-    /// Joins a remote delta (with redundancy removal), durably, before returning.
+    /// Joins a remote delta (with redundancy removal), durably (in relaxed durability too),
+    /// before returning.
     /// `Ok(Err(reason))` when the delta is invalid: nothing applied.
     ///
     /// # Errors
