@@ -290,11 +290,17 @@ impl<'a> SourceCount<'a> {
         }
     }
 
-    fn add(&mut self, source: &'a str, index: usize, total: usize) -> Result<(), Error> {
+    /// Adds `source`; `total` (called only on error) counts the batch's distinct sources.
+    fn add(
+        &mut self,
+        source: &'a str,
+        index: usize,
+        total: impl FnOnce() -> usize,
+    ) -> Result<(), Error> {
         if self.seen.insert(source) && self.seen.len() > self.limit {
             return Err(Error::TooManySources {
                 index,
-                len: total,
+                len: total(),
                 limit: self.limit,
             });
         }
@@ -343,7 +349,7 @@ pub fn validate_ops(ops: &[Op], limits: &Limits) -> Result<Vec<LocalWrite>, Erro
             let event = match (&op.source, op.seq) {
                 (Some(source), Some(seq)) => {
                     check_source(source, i, limits)?;
-                    sources.add(source, i, total())?;
+                    sources.add(source, i, total)?;
                     Some(EventId {
                         stream: OPS_STREAM.to_owned(),
                         source: source.clone(),
@@ -397,7 +403,7 @@ pub fn validate_events(
         .enumerate()
         .map(|(i, ev)| {
             check_source(&ev.source, i, limits)?;
-            sources.add(&ev.source, i, total())?;
+            sources.add(&ev.source, i, total)?;
             let ops = ev
                 .ops
                 .iter()

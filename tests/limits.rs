@@ -14,15 +14,38 @@ use tidemark::proto::{
 use tidemark::store::{EventId, LocalWrite, OpenOptions, RedbStore};
 use tidemark::{Error, Event, Key, KeyKind, Limits, Node, NodeConfig, Op, ReplicaId, Value};
 
-fn store(id: u128) -> RedbStore {
-    RedbStore::open_with_backend(
-        redb::backends::InMemoryBackend::new(),
+/// A store in its own directory under `root` (files, as in production: redb's in-memory
+/// backend copies its whole image on growth, which makes large rows slow).
+fn store(root: &tempfile::TempDir, id: u128) -> RedbStore {
+    RedbStore::open(
+        &root.path().join(format!("r{id}")),
         OpenOptions {
             new_replica_id: Some(ReplicaId(id)),
+            limits: limits(),
             ..OpenOptions::default()
         },
     )
     .expect("open store")
+}
+
+/// Default limits but set elements up to 16 KiB (a real, valid setting), so a set larger than
+/// a 4 MiB frame takes a few hundred adds instead of thousands: a set is one row, and each add
+/// to it copies the row, so thousands of adds would cost the test minutes.
+fn limits() -> Limits {
+    let l = Limits {
+        element_bytes_max: 16 * 1024,
+        ..Limits::default()
+    };
+    assert_eq!(l.validate(), Ok(()));
+    l
+}
+
+/// Elements of 15,000 bytes: 320 of them make a row of about 4.8 MB, over the frame.
+const ELEM: usize = 15_000;
+const ELEMS: usize = 320;
+
+fn root() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
 }
 
 fn text(len: usize, tag: usize) -> String {
@@ -93,7 +116,8 @@ fn assert_records_within_target(s: &mut RedbStore) -> usize {
 
 #[test]
 fn a_batch_of_80_values_of_60_kb_is_logged_in_records_within_the_target() {
-    let mut a = store(1);
+    let dir = root();
+    let mut a = store(&dir, 1);
     let writes: Vec<LocalWrite> = (0..80).map(|i| lww(&format!("k{i}"), 60_000, i)).collect();
     let commit = a.commit_local(&writes, 1).expect("commit");
     let records = assert_records_within_target(&mut a);
@@ -115,7 +139,8 @@ fn a_batch_of_80_values_of_60_kb_is_logged_in_records_within_the_target() {
 
 #[test]
 fn a_log_interval_never_exceeds_its_byte_bound() {
-    let mut a = store(1);
+    let dir = root();
+    let mut a = store(&dir, 1);
     let target = Limits::default().message_bytes_target;
     for batch in 0..6 {
         let writes: Vec<LocalWrite> = (0..10)
@@ -262,7 +287,8 @@ fn drain(
 
 #[test]
 fn thirty_thousand_sources_transfer_in_pages_within_the_frame() {
-    let mut a = store(1);
+    let dir = root();
+    let mut a = store(&dir, 1);
     for batch in 0..3 {
         let writes: Vec<LocalWrite> = (0..10_000)
             .map(|i| event(&source_name(batch * 10_000 + i), 1))
@@ -277,7 +303,7 @@ fn thirty_thousand_sources_transfer_in_pages_within_the_frame() {
         "{marks_len} bytes of marks"
     );
     // A new peer gets everything by a state transfer.
-    let mut sides = [side(1, a, &[2]), side(2, store(2), &[1])];
+    let mut sides = [side(1, a, &[2]), side(2, store(&dir, 2), &[1])];
     let (mut now, mut traffic) = (0, Traffic::default());
     run(&mut sides, &mut now, &mut traffic);
     assert!(traffic.chunks >= 5, "{traffic:?}");
@@ -294,35 +320,41 @@ fn thirty_thousand_sources_transfer_in_pages_within_the_frame() {
 
 #[test]
 fn a_set_larger_than_a_frame_transfers_in_parts_without_losing_dots() {
-    let mut a = store(1);
-    // 5,000 elements of 1 KiB: one row of about 5 MB, larger than a 4 MiB frame.
-    for batch in 0..10 {
-        let writes: Vec<LocalWrite> = (0..500)
-            .map(|i| set_add("big", 1024, batch * 500 + i))
+    let dir = root();
+    let mut a = store(&dir, 1);
+    // One row of about 4.8 MB, larger than a 4 MiB frame.
+    for batch in 0..4 {
+        let writes: Vec<LocalWrite> = (0..ELEMS / 4)
+            .map(|i| set_add("big", ELEM, batch * ELEMS / 4 + i))
             .collect();
         a.commit_local(&writes, 1).expect("commit");
     }
-    let mut sides = [side(1, a, &[2]), side(2, store(2), &[1])];
+    let row = a
+        .reader()
+        .get(&Key::new(KeyKind::ORSet, "big"))
+        .expect("read");
+    let row_len = codec::encoded_len("row", &row).expect("measures");
+    assert!(row_len > Limits::default().frame_bytes_max, "{row_len}");
+    let mut sides = [side(1, a, &[2]), side(2, store(&dir, 2), &[1])];
     let (mut now, mut traffic) = (0, Traffic::default());
     run(&mut sides, &mut now, &mut traffic);
     let first = traffic.chunks;
-    assert!(first >= 6, "{traffic:?}");
     // While the peer is away: remove some elements, add others, and compact the whole log, so
     // the peer — which holds most of the set — gets another transfer in parts. A part must not
     // delete the dots other parts carry.
     let key = Key::new(KeyKind::ORSet, "big");
     let mut writes = Vec::new();
-    for i in (0..5_000).step_by(10) {
+    for i in (0..ELEMS).step_by(10) {
         writes.push(LocalWrite {
             ops: vec![(
                 key.clone(),
-                tidemark::crdts::Mutation::Remove(text(1022, i)),
+                tidemark::crdts::Mutation::Remove(text(ELEM - 2, i)),
             )],
             event: None,
         });
     }
-    for i in 5_000..5_300 {
-        writes.push(set_add("big", 1024, i));
+    for i in ELEMS..ELEMS + 20 {
+        writes.push(set_add("big", ELEM, i));
     }
     sides[0].store.commit_local(&writes, 1).expect("commit");
     let (_, end) = sides[0].store.log_bounds();
@@ -347,7 +379,7 @@ fn a_set_larger_than_a_frame_transfers_in_parts_without_losing_dots() {
     let Some(Value::ORSet(items)) = value else {
         panic!("set missing: {value:?}");
     };
-    assert_eq!(items.len(), 5_000 - 500 + 300);
+    assert_eq!(items.len(), ELEMS - ELEMS / 10 + 20);
     sides[1].store.verify().expect("receiver invariants");
 }
 
@@ -543,7 +575,8 @@ async fn a_source_with_many_gaps_is_refused_at_the_bound_never_deduplicated_wron
 
 #[test]
 fn remote_dedup_marks_are_validated() {
-    let mut b = store(2);
+    let dir = root();
+    let mut b = store(&dir, 2);
     let limits = Limits::default();
     for (stream, source) in [("", "a"), ("s", ""), ("s", "a\0"), ("s", &*"x".repeat(300))] {
         let mut marks = DedupMarks::new();
@@ -580,22 +613,23 @@ async fn converge(a: &Node, b: &Node) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_converge_with_large_values_large_sets_and_many_sources() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let a = Node::open(NodeConfig::new(dir.path().join("a")))
-        .await
-        .expect("open a");
-    let b = Node::open(NodeConfig::new(dir.path().join("b")))
-        .await
-        .expect("open b");
+    let config = |name: &str| {
+        let mut c = NodeConfig::new(dir.path().join(name));
+        c.limits = limits();
+        c
+    };
+    let a = Node::open(config("a")).await.expect("open a");
+    let b = Node::open(config("b")).await.expect("open b");
     let values: Vec<Op> = (0..80)
         .map(|i| Op::set_lww(&format!("v{i}"), "x".repeat(60_000)))
         .collect();
     a.apply_batch(values).await.expect("80 values of 60 KB");
-    for batch in 0..5 {
-        let adds: Vec<Op> = (0..1_000)
+    for batch in 0..4 {
+        let adds: Vec<Op> = (0..ELEMS / 4)
             .map(|i| {
                 Op::add(
                     "big",
-                    format!("{}-{}", batch * 1_000 + i, "e".repeat(1_000)),
+                    format!("{}-{}", batch * ELEMS / 4 + i, "e".repeat(ELEM - 20)),
                 )
             })
             .collect();
@@ -618,6 +652,23 @@ async fn two_nodes_converge_with_large_values_large_sets_and_many_sources() {
         .expect("compaction after large batches");
     a.connect(&b).expect("connect");
     converge(&a, &b).await;
+    // Marks-only events carry no dots: equal contexts do not yet mean the marks arrived. The
+    // log was compacted, so b is seeded by one transfer; wait for it to complete.
+    let started = Instant::now();
+    while b
+        .replication_status()
+        .await
+        .expect("status")
+        .stats
+        .transfers_received
+        == 0
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "transfer incomplete"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let big = Key::new(KeyKind::ORSet, "big");
     assert_eq!(a.get(&big).expect("a"), b.get(&big).expect("b"));
     let v7 = Key::new(KeyKind::Lww, "v7");
