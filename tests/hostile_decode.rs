@@ -563,3 +563,104 @@ fn a_frame_with_an_over_long_varint_is_refused() {
         Err(CodecError::NotCanonical { .. })
     ));
 }
+
+// ---------------------------------------------------------------------------------------------
+// The fuzz targets' seed corpus (fuzz/corpus/<target>/): valid encodings, kept valid here.
+// ---------------------------------------------------------------------------------------------
+
+/// The seed inputs of each fuzz target, built deterministically from a fixed history.
+fn fuzz_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    let ws: Vec<W> = (0..24u8)
+        .map(|i| W {
+            replica: usize::from(i % 3),
+            kind: i % 5,
+            name: i % 3,
+            op: (i / 5) % 4,
+            v: i.wrapping_mul(37),
+        })
+        .collect();
+    let (stores, deltas) = world(&ws);
+    let mut out: Vec<(&'static str, Vec<u8>)> = encodings(&stores, &deltas)
+        .into_iter()
+        .map(|(what, b)| match what {
+            "delta" => ("delta", b),
+            "frame" => ("frame", b),
+            "chunk" => ("chunk", b),
+            "context" => ("context", b),
+            "marks" => ("marks", b),
+            other => unreachable!("{other}"),
+        })
+        .collect();
+    let chunk = chunk_of(&stores[1], DedupMarks::new(), false);
+    out.push((
+        "frame",
+        codec::encode(
+            "frame",
+            &Message::Chunk {
+                epoch: 1,
+                log: rid(1),
+                transfer: 4,
+                index: 0,
+                end: 12,
+                chunk,
+            },
+        )
+        .expect("encodes"),
+    ));
+    let ops = vec![
+        Op::add("online", "alice"),
+        Op::remove("online", 7),
+        Op::set_lww("title", serde_json::json!({"b": [1, 2.5], "a": null})),
+        Op::set_mvreg("flag", true),
+        Op::inc_gcounter("visits", 3).with_id("web", 9),
+        Op::dec_pncounter("stock", 2),
+        Op::delete(KeyKind::ORSet, "online"),
+    ];
+    out.push(("json_ops", serde_json::to_vec(&ops).expect("ops serialise")));
+    out
+}
+
+/// With `TIDEMARK_WRITE_CORPUS=1` this writes the seeds to `fuzz/corpus/<target>/seed-N`;
+/// otherwise it checks that every committed seed still decodes canonically (so a format change
+/// that orphans the corpus fails here, not silently in the fuzzer).
+#[test]
+fn the_fuzz_seed_corpus_decodes_canonically() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus");
+    if std::env::var("TIDEMARK_WRITE_CORPUS").is_ok_and(|v| v == "1") {
+        let mut n: std::collections::BTreeMap<&str, usize> = Default::default();
+        for (target, bytes) in fuzz_seeds() {
+            let dir = root.join(target);
+            std::fs::create_dir_all(&dir).expect("corpus dir");
+            let i = n.entry(target).or_default();
+            std::fs::write(dir.join(format!("seed-{i}")), bytes).expect("write seed");
+            *i += 1;
+        }
+    }
+    let mut checked = 0;
+    for target in ["frame", "delta", "chunk", "context", "marks", "json_ops"] {
+        let Ok(dir) = std::fs::read_dir(root.join(target)) else {
+            panic!("no seed corpus for fuzz target {target} (TIDEMARK_WRITE_CORPUS=1 writes it)");
+        };
+        for f in dir {
+            let path = f.expect("corpus entry").path();
+            if !path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("seed-"))
+            {
+                continue;
+            }
+            let b = std::fs::read(&path).expect("read seed");
+            let ok = match target {
+                "frame" => canonical::<Message>(&b).is_some(),
+                "delta" => canonical::<Delta>(&b).is_some(),
+                "chunk" => canonical::<StateChunk>(&b).is_some(),
+                "context" => canonical::<CausalContext>(&b).is_some(),
+                "marks" => canonical::<DedupMarks>(&b).is_some(),
+                _ => serde_json::from_slice::<Vec<Op>>(&b).is_ok(),
+            };
+            assert!(ok, "seed {} no longer decodes", path.display());
+            checked += 1;
+        }
+    }
+    assert!(checked >= 6, "only {checked} seeds");
+}
