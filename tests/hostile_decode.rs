@@ -15,6 +15,9 @@
 //!
 //! Seeded: prints `seed = N`; replay with `SEED=N`; `SOAK=1` for ×20 cases.
 
+mod common;
+
+use common::{seed, soak};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseResult, TestRng, TestRunner};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,24 +35,6 @@ use tidemark::proto::Message;
 const LIMIT: usize = 1 << 20;
 /// Cases of the mutated-bytes property (×20 under `SOAK=1`).
 const CASES: u32 = 1_000;
-
-fn soak() -> bool {
-    std::env::var("SOAK").is_ok_and(|v| v == "1")
-}
-
-fn seed(name: &str) -> u64 {
-    let seed = std::env::var("SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64)
-                ^ name.len() as u64
-        });
-    eprintln!("[{name}] seed = {seed} (replay with SEED={seed})");
-    seed
-}
 
 fn check<S: Strategy>(
     name: &str,
