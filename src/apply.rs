@@ -199,7 +199,8 @@ fn check_entry(
 fn is_canonical_json(text: &str, scalar: bool) -> bool {
     match serde_json::from_str::<serde_json::Value>(text) {
         Ok(v) => {
-            (!scalar || v.is_string() || v.is_number() || v.is_boolean()) && v.to_string() == text
+            (!scalar || v.is_string() || v.is_number() || v.is_boolean())
+                && serde_json::to_string(&v).is_ok_and(|canonical| canonical == text)
         }
         Err(_) => false,
     }
@@ -213,7 +214,7 @@ fn check_dots_distinct<'a>(
     for (key, entry) in entries {
         entry.for_each_dot(&mut |d| seen.push((d, key)));
     }
-    seen.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    seen.sort_unstable_by_key(|(d, _)| *d);
     match seen.windows(2).find(|w| w[0].0 == w[1].0) {
         Some(w) => Err(Rejected::DuplicateDot {
             dot: w[1].0,
