@@ -142,6 +142,7 @@ fn chunk_of(s: &Store, marks: DedupMarks, last: bool) -> StateChunk {
             .map(|(k, e)| (k.clone(), e.clone()))
             .collect(),
         ctx: s.context().clone(),
+        dots: None,
         marks,
         last,
     }
@@ -485,6 +486,7 @@ fn a_dot_twice_in_a_chunk_or_delta_is_rejected_at_admission() {
             (Key::new(KeyKind::MvReg, "b"), mv("2")),
         ],
         ctx: CausalContext::from_dot(d),
+        dots: None,
         marks: DedupMarks::new(),
         last: true,
     };
