@@ -60,6 +60,22 @@ pub enum Rejected {
         /// The local counter.
         local: u64,
     },
+    /// A set element or register value is not the canonical JSON text a local write stores
+    /// (not JSON at all, or a set element that is not a string, number or boolean).
+    #[error("value of {key} is not canonical JSON")]
+    NotJson {
+        /// The key.
+        key: String,
+    },
+    /// A dot appears twice in the delta or chunk (under two keys, or twice in one entry):
+    /// correct replicas give every write its own dot.
+    #[error("dot {dot:?} appears twice (under {key})")]
+    DuplicateDot {
+        /// The dot.
+        dot: tidemark_crdts::Dot,
+        /// The key of its second appearance.
+        key: String,
+    },
     /// A chunk's range or entries are inconsistent.
     #[error("state chunk is malformed: {0}")]
     BadChunk(&'static str),
@@ -154,19 +170,58 @@ fn check_entry(
             limit,
         })
     };
+    let not_json = |ok: bool| {
+        (!ok).then(|| Rejected::NotJson {
+            key: key.to_string(),
+        })
+    };
     let err = match entry {
-        Entry::ORSet(m) => m
-            .keys()
-            .find_map(|e| too_large(e.len(), limits.element_bytes_max)),
-        Entry::Lww(f) => f
-            .iter()
-            .find_map(|(_, (_, v))| too_large(v.len(), limits.value_bytes_max)),
-        Entry::MvReg(f) => f
-            .iter()
-            .find_map(|(_, v)| too_large(v.len(), limits.value_bytes_max)),
+        Entry::ORSet(m) => m.keys().find_map(|e| {
+            too_large(e.len(), limits.element_bytes_max)
+                .or_else(|| not_json(is_canonical_json(e, true)))
+        }),
+        Entry::Lww(f) => f.iter().find_map(|(_, (_, v))| {
+            too_large(v.len(), limits.value_bytes_max)
+                .or_else(|| not_json(is_canonical_json(v, false)))
+        }),
+        Entry::MvReg(f) => f.iter().find_map(|(_, v)| {
+            too_large(v.len(), limits.value_bytes_max)
+                .or_else(|| not_json(is_canonical_json(v, false)))
+        }),
         Entry::GCounter(_) | Entry::PNCounter(_) => None,
     };
     err.map_or(Ok(()), Err)
+}
+
+/// True when `text` is exactly the text a local write stores for some JSON value (see
+/// `ops::validate_op`: serde_json's compact, key-sorted form), and, for a set element, a
+/// string, number or boolean. So a peer can store nothing a local `apply` could not.
+fn is_canonical_json(text: &str, scalar: bool) -> bool {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(v) => {
+            (!scalar || v.is_string() || v.is_number() || v.is_boolean())
+                && serde_json::to_string(&v).is_ok_and(|canonical| canonical == text)
+        }
+        Err(_) => false,
+    }
+}
+
+/// Rejects a dot that appears twice among `entries` (under two keys, or twice in one entry).
+fn check_dots_distinct<'a>(
+    entries: impl Iterator<Item = (&'a Key, &'a Entry)>,
+) -> Result<(), Rejected> {
+    let mut seen: Vec<(tidemark_crdts::Dot, &Key)> = Vec::new();
+    for (key, entry) in entries {
+        entry.for_each_dot(&mut |d| seen.push((d, key)));
+    }
+    seen.sort_unstable_by_key(|(d, _)| *d);
+    match seen.windows(2).find(|w| w[0].0 == w[1].0) {
+        Some(w) => Err(Rejected::DuplicateDot {
+            dot: w[1].0,
+            key: w[1].1.to_string(),
+        }),
+        None => Ok(()),
+    }
 }
 
 fn check_own_dots(
@@ -187,6 +242,11 @@ fn check_own_dots(
 
 /// Validates a remote delta against the local replica before anything is applied.
 ///
+/// The admission rule (ARCHITECTURE.md "Admission"): every entry matches its key's kind, is
+/// canonical and non-empty, holds only dots of the delta's context, values within their limits
+/// and canonical JSON (set elements: strings, numbers, booleans); no dot appears twice; no own
+/// dot above the local counter.
+///
 /// # Errors
 /// The first [`Rejected`] reason found.
 pub fn validate_delta(
@@ -198,6 +258,7 @@ pub fn validate_delta(
     for (key, entry) in delta.state.store.iter() {
         check_entry(key, entry, Some(&delta.state.ctx), limits)?;
     }
+    check_dots_distinct(delta.state.store.iter())?;
     validate_marks(&delta.marks, limits)?;
     check_own_dots(&delta.state.ctx, me, local)
 }
@@ -250,6 +311,7 @@ pub fn validate_chunk(
         check_own_dots(&own, me, local)?;
         prev = Some(key);
     }
+    check_dots_distinct(chunk.entries.iter().map(|(k, e)| (k, e)))?;
     check_own_dots(&chunk.ctx, me, local)
 }
 
@@ -311,7 +373,15 @@ pub fn join_chunk<R: KeyRange>(
         let old = rows.get(&key)?;
         let mut new = old.clone().unwrap_or_else(|| Entry::bottom(key.kind));
         let before = new.dots();
-        let unseen = theirs.unseen_by(ctx);
+        let mut unseen = theirs.unseen_by(ctx);
+        // Conflicting input only: a value that beats ours under the same dot changes the row,
+        // so redundancy removal must forward it too (with its dots, keeping I3).
+        let overriding = theirs.overriding(&new);
+        if !overriding.is_bottom() {
+            infl_ctx.join(&overriding.dots());
+            let none = CausalContext::new();
+            unseen.join(&none, overriding, &none);
+        }
         new.join(ctx, theirs, join_ctx);
         infl_ctx.join(&before.diff(&new.dots()));
         let new_opt = (!new.is_bottom()).then_some(&new);

@@ -4,6 +4,11 @@
 //! Every decode states a size limit that is checked before any decoding, bincode's own claimed-
 //! bytes limit bounds allocation, and trailing bytes are rejected. Swapping the codec later is a
 //! change to this module only.
+//!
+//! Guarantee (one value, one encoding): `decode(b) == Ok(v)` implies `encode(v) == b`. bincode
+//! itself accepts over-long varints (several byte strings for one integer); [`decode`] therefore
+//! re-encodes what it decoded and compares it with the input, byte by byte and without
+//! allocating, and rejects any difference as [`CodecError::NotCanonical`].
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -67,6 +72,15 @@ pub enum CodecError {
         /// How many bytes were left.
         extra: usize,
     },
+    /// The bytes decode, but are not the one encoding of their value (an over-long varint, a
+    /// map out of order, ...): correct nodes never write them.
+    #[error("{what} is not canonically encoded (first difference at byte {at})")]
+    NotCanonical {
+        /// What was being decoded.
+        what: &'static str,
+        /// Offset (after the version byte) of the first byte that differs.
+        at: usize,
+    },
     /// Encoding failed (a value over the ceiling).
     #[error("cannot encode {what}: {detail}")]
     Encode {
@@ -122,12 +136,56 @@ impl std::io::Write for SizeCounter {
     }
 }
 
+/// A writer that compares what is written with `expected` instead of storing it.
+struct Compare<'a> {
+    expected: &'a [u8],
+    at: usize,
+    /// The offset of the first difference, if any.
+    differs: Option<usize>,
+}
+
+impl std::io::Write for Compare<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.differs.is_none() {
+            let rest = self.expected.get(self.at..).unwrap_or(&[]);
+            match buf.iter().zip(rest).position(|(a, b)| a != b) {
+                Some(i) => self.differs = Some(self.at + i),
+                None if rest.len() < buf.len() => self.differs = Some(self.at + rest.len()),
+                None => {}
+            }
+        }
+        self.at += buf.len();
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `Err(offset)` when `value` does not encode to exactly `body`.
+fn check_canonical<T: Serialize>(value: &T, body: &[u8]) -> Result<(), usize> {
+    let mut cmp = Compare {
+        expected: body,
+        at: 0,
+        differs: None,
+    };
+    if bincode::serde::encode_into_std_write(value, &mut cmp, config()).is_err() {
+        return Err(0);
+    }
+    match cmp.differs {
+        Some(at) => Err(at),
+        None if cmp.at != body.len() => Err(cmp.at.min(body.len())),
+        None => Ok(()),
+    }
+}
+
 /// Decodes bytes written by [`encode`], refusing inputs over `limit` bytes, other versions,
-/// malformed bytes and trailing bytes. Never panics on any input.
+/// malformed bytes, trailing bytes and non-canonical encodings (so `decode(b) == Ok(v)` implies
+/// `encode(v) == b`). Never panics on any input.
 ///
 /// # Errors
 /// The [`CodecError`] describing what is wrong.
-pub fn decode<T: DeserializeOwned>(
+pub fn decode<T: DeserializeOwned + Serialize>(
     what: &'static str,
     bytes: &[u8],
     limit: usize,
@@ -161,6 +219,7 @@ pub fn decode<T: DeserializeOwned>(
             extra: body.len() - used,
         });
     }
+    check_canonical(&value, body).map_err(|at| CodecError::NotCanonical { what, at })?;
     Ok(value)
 }
 
@@ -208,5 +267,40 @@ mod tests {
             0x7f,
         ];
         assert!(decode::<Vec<u64>>("test", &hostile, 1024).is_err());
+    }
+
+    /// bincode reads `[0xfb, 5, 0]` (a u16-width varint) as 5, whose encoding is `[5]`: one
+    /// value, two encodings. The codec accepts only the canonical one.
+    #[test]
+    fn over_long_varints_are_rejected() {
+        let canonical = encode("test", &5u64).expect("encodes");
+        assert_eq!(canonical, vec![FORMAT_VERSION, 5]);
+        assert_eq!(decode::<u64>("test", &canonical, 16), Ok(5));
+        for long in [
+            vec![FORMAT_VERSION, 0xfb, 5, 0],
+            vec![FORMAT_VERSION, 0xfc, 5, 0, 0, 0],
+            vec![FORMAT_VERSION, 0xfd, 5, 0, 0, 0, 0, 0, 0, 0],
+        ] {
+            assert!(
+                bincode::serde::decode_from_slice::<u64, _>(&long[1..], config()).is_ok(),
+                "bincode alone accepts {long:?}"
+            );
+            assert!(
+                matches!(
+                    decode::<u64>("test", &long, 16),
+                    Err(CodecError::NotCanonical { .. })
+                ),
+                "{long:?}"
+            );
+        }
+        // Inside a structure too: a vector length written long.
+        assert!(matches!(
+            decode::<Vec<u8>>("test", &[FORMAT_VERSION, 0xfb, 1, 0, 7], 16),
+            Err(CodecError::NotCanonical { .. })
+        ));
+        assert_eq!(
+            decode::<Vec<u8>>("test", &[FORMAT_VERSION, 1, 7], 16),
+            Ok(vec![7])
+        );
     }
 }

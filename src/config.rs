@@ -132,6 +132,12 @@ pub enum Durability {
     Immediate,
     /// Acknowledge after the commit without fsync; a crash may lose the writes of commits since
     /// the last durable one (at most `relaxed_sync_interval`). Opt-in.
+    ///
+    /// Only local callers (and watchers) see writes early: peers are served, announced and
+    /// acknowledged durable state only, so a crash never makes the node reissue a dot a peer
+    /// holds. A relaxed write therefore reaches peers after the next durable commit (the
+    /// periodic one, or one forced when a peer is due to be served), and every remote join is
+    /// made durable before it is acknowledged.
     Relaxed,
 }
 

@@ -6,16 +6,16 @@
 use crate::apply::Rejected;
 use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::model::Delta;
+use crate::model::{Delta, StateChunk};
 use crate::proto::replica::{Event as ReplicaEvent, Now, Replica};
-use crate::proto::{ApplyOutcome, Message, PeerId, StateStore};
-use crate::store::{DeltasSince, LocalCommit, LocalWrite, RedbStore};
+use crate::proto::{ApplyOutcome, ChunkRead, LogInterval, Message, PeerId, StateStore};
+use crate::store::{DeltasSince, LocalCommit, LocalWrite, RedbStore, StoreError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
-use tidemark_crdts::{CausalContext, Key, Value};
+use tidemark_crdts::{CausalContext, DedupMarks, Key, ReplicaId, Value};
 use tokio::sync::{broadcast, oneshot};
 
 /// One change published to watchers after its commit.
@@ -107,9 +107,8 @@ pub(crate) struct Driver {
     pub(crate) changes: broadcast::Sender<Arc<Change>>,
     pub(crate) group_ops_max: usize,
     pub(crate) tick: Duration,
-    /// In relaxed durability: commits since the last forced durable commit.
-    pub(crate) relaxed_dirty: bool,
-    pub(crate) relaxed: bool,
+    /// What is durable: the only state peers are served (relaxed durability).
+    pub(crate) durable: DurablePoint,
     /// The sans-IO replication core this writer drives.
     pub(crate) replica: Replica,
     /// This node's peer id (what peers call us).
@@ -209,7 +208,8 @@ impl Driver {
 
     fn drive_timeout(&mut self) {
         let now = self.now();
-        if let Err(e) = self.replica.handle_timeout(now, &mut self.store) {
+        let mut served = Served::new(&mut self.store, &mut self.durable);
+        if let Err(e) = self.replica.handle_timeout(now, &mut served) {
             tracing::error!(error = %e, "replication storage failure");
         }
         self.drive_outputs();
@@ -230,7 +230,10 @@ impl Driver {
                         })
                         .is_err()
                     {
+                        // The peer's writer is gone (shut down or dropped).
                         self.outboxes.remove(&t.to);
+                        let now = self.now();
+                        self.replica.peer_down(now, t.to);
                     }
                 }
                 Ok(bytes) => {
@@ -275,13 +278,8 @@ impl Driver {
 
     fn on_tick(&mut self) {
         Metrics::set(&self.metrics.log_entries, self.store.log_len());
-        if self.relaxed && self.relaxed_dirty {
-            match self.store.sync() {
-                Ok(()) => self.relaxed_dirty = false,
-                Err(e) => {
-                    tracing::error!(error = %e, "periodic durable commit failed; writes halted")
-                }
-            }
+        if let Err(e) = self.durable.sync(&mut self.store) {
+            tracing::error!(error = %e, "periodic durable commit failed; writes halted");
         }
     }
 
@@ -303,7 +301,6 @@ impl Driver {
         self.queued_ops.fetch_sub(group_ops, Ordering::AcqRel);
         match result {
             Ok(commit) => {
-                self.relaxed_dirty = true;
                 let m = &self.metrics;
                 Metrics::add(&m.commits, 1);
                 Metrics::add(&m.commit_groups_ops, all.len() as u64);
@@ -378,7 +375,8 @@ impl Driver {
             Input::Connect { peer, outbox } => {
                 self.outboxes.insert(peer, outbox);
                 let now = self.now();
-                if let Err(e) = self.replica.peer_up(now, peer, &mut self.store) {
+                let mut served = Served::new(&mut self.store, &mut self.durable);
+                if let Err(e) = self.replica.peer_up(now, peer, &mut served) {
                     tracing::error!(error = %e, "replication storage failure");
                 }
             }
@@ -395,8 +393,8 @@ impl Driver {
                 ) {
                     Ok(msg) => {
                         let now = self.now();
-                        if let Err(e) = self.replica.handle_message(now, from, msg, &mut self.store)
-                        {
+                        let mut served = Served::new(&mut self.store, &mut self.durable);
+                        if let Err(e) = self.replica.handle_message(now, from, msg, &mut served) {
                             tracing::error!(error = %e, "replication storage failure");
                         }
                     }
@@ -425,7 +423,13 @@ impl Driver {
                 delta,
                 reply,
             } => {
-                let r = self.store.apply_remote_delta(origin, delta, wall_ms());
+                let mut r = self.store.apply_remote_delta(origin, delta, wall_ms());
+                // The caller may acknowledge it to a peer: durable before the reply.
+                if r.is_ok() {
+                    if let Err(e) = self.durable.sync(&mut self.store) {
+                        r = Err(e);
+                    }
+                }
                 if let Ok(Ok(outcome)) = &r {
                     self.publish(&outcome.changed);
                     Metrics::add(&self.metrics.hlc_rejected, outcome.hlc_rejected);
@@ -439,13 +443,19 @@ impl Driver {
                 bytes_max,
                 reply,
             } => {
-                let _ = reply.send(
-                    self.store
-                        .deltas_since(&remote, bytes_max)
-                        .map_err(Error::from),
-                );
+                // Served to a peer: only durable commits (relaxed mode syncs first).
+                let r = self
+                    .durable
+                    .sync(&mut self.store)
+                    .and_then(|()| self.store.deltas_since(&remote, bytes_max));
+                let _ = reply.send(r.map_err(Error::from));
             }
             Input::Compact { below, reply } => {
+                // The retained log never starts above the durable log end the core is shown.
+                if let Err(e) = self.durable.sync(&mut self.store) {
+                    let _ = reply.send(Err(Error::from(e)));
+                    return;
+                }
                 let (start, end) = self.store.log_bounds();
                 let below = below.unwrap_or(end);
                 let r = self.store.compact(below).map(|bytes| {
@@ -480,5 +490,164 @@ impl Driver {
                 value,
             }));
         }
+    }
+}
+
+/// The last durable commit: in `Durability::Relaxed` the replication core is shown the store
+/// as of this point only (ARCHITECTURE invariant 7). In `Immediate` mode every commit is durable
+/// and the point is not tracked.
+pub(crate) struct DurablePoint {
+    relaxed: bool,
+    /// The log end at the last durable commit.
+    log_end: u64,
+    /// The causal context at the last durable commit.
+    ctx: CausalContext,
+}
+
+impl DurablePoint {
+    /// The point of a store just opened (opening commits durably).
+    pub(crate) fn new(store: &RedbStore, relaxed: bool) -> Self {
+        Self {
+            relaxed,
+            log_end: store.log_bounds().1,
+            ctx: if relaxed {
+                store.ctx().clone()
+            } else {
+                CausalContext::new()
+            },
+        }
+    }
+
+    /// Makes every commit so far durable (a forced durable commit, only when relaxed commits
+    /// are pending) and moves the point to the store's current state.
+    ///
+    /// # Errors
+    /// The durable commit failed (the store halts).
+    pub(crate) fn sync(&mut self, store: &mut RedbStore) -> Result<(), StoreError> {
+        if !self.relaxed {
+            return Ok(());
+        }
+        if store.unsynced() {
+            store.sync()?;
+        }
+        let end = store.log_bounds().1;
+        if end != self.log_end || store.ctx() != &self.ctx {
+            self.log_end = end;
+            self.ctx = store.ctx().clone();
+        }
+        Ok(())
+    }
+}
+
+/// The store as the replication core sees it. In relaxed durability a local commit is
+/// acknowledged before it is durable, so a crash can lose it; the node must then never have let
+/// it out, or after the restart it would reissue dots its peers hold with other content. Hence
+/// everything a peer can observe comes from durable state only:
+///
+/// - log bounds end at the durable log end, the announced context (`Have`, transfer contexts)
+///   is the durable one, and reading past the durable point (an interval reaching beyond it, a
+///   state chunk, dedup marks) first makes everything durable;
+/// - a remote join is made durable before the core acknowledges it or records a cursor a
+///   `Hello` reports.
+///
+/// In `Immediate` mode every call passes straight through.
+struct Served<'a> {
+    store: &'a mut RedbStore,
+    durable: &'a mut DurablePoint,
+}
+
+impl<'a> Served<'a> {
+    fn new(store: &'a mut RedbStore, durable: &'a mut DurablePoint) -> Self {
+        Self { store, durable }
+    }
+
+    /// Makes everything durable before the caller reads beyond the durable point.
+    fn sync(&mut self) -> Result<(), StoreError> {
+        self.durable.sync(self.store)
+    }
+}
+
+impl StateStore for Served<'_> {
+    type Error = StoreError;
+
+    fn replica_id(&self) -> ReplicaId {
+        self.store.replica_id()
+    }
+
+    fn context(&self) -> &CausalContext {
+        if self.durable.relaxed {
+            &self.durable.ctx
+        } else {
+            self.store.context()
+        }
+    }
+
+    fn dedup_marks(&mut self) -> Result<DedupMarks, StoreError> {
+        self.sync()?;
+        self.store.dedup_marks()
+    }
+
+    fn log_bounds(&self) -> (u64, u64) {
+        let (start, end) = self.store.log_bounds();
+        if self.durable.relaxed {
+            (start, self.durable.log_end.min(end).max(start))
+        } else {
+            (start, end)
+        }
+    }
+
+    fn log_interval(
+        &mut self,
+        from: u64,
+        exclude: Option<PeerId>,
+        bytes_max: usize,
+    ) -> Result<LogInterval, StoreError> {
+        // The interval may reach the store's log end: make every entry durable first.
+        if self.durable.relaxed && self.store.log_bounds().1 > self.durable.log_end {
+            self.sync()?;
+        }
+        self.store.log_interval(from, exclude, bytes_max)
+    }
+
+    fn apply_remote(
+        &mut self,
+        origin: PeerId,
+        delta: Delta,
+        cursor: Option<(ReplicaId, u64)>,
+        now_ms: u64,
+    ) -> Result<Result<ApplyOutcome, Rejected>, StoreError> {
+        let r = self.store.apply_remote(origin, delta, cursor, now_ms)?;
+        self.sync()?;
+        Ok(r)
+    }
+
+    fn peer_cursor(&self, peer: PeerId) -> Option<(ReplicaId, u64)> {
+        // Cursors are written only by remote joins, which are durable before they return.
+        self.store.peer_cursor(peer)
+    }
+
+    fn read_chunk(
+        &mut self,
+        after: Option<&Key>,
+        bytes_max: usize,
+    ) -> Result<ChunkRead, StoreError> {
+        self.sync()?;
+        self.store.read_chunk(after, bytes_max)
+    }
+
+    fn apply_chunk(
+        &mut self,
+        origin: PeerId,
+        chunk: StateChunk,
+        cursor: Option<(ReplicaId, u64)>,
+        now_ms: u64,
+    ) -> Result<Result<ApplyOutcome, Rejected>, StoreError> {
+        let r = self.store.apply_chunk(origin, chunk, cursor, now_ms)?;
+        self.sync()?;
+        Ok(r)
+    }
+
+    fn truncate_log(&mut self, below: u64) -> Result<u64, StoreError> {
+        self.store.truncate_log(below.min(self.log_bounds().1))
     }
 }

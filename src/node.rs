@@ -64,14 +64,15 @@ pub struct Watch {
 /// What a watcher receives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WatchEvent {
-    /// A key changed to `value` (published only after the change committed durably).
+    /// A key changed to `value` (published only after the change committed; durably, unless
+    /// the node runs in relaxed durability).
     Changed(Change),
     /// The watcher fell behind by this many changes (bounded buffer); re-read to resync.
     Lagged(u64),
 }
 
 impl Watch {
-    /// The next change, or `None` once the node shut down.
+    /// The next change, or `None` once the node shut down (or its last handle was dropped).
     pub async fn next(&mut self) -> Option<WatchEvent> {
         loop {
             match self.rx.recv().await {
@@ -104,7 +105,32 @@ struct Shared {
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
+impl Drop for Shared {
+    /// The last handle is gone without [`Node::shutdown`]: stop the writer after the writes
+    /// already queued (with a final durable commit) and wait for it, so the database is closed
+    /// when the drop returns. Peers only hold this node's inbox, which keeps nothing alive.
+    fn drop(&mut self) {
+        let inputs = self.inputs.get_mut().ok().and_then(Option::take);
+        if let Some(tx) = inputs {
+            let (reply, _) = oneshot::channel();
+            let _ = tx.send(Input::Shutdown { reply });
+        }
+        if let Ok(reader) = self.reader.get_mut() {
+            reader.take();
+        }
+        let thread = self.thread.get_mut().ok().and_then(Option::take);
+        if let Some(t) = thread {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
 /// An embedded Tidemark node. Cheap to clone (clones share one node).
+///
+/// Dropping the last handle without [`Node::shutdown`] shuts the node down the same way (it
+/// blocks the dropping thread until the writer has finished and the database is closed).
 ///
 /// Guarantees: a write call returns `Ok` only after its effects are durably committed (in the
 /// default `Immediate` durability); a rejected call applies nothing; reads see committed state
@@ -168,6 +194,8 @@ impl Node {
                 .unwrap_or([7; 8]),
         );
         let core = Replica::new(replication, epoch, seed, store.known_peers());
+        let relaxed = config.durability == crate::config::Durability::Relaxed;
+        let durable = crate::driver::DurablePoint::new(&store, relaxed);
         let driver = Driver {
             store,
             inputs: rx,
@@ -179,8 +207,7 @@ impl Node {
                 crate::config::Durability::Relaxed => config.relaxed_sync_interval,
                 crate::config::Durability::Immediate => Duration::from_millis(100),
             },
-            relaxed_dirty: false,
-            relaxed: config.durability == crate::config::Durability::Relaxed,
+            durable,
             replica: core,
             me,
             outboxes: std::collections::BTreeMap::new(),
@@ -391,7 +418,8 @@ impl Node {
         }
     }
 
-    /// The committed causal context (the digest of everything this node has seen).
+    /// The committed causal context (the digest of everything this node has seen). In relaxed
+    /// durability it includes local commits that are not durable yet.
     ///
     /// # Errors
     /// Storage failures.
@@ -400,6 +428,8 @@ impl Node {
     }
 
     /// The retained deltas a peer at `remote` lacks, joined, up to about `bytes_max` bytes.
+    /// Only durable commits are served: in relaxed durability pending commits are made durable
+    /// first.
     ///
     /// # Errors
     /// Storage failures; [`Error::Closed`].
@@ -417,7 +447,8 @@ impl Node {
         rx.await.map_err(|_| Error::Closed)?
     }
 
-    /// Joins a remote delta (with redundancy removal), durably, before returning.
+    /// Joins a remote delta (with redundancy removal), durably (in relaxed durability too),
+    /// before returning.
     /// `Ok(Err(reason))` when the delta is invalid: nothing applied.
     ///
     /// # Errors

@@ -39,7 +39,7 @@ fn replica_ids(range: core::ops::Range<u64>) -> Vec<u128> {
 fn ours_add(replica: u128, elems: core::ops::Range<u64>) -> ORSet<u64> {
     let mut s = ORSet::new();
     for e in elems {
-        black_box(s.add(ReplicaId(replica), e));
+        black_box(s.add(ReplicaId(replica), e).expect("dots left"));
     }
     s
 }
@@ -348,8 +348,8 @@ fn encoded_sizes(_c: &mut Criterion) {
     };
 
     let mut big = ours_add(A, 0..N);
-    let fresh = encode(&big.add(ReplicaId(A), N)).len();
-    let readd = encode(&big.add(ReplicaId(A), 7)).len();
+    let fresh = encode(&big.add(ReplicaId(A), N).expect("dots left")).len();
+    let readd = encode(&big.add(ReplicaId(A), 7).expect("dots left")).len();
     let removal = encode(&big.remove(&8)).len();
     let big_theirs = theirs_add(A, 0..N);
     let ctx = big_theirs.read_ctx().derive_add_ctx(A);

@@ -57,6 +57,9 @@ struct Row {
     replica: ReplicaId,
     seqs: IntervalSet,
     last: u64,
+    /// Decoding only: the seqs of this replica's dots read so far, to reject a dot that appears
+    /// twice anywhere in the store (under two keys, or twice in one collection).
+    used: Vec<u64>,
 }
 
 /// A replica table: one row per replica of the context, ascending by replica.
@@ -78,6 +81,7 @@ impl TableScope {
                 replica: *r,
                 seqs: s.clone(),
                 last: 0,
+                used: Vec::new(),
             })
             .collect();
         TABLES.with(|t| t.borrow_mut().push(table));
@@ -149,8 +153,63 @@ fn resolve((index, delta): IndexedDot) -> Result<Dot, &'static str> {
             return Err("dot outside its causal context");
         }
         row.last = seq;
+        row.used.push(seq);
         Ok(Dot::new(row.replica, seq))
     })
+}
+
+/// `Err` when some dot was read twice under the innermost table: a correct replica's store
+/// holds every dot once (under one key, once per collection), and the join is a lattice join
+/// only on such stores.
+fn check_dots_distinct() -> Result<(), &'static str> {
+    TABLES.with(|t| {
+        let mut t = t.borrow_mut();
+        let Some(table) = t.last_mut() else {
+            return Ok(());
+        };
+        for row in table.iter_mut() {
+            let used = core::mem::take(&mut row.used);
+            let mut sorted = used;
+            sorted.sort_unstable();
+            if sorted.windows(2).any(|w| w[0] == w[1]) {
+                return Err("a dot appears twice in the store");
+            }
+        }
+        Ok(())
+    })
+}
+
+/// A map decoded strictly: keys strictly ascending, so no duplicate key is silently dropped
+/// (as serde's `BTreeMap` does: the last one wins) and every map has exactly one encoding.
+/// Encoded as a plain serde map, i.e. exactly as the `BTreeMap` it is read into.
+pub(crate) struct StrictMap<K, V>(pub(crate) Vec<(K, V)>);
+
+impl<'de, K: Ord + Deserialize<'de>, V: Deserialize<'de>> Deserialize<'de> for StrictMap<K, V> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct MapVisitor<K, V>(PhantomData<(K, V)>);
+
+        impl<'de, K: Ord + Deserialize<'de>, V: Deserialize<'de>> Visitor<'de> for MapVisitor<K, V> {
+            type Value = StrictMap<K, V>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map with strictly ascending keys")
+            }
+
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                // Not pre-sized from the claimed length: it is untrusted input.
+                let mut entries: Vec<(K, V)> = Vec::new();
+                while let Some((k, v)) = map.next_entry::<K, V>()? {
+                    if entries.last().is_some_and(|(prev, _)| *prev >= k) {
+                        return Err(de::Error::custom("map keys are not strictly ascending"));
+                    }
+                    entries.push((k, v));
+                }
+                Ok(StrictMap(entries))
+            }
+        }
+
+        d.deserialize_map(MapVisitor(PhantomData))
+    }
 }
 
 fn table_in_force() -> bool {
@@ -224,6 +283,7 @@ impl<'de, S: Deserialize<'de>> Deserialize<'de> for Causal<S> {
                 let store: S = seq
                     .next_element()?
                     .ok_or_else(|| de::Error::invalid_length(1, &self))?;
+                check_dots_distinct().map_err(de::Error::custom)?;
                 drop(scope);
                 Ok(Causal { store, ctx })
             }
@@ -278,8 +338,8 @@ mod tests {
         let mut a = ORSet::new();
         let mut b = ORSet::new();
         for i in 0..1000u64 {
-            a.add(A, i);
-            b.add(B, i + 500);
+            a.add(A, i).expect("dots left");
+            b.add(B, i + 500).expect("dots left");
         }
         for i in 0..100u64 {
             a.remove(&(i * 3));
@@ -294,10 +354,10 @@ mod tests {
     fn one_add_delta_is_small_whatever_the_set_size() {
         let mut s = ORSet::new();
         for i in 0..10_000u64 {
-            s.add(A, i);
+            s.add(A, i).expect("dots left");
         }
-        let fresh = s.add(A, u64::MAX);
-        let readd = s.add(A, 5);
+        let fresh = s.add(A, u64::MAX).expect("dots left");
+        let readd = s.add(A, 5).expect("dots left");
         assert!(enc(&fresh).len() < 64, "{} bytes", enc(&fresh).len());
         assert!(enc(&readd).len() < 64, "{} bytes", enc(&readd).len());
         roundtrip_both(&fresh);
@@ -340,7 +400,7 @@ mod tests {
         // An add-only replica's set: every seq delta is +1, one byte per dot.
         let mut s = ORSet::new();
         for i in 0..300u64 {
-            s.add(A, 1000 + i);
+            s.add(A, 1000 + i).expect("dots left");
         }
         // ctx: entries 1 + replica 17 + ranges 1 + range (1, 300) 1 + 3; then map length 3;
         // then per element: key 3, dot count 1, index 1, seq delta 1.
@@ -364,10 +424,10 @@ mod tests {
     #[test]
     fn mvregister_and_standalone_stores_roundtrip() {
         let mut r = MVRegister::new();
-        r.write(A, "x".to_owned());
+        r.write(A, "x".to_owned()).expect("dots left");
         let mut r2 = r.clone();
-        r.write(A, "y".to_owned());
-        r2.write(B, "z".to_owned());
+        r.write(A, "y".to_owned()).expect("dots left");
+        r2.write(B, "z".to_owned()).expect("dots left");
         r.join(r2);
         assert_eq!(r.read().len(), 2);
         roundtrip_both(&r);
@@ -398,7 +458,7 @@ mod tests {
         ];
         for (k, m) in &keys {
             let d = st
-                .mutate(A, k, m, Some(hlc.now(5)))
+                .mutate(A, k, m, Some(hlc.now(5).expect("clock left")))
                 .expect("mutation applies");
             roundtrip(&d);
         }
@@ -529,8 +589,8 @@ mod tests {
         // Truncated input is an error, not a panic.
         let good = enc(&{
             let mut s = ORSet::new();
-            s.add(A, 1u64);
-            s.add(B, 2u64);
+            s.add(A, 1u64).expect("dots left");
+            s.add(B, 2u64).expect("dots left");
             s
         });
         for n in 0..good.len() {

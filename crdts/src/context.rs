@@ -4,6 +4,27 @@ use crate::interval::IntervalSet;
 use crate::replica::{Dot, ReplicaId};
 use std::collections::BTreeMap;
 
+/// A replica's sequence space is used up: its dot `u64::MAX` was already seen, so
+/// [`CausalContext::next_dot`] has no fresh dot to give.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct DotsExhausted {
+    /// The replica whose dots are exhausted.
+    pub replica: ReplicaId,
+}
+
+impl core::fmt::Display for DotsExhausted {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "replica {} has no dot left (seq {} already seen)",
+            self.replica,
+            u64::MAX
+        )
+    }
+}
+
+impl std::error::Error for DotsExhausted {}
+
 /// A version vector: for each replica, the contiguous prefix `1..=n` of its dots that were seen.
 pub type VersionVector = BTreeMap<ReplicaId, u64>;
 
@@ -22,22 +43,28 @@ pub struct CausalContext {
 #[cfg(feature = "serde")]
 impl<'de> serde::Deserialize<'de> for CausalContext {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // Replicas strictly ascending: a duplicate or unsorted replica (one value, several
+        // encodings; with a plain map the last duplicate would silently win) is an error.
         #[derive(serde::Deserialize)]
+        #[serde(rename = "CausalContext")]
         struct Raw {
-            dots: BTreeMap<ReplicaId, IntervalSet>,
+            dots: crate::codec::StrictMap<ReplicaId, IntervalSet>,
         }
         let raw = Raw::deserialize(d)?;
-        if raw.dots.values().any(IntervalSet::is_empty) {
+        if raw.dots.0.iter().any(|(_, s)| s.is_empty()) {
             return Err(serde::de::Error::custom(
                 "causal context holds an empty entry",
             ));
         }
-        if raw.dots.values().any(|s| s.contains(0)) {
+        if raw.dots.0.iter().any(|(_, s)| s.contains(0)) {
             return Err(serde::de::Error::custom(
                 "causal context holds sequence number 0",
             ));
         }
-        Ok(Self { dots: raw.dots })
+        // Sorted input: `collect` builds the tree in bulk.
+        Ok(Self {
+            dots: raw.dots.0.into_iter().collect(),
+        })
     }
 }
 
@@ -103,14 +130,21 @@ impl CausalContext {
     /// The next dot `replica` should issue: one past the largest of its dots seen.
     ///
     /// Guarantee (DESIGN.md B1, I2): for the local replica its own dots are contiguous, so this is
-    /// `vv[replica] + 1`; callers check that with [`CausalContext::own_dots_contiguous`].
-    pub fn next_dot(&self, replica: ReplicaId) -> Dot {
+    /// `vv[replica] + 1`; callers check that with [`CausalContext::own_dots_contiguous`]. The
+    /// dot returned was never seen: there is no saturation and no reissue.
+    ///
+    /// # Errors
+    /// [`DotsExhausted`] when the context already holds `(replica, u64::MAX)`: the replica can
+    /// issue no more dots (it must take a new replica id).
+    pub fn next_dot(&self, replica: ReplicaId) -> Result<Dot, DotsExhausted> {
         let max = self
             .dots
             .get(&replica)
             .and_then(IntervalSet::max)
             .unwrap_or(0);
-        Dot::new(replica, max.saturating_add(1))
+        max.checked_add(1)
+            .map(|seq| Dot::new(replica, seq))
+            .ok_or(DotsExhausted { replica })
     }
 
     /// The largest seq seen from `replica` (0 if none).

@@ -26,6 +26,14 @@ pub trait DotStore: Clone + Default + PartialEq + Debug {
     fn remove_dots(&mut self, removed: &CausalContext) -> usize;
     /// The entries of `self` whose dots `ctx` has not seen: what a replica at `ctx` lacks.
     fn unseen_by(&self, ctx: &CausalContext) -> Self;
+    /// The entries of `self` under dots that `mine` holds at the same place with a value the
+    /// join replaces (a larger one). Empty for every pair of stores correct replicas build
+    /// (one dot, one value); on conflicting input redundancy removal must still forward them.
+    fn overriding(&self, mine: &Self) -> Self;
+    /// Adds to `out` every dot of `self` that `ctx` has seen but `mine` does not hold at the
+    /// same place (same key, same element). If `mine` holds such a dot elsewhere, the causal
+    /// join removes it there: the other side has seen it and does not hold it under that key.
+    fn seen_elsewhere(&self, mine: &Self, ctx: &CausalContext, out: &mut CausalContext);
 
     /// Every dot of the store as a context.
     fn dots(&self) -> CausalContext {
@@ -144,6 +152,16 @@ impl DotStore for DotSet {
                 .collect(),
         )
     }
+    fn overriding(&self, _mine: &Self) -> Self {
+        Self::default()
+    }
+    fn seen_elsewhere(&self, mine: &Self, ctx: &CausalContext, out: &mut CausalContext) {
+        for d in &self.0 {
+            if ctx.contains(d) && !mine.contains(d) {
+                out.insert(*d);
+            }
+        }
+    }
 }
 
 /// A map from dots to values (the payload of registers and causal counters).
@@ -234,6 +252,48 @@ impl<V: Clone + Ord + Debug> DotStore for DotFun<V> {
                 .collect(),
         )
     }
+    fn overriding(&self, mine: &Self) -> Self {
+        Self(
+            self.0
+                .iter()
+                .filter(|(d, v)| mine.get(d).is_some_and(|m| v > m))
+                .cloned()
+                .collect(),
+        )
+    }
+    fn seen_elsewhere(&self, mine: &Self, ctx: &CausalContext, out: &mut CausalContext) {
+        for (d, _) in &self.0 {
+            if ctx.contains(d) && mine.get(d).is_none() {
+                out.insert(*d);
+            }
+        }
+    }
+}
+
+/// Which children a [`DotMap`] key admits. The decoder rejects a child its key does not admit,
+/// so a decoded map never holds, e.g., a set entry under a counter key (`store::Key` admits only
+/// entries of its own kind; every other key type admits every child).
+pub trait AdmitsChild<S> {
+    /// True when `child` may be stored under `self`.
+    fn admits(&self, child: &S) -> bool;
+}
+
+impl<K> AdmitsChild<DotSet> for K {
+    fn admits(&self, _: &DotSet) -> bool {
+        true
+    }
+}
+
+impl<K, V> AdmitsChild<DotFun<V>> for K {
+    fn admits(&self, _: &DotFun<V>) -> bool {
+        true
+    }
+}
+
+impl<K, K2: Ord, S> AdmitsChild<DotMap<K2, S>> for K {
+    fn admits(&self, _: &DotMap<K2, S>) -> bool {
+        true
+    }
 }
 
 /// A map from keys to nested dot stores sharing one context. Empty children are dropped.
@@ -303,11 +363,23 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotStore for DotMap<K, S> {
         // any of them that is live here must be removed. Most deltas name the keys whose
         // dots they remove; only when some of these dots are not found under the keys the
         // other side names do we scan our remaining keys (e.g. a context-only remove delta).
+        //
+        // A dot the other side holds under one key and we hold under another (input no correct
+        // replica produces, but a decoder cannot see across two messages) is removed on both
+        // sides, as the per-key rule `(s∩s')∪(s\c')∪(s'\c)` says: so the dots of the other
+        // store that we have seen but do not hold under the same key are candidates too.
         let seen_by_both = other_ctx.intersection(ctx);
         let candidates = if seen_by_both.is_empty() {
+            // Our context and the other's are disjoint: the other side's dots (all within its
+            // context) are all unseen here, so none can be held under another key.
             seen_by_both
         } else {
-            seen_by_both.diff(&other.dots())
+            let mut c = seen_by_both.diff(&other.dots());
+            let bottom = S::default();
+            for (k, theirs) in &other.0 {
+                theirs.seen_elsewhere(self.0.get(k).unwrap_or(&bottom), ctx, &mut c);
+            }
+            c
         };
         let mut found = 0u64;
         for (k, theirs) in other.0 {
@@ -360,6 +432,21 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotStore for DotMap<K, S> {
                 .collect(),
         )
     }
+    fn overriding(&self, mine: &Self) -> Self {
+        let mut out = DotMap::default();
+        for (k, theirs) in &self.0 {
+            if let Some(m) = mine.0.get(k) {
+                out.set(k.clone(), theirs.overriding(m));
+            }
+        }
+        out
+    }
+    fn seen_elsewhere(&self, mine: &Self, ctx: &CausalContext, out: &mut CausalContext) {
+        let bottom = S::default();
+        for (k, theirs) in &self.0 {
+            theirs.seen_elsewhere(mine.0.get(k).unwrap_or(&bottom), ctx, out);
+        }
+    }
 }
 
 /// A causal CRDT: a dot store paired with the context of everything its holder has seen.
@@ -401,20 +488,36 @@ impl<S: DotStore> Causal<S> {
     }
 
     /// Redundancy removal (DESIGN.md C3): the part of `delta` that inflates `self`, so that
-    /// `self ⊔ inflation == self ⊔ delta`. `None` when `delta` brings nothing new.
+    /// `self ⊔ inflation == self ⊔ delta`. `None` exactly when `delta` brings nothing new
+    /// (`self ⊔ delta == self`), on every input that keeps invariant I3 (all decoded values do).
     ///
-    /// Entries whose dots `self` has seen are dropped; the context keeps the dots `self` has not
-    /// seen plus the seen dots that remove something live here.
+    /// The store keeps the entries whose dots `self` has not seen, plus (conflicting input only)
+    /// entries whose value beats ours under the same dot; the context keeps the dots `self` has
+    /// not seen, the dots of that store, and the seen dots that remove something live here.
     pub fn inflation(&self, delta: &Causal<S>) -> Option<Causal<S>> {
-        let store = delta.store.unseen_by(&self.ctx);
+        let mut store = delta.store.unseen_by(&self.ctx);
         let mut ctx = delta.ctx.diff(&self.ctx);
-        let candidates = delta.ctx.intersection(&self.ctx).diff(&delta.store.dots());
-        if !candidates.is_empty() {
-            let mut live = self.store.clone();
-            // What candidates would remove from our store is exactly the live ∩ candidates.
-            let before = live.dots();
-            live.remove_dots(&candidates);
-            ctx.join(&before.diff(&live.dots()));
+        let seen_by_both = delta.ctx.intersection(&self.ctx);
+        if !seen_by_both.is_empty() {
+            let overriding = delta.store.overriding(&self.store);
+            if !overriding.is_bottom() {
+                ctx.join(&overriding.dots());
+                let none = CausalContext::new();
+                store.join(&none, overriding, &none);
+            }
+            // What the join removes from our store: live dots the delta's context holds that
+            // its store does not hold under the same key.
+            let mut candidates = seen_by_both.diff(&delta.store.dots());
+            delta
+                .store
+                .seen_elsewhere(&self.store, &self.ctx, &mut candidates);
+            if !candidates.is_empty() {
+                self.store.for_each_dot(&mut |d| {
+                    if candidates.contains(&d) {
+                        ctx.insert(d);
+                    }
+                });
+            }
         }
         if store.is_bottom() && ctx.is_empty() {
             None
@@ -430,10 +533,8 @@ impl<S: DotStore> Causal<S> {
 /// or as an index into the enclosing [`Causal`]'s replica table) is decided by `crate::codec`.
 #[cfg(feature = "serde")]
 mod serde_impls {
-    use super::{BTreeMap, Dot, DotFun, DotMap, DotSet, DotStore};
-    use core::fmt;
-    use core::marker::PhantomData;
-    use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
+    use super::{AdmitsChild, BTreeMap, Dot, DotFun, DotMap, DotSet, DotStore};
+    use serde::de::{self, Deserialize, Deserializer};
     use serde::ser::{Serialize, Serializer};
 
     impl Serialize for DotSet {
@@ -485,62 +586,32 @@ mod serde_impls {
         }
     }
 
-    impl<'de, K: Ord + Deserialize<'de>, S: DotStore + Deserialize<'de>> Deserialize<'de>
-        for DotMap<K, S>
+    impl<'de, K, S> Deserialize<'de> for DotMap<K, S>
+    where
+        K: Ord + Deserialize<'de> + AdmitsChild<S>,
+        S: DotStore + Deserialize<'de>,
     {
         fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            /// Reads the map strictly: keys strictly ascending (no duplicate silently dropped)
-            /// and no bottom child, i.e. exactly the canonical encoding of a `DotMap`.
-            struct MapVisitor<K, S>(PhantomData<(K, S)>);
-
-            impl<'de, K: Ord + Deserialize<'de>, S: DotStore + Deserialize<'de>> Visitor<'de>
-                for MapVisitor<K, S>
-            {
-                type Value = BTreeMap<K, S>;
-
-                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                    f.write_str("a map with strictly ascending keys and non-empty children")
+            /// Reads the map strictly: keys strictly ascending (no duplicate silently dropped),
+            /// no bottom child and every child of a kind its key admits, i.e. exactly the
+            /// canonical encoding of a `DotMap` a correct replica builds.
+            #[derive(serde::Deserialize)]
+            #[serde(rename = "DotMap")]
+            #[serde(bound = "K: Ord + Deserialize<'de>, S: Deserialize<'de>")]
+            struct Raw<K, S>(crate::codec::StrictMap<K, S>);
+            let entries = Raw::<K, S>::deserialize(d)?.0.0;
+            for (k, child) in &entries {
+                if child.is_bottom() {
+                    return Err(de::Error::custom("dot map holds an empty child"));
                 }
-
-                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                    // Not pre-sized from the claimed length: it is untrusted input.
-                    let mut entries: Vec<(K, S)> = Vec::new();
-                    while let Some((k, child)) = map.next_entry::<K, S>()? {
-                        if entries.last().is_some_and(|(prev, _)| *prev >= k) {
-                            return Err(de::Error::custom(
-                                "dot map keys are not strictly ascending",
-                            ));
-                        }
-                        if child.is_bottom() {
-                            return Err(de::Error::custom("dot map holds an empty child"));
-                        }
-                        entries.push((k, child));
-                    }
-                    // Sorted input: `collect` builds the tree in bulk.
-                    Ok(entries.into_iter().collect())
+                if !k.admits(child) {
+                    return Err(de::Error::custom(
+                        "dot map holds a child of another kind than its key",
+                    ));
                 }
             }
-
-            struct NewtypeVisitor<K, S>(PhantomData<(K, S)>);
-
-            impl<'de, K: Ord + Deserialize<'de>, S: DotStore + Deserialize<'de>> Visitor<'de>
-                for NewtypeVisitor<K, S>
-            {
-                type Value = DotMap<K, S>;
-
-                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                    f.write_str("a dot map")
-                }
-
-                fn visit_newtype_struct<D: Deserializer<'de>>(
-                    self,
-                    d: D,
-                ) -> Result<Self::Value, D::Error> {
-                    d.deserialize_map(MapVisitor(PhantomData)).map(DotMap)
-                }
-            }
-
-            d.deserialize_newtype_struct("DotMap", NewtypeVisitor(PhantomData))
+            // Sorted input: `collect` builds the tree in bulk.
+            Ok(DotMap(entries.into_iter().collect::<BTreeMap<K, S>>()))
         }
     }
 }

@@ -18,7 +18,7 @@ pub struct Timestamp {
     pub replica: ReplicaId,
 }
 
-/// Errors from [`Hlc::observe`].
+/// Errors from [`Hlc::now`] and [`Hlc::observe`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum HlcError {
     /// The remote physical time is more than `max_drift_ms` ahead of our wall clock; the clock
@@ -31,6 +31,9 @@ pub enum HlcError {
         /// The configured maximum drift.
         max_drift_ms: u64,
     },
+    /// The clock would have to pass `(u64::MAX, u32::MAX)`: it has no later timestamp to give
+    /// (it never saturates or goes backwards instead). The clock was left unchanged.
+    Exhausted,
 }
 
 impl core::fmt::Display for HlcError {
@@ -44,6 +47,7 @@ impl core::fmt::Display for HlcError {
                 f,
                 "remote timestamp {remote_ms} ms is more than {max_drift_ms} ms ahead of local clock {wall_ms} ms"
             ),
+            HlcError::Exhausted => write!(f, "the hybrid logical clock is at its ceiling"),
         }
     }
 }
@@ -55,7 +59,8 @@ impl std::error::Error for HlcError {}
 /// Guarantees: every timestamp from [`Hlc::now`] is strictly greater than every timestamp this
 /// clock issued or observed before (including past `u32::MAX` events in one millisecond, by
 /// borrowing the next millisecond), and a remote timestamp too far in the future is rejected
-/// without changing the clock.
+/// without changing the clock. At the ceiling `(u64::MAX, u32::MAX)` both `now` and `observe`
+/// return [`HlcError::Exhausted`] and leave the clock unchanged: it never goes backwards.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hlc {
     replica: ReplicaId,
@@ -97,29 +102,32 @@ impl Hlc {
     }
 
     /// Sets `(l, c)` to `(l', c')`, borrowing the next millisecond on logical overflow.
-    fn set(&mut self, l: u64, c: Option<u32>) {
-        match c {
-            Some(c) => {
-                self.physical_ms = l;
-                self.logical = c;
-            }
-            None => {
-                self.physical_ms = l.saturating_add(1);
-                self.logical = 0;
-            }
-        }
+    ///
+    /// # Errors
+    /// [`HlcError::Exhausted`] when there is no next millisecond; the clock is unchanged.
+    fn set(&mut self, l: u64, c: Option<u32>) -> Result<(), HlcError> {
+        let (l, c) = match c {
+            Some(c) => (l, c),
+            None => (l.checked_add(1).ok_or(HlcError::Exhausted)?, 0),
+        };
+        self.physical_ms = l;
+        self.logical = c;
+        Ok(())
     }
 
     /// Local or send event: `l' = max(l, pt)`, `c' = c + 1` if `l' == l` else 0.
-    pub fn now(&mut self, wall_ms: u64) -> Timestamp {
+    ///
+    /// # Errors
+    /// [`HlcError::Exhausted`] at the ceiling `(u64::MAX, u32::MAX)`; the clock is unchanged.
+    pub fn now(&mut self, wall_ms: u64) -> Result<Timestamp, HlcError> {
         let l = self.physical_ms.max(wall_ms);
         let c = if l == self.physical_ms {
             self.logical.checked_add(1)
         } else {
             Some(0)
         };
-        self.set(l, c);
-        self.stamp()
+        self.set(l, c)?;
+        Ok(self.stamp())
     }
 
     /// The clock's current reading as a timestamp (no tick).
@@ -134,7 +142,8 @@ impl Hlc {
     /// Receive event for a remote timestamp `(l_m, c_m)`.
     ///
     /// # Errors
-    /// [`HlcError::TooFarAhead`] when `l_m > wall_ms + max_drift_ms`; the clock is unchanged.
+    /// [`HlcError::TooFarAhead`] when `l_m > wall_ms + max_drift_ms`, [`HlcError::Exhausted`]
+    /// when the clock would have to pass `(u64::MAX, u32::MAX)`; the clock is unchanged.
     pub fn observe(&mut self, remote: &Timestamp, wall_ms: u64) -> Result<(), HlcError> {
         if remote.physical_ms > wall_ms.saturating_add(self.max_drift_ms) {
             return Err(HlcError::TooFarAhead {
@@ -159,7 +168,6 @@ impl Hlc {
         } else {
             Some(0)
         };
-        self.set(l2, c2);
-        Ok(())
+        self.set(l2, c2)
     }
 }

@@ -26,14 +26,15 @@
 //! use tidemark_crdts::{ORSet, ReplicaId};
 //! let (a, b) = (ReplicaId(1), ReplicaId(2));
 //! let (mut alice, mut bob) = (ORSet::new(), ORSet::new());
-//! bob.apply(alice.add(a, "x"));
+//! bob.apply(alice.add(a, "x")?);
 //! // Concurrently: alice removes "x" while bob adds it again.
 //! let remove = alice.remove(&"x");
-//! let re_add = bob.add(b, "x");
+//! let re_add = bob.add(b, "x")?;
 //! alice.apply(re_add);
 //! bob.apply(remove);
 //! assert!(alice.contains(&"x"));
 //! assert_eq!(alice, bob);
+//! # Ok::<(), tidemark_crdts::DotsExhausted>(())
 //! ```
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -51,9 +52,9 @@ pub mod orset;
 pub mod replica;
 pub mod store;
 
-pub use context::{CausalContext, VersionVector};
+pub use context::{CausalContext, DotsExhausted, VersionVector};
 pub use counter::{GCounter, PNCounter};
-pub use dotstore::{Causal, DotFun, DotMap, DotSet, DotStore};
+pub use dotstore::{AdmitsChild, Causal, DotFun, DotMap, DotSet, DotStore};
 pub use hlc::{Hlc, HlcError, Timestamp};
 pub use interval::IntervalSet;
 pub use lww::LWWRegister;

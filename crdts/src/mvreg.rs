@@ -1,7 +1,7 @@
 //! Multi-value register over a `DotFun<V>` (DESIGN.md B3 MVRegister).
 
 use crate::Lattice;
-use crate::context::CausalContext;
+use crate::context::{CausalContext, DotsExhausted};
 use crate::dotstore::{Causal, DotFun, DotStore};
 use crate::replica::ReplicaId;
 use core::fmt::Debug;
@@ -46,8 +46,15 @@ impl<V: Clone + Ord + Debug> MVRegister<V> {
 
     /// Delta-mutator `write^δ_i(v) = ({d ↦ v}, {d} ∪ dom m)`: overwrites every value this
     /// replica has seen.
-    pub fn write(&mut self, replica: ReplicaId, value: V) -> MVRegisterDelta<V> {
-        let dot = self.state.ctx.next_dot(replica);
+    ///
+    /// # Errors
+    /// [`DotsExhausted`] when `replica` has no dot left; the register is unchanged.
+    pub fn write(
+        &mut self,
+        replica: ReplicaId,
+        value: V,
+    ) -> Result<MVRegisterDelta<V>, DotsExhausted> {
+        let dot = self.state.ctx.next_dot(replica)?;
         let mut ctx = self.state.store.dots();
         ctx.insert(dot);
         let delta = Causal {
@@ -55,7 +62,7 @@ impl<V: Clone + Ord + Debug> MVRegister<V> {
             ctx,
         };
         self.state.join(delta.clone());
-        delta
+        Ok(delta)
     }
 
     /// Delta-mutator `clear^δ = ({}, dom m)`.

@@ -3,7 +3,7 @@
 //! No tombstones: a removed element's dots live on only in the causal context.
 
 use crate::Lattice;
-use crate::context::CausalContext;
+use crate::context::{CausalContext, DotsExhausted};
 use crate::dotstore::{Causal, DotMap, DotSet, DotStore};
 use crate::replica::{Dot, ReplicaId};
 use core::fmt::Debug;
@@ -47,8 +47,11 @@ impl<E: Ord + Clone + Debug> ORSet<E> {
 
     /// Delta-mutator `add^δ_i(e) = ({e ↦ {d}}, {d} ∪ m(e))`: adds `e` with a fresh dot of
     /// `replica`, retiring the element's older dots; returns the delta.
-    pub fn add(&mut self, replica: ReplicaId, e: E) -> ORSetDelta<E> {
-        let dot = self.state.ctx.next_dot(replica);
+    ///
+    /// # Errors
+    /// [`DotsExhausted`] when `replica` has no dot left; the set is unchanged.
+    pub fn add(&mut self, replica: ReplicaId, e: E) -> Result<ORSetDelta<E>, DotsExhausted> {
+        let dot = self.state.ctx.next_dot(replica)?;
         let mut delta_ctx = CausalContext::from_dot(dot);
         if let Some(old) = self.state.store.replace(e.clone(), DotSet::single(dot)) {
             old.for_each_dot(&mut |d| {
@@ -58,10 +61,10 @@ impl<E: Ord + Clone + Debug> ORSet<E> {
         self.state.ctx.insert(dot);
         let mut store = DotMap::default();
         store.set(e, DotSet::single(dot));
-        Causal {
+        Ok(Causal {
             store,
             ctx: delta_ctx,
-        }
+        })
     }
 
     /// Delta-mutator `rmv^δ(e) = ({}, m(e))`: removes the dots of `e` this replica has observed.

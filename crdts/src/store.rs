@@ -96,6 +96,14 @@ impl Key {
     }
 }
 
+/// A key admits only entries of its own kind (the decoder of a [`StoreDelta`] rejects the rest):
+/// the variant of every decoded entry matches its key's kind, as for every entry a replica builds.
+impl crate::dotstore::AdmitsChild<Entry> for Key {
+    fn admits(&self, child: &Entry) -> bool {
+        child.kind() == self.kind
+    }
+}
+
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.kind, self.name)
@@ -246,6 +254,28 @@ impl DotStore for Entry {
             Entry::MvReg(s) => Entry::MvReg(s.unseen_by(ctx)),
         }
     }
+    fn overriding(&self, mine: &Self) -> Self {
+        match (self, mine) {
+            (Entry::GCounter(a), Entry::GCounter(b)) => Entry::GCounter(a.overriding(b)),
+            (Entry::PNCounter(a), Entry::PNCounter(b)) => Entry::PNCounter(a.overriding(b)),
+            (Entry::ORSet(a), Entry::ORSet(b)) => Entry::ORSet(a.overriding(b)),
+            (Entry::Lww(a), Entry::Lww(b)) => Entry::Lww(a.overriding(b)),
+            (Entry::MvReg(a), Entry::MvReg(b)) => Entry::MvReg(a.overriding(b)),
+            // Kinds differ: no dot is held at the same place.
+            (a, _) => Entry::bottom(a.kind()),
+        }
+    }
+    fn seen_elsewhere(&self, mine: &Self, ctx: &CausalContext, out: &mut CausalContext) {
+        match (self, mine) {
+            (Entry::GCounter(a), Entry::GCounter(b)) => a.seen_elsewhere(b, ctx, out),
+            (Entry::PNCounter(a), Entry::PNCounter(b)) => a.seen_elsewhere(b, ctx, out),
+            (Entry::ORSet(a), Entry::ORSet(b)) => a.seen_elsewhere(b, ctx, out),
+            (Entry::Lww(a), Entry::Lww(b)) => a.seen_elsewhere(b, ctx, out),
+            (Entry::MvReg(a), Entry::MvReg(b)) => a.seen_elsewhere(b, ctx, out),
+            // Kinds differ: no dot is held at the same place.
+            (a, _) => a.seen_elsewhere(&Entry::bottom(a.kind()), ctx, out),
+        }
+    }
 }
 
 /// What a reader sees for a key.
@@ -319,6 +349,10 @@ pub enum MutationError {
     ZeroAmount,
     /// A LWW write needs a timestamp.
     MissingTimestamp,
+    /// The replica has no dot left to give the mutation (its seq `u64::MAX` was seen).
+    DotsExhausted(crate::context::DotsExhausted),
+    /// The hybrid logical clock cannot tick any more (it reads `(u64::MAX, u32::MAX)`).
+    ClockExhausted,
 }
 
 impl fmt::Display for MutationError {
@@ -330,6 +364,10 @@ impl fmt::Display for MutationError {
             MutationError::CounterNotDeletable(k) => write!(f, "a {k} cannot be deleted"),
             MutationError::ZeroAmount => write!(f, "`by` must be positive"),
             MutationError::MissingTimestamp => write!(f, "lww write without a timestamp"),
+            MutationError::DotsExhausted(e) => e.fmt(f),
+            MutationError::ClockExhausted => {
+                write!(f, "the hybrid logical clock is at its ceiling")
+            }
         }
     }
 }
@@ -506,8 +544,10 @@ pub fn join_delta<R: Rows>(
     // A no-op for every delta this crate builds.
     delta_ctx.join(&delta_dots);
     // Dots we have seen that the delta's context holds but its store does not: each of them
-    // that is live here is removed by the delta.
-    let candidates = delta_ctx.intersection(ctx).diff(&delta_dots);
+    // that is live here is removed by the delta. So is (conflicting input only) a live dot the
+    // delta holds under another key: those are added below, from `seen_elsewhere`.
+    let seen_by_both = delta_ctx.intersection(ctx);
+    let mut candidates = seen_by_both.diff(&delta_dots);
     let mut infl_store: DotMap<Key, Entry> = DotMap::default();
     let mut infl_ctx = delta_ctx.diff(ctx);
     let mut changed = Vec::new();
@@ -516,11 +556,19 @@ pub fn join_delta<R: Rows>(
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    let none = CausalContext::new();
     for (key, theirs) in child_entries {
         let old = rows.get(&key)?;
-        let unseen = theirs.unseen_by(ctx);
+        let mut unseen = theirs.unseen_by(ctx);
         let mut new = old.clone().unwrap_or_else(|| Entry::bottom(key.kind));
-        if !candidates.is_empty() {
+        if !seen_by_both.is_empty() {
+            // Seen dots of the delta: they may override a value, or be live under another key.
+            let overriding = theirs.overriding(&new);
+            if !overriding.is_bottom() {
+                infl_ctx.join(&overriding.dots());
+                unseen.join(&none, overriding, &none);
+            }
+            theirs.seen_elsewhere(&new, ctx, &mut candidates);
             let before = new.dots();
             new.join(ctx, theirs, &delta_ctx);
             let removed = before.diff(&new.dots());
@@ -663,7 +711,8 @@ impl Store {
     /// Applies a local mutation at `replica` with the next dot; returns the delta.
     ///
     /// # Errors
-    /// [`MutationError`] when the mutation does not apply; nothing changes then.
+    /// [`MutationError`] when the mutation does not apply, or
+    /// [`MutationError::DotsExhausted`] when `replica` has no dot left; nothing changes then.
     pub fn mutate(
         &mut self,
         replica: ReplicaId,
@@ -671,7 +720,10 @@ impl Store {
         mutation: &Mutation,
         ts: Option<Timestamp>,
     ) -> Result<StoreDelta, MutationError> {
-        let dot = self.ctx.next_dot(replica);
+        let dot = self
+            .ctx
+            .next_dot(replica)
+            .map_err(MutationError::DotsExhausted)?;
         let (entry, ctx) =
             delta_mutation(key.kind, self.rows.entries().get(key), mutation, dot, ts)?;
         let mut store = DotMap::default();
@@ -713,9 +765,28 @@ impl Store {
 ///
 /// A set of intervals per source is itself a lattice (join = union), so marks replicate with
 /// the state and a retry to any node that has them is a no-op.
+///
+/// Guarantee: no source holds an empty set (mutators drop them and the decoder rejects them), so
+/// two equal sets of marks are `==` and encode to the same bytes.
 #[derive(Clone, PartialEq, Eq, Hash, Default, Debug)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct DedupMarks(BTreeMap<(String, String), crate::IntervalSet>);
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for DedupMarks {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(rename = "DedupMarks")]
+        struct Raw(crate::codec::StrictMap<(String, String), crate::IntervalSet>);
+        let entries = Raw::deserialize(d)?.0.0;
+        if entries.iter().any(|(_, s)| s.is_empty()) {
+            return Err(serde::de::Error::custom(
+                "dedup marks hold an empty set for a source",
+            ));
+        }
+        Ok(DedupMarks(entries.into_iter().collect()))
+    }
+}
 
 impl DedupMarks {
     /// No marks.
@@ -756,13 +827,18 @@ impl DedupMarks {
         self.0.is_empty()
     }
     /// `self := self ∪ other`; returns the part of `other` that was new (redundancy removal).
+    ///
+    /// Guarantee: the result is empty exactly when `self` did not change (no empty set is ever
+    /// inserted, even for an `other` built with one).
     pub fn join(&mut self, other: &DedupMarks) -> DedupMarks {
         let mut new = DedupMarks::new();
         for (k, theirs) in &other.0 {
-            let mine = self.0.entry(k.clone()).or_default();
-            let fresh = theirs.difference(mine);
+            let fresh = match self.0.get(k) {
+                Some(mine) => theirs.difference(mine),
+                None => theirs.clone(),
+            };
             if !fresh.is_empty() {
-                mine.union_with(&fresh);
+                self.0.entry(k.clone()).or_default().union_with(&fresh);
                 new.0.insert(k.clone(), fresh);
             }
         }

@@ -147,7 +147,10 @@ fn check_against_model(c: &CausalContext, m: &Model, other: &Model) -> TestCaseR
             .collect();
         let max = mine.last().copied().unwrap_or(0);
         prop_assert_eq!(c.max_seq(rid(r)), max);
-        prop_assert_eq!(c.next_dot(rid(r)), Dot::new(rid(r), max + 1));
+        prop_assert_eq!(
+            c.next_dot(rid(r)).expect("dots left"),
+            Dot::new(rid(r), max + 1)
+        );
         let contiguous = mine.iter().enumerate().all(|(i, s)| *s == i as u64 + 1);
         prop_assert_eq!(c.own_dots_contiguous(rid(r)), contiguous);
         prop_assert_eq!(c.get(&rid(r)).is_some(), !mine.is_empty());

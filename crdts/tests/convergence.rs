@@ -115,9 +115,12 @@ impl Sim {
         let (key, m) = store_mutation(op, false);
         let ts = (key.kind == KeyKind::Lww && matches!(m, Mutation::Set(_))).then(|| {
             let wall = self.wall(r);
-            self.hlcs[r].now(wall)
+            self.hlcs[r].now(wall).expect("clock left")
         });
-        let dot = self.stores[r].context().next_dot(rid(r));
+        let dot = self.stores[r]
+            .context()
+            .next_dot(rid(r))
+            .expect("dots left");
         let delta = self.stores[r]
             .mutate(rid(r), &key, &m, ts)
             .expect("valid mutation");

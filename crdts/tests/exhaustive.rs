@@ -279,7 +279,7 @@ impl Sys for OrSys {
         match code {
             0 | 3 => {
                 let e = if code == 0 { 0 } else { 1 };
-                let d = s.add(rid(r), e);
+                let d = s.add(rid(r), e).expect("dots left");
                 let dot = s.dots_of(&e)[0];
                 (d, SetInfo::Add(e, dot))
             }
@@ -372,7 +372,7 @@ impl Sys for StoreSys {
             logical: nth as u32,
             replica: rid(r),
         });
-        let dot = s.context().next_dot(rid(r));
+        let dot = s.context().next_dot(rid(r)).expect("dots left");
         let d = s.mutate(rid(r), &key, &m, ts).expect("valid mutation");
         let info = OpRecord {
             replica: rid(r),

@@ -500,7 +500,11 @@ fn store_laws() {
             prop_assert_eq!(&joined, &mutated, "delta law: X ⊔ m^δ(X) != m(X)");
             // The mutation took exactly one fresh dot: the next one of this replica.
             prop_assert_eq!(mutated.context().len(), x.context().len() + 1);
-            prop_assert!(mutated.context().contains(&x.context().next_dot(rid(r))));
+            prop_assert!(
+                mutated
+                    .context()
+                    .contains(&x.context().next_dot(rid(r)).expect("dots left"))
+            );
             // And did what it says.
             let before = x.get(&key);
             let after = mutated.get(&key);

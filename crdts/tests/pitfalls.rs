@@ -68,7 +68,9 @@ fn pitfall_c4_compaction_over_a_gap_deltas() {
     let a = rid(0);
     // ORSet type.
     let mut src = ORSet::<u8>::new();
-    let deltas: Vec<_> = (1..=8u8).map(|e| src.add(a, e)).collect();
+    let deltas: Vec<_> = (1..=8u8)
+        .map(|e| src.add(a, e).expect("dots left"))
+        .collect();
     let mut b = ORSet::<u8>::new();
     for d in &deltas[..6] {
         b.apply(d.clone());
@@ -113,8 +115,8 @@ fn pitfall_c6_riak_dt_present_but_removed() {
     let mut a = ORSet::<u8>::new();
     let mut b = ORSet::<u8>::new();
     let mut c = ORSet::<u8>::new();
-    a.add(ra, 1);
-    b.add(rb, 1);
+    a.add(ra, 1).expect("dots left");
+    b.add(rb, 1).expect("dots left");
     c.join(a.clone());
     a.remove(&1);
     a.join(b.clone());
@@ -182,10 +184,10 @@ fn pitfall_c6_riak_dt_present_but_removed() {
 fn pitfall_c7_add_wins_across_a_partition() {
     let (ra, rb) = (rid(0), rid(1));
     let mut a = ORSet::<u8>::new();
-    a.add(ra, 1);
+    a.add(ra, 1).expect("dots left");
     let mut b = a.clone();
     let rm = a.remove(&1);
-    let add = b.add(rb, 1);
+    let add = b.add(rb, 1).expect("dots left");
     a.apply(add);
     b.apply(rm);
     assert!(a.contains(&1) && b.contains(&1), "add must win");
@@ -218,7 +220,7 @@ fn pitfall_c7_add_wins_across_a_partition() {
 fn pitfall_c8_remove_before_add() {
     let ra = rid(0);
     let mut a = ORSet::<u8>::new();
-    let add = a.add(ra, 1);
+    let add = a.add(ra, 1).expect("dots left");
     let mut b = ORSet::<u8>::new();
     b.apply(add.clone());
     let rm = b.remove(&1);
@@ -312,8 +314,8 @@ fn pitfall_c12_hlc_far_future_rejected() {
     let wall = 1_700_000_000_000u64;
     let drift = 100;
     let mut clock = Hlc::new(rid(0), drift);
-    clock.now(wall);
-    clock.now(wall);
+    clock.now(wall).expect("clock left");
+    clock.now(wall).expect("clock left");
     let before = clock.clone();
     let ten_years = 10 * 365 * 24 * 3_600 * 1_000;
     let remote = Timestamp {
@@ -333,7 +335,7 @@ fn pitfall_c12_hlc_far_future_rejected() {
     assert_eq!(clock.mark(), before.mark());
     let mut twin = before.clone();
     assert_eq!(clock.now(wall), twin.now(wall));
-    assert!(clock.now(wall).physical_ms < wall + 1_000);
+    assert!(clock.now(wall).expect("clock left").physical_ms < wall + 1_000);
     // At the bound: accepted; one past it: rejected.
     let mut c = Hlc::new(rid(0), drift);
     let at = Timestamp {
@@ -342,7 +344,7 @@ fn pitfall_c12_hlc_far_future_rejected() {
         replica: rid(1),
     };
     assert_eq!(c.observe(&at, wall), Ok(()));
-    assert!(c.now(wall) > at);
+    assert!(c.now(wall).expect("clock left") > at);
     let past = Timestamp {
         physical_ms: wall + 2 * drift + 1,
         logical: 0,
@@ -360,9 +362,9 @@ fn pitfall_c12_hlc_far_future_rejected() {
 fn pitfall_c13_hlc_logical_overflow() {
     let wall = 5_000u64;
     let mut clock = Hlc::new(rid(0), 1_000);
-    let mut last = clock.now(wall);
+    let mut last = clock.now(wall).expect("clock left");
     for _ in 0..(1u32 << 16) + 10 {
-        let t = clock.now(wall);
+        let t = clock.now(wall).expect("clock left");
         assert!(t > last, "{t:?} <= {last:?}");
         last = t;
     }
@@ -371,20 +373,20 @@ fn pitfall_c13_hlc_logical_overflow() {
 
     let mut clock = Hlc::restore(rid(0), (wall, u32::MAX), 1_000);
     let restored = clock.stamp();
-    let next = clock.now(wall);
+    let next = clock.now(wall).expect("clock left");
     assert!(next > restored, "{next:?} <= {restored:?}");
     assert_eq!((next.physical_ms, next.logical), (wall + 1, 0));
-    assert!(clock.now(wall) > next);
+    assert!(clock.now(wall).expect("clock left") > next);
 
     let mut clock = Hlc::new(rid(0), 1_000);
-    clock.now(wall);
+    clock.now(wall).expect("clock left");
     let remote = Timestamp {
         physical_ms: wall,
         logical: u32::MAX,
         replica: rid(1),
     };
     clock.observe(&remote, wall).expect("within drift");
-    let t = clock.now(wall);
+    let t = clock.now(wall).expect("clock left");
     assert!(t > remote && (t.physical_ms, t.logical) > (remote.physical_ms, remote.logical));
 }
 
@@ -464,7 +466,7 @@ fn pitfall_c15_counter_overflow_saturates() {
 #[test]
 fn empty_children_are_dropped() {
     let mut s = ORSet::<u8>::new();
-    s.add(rid(0), 1);
+    s.add(rid(0), 1).expect("dots left");
     let mut peer = s.clone();
     let rm = s.remove(&1);
     assert!(s.is_empty() && s.state().store.is_empty() && s.elements().next().is_none());
@@ -510,12 +512,12 @@ fn pitfall_c5_delta_interval_with_a_gap_does_not_delete_live_elements() {
     // ORSet type.
     let mut a = ORSet::<u8>::new();
     let mut b = ORSet::<u8>::new();
-    let by = b.add(rb, 100); // B's own live element
+    let by = b.add(rb, 100).expect("dots left"); // B's own live element
     a.apply(by);
-    let d1 = a.add(ra, 1);
-    let d2 = a.add(ra, 2);
-    let d3 = a.add(ra, 3);
-    let d4 = a.add(ra, 4);
+    let d1 = a.add(ra, 1).expect("dots left");
+    let d2 = a.add(ra, 2).expect("dots left");
+    let d3 = a.add(ra, 3).expect("dots left");
+    let d4 = a.add(ra, 4).expect("dots left");
     let d5 = a.remove(&2);
     b.apply(d1.clone());
     b.apply(d2.clone());
@@ -622,7 +624,7 @@ fn store_removal_found_through_the_dot_index() {
 fn next_dot_never_reuses_a_dot_inside_a_gap() {
     let r = rid(0);
     let c = ctx(&[(0, 1), (0, 2), (0, 5)]);
-    assert_eq!(c.next_dot(r), Dot::new(r, 6));
+    assert_eq!(c.next_dot(r).expect("dots left"), Dot::new(r, 6));
     assert!(!c.own_dots_contiguous(r));
     assert!(CausalContext::from_range(r, 1, 5).own_dots_contiguous(r));
     assert!(CausalContext::new().own_dots_contiguous(r));
@@ -673,12 +675,12 @@ fn refused_mutations_change_nothing() {
     // A MVRegister write overwrites what the writer saw, and only that.
     let mut r1 = MVRegister::<u8>::new();
     let mut r2 = MVRegister::<u8>::new();
-    let w1 = r1.write(rid(0), 1);
-    let w2 = r2.write(rid(1), 2);
+    let w1 = r1.write(rid(0), 1).expect("dots left");
+    let w2 = r2.write(rid(1), 2).expect("dots left");
     r1.apply(w2);
     r2.apply(w1);
     assert_eq!(r1.read(), vec![&1, &2]);
-    let w3 = r1.write(rid(0), 3);
+    let w3 = r1.write(rid(0), 3).expect("dots left");
     r2.apply(w3);
     assert_eq!(r2.read(), vec![&3]);
 }

@@ -221,9 +221,14 @@ impl MemStateStore {
         );
         let mut batch = Delta::default();
         for (key, mutation) in ops {
-            let dot = self.ctx.next_dot(self.replica);
+            let dot = self
+                .ctx
+                .next_dot(self.replica)
+                .map_err(MutationError::DotsExhausted)?;
             let ts = (key.kind == KeyKind::Lww && matches!(mutation, Mutation::Set(_)))
-                .then(|| self.hlc.now(wall_ms));
+                .then(|| self.hlc.now(wall_ms))
+                .transpose()
+                .map_err(|_| MutationError::ClockExhausted)?;
             let (entry, ctx) =
                 delta_mutation(key.kind, self.rows.entries().get(key), mutation, dot, ts)?;
             let mut store = DotMap::default();

@@ -50,6 +50,11 @@ pub enum StoreError {
         /// `limits.record_bytes_max`.
         limit: usize,
     },
+    /// The replica cannot take a fresh dot or timestamp any more (its seq `u64::MAX` was
+    /// seen, or its clock reads `(u64::MAX, u32::MAX)`): nothing was written. It must restart
+    /// under a new replica id; it never reissues a dot or stamps backwards.
+    #[error("replica exhausted: {0}")]
+    Exhausted(String),
     /// A peer asked for log entries that compaction already dropped.
     #[error("log entries below {start} were compacted")]
     LogTruncated {

@@ -291,9 +291,13 @@ impl RedbStore {
                 }
                 duplicate.push(false);
                 for (key, m) in &w.ops {
-                    let dot = ctx.next_dot(me);
+                    let dot = ctx
+                        .next_dot(me)
+                        .map_err(|e| StoreError::Exhausted(e.to_string()))?;
                     let ts = (key.kind == KeyKind::Lww && matches!(m, Mutation::Set(_)))
-                        .then(|| hlc.now(wall_ms));
+                        .then(|| hlc.now(wall_ms))
+                        .transpose()
+                        .map_err(|e| StoreError::Exhausted(e.to_string()))?;
                     let (entry, dctx) = delta_mutation(key.kind, rows.entry(key)?, m, dot, ts)
                         .map_err(|e| StoreError::InvalidOp(format!("{key}: {e}")))?;
                     rec.dots.extend(dctx.iter_dots());

@@ -32,6 +32,7 @@ use redb::{Database, ReadableTable, StorageBackend, WriteTransaction};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tables::{
     CURSORS, DEDUP, DOTS, LOG, META, META_CONTEXT, META_EPOCH, META_HLC, META_LOG_BOUNDS,
     META_REPLICA, META_TRUNCATED, ROWS,
@@ -89,6 +90,9 @@ pub struct RedbStore {
     options: OpenOptions,
     halted: Option<String>,
     stats: StoreStats,
+    /// True when a relaxed (not durable) write transaction was begun since the last durable
+    /// commit: a crash now could lose commits ([`RedbStore::unsynced`]).
+    unsynced: AtomicBool,
 }
 
 impl std::fmt::Debug for RedbStore {
@@ -102,7 +106,7 @@ impl std::fmt::Debug for RedbStore {
     }
 }
 
-fn meta_get<T: serde::de::DeserializeOwned>(
+fn meta_get<T: serde::de::DeserializeOwned + serde::Serialize>(
     txn: &WriteTransaction,
     name: &str,
     max: usize,
@@ -265,6 +269,7 @@ impl RedbStore {
             options,
             halted: None,
             stats: StoreStats::default(),
+            unsynced: AtomicBool::new(false),
         })
     }
 
@@ -347,7 +352,10 @@ impl RedbStore {
         let mut txn = self.db.begin_write().map_err(StoreError::redb)?;
         let durability = match self.options.durability {
             Durability::Immediate => redb::Durability::Immediate,
-            Durability::Relaxed => redb::Durability::None,
+            Durability::Relaxed => {
+                self.unsynced.store(true, Ordering::Release);
+                redb::Durability::None
+            }
         };
         txn.set_durability(durability).map_err(StoreError::redb)?;
         Ok(txn)
@@ -364,8 +372,16 @@ impl RedbStore {
                 .map_err(StoreError::redb)?;
             meta_put(&txn, META_HLC, &s.hlc.mark())?;
             txn.commit().map_err(StoreError::redb)?;
+            s.unsynced.store(false, Ordering::Release);
             Ok(())
         })
+    }
+
+    /// True when commits since the last durable one exist (only in `Durability::Relaxed`):
+    /// everything committed is durable once [`RedbStore::sync`] returns `Ok`. Conservative: an
+    /// aborted relaxed transaction also counts.
+    pub fn unsynced(&self) -> bool {
+        self.unsynced.load(Ordering::Acquire)
     }
 
     /// Runs redb's integrity check (used by crash tests; needs exclusive access).

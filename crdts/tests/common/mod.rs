@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod pools;
+pub mod weird;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseResult, TestRng, TestRunner};

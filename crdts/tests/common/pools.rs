@@ -24,7 +24,7 @@ pub fn set_op() -> impl Strategy<Value = SetOp> + Clone {
 
 pub fn apply_set_op(s: &mut ORSet<u8>, r: usize, op: SetOp) -> ORSetDelta<u8> {
     match op {
-        SetOp::Add(e) => s.add(rid(r), e),
+        SetOp::Add(e) => s.add(rid(r), e).expect("dots left"),
         SetOp::Remove(e) => s.remove(&e),
         SetOp::Clear => s.clear(),
     }
@@ -55,7 +55,7 @@ pub fn reg_op() -> impl Strategy<Value = RegOp> + Clone {
 
 pub fn apply_reg_op(s: &mut MVRegister<u8>, r: usize, op: RegOp) -> MVRegisterDelta<u8> {
     match op {
-        RegOp::Write(v) => s.write(rid(r), v),
+        RegOp::Write(v) => s.write(rid(r), v).expect("dots left"),
         RegOp::Clear => s.clear(),
     }
 }
