@@ -502,6 +502,28 @@ impl StateStore for MemStateStore {
         })
     }
 
+    /// Rows are never split here (`resume` is never set by a transfer of this store's reads).
+    fn read_chunk_from(
+        &mut self,
+        after: Option<&Key>,
+        _resume: Option<&(Key, tidemark_crdts::Dot)>,
+        bytes_max: usize,
+    ) -> Result<ChunkRead, MemStoreError> {
+        self.read_chunk(after, bytes_max)
+    }
+
+    fn read_marks(
+        &mut self,
+        after: Option<&(String, String)>,
+        bytes_max: usize,
+    ) -> Result<crate::proto::MarksRead, MemStoreError> {
+        Ok(crate::proto::state_store::page_marks(
+            self.marks.iter().map(|(k, v)| (k.clone(), v.clone())),
+            after,
+            bytes_max,
+        ))
+    }
+
     fn apply_chunk(
         &mut self,
         origin: PeerId,

@@ -63,8 +63,9 @@ pub struct MarksRead {
     pub done: bool,
 }
 
-/// Takes whole sources after `after` from `sources` (ascending) up to about `bytes_max`.
-pub(crate) fn page_marks(
+/// Takes whole sources after `after` from `sources` (ascending) up to about `bytes_max` (a
+/// helper for in-memory [`StateStore::read_marks`]).
+pub fn page_marks(
     sources: impl Iterator<Item = ((String, String), tidemark_crdts::IntervalSet)>,
     after: Option<&(String, String)>,
     bytes_max: usize,
@@ -163,9 +164,8 @@ pub trait StateStore {
     /// `None`; a row too large for `bytes_max` is returned in parts ([`ChunkRead::part`]), and
     /// `resume = (key, last dot sent)` continues such a row. Every part's slice starts where the
     /// previous one ended, and the last is open, so the parts cover all of dot space for the
-    /// key even if the row changed or vanished in between.
-    ///
-    /// The default never splits rows (backends without large rows).
+    /// key even if the row changed or vanished in between. (Required, not defaulted: a wrapper
+    /// that dropped `resume` would restart the row forever.)
     ///
     /// # Errors
     /// Storage failures.
@@ -174,13 +174,11 @@ pub trait StateStore {
         after: Option<&Key>,
         resume: Option<&(Key, tidemark_crdts::Dot)>,
         bytes_max: usize,
-    ) -> Result<ChunkRead, Self::Error> {
-        let _ = resume;
-        self.read_chunk(after, bytes_max)
-    }
+    ) -> Result<ChunkRead, Self::Error>;
 
     /// A page of dedup marks after `after`, of about `bytes_max` encoded bytes (at least one
-    /// source when any remains). The default pages [`StateStore::dedup_marks`] in memory.
+    /// source when any remains); pages follow the implementation's own order of sources and
+    /// resume after the last source returned.
     ///
     /// # Errors
     /// Storage failures.
@@ -188,14 +186,7 @@ pub trait StateStore {
         &mut self,
         after: Option<&(String, String)>,
         bytes_max: usize,
-    ) -> Result<MarksRead, Self::Error> {
-        let all = self.dedup_marks()?;
-        Ok(page_marks(
-            all.iter().map(|(k, v)| (k.clone(), v.clone())),
-            after,
-            bytes_max,
-        ))
-    }
+    ) -> Result<MarksRead, Self::Error>;
 
     /// Durably applies one chunk of a state transfer from `origin` (range-scoped join; the
     /// final chunk also joins the transfer's context and marks and records `cursor`). A completed
