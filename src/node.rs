@@ -276,6 +276,11 @@ impl Node {
     /// [`Error::Closed`] if either node is shut down.
     pub fn connect(&self, other: &Node) -> Result<(), Error> {
         let (mine, theirs) = (self.input_sender()?, other.input_sender()?);
+        for (a, b) in [(self, other), (other, self)] {
+            if let Ok(mut met) = a.shared.views.met.lock() {
+                met.insert(b.peer_id());
+            }
+        }
         self.send(Input::Connect {
             peer: other.peer_id(),
             outbox: theirs,
@@ -475,7 +480,11 @@ impl Node {
         query: &crate::views::ViewQuery,
     ) -> Result<crate::views::ViewPage, Error> {
         let status = self.replication_status().await?;
-        let known: Vec<PeerId> = status.peer_acked.iter().map(|(p, _)| *p).collect();
+        let known: Vec<PeerId> = {
+            let mut met = self.shared.views.met.lock().map_err(|_| Error::Closed)?;
+            met.extend(status.peers_connected.iter().copied());
+            met.iter().copied().collect()
+        };
         self.shared.views.read(
             &self.reader()?,
             name,

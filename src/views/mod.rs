@@ -13,13 +13,15 @@
 //! **Finality.** Write `deadline(w) = end(w) + lateness`. A node applies an event to `w` only
 //! while its in-memory watermark `≤ deadline(w)`; the in-memory watermark is monotone and never
 //! below the watermark it announced (it is restored from the announcement at open). A node `Y`
-//! reports `w` final when, for every replica `X` that announced a watermark of the stream and
-//! for every peer `Y` knows (each must have announced), `wm_X > deadline(w)`, and `Y`'s context
-//! holds every dot of `X` up to the dot of `X`'s announcement. Then every event `X` ever applies
+//! reports `w` final when, for every member `X` — every replica whose dots are in `Y`'s context,
+//! every peer connected since open, every replica that announced (each must have announced) —
+//! `wm_X > deadline(w)`, and `Y`'s context holds every dot of `X` up to the dot of `X`'s
+//! announcement. Then every event `X` ever applies
 //! to `w` was applied before the announcement (it is in `Y`'s state already) — after it, `X`
 //! refuses such events as late. So no node can change a final window's value afterwards.
-//! The caveat is membership: a node `Y` has never heard of (never connected to, directly or
-//! through a peer's announcement) is not counted; a lone node is final by its own watermark.
+//! The caveat is membership: a node whose writes `Y` has never seen and that is not connected
+//! now is not counted; a lone node is final by its own watermark. A member that never ingests
+//! into the stream holds its windows open (no idle timeout yet).
 
 pub mod def;
 pub mod fold;
@@ -58,6 +60,8 @@ pub struct Views {
     /// until its writes are queued, so writes reach the writer in watermark order.
     pub(crate) watermarks: Mutex<BTreeMap<String, u64>>,
     pub(crate) counters: Vec<Counters>,
+    /// Peers connected at some time since open: members for finality even while away.
+    pub(crate) met: Mutex<std::collections::BTreeSet<crate::proto::PeerId>>,
 }
 
 /// What [`Views::admit`] decided for a batch.
@@ -94,6 +98,7 @@ impl Views {
             ooo,
             watermarks: Mutex::new(BTreeMap::new()),
             counters,
+            met: Mutex::new(std::collections::BTreeSet::new()),
         })
     }
 

@@ -92,8 +92,9 @@ pub(crate) fn announced(reader: &Reader, key: &Key) -> Result<Option<u64>, Error
 }
 
 /// The cluster watermark of `stream` as this node can vouch for it: the minimum over every
-/// announcement it holds (its own included) and every known peer (each must have announced),
-/// provided its context holds every dot of each announcer up to the announcement's dot.
+/// announcement it holds (its own included), provided every member announced — every replica
+/// in its context (whose writes it has seen) and every peer met since open — and its context holds
+/// every dot of each announcer up to the announcement's dot.
 fn cluster_watermark(
     reader: &Reader,
     stream: &str,
@@ -123,7 +124,7 @@ fn cluster_watermark(
                 }
             }
             seen_me |= replica == me;
-            announcers.push(peer_of(replica));
+            announcers.push(replica);
             min = Some(min.map_or(wm, |m| m.min(wm)));
         }
         after = page.last().map(|(k, _)| k.name.clone());
@@ -131,7 +132,12 @@ fn cluster_watermark(
             break;
         }
     }
-    if !seen_me || known.iter().any(|p| !announcers.contains(p)) {
+    // Members: every replica whose writes this node has seen, every peer met since open.
+    let peers: Vec<PeerId> = announcers.iter().map(|r| peer_of(*r)).collect();
+    if !seen_me
+        || known.iter().any(|p| !peers.contains(p))
+        || ctx.replicas().any(|r| !announcers.contains(r))
+    {
         return Ok(None);
     }
     Ok(min)
