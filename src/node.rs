@@ -447,7 +447,7 @@ impl Node {
                 folded,
                 self.shared.replica,
             );
-            let rx = self.count_rejection(self.enqueue(writes))?;
+            let rx = self.enqueue(writes)?;
             if let Some(wm) = admitted.new_wm {
                 wms.insert(stream.to_owned(), wm);
             }

@@ -330,3 +330,41 @@ pub fn compile(defs: &[ViewDef]) -> Result<Vec<CompiledView>, String> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_starts_cover_exactly_the_windows_holding_an_event() {
+        let tumbling = Window {
+            size_ms: 60_000,
+            every_ms: 60_000,
+            lateness_ms: 0,
+            retention_ms: None,
+            out_of_orderness_ms: 0,
+        };
+        assert_eq!(tumbling.starts(0), vec![0]);
+        assert_eq!(tumbling.starts(59_999), vec![0]);
+        assert_eq!(tumbling.starts(60_000), vec![60_000]);
+        let hopping = Window {
+            size_ms: 30,
+            every_ms: 10,
+            ..tumbling
+        };
+        assert_eq!(hopping.starts(25), vec![0, 10, 20]);
+        assert_eq!(hopping.starts(30), vec![10, 20, 30]);
+        assert_eq!(hopping.starts(5), vec![0]);
+        assert_eq!(hopping.deadline(10), 40);
+    }
+
+    #[test]
+    fn durations_parse_with_units_only() {
+        assert_eq!(parse_duration_ms("1m"), Ok(60_000));
+        assert_eq!(parse_duration_ms("250ms"), Ok(250));
+        assert_eq!(parse_duration_ms("7d"), Ok(7 * 86_400_000));
+        assert!(parse_duration_ms("10").is_err());
+        assert!(parse_duration_ms("1w").is_err());
+        assert!(parse_duration_ms("99999999999999999d").is_err());
+    }
+}

@@ -328,3 +328,38 @@ pub fn fold_event(
     }
     Ok(FoldedEvent { time_ms, ops })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_rfc3339_ms;
+
+    #[test]
+    fn rfc3339_parses_to_epoch_millis() {
+        assert_eq!(parse_rfc3339_ms("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(
+            parse_rfc3339_ms("2026-11-29T10:00:00.123Z"),
+            Some(1_795_946_400_123)
+        );
+        assert_eq!(
+            parse_rfc3339_ms("2026-11-29T11:00:00.123+01:00"),
+            Some(1_795_946_400_123)
+        );
+        assert_eq!(
+            parse_rfc3339_ms("2026-11-29T10:00:00.1Z"),
+            Some(1_795_946_400_100)
+        );
+        assert_eq!(
+            parse_rfc3339_ms("2026-11-29 10:00:00Z"),
+            Some(1_795_946_400_000)
+        );
+        for bad in [
+            "2026-11-29",
+            "2026-13-01T00:00:00Z",
+            "2026-11-29T10:00:00",
+            "1969-12-31T23:59:59Z",
+            "2026-11-29T10:00:00.Z",
+        ] {
+            assert_eq!(parse_rfc3339_ms(bad), None, "{bad}");
+        }
+    }
+}
