@@ -345,3 +345,29 @@ async fn final_windows_never_change_across_partitions_and_restarts() {
         n.shutdown().await.expect("shutdown");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_with_different_definitions_report_the_conflict_and_nothing_final() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let a = open(&root.path().join("a"), "30s").await;
+    let b = open(&root.path().join("b"), "45s").await;
+    a.connect(&b).expect("connect");
+    for (n, src) in [(&a, "a"), (&b, "b")] {
+        let evs = [10_000, 500_000].map(|t| {
+            StreamEvent::new(src, t, json!({"page": "/p", "amount": 1, "user": src})).at(t)
+        });
+        n.ingest_events("s", evs.to_vec()).await.expect("ingest");
+    }
+    converge(&[&a, &b]).await;
+    for (n, other) in [(&a, &b), (&b, &a)] {
+        let page = read(n, "clicks").await;
+        assert_eq!(
+            page.definition_conflicts,
+            vec![other.replica_id().to_string()]
+        );
+        assert_eq!(page.cluster_watermark, None);
+        assert!(page.rows.iter().all(|r| !r.is_final));
+    }
+    a.shutdown().await.expect("shutdown");
+    b.shutdown().await.expect("shutdown");
+}

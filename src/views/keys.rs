@@ -3,7 +3,8 @@
 //! - view cells: `~view/{view}/{window start, 20 digits | "-"}/{group values as a JSON array}`
 //!   (so a view's cells sort by window start, then group);
 //! - watermark announcements: `lww/~wm/{stream}/{replica id, 32 hex digits}`, written only by
-//!   that replica, holding its local watermark of the stream (JSON integer, ms).
+//!   that replica, holding `{"defs": digest of its view definitions of the stream, "wm": its
+//!   local watermark of the stream in ms}`.
 //!
 //! Client ops may not name keys under these prefixes ([`is_reserved`]).
 
@@ -72,6 +73,29 @@ pub fn latest_record(time_ms: u64, source: &str, seq: u64, value: &serde_json::V
     m.insert("t".into(), time_ms.into());
     m.insert("v".into(), value.clone());
     serde_json::Value::Object(m).to_string()
+}
+
+/// The text of a watermark announcement.
+pub fn announcement_text(wm: u64, defs_digest: &str) -> String {
+    let mut m = serde_json::Map::new();
+    m.insert("defs".into(), defs_digest.into());
+    m.insert("wm".into(), wm.into());
+    serde_json::Value::Object(m).to_string()
+}
+
+/// `(watermark, definitions digest)` of an announcement's text.
+pub fn parse_announcement(text: &str) -> Option<(u64, String)> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    Some((v.get("wm")?.as_u64()?, v.get("defs")?.as_str()?.to_owned()))
+}
+
+/// The digest of a stream's view definitions (sorted by name), the same on every node that
+/// runs the same definitions.
+pub fn defs_digest(defs: &[&super::ViewDef]) -> String {
+    let mut defs = defs.to_vec();
+    defs.sort_by(|a, b| a.name.cmp(&b.name));
+    let text = serde_json::to_string(&defs).unwrap_or_default();
+    format!("{:016x}", fnv64(text.as_bytes()))
 }
 
 /// FNV-1a, 64 bits: a hash every node computes the same way.

@@ -19,6 +19,9 @@
 //! announcement. Then every event `X` ever applies
 //! to `w` was applied before the announcement (it is in `Y`'s state already) — after it, `X`
 //! refuses such events as late. So no node can change a final window's value afterwards.
+//! Announcements carry a digest of the announcer's view definitions of the stream; while any
+//! member's digest differs from ours, nothing is final and the page names the conflicting
+//! replicas (their states still merge: the definitions must be made equal).
 //! The caveat is membership: a node whose writes `Y` has never seen and that is not connected
 //! now is not counted; a lone node is final by its own watermark. A member that never ingests
 //! into the stream holds its windows open (no idle timeout yet).
@@ -56,6 +59,8 @@ pub struct Views {
     by_stream: BTreeMap<String, Vec<usize>>,
     /// Stream → allowed out-of-orderness (largest of its views').
     ooo: BTreeMap<String, u64>,
+    /// Stream → digest of its view definitions (announced with the watermark).
+    pub(crate) digests: BTreeMap<String, String>,
     /// Stream → this node's local watermark. Locked from the lateness decision of an ingest
     /// until its writes are queued, so writes reach the writer in watermark order.
     pub(crate) watermarks: Mutex<BTreeMap<String, u64>>,
@@ -92,10 +97,18 @@ impl Views {
             *e = (*e).max(o);
         }
         let counters = views.iter().map(|_| Counters::default()).collect();
+        let digests = by_stream
+            .iter()
+            .map(|(stream, idx)| {
+                let defs: Vec<&ViewDef> = idx.iter().map(|&i| &views[i].def).collect();
+                (stream.clone(), keys::defs_digest(&defs))
+            })
+            .collect();
         Ok(Self {
             views,
             by_stream,
             ooo,
+            digests,
             watermarks: Mutex::new(BTreeMap::new()),
             counters,
             met: Mutex::new(std::collections::BTreeSet::new()),
@@ -211,7 +224,13 @@ impl Views {
             if wm.is_none_or(|wm| m > wm) {
                 out.new_wm = Some(m);
                 writes.push(LocalWrite {
-                    ops: vec![(keys::wm_key(stream, me), Mutation::Set(m.to_string()))],
+                    ops: vec![(
+                        keys::wm_key(stream, me),
+                        Mutation::Set(keys::announcement_text(
+                            m,
+                            self.digests.get(stream).map_or("", String::as_str),
+                        )),
+                    )],
                     event: None,
                 });
             }

@@ -72,58 +72,65 @@ pub struct ViewPage {
     /// known member has not announced one or its state is not joined yet): windows whose end
     /// plus lateness is below it are final.
     pub cluster_watermark: Option<u64>,
+    /// Replicas that announced different view definitions for the stream: while any is
+    /// listed, no window is final (every node must run the same definitions).
+    pub definition_conflicts: Vec<String>,
 }
 
-/// The watermark announced in `key`, with the dot of the announcement.
+/// The announcement in `key`: watermark, definitions digest, and the announcement's dot.
 fn announcement(
     reader: &Reader,
     key: &Key,
-) -> Result<Option<(u64, Option<tidemark_crdts::Dot>)>, Error> {
+) -> Result<Option<(u64, String, tidemark_crdts::Dot)>, Error> {
     let Some(Entry::Lww(f)) = reader.entry(key)? else {
         return Ok(None);
     };
     let best = f.iter().max_by_key(|(_, (ts, _))| *ts);
-    Ok(best.and_then(|(dot, (_, v))| v.parse::<u64>().ok().map(|wm| (wm, Some(*dot)))))
+    Ok(best.and_then(|(dot, (_, v))| {
+        keys::parse_announcement(v).map(|(wm, digest)| (wm, digest, *dot))
+    }))
 }
 
 /// The watermark announced in `key`.
 pub(crate) fn announced(reader: &Reader, key: &Key) -> Result<Option<u64>, Error> {
-    Ok(announcement(reader, key)?.map(|(wm, _)| wm))
+    Ok(announcement(reader, key)?.map(|(wm, _, _)| wm))
 }
 
 /// The cluster watermark of `stream` as this node can vouch for it: the minimum over every
 /// announcement it holds (its own included), provided every member announced — every replica
-/// in its context (whose writes it has seen) and every peer met since open — and its context holds
-/// every dot of each announcer up to the announcement's dot.
+/// in its context (whose writes it has seen) and every peer met since open — with the same
+/// definitions digest as ours, and its context holds every dot of each announcer up to the
+/// announcement's dot. Also returns the replicas whose definitions differ.
 fn cluster_watermark(
     reader: &Reader,
     stream: &str,
+    digest: &str,
     me: ReplicaId,
     known: &[PeerId],
     peer_of: fn(ReplicaId) -> PeerId,
-) -> Result<Option<u64>, Error> {
+) -> Result<(Option<u64>, Vec<String>), Error> {
     let ctx: CausalContext = reader.context()?;
     let prefix = keys::wm_prefix(stream);
     let mut min = None::<u64>;
-    let mut seen_me = false;
+    let mut unsure = false;
     let mut announcers = Vec::new();
+    let mut conflicts = Vec::new();
     let mut after: Option<String> = None;
     loop {
         let page = reader.list(KeyKind::Lww, &prefix, after.as_deref(), 256)?;
         let done = page.len() < 256;
         for (key, _) in &page {
-            let Some(replica) = keys::wm_replica(stream, &key.name) else {
-                return Ok(None);
+            let (Some(replica), Some((wm, theirs, dot))) = (
+                keys::wm_replica(stream, &key.name),
+                announcement(reader, key)?,
+            ) else {
+                unsure = true;
+                continue;
             };
-            let Some((wm, dot)) = announcement(reader, key)? else {
-                return Ok(None);
-            };
-            if let Some(d) = dot {
-                if !CausalContext::from_range(d.replica, 1, d.seq).is_subset(&ctx) {
-                    return Ok(None);
-                }
+            if theirs != digest {
+                conflicts.push(replica.to_string());
             }
-            seen_me |= replica == me;
+            unsure |= !CausalContext::from_range(dot.replica, 1, dot.seq).is_subset(&ctx);
             announcers.push(replica);
             min = Some(min.map_or(wm, |m| m.min(wm)));
         }
@@ -134,13 +141,15 @@ fn cluster_watermark(
     }
     // Members: every replica whose writes this node has seen, every peer met since open.
     let peers: Vec<PeerId> = announcers.iter().map(|r| peer_of(*r)).collect();
-    if !seen_me
+    if unsure
+        || !conflicts.is_empty()
+        || !announcers.contains(&me)
         || known.iter().any(|p| !peers.contains(p))
         || ctx.replicas().any(|r| !announcers.contains(r))
     {
-        return Ok(None);
+        return Ok((None, conflicts));
     }
-    Ok(min)
+    Ok((min, conflicts))
 }
 
 fn to_json(kind: ViewKind, v: &Value) -> serde_json::Value {
@@ -171,7 +180,8 @@ impl Views {
         let d = &view.def;
         let stream = d.stream.as_str();
         // Finality inputs first: rows read afterwards can only be newer, never older.
-        let cluster = cluster_watermark(reader, stream, me, known, peer_of)?;
+        let digest = self.digests.get(stream).map_or("", String::as_str);
+        let (cluster, conflicts) = cluster_watermark(reader, stream, digest, me, known, peer_of)?;
         let watermark = announced(reader, &keys::wm_key(stream, me))?;
         let kind = match d.kind {
             ViewKind::Count => KeyKind::GCounter,
@@ -239,6 +249,7 @@ impl Views {
             },
             watermark,
             cluster_watermark: cluster,
+            definition_conflicts: conflicts,
         })
     }
 }
