@@ -157,6 +157,9 @@ pub struct NodeConfig {
     /// Delta-log entries kept even when every peer acknowledged them, so briefly disconnected
     /// peers resume with deltas instead of a state transfer (default 10,000).
     pub log_retain_entries: u64,
+    /// Stream views (DESIGN.md A7), validated at open; every node of a cluster must run the
+    /// same definitions (default: none).
+    pub views: Vec<crate::views::ViewDef>,
 }
 
 impl NodeConfig {
@@ -173,6 +176,7 @@ impl NodeConfig {
                 ..Default::default()
             },
             log_retain_entries: 10_000,
+            views: Vec::new(),
         }
     }
 }

@@ -18,6 +18,18 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// An event is malformed for a view of its stream (a missing group or value field, a
+    /// wrong value type, a malformed `time`): `index` is its position in the batch (its line),
+    /// `field` the event field. Nothing of the batch was applied.
+    #[error("event {index}: field `{field}`: {message}")]
+    InvalidEvent {
+        /// Position in the batch.
+        index: usize,
+        /// The event field at fault.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
     /// The op does not apply to the key's type (e.g. `add` on a counter).
     #[error("op {index}: {message}")]
     WrongOp {
@@ -106,6 +118,7 @@ impl Error {
     pub fn code(&self) -> &'static str {
         match self {
             Error::InvalidOp { .. } => "invalid_op",
+            Error::InvalidEvent { .. } => "invalid_event",
             Error::WrongOp { .. } => "type_mismatch",
             Error::CounterNotDeletable { .. } => "counter_not_deletable",
             Error::TooLarge { .. } | Error::BatchTooLarge { .. } | Error::TooManySources { .. } => {

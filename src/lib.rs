@@ -38,6 +38,7 @@ mod node;
 pub mod ops;
 pub mod proto;
 pub mod store;
+pub mod views;
 
 pub use config::{Durability, Limits, NodeConfig};
 pub use driver::{Change, CompactReport, ReplicationStatus};

@@ -25,6 +25,10 @@ pub struct WriteOutcome {
     pub applied: usize,
     /// Events or idempotent ops already applied before (no-ops).
     pub duplicates: usize,
+    /// Events refused as late by some view of their stream (the window they fall into ended
+    /// more than its lateness before the watermark): counted, never applied to that window.
+    /// Their other effects (ops, on-time windows) were applied and they count as `applied`.
+    pub late: usize,
 }
 
 /// Which keys a watcher wants.
@@ -103,6 +107,7 @@ struct Shared {
     epoch: u64,
     config: NodeConfig,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    views: Arc<crate::views::Views>,
 }
 
 impl Drop for Shared {
@@ -168,6 +173,7 @@ impl Node {
     /// As [`Node::open`].
     pub fn open_blocking(config: NodeConfig) -> Result<Node, Error> {
         config.limits.validate().map_err(Error::Config)?;
+        let views = Arc::new(crate::views::Views::new(&config.views)?);
         let store = RedbStore::open(
             &config.data_dir,
             OpenOptions {
@@ -182,6 +188,7 @@ impl Node {
         let (changes, _) = broadcast::channel(config.limits.watch_buffer_max);
         let reader = store.reader();
         let replica = store.replica();
+        views.restore(&reader, replica)?;
         let epoch = store.epoch();
         let me = peer_id_of(replica);
         let mut replication = config.replication.clone();
@@ -232,6 +239,7 @@ impl Node {
                 epoch,
                 config,
                 thread: Mutex::new(Some(thread)),
+                views,
             }),
         })
     }
@@ -268,6 +276,11 @@ impl Node {
     /// [`Error::Closed`] if either node is shut down.
     pub fn connect(&self, other: &Node) -> Result<(), Error> {
         let (mine, theirs) = (self.input_sender()?, other.input_sender()?);
+        for (a, b) in [(self, other), (other, self)] {
+            if let Ok(mut met) = a.shared.views.met.lock() {
+                met.insert(b.peer_id());
+            }
+        }
         self.send(Input::Connect {
             peer: other.peer_id(),
             outbox: theirs,
@@ -325,6 +338,22 @@ impl Node {
         if writes.is_empty() {
             return Ok(WriteOutcome::default());
         }
+        let rx = self.enqueue(writes)?;
+        let commit: LocalCommit = rx.await.map_err(|_| Error::Closed)??;
+        let duplicates = commit.duplicate.iter().filter(|d| **d).count();
+        Ok(WriteOutcome {
+            applied: commit.duplicate.len() - duplicates,
+            duplicates,
+            late: 0,
+        })
+    }
+
+    /// Queues `writes` for the writer (after the backpressure check); the receiver gets the
+    /// commit. Writes queued earlier commit earlier.
+    fn enqueue(
+        &self,
+        writes: Vec<LocalWrite>,
+    ) -> Result<oneshot::Receiver<Result<LocalCommit, Error>>, Error> {
         let ops: usize = writes.iter().map(|w| w.ops.len().max(1)).sum();
         let limit = self.shared.config.limits.write_queue_ops_max;
         let before = self.shared.queued_ops.fetch_add(ops, Ordering::AcqRel);
@@ -338,12 +367,7 @@ impl Node {
             self.shared.queued_ops.fetch_sub(ops, Ordering::AcqRel);
             return Err(e);
         }
-        let commit: LocalCommit = rx.await.map_err(|_| Error::Closed)??;
-        let duplicates = commit.duplicate.iter().filter(|d| **d).count();
-        Ok(WriteOutcome {
-            applied: commit.duplicate.len() - duplicates,
-            duplicates,
-        })
+        Ok(rx)
     }
 
     fn count_rejection<T>(&self, r: Result<T, Error>) -> Result<T, Error> {
@@ -377,12 +401,103 @@ impl Node {
     /// # Errors
     /// As [`Node::apply_batch`].
     pub async fn ingest(&self, stream: &str, events: Vec<Event>) -> Result<WriteOutcome, Error> {
+        if self.shared.views.has_stream(stream) {
+            return self
+                .ingest_events(stream, events.into_iter().map(Into::into).collect())
+                .await;
+        }
         let writes = self.count_rejection(ops::validate_events(
             stream,
             &events,
             &self.shared.config.limits,
         ))?;
         self.submit(writes).await
+    }
+
+    /// Ingests events with fields and event times (API.md "Events and streams"); each
+    /// `(source, seq)` is applied at most once, and is folded into every view of `stream` in
+    /// the same durable transaction as its dedup mark. Events without `time` take this node's
+    /// clock. An event whose window is already past its lateness is counted in `late` and not
+    /// applied to that window.
+    ///
+    /// # Errors
+    /// As [`Node::apply_batch`]; [`Error::InvalidEvent`] naming the event and field (a missing
+    /// group or value field, a malformed `time`); nothing of a rejected batch is applied.
+    pub async fn ingest_events(
+        &self,
+        stream: &str,
+        events: Vec<crate::views::StreamEvent>,
+    ) -> Result<WriteOutcome, Error> {
+        let limits = &self.shared.config.limits;
+        let plain: Vec<Event> = events.iter().map(|e| e.to_event()).collect();
+        let mut writes = self.count_rejection(ops::validate_events(stream, &plain, limits))?;
+        let views = &self.shared.views;
+        let folded =
+            self.count_rejection(views.fold(stream, &events, crate::driver::wall_ms(), limits))?;
+        if folded.is_empty() {
+            return self.submit(writes).await;
+        }
+        let n = writes.len();
+        let (rx, admitted) = {
+            let mut wms = views.watermarks.lock().map_err(|_| Error::Closed)?;
+            let admitted = views.admit(
+                wms.get(stream).copied(),
+                stream,
+                &mut writes,
+                folded,
+                self.shared.replica,
+            );
+            let rx = self.enqueue(writes)?;
+            if let Some(wm) = admitted.new_wm {
+                wms.insert(stream.to_owned(), wm);
+            }
+            (rx, admitted)
+        };
+        let commit: LocalCommit = rx.await.map_err(|_| Error::Closed)??;
+        let dup = &commit.duplicate[..n.min(commit.duplicate.len())];
+        let effective: Vec<bool> = dup
+            .iter()
+            .enumerate()
+            .map(|(i, d)| !*d && !commit.refused.iter().any(|r| r.index == i))
+            .collect();
+        let duplicates = dup.iter().filter(|d| **d).count();
+        Ok(WriteOutcome {
+            applied: dup.len() - duplicates,
+            duplicates,
+            late: views.count(&admitted, &effective),
+        })
+    }
+
+    /// Reads a page of view `name` (see [`crate::views::ViewQuery`]): rows with their group,
+    /// window and value, and `final` only when the value can no longer change on any node
+    /// this node knows of (the finality argument is in [`crate::views`]).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a view that is not configured; storage failures.
+    pub async fn view(
+        &self,
+        name: &str,
+        query: &crate::views::ViewQuery,
+    ) -> Result<crate::views::ViewPage, Error> {
+        let status = self.replication_status().await?;
+        let known: Vec<PeerId> = {
+            let mut met = self.shared.views.met.lock().map_err(|_| Error::Closed)?;
+            met.extend(status.peers_connected.iter().copied());
+            met.iter().copied().collect()
+        };
+        self.shared.views.read(
+            &self.reader()?,
+            name,
+            query,
+            self.shared.replica,
+            &known,
+            peer_id_of,
+        )
+    }
+
+    /// The configured views.
+    pub fn views(&self) -> &[crate::views::CompiledView] {
+        self.shared.views.list()
     }
 
     /// The committed value of `key` (the empty value of its type if never written).
