@@ -32,6 +32,7 @@ pub mod codec;
 pub mod config;
 mod driver;
 pub mod error;
+pub mod http;
 pub mod metrics;
 pub mod model;
 mod node;
