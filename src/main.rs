@@ -68,7 +68,9 @@ enum Command {
     Set {
         #[arg(value_parser = parse_key)]
         key: KeyArg,
-        json: String,
+        /// The value, as JSON.
+        #[arg(value_name = "JSON")]
+        value: String,
     },
     /// Delete an orset, lww or mvreg key.
     Delete {
@@ -167,9 +169,11 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
                 &[op(key, "remove", json!({"value": client::element(value)}))],
             )?;
         }
-        Command::Set { key, json: text } => {
+        Command::Set { key, value: text } => {
             let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-                anyhow::anyhow!("the value must be JSON (quote strings: '\"text\"'): {e}")
+                Usage(format!(
+                    "the value must be JSON (quote strings: '\"text\"'): {e}"
+                ))
             })?;
             client::write_ops(&c, &out, &[op(key, "set", json!({"value": value}))])?;
         }

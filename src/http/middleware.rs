@@ -96,15 +96,16 @@ pub(crate) async fn auth(State(state): State<AppState>, req: Request, next: Next
     next.run(req).await
 }
 
-/// At most `http.concurrency_max` requests at once (watch streams and probes have their own
-/// bounds); beyond it, 429 with `Retry-After` instead of queueing.
+/// At most `http.concurrency_max` requests at once (watch streams have their own bound; probes
+/// and metrics stay answerable under overload); beyond it, 429 with `Retry-After` instead of
+/// queueing.
 pub(crate) async fn concurrency(
     State(state): State<AppState>,
     req: Request,
     next: Next,
 ) -> Response {
     let path = req.uri().path();
-    if matches!(path, "/healthz" | "/readyz" | "/v1/watch") {
+    if matches!(path, "/healthz" | "/readyz" | "/metrics" | "/v1/watch") {
         return next.run(req).await;
     }
     let Ok(_permit) = state.requests.clone().try_acquire_owned() else {
