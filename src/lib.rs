@@ -34,6 +34,7 @@ mod driver;
 pub mod error;
 pub mod metrics;
 pub mod model;
+pub mod net;
 mod node;
 pub mod ops;
 pub mod proto;
