@@ -297,6 +297,21 @@ impl TlsDir {
         &self.name
     }
 
+    /// The cluster CA certificate this node trusts, in PEM.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// The node certificate, in PEM.
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    /// The node's private key, in PEM (keep it secret).
+    pub fn key_pem(&self) -> &str {
+        &self.key_pem
+    }
+
     /// The same certificate and key, trusting another CA (tests: a node of one cluster that
     /// presents its certificate to another).
     pub fn with_ca(&self, ca: &ClusterCa) -> Self {

@@ -195,3 +195,140 @@ pub async fn converge(nodes: &[Node], limit: Duration) -> Duration {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// A hand-driven QUIC client for refusal and hostile-peer tests: it presents `cert` (or none),
+/// accepts any server certificate, and speaks the wire format directly.
+pub mod raw {
+    use rustls::DigitallySignedStruct;
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+    use tidemark::net::TlsDir;
+
+    #[derive(Debug)]
+    struct AcceptAny(Arc<rustls::crypto::CryptoProvider>);
+
+    impl ServerCertVerifier for AcceptAny {
+        fn verify_server_cert(
+            &self,
+            _: &CertificateDer<'_>,
+            _: &[CertificateDer<'_>],
+            _: &ServerName<'_>,
+            _: &[u8],
+            _: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            m: &[u8],
+            c: &CertificateDer<'_>,
+            d: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(
+                m,
+                c,
+                d,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+        fn verify_tls13_signature(
+            &self,
+            m: &[u8],
+            c: &CertificateDer<'_>,
+            d: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(
+                m,
+                c,
+                d,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+
+    /// Dials `addr` presenting `cert` (none if `None`); the handshake result as quinn gives it.
+    pub async fn connect(
+        addr: SocketAddr,
+        cert: Option<&TlsDir>,
+    ) -> Result<quinn::Connection, String> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| e.to_string())?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)));
+        let mut cfg = match cert {
+            Some(t) => {
+                let c = CertificateDer::from_pem_slice(t.cert_pem().as_bytes())
+                    .map_err(|e| e.to_string())?;
+                let k = PrivateKeyDer::from_pem_slice(t.key_pem().as_bytes())
+                    .map_err(|e| e.to_string())?;
+                builder
+                    .with_client_auth_cert(vec![c], k)
+                    .map_err(|e| e.to_string())?
+            }
+            None => builder.with_no_client_auth(),
+        };
+        cfg.alpn_protocols = vec![b"tidemark/1".to_vec()];
+        let quic =
+            quinn::crypto::rustls::QuicClientConfig::try_from(cfg).map_err(|e| e.to_string())?;
+        let endpoint = quinn::Endpoint::client(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .map_err(|e| e.to_string())?;
+        let conn = endpoint
+            .connect_with(
+                quinn::ClientConfig::new(Arc::new(quic)),
+                addr,
+                "tidemark-peer",
+            )
+            .map_err(|e| e.to_string())?
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(conn)
+    }
+
+    /// The first frame's content: who the sender claims to be.
+    #[derive(serde::Serialize, serde::Deserialize)]
+    pub struct Hello {
+        pub name: String,
+        pub instance: u64,
+    }
+
+    /// Writes one raw frame: 4-byte little-endian length, then `body`.
+    pub async fn frame(send: &mut quinn::SendStream, body: &[u8]) -> Result<(), String> {
+        send.write_all(&(body.len() as u32).to_le_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        send.write_all(body).await.map_err(|e| e.to_string())
+    }
+
+    /// Opens the stream and claims `name`; then waits for the node's hello. `Err` when the node
+    /// refuses or closes.
+    pub async fn hello(
+        conn: &quinn::Connection,
+        name: &str,
+    ) -> Result<(quinn::SendStream, quinn::RecvStream), String> {
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+        let bytes = tidemark::codec::encode(
+            "hello",
+            &Hello {
+                name: name.to_owned(),
+                instance: 7,
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        frame(&mut send, &bytes).await?;
+        let mut len = [0u8; 4];
+        recv.read_exact(&mut len).await.map_err(|e| e.to_string())?;
+        let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+        recv.read_exact(&mut body)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((send, recv))
+    }
+}
