@@ -70,6 +70,9 @@ pub enum Error {
     /// failure the node accepts no more writes until reopened.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The peer network could not start or be configured (writes are unaffected).
+    #[error(transparent)]
+    Net(#[from] crate::net::NetError),
 }
 
 impl Error {
@@ -85,6 +88,7 @@ impl Error {
             Error::Config(_) => "config",
             Error::Store(StoreError::AlreadyOpen { .. }) => "already_open",
             Error::Store(_) => "storage",
+            Error::Net(_) => "network",
         }
     }
 }

@@ -35,6 +35,7 @@ pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod model;
+pub mod net;
 mod node;
 pub mod ops;
 pub mod proto;
