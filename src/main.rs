@@ -38,6 +38,9 @@ struct Cli {
 enum Command {
     /// Run a node: a single node in ./tidemark-data with HTTP on 127.0.0.1:7700 by default.
     Serve(cli::serve::ServeArgs),
+    /// Cluster certificates: `certs init --out DIR`, `certs issue --ca DIR --name NODE --out DIR`.
+    #[command(subcommand)]
+    Certs(cli::certs::CertsCommand),
     /// Increment a counter: `inc gcounter/visits 3` (a negative BY decrements a pncounter).
     Inc {
         #[arg(value_parser = parse_key)]
@@ -139,6 +142,10 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         runtime.block_on(cli::serve::run(config))?;
         return Ok(true);
     }
+    if let Command::Certs(cmd) = &cli.command {
+        cli::certs::run(cmd)?;
+        return Ok(true);
+    }
     let c = Client::new(&cli.url, cli.token.clone());
     let op = |key: &KeyArg, op: &str, extra: serde_json::Value| {
         let mut o = json!({"type": key.kind, "key": key.name, "op": op});
@@ -148,7 +155,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         o
     };
     match &cli.command {
-        Command::Serve(_) => {}
+        Command::Serve(_) | Command::Certs(_) => {}
         Command::Inc { key, by } => {
             client::write_ops(&c, &out, &[client::counter_op(key, "inc", *by)?])?
         }

@@ -18,7 +18,14 @@ struct Daemon {
 impl Daemon {
     fn start(data: &std::path::Path, extra: &[&str]) -> Self {
         let mut child = Command::new(BIN)
-            .args(["serve", "--http", "127.0.0.1:0", "--data"])
+            .args([
+                "serve",
+                "--http",
+                "127.0.0.1:0",
+                "--peer-listen",
+                "127.0.0.1:0",
+                "--data",
+            ])
             .arg(data)
             .args(extra)
             .stdout(Stdio::piped())
@@ -364,7 +371,14 @@ fn serve_config_token_and_clean_restart() {
     );
     // The data directory is locked while the node runs.
     let o = Command::new(BIN)
-        .args(["serve", "--http", "127.0.0.1:0", "--data"])
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--peer-listen",
+            "127.0.0.1:0",
+            "--data",
+        ])
         .arg(&data)
         .stdout(Stdio::null())
         .output()
@@ -377,4 +391,104 @@ fn serve_config_token_and_clean_restart() {
     );
     assert_eq!(d.terminate().code(), Some(0));
     let _ = Duration::ZERO;
+}
+
+#[test]
+fn two_daemons_with_issued_certificates_converge() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    let certs = |args: &[&str]| {
+        let o = Command::new(BIN)
+            .arg("certs")
+            .args(args)
+            .output()
+            .expect("certs");
+        ok(&o)
+    };
+    certs(&["init", "--out", &p("ca")]);
+    certs(&[
+        "issue",
+        "--ca",
+        &p("ca"),
+        "--name",
+        "alpha",
+        "--out",
+        &p("alpha-tls"),
+    ]);
+    certs(&[
+        "issue",
+        "--ca",
+        &p("ca"),
+        "--name",
+        "beta",
+        "--out",
+        &p("beta-tls"),
+    ]);
+    // Refuses to overwrite a CA.
+    let again = Command::new(BIN)
+        .args(["certs", "init", "--out", &p("ca")])
+        .output()
+        .expect("run");
+    assert_eq!(again.status.code(), Some(1));
+    // alpha on a fixed free port so beta can join it.
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("free port")
+        .port();
+    let alpha_peer = format!("127.0.0.1:{port}");
+    let mut alpha = Command::new(BIN)
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--peer-listen",
+            &alpha_peer,
+            "--tls",
+            &p("alpha-tls"),
+            "--data",
+            &p("alpha"),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("alpha");
+    let mut line = String::new();
+    BufReader::new(alpha.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    assert!(line.contains("node alpha"), "{line}");
+    let alpha_url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .expect("url")
+        .to_owned();
+    let alpha = Daemon {
+        child: alpha,
+        url: alpha_url,
+    };
+    let beta = Daemon::start(
+        &dir.path().join("beta"),
+        &["--tls", &p("beta-tls"), "--join", &alpha_peer],
+    );
+    ok(&alpha.run(&["inc", "gcounter/hits", "2"]));
+    ok(&beta.run(&["inc", "gcounter/hits", "3"]));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    for d in [&alpha, &beta] {
+        loop {
+            let v = json_of(&d.run(&["--json", "get", "gcounter/hits"]))["value"].clone();
+            if v == 5 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "no convergence: {v}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+    let cluster = json_of(&beta.run(&["--json", "status"]));
+    assert_eq!(cluster["cluster"]["node"]["name"], "beta");
+    assert_eq!(
+        cluster["cluster"]["members"][0]["name"], "alpha",
+        "{cluster}"
+    );
+    assert_eq!(alpha.terminate().code(), Some(0));
+    assert_eq!(beta.terminate().code(), Some(0));
 }

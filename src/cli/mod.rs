@@ -1,5 +1,6 @@
 //! The pieces of the `tidemark` binary: config, `serve`, and the client commands.
 
+pub mod certs;
 pub mod client;
 pub mod config;
 pub mod ingest;

@@ -125,6 +125,35 @@ async fn stop_signal() {
     }
 }
 
+/// Starts the peer endpoint: with `--tls DIR` the cluster identity in it, else a local CA in the
+/// data directory (loopback only); then dials every `--join` address.
+async fn start_peers(node: &Node, config: &Config) -> anyhow::Result<SocketAddr> {
+    let listen = config.peer.listen;
+    let bound = match &config.peer.tls {
+        Some(dir) => {
+            let tls = tidemark::net::TlsDir::load(dir)
+                .with_context(|| format!("loading TLS material from {}", dir.display()))?;
+            node.listen(listen, tls).await
+        }
+        None => node.listen_local(listen).await,
+    }
+    .with_context(|| format!("cannot start the peer endpoint on {listen}"))?;
+    for peer in &config.peer.join {
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host(peer.as_str())
+            .await
+            .with_context(|| format!("cannot resolve --join {peer}"))?
+            .collect();
+        let addr = addrs
+            .first()
+            .copied()
+            .with_context(|| format!("--join {peer} resolves to no address"))?;
+        node.join_peer(addr)
+            .with_context(|| format!("cannot join {peer}"))?;
+        tracing::info!(%peer, %addr, "joining");
+    }
+    Ok(bound)
+}
+
 /// Runs the node until a stop signal; every acknowledged write is durable when this returns.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let node = Node::open(config.node_config())
@@ -138,14 +167,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     };
     let addr = server.local_addr();
-    if config.peer.tls.is_some() || !config.peer.join.is_empty() {
-        tracing::warn!(
-            "peer networking (--tls, --join, --peer-listen) is not available in this build; running as a single node"
-        );
-    }
+    let peer_addr = match start_peers(&node, &config).await {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = node.shutdown().await;
+            return Err(e);
+        }
+    };
+    let name = node.net_status().map(|s| s.name).unwrap_or_default();
     println!(
-        "tidemark: node {} serving HTTP on http://{addr} (data in {}; console at http://{addr}/)",
-        node.replica_id(),
+        "tidemark: node {name} serving HTTP on http://{addr} (peers on {peer_addr}; data in {}; console at http://{addr}/)",
         config.data_dir.display()
     );
     tracing::info!(%addr, replica = %node.replica_id(), "serving");

@@ -70,6 +70,7 @@ pub(crate) struct Scrape<'a> {
     pub(crate) node: MetricsSnapshot,
     pub(crate) replication: Option<ReplicationStatus>,
     pub(crate) store_bytes: u64,
+    pub(crate) net: Option<crate::net::NetStatsSnapshot>,
     pub(crate) http: &'a HttpMetrics,
 }
 
@@ -184,6 +185,39 @@ pub(crate) fn render(s: &Scrape<'_>) -> Result<String, std::fmt::Error> {
             "frames_rejected",
             "Peer frames that could not be decoded",
             ConstCounter::new(rep.frames_rejected),
+        );
+    }
+    if let Some(net) = &s.net {
+        r.register(
+            "peer_connections",
+            "Peer connections by result (established, refused: TLS or identity failures)",
+            labelled(&[
+                ("result", "established", net.connections_established),
+                ("result", "refused", net.connections_refused),
+            ]),
+        );
+        r.register(
+            "peers_disconnected",
+            "Authenticated peers disconnected for breaking the protocol",
+            ConstCounter::new(net.peers_disconnected),
+        );
+        r.register_with_unit(
+            "peer_frame",
+            "Replication frame bytes by direction",
+            Unit::Bytes,
+            labelled(&[
+                ("direction", "sent", net.frame_bytes_sent),
+                ("direction", "received", net.frame_bytes_received),
+            ]),
+        );
+        r.register_with_unit(
+            "peer_udp",
+            "UDP payload bytes of peer connections by direction (QUIC and TLS included)",
+            Unit::Bytes,
+            labelled(&[
+                ("direction", "sent", net.udp_bytes_sent),
+                ("direction", "received", net.udp_bytes_received),
+            ]),
         );
     }
     let h = s.http;

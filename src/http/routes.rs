@@ -86,6 +86,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
 async fn metrics_text(State(state): State<AppState>) -> Response {
     let replication = state.node.replication_status().await.ok();
     let scrape = metrics::Scrape {
+        net: state.node.net_status().map(|n| n.stats),
         node: state.node.metrics(),
         replication,
         store_bytes: metrics::dir_bytes(&state.node.config().data_dir),
@@ -501,6 +502,14 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
         .await
         .map_err(|e| ApiError::from_node(e, Pos::Index, state.config.retry_after_secs))?;
     let (log_start, log_end) = rep.log_bounds;
+    let net = node.net_status();
+    let connected: Vec<String> = net.as_ref().map(|n| n.peers.clone()).unwrap_or_default();
+    let name_of = |peer: &crate::proto::PeerId| {
+        connected
+            .iter()
+            .find(|n| crate::net::peer_id_of_name(n) == *peer)
+            .cloned()
+    };
     let peers: Vec<_> = rep
         .peer_acked
         .iter()
@@ -508,12 +517,30 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
             let behind = log_end.saturating_sub(acked.unwrap_or(log_start));
             json!({
                 "peer": format!("{:016x}", peer.0),
+                "name": name_of(peer),
                 "connected": rep.peers_connected.contains(peer),
                 "acked": acked,
                 "lag_entries": behind,
             })
         })
         .collect();
+    let mut members: Vec<serde_json::Value> = connected
+        .iter()
+        .map(|name| {
+            let id = crate::net::peer_id_of_name(name);
+            let acked = rep
+                .peer_acked
+                .iter()
+                .find(|(p, _)| *p == id)
+                .and_then(|(_, a)| *a);
+            json!({
+                "name": name,
+                "state": "connected",
+                "lag_entries": log_end.saturating_sub(acked.unwrap_or(log_start)),
+            })
+        })
+        .collect();
+    members.extend(state.cluster.members());
     let m = node.metrics();
     Ok(axum::Json(json!({
         "node": {
@@ -524,8 +551,10 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
             "data_dir": node.config().data_dir.display().to_string(),
             "log": {"start": log_start, "end": log_end},
             "writes_applied": m.ops_applied,
+            "name": net.as_ref().map(|n| n.name.clone()),
+            "peer_listen": net.as_ref().map(|n| n.local_addr.to_string()),
         },
-        "members": state.cluster.members(),
+        "members": members,
         "peers": peers,
     }))
     .into_response())
