@@ -150,7 +150,7 @@ fn client_commands_print_tables_json_and_exit_codes() {
     );
     let status = ok(&d.run(&["status"]));
     assert!(
-        status.contains("REPLICA") && status.contains("true"),
+        status.contains("NODE") && status.contains("true"),
         "{status}"
     );
     assert_eq!(json_of(&d.run(&["--json", "status"]))["ready"], true);

@@ -352,10 +352,15 @@ pub fn status(client: &Client, out: &Output) -> anyhow::Result<()> {
     }
     let n = &cluster["node"];
     print_table(
-        &["REPLICA", "HTTP", "EPOCH", "LOG", "READY"],
+        &["NODE", "HTTP", "PEERS ON", "EPOCH", "LOG", "READY"],
         &[vec![
-            n["replica"].as_str().unwrap_or_default().to_owned(),
+            n["name"]
+                .as_str()
+                .or_else(|| n["replica"].as_str())
+                .unwrap_or_default()
+                .to_owned(),
             n["http"].as_str().unwrap_or_default().to_owned(),
+            n["peer_listen"].as_str().unwrap_or("-").to_owned(),
             n["epoch"].to_string(),
             format!("{}..{}", n["log"]["start"], n["log"]["end"]),
             ready.to_string(),
@@ -368,7 +373,11 @@ pub fn status(client: &Client, out: &Output) -> anyhow::Result<()> {
             .iter()
             .map(|p| {
                 vec![
-                    p["peer"].as_str().unwrap_or_default().to_owned(),
+                    p["name"]
+                        .as_str()
+                        .or_else(|| p["peer"].as_str())
+                        .unwrap_or_default()
+                        .to_owned(),
                     p["connected"].to_string(),
                     p["lag_entries"].to_string(),
                 ]
