@@ -84,6 +84,23 @@ fn main() {
         (node, addr, stop)
     });
     let base = format!("http://{addr}");
+    // The disk's fsync latency right now bounds a single client's durable requests.
+    let mut fsyncs = Vec::new();
+    let probe = dir.path().join("fsync-probe");
+    if let Ok(mut f) = std::fs::File::create(&probe) {
+        use std::io::Write;
+        for _ in 0..200 {
+            let t = Instant::now();
+            let _ = f.write_all(&[0u8; 512]);
+            let _ = f.sync_data();
+            fsyncs.push(t.elapsed());
+        }
+    }
+    println!(
+        "raw fsync (write 512 B + sync_data): p50 {:.2} ms, p99 {:.2} ms",
+        pct(&mut fsyncs, 0.5),
+        pct(&mut fsyncs, 0.99)
+    );
     println!("workload | clients | items/s | p50 ms | p99 ms");
 
     for clients in [1usize, 4] {

@@ -538,3 +538,66 @@ fn probes_cluster_metrics_views_and_console() {
     let page = get(&s.url("/"));
     assert!(page.text.contains("Tidemark"));
 }
+
+#[test]
+fn shutdown_finishes_in_flight_requests_durably_and_refuses_new_ones() {
+    let mut s = Served::start_with(|_, h| h.concurrency_max = 1);
+    let mut sock = std::net::TcpStream::connect(s.addr).expect("connect");
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let ev = |seq: u64| {
+        format!(
+            "{{\"source\":\"s\",\"seq\":{seq},\"ops\":[{{\"type\":\"gcounter\",\"key\":\"inflight\",\"op\":\"inc\"}}]}}\n"
+        )
+    };
+    let first = ev(1);
+    write!(
+        sock,
+        "POST /v1/streams/s/events HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{first}\r\n",
+        first.len()
+    )
+    .expect("send");
+    // Wait until the request is in its handler (it holds the only request slot), then stop.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get(&s.url("/v1/keys")).status != 429 {
+        assert!(Instant::now() < deadline, "request never in flight");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    s.begin_stop();
+    // New connections are refused once the listener is closed.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(s.addr).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "still accepting after shutdown began"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The in-flight request finishes and is answered after its durable commit.
+    let second = ev(2);
+    write!(sock, "{:x}\r\n{second}\r\n0\r\n\r\n", second.len()).expect("send rest");
+    let mut answer = String::new();
+    let mut buf = [0u8; 1024];
+    while !answer.contains("late") {
+        let n = std::io::Read::read(&mut sock, &mut buf).expect("read");
+        assert!(n > 0, "closed before answering: {answer}");
+        answer.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"accepted\":2"), "{answer}");
+    drop(sock);
+    s.wait_stopped();
+    // Reopened, the node has both events.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let dir = s.data_dir();
+    rt.block_on(async {
+        let node = tidemark::Node::open(tidemark::NodeConfig::new(dir))
+            .await
+            .expect("reopen");
+        let v = node
+            .get(&tidemark::Key::new(tidemark::KeyKind::GCounter, "inflight"))
+            .expect("get");
+        assert_eq!(v, tidemark::Value::GCounter(2));
+        node.shutdown().await.expect("shutdown");
+    });
+}

@@ -79,6 +79,23 @@ impl Served {
         self.shutdown();
     }
 
+    /// Signals the server to stop (stop accepting, finish in-flight requests) without waiting.
+    pub fn begin_stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    /// Waits until the server thread has drained and closed the node.
+    pub fn wait_stopped(&mut self) {
+        self.shutdown();
+    }
+
+    /// The node's data directory.
+    pub fn data_dir(&self) -> std::path::PathBuf {
+        self._dir.path().to_path_buf()
+    }
+
     fn shutdown(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
