@@ -130,3 +130,39 @@ impl IntoResponse for ApiError {
         resp
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_backpressure_is_429_with_retry_after() {
+        let e = ApiError::from_node(Error::Backpressure { queued: 7 }, Pos::Index, 2);
+        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(e.code, "backpressure");
+        let resp = e.into_response();
+        assert_eq!(
+            resp.headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()),
+            Some("2")
+        );
+    }
+
+    #[test]
+    fn positions_name_lines_for_ndjson() {
+        let e = ApiError::from_node(
+            Error::InvalidOp {
+                index: 1,
+                field: "value",
+                message: "x".into(),
+            },
+            |i| Pos::Line(i * 2 + 1),
+            1,
+        );
+        assert_eq!(
+            (e.status, e.at.as_deref()),
+            (StatusCode::BAD_REQUEST, Some("line 3, field value"))
+        );
+    }
+}
