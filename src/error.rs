@@ -111,6 +111,9 @@ pub enum Error {
     /// failure the node accepts no more writes until reopened.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The peer network could not start or be configured (writes are unaffected).
+    #[error(transparent)]
+    Net(#[from] crate::net::NetError),
 }
 
 impl Error {
@@ -131,6 +134,7 @@ impl Error {
             Error::Store(StoreError::AlreadyOpen { .. }) => "already_open",
             Error::Store(StoreError::TooLarge { .. }) => "too_large",
             Error::Store(_) => "storage",
+            Error::Net(_) => "network",
         }
     }
 }

@@ -7,10 +7,13 @@ use crate::driver::{Change, CompactReport, Driver, Input, ReplicationStatus};
 use crate::error::Error;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::model::Delta;
+use crate::net::transport::Net;
+use crate::net::{NetError, NetOptions, NetStatus, TlsDir, certs};
 use crate::ops::{self, Event, Op};
 use crate::proto::replica::Replica;
 use crate::proto::{ApplyOutcome, PeerId};
 use crate::store::{DeltasSince, LocalCommit, LocalWrite, OpenOptions, Reader, RedbStore};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
@@ -108,6 +111,8 @@ struct Shared {
     config: NodeConfig,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     views: Arc<crate::views::Views>,
+    /// The peer network endpoint, once [`Node::listen`] was called.
+    net: Mutex<Option<Arc<crate::net::transport::Net>>>,
 }
 
 impl Drop for Shared {
@@ -222,6 +227,7 @@ impl Node {
             log_retain_entries: config.log_retain_entries,
             frames_rejected: 0,
             frame_bytes_max: config.limits.frame_bytes_max,
+            links: std::collections::BTreeMap::new(),
         };
         let thread = std::thread::Builder::new()
             .name("tidemark-writer".into())
@@ -240,6 +246,7 @@ impl Node {
                 config,
                 thread: Mutex::new(Some(thread)),
                 views,
+                net: Mutex::new(None),
             }),
         })
     }
@@ -302,6 +309,92 @@ impl Node {
         other.send(Input::Disconnect {
             peer: self.peer_id(),
         })
+    }
+
+    /// Starts this node's peer endpoint (QUIC, mutual TLS) on `addr` — port 0 picks a free
+    /// port — and returns the bound address. A peer that connects (or that
+    /// [`Node::join_peer`] dials) becomes a replication peer once both sides verified that the
+    /// other's certificate is issued by the cluster CA in `tls` and names the node the other
+    /// claims to be. Needs a tokio runtime. Offline-first: writes never wait for the network;
+    /// peers exchange what they lack whenever they are connected.
+    ///
+    /// # Errors
+    /// [`Error::Net`] when the address cannot be bound, the TLS material is unusable or the
+    /// node already listens; [`Error::Closed`].
+    pub async fn listen(&self, addr: SocketAddr, tls: TlsDir) -> Result<SocketAddr, Error> {
+        let opts = NetOptions::new(self.shared.config.limits.frame_bytes_max);
+        self.listen_with(addr, tls, opts).await
+    }
+
+    /// [`Node::listen`] with explicit network options (timeouts, bounds, fault injection).
+    ///
+    /// # Errors
+    /// As [`Node::listen`].
+    pub async fn listen_with(
+        &self,
+        addr: SocketAddr,
+        tls: TlsDir,
+        mut opts: NetOptions,
+    ) -> Result<SocketAddr, Error> {
+        let inputs = self.input_sender()?;
+        opts.frame_bytes_max = opts
+            .frame_bytes_max
+            .min(self.shared.config.limits.frame_bytes_max);
+        let mut guard = self.shared.net.lock().map_err(|_| Error::Closed)?;
+        if let Some(net) = guard.as_ref() {
+            return Err(NetError::AlreadyListening(net.local_addr()).into());
+        }
+        let seed = u64::from_le_bytes(
+            uuid::Uuid::new_v4().as_bytes()[..8]
+                .try_into()
+                .unwrap_or([9; 8]),
+        );
+        let net = Net::start(addr, &tls, opts, inputs, seed)?;
+        let local = net.local_addr();
+        *guard = Some(net);
+        Ok(local)
+    }
+
+    /// Zero-config networking: uses the certificate in `<data_dir>/tls`, creating a local CA
+    /// and a certificate for this node there on first use, and listens on `addr`, which must
+    /// be a loopback address (a node with a generated CA is not reachable from elsewhere).
+    ///
+    /// # Errors
+    /// [`Error::Net`] for a non-loopback address or unusable certificates; as [`Node::listen`].
+    pub async fn listen_local(&self, addr: SocketAddr) -> Result<SocketAddr, Error> {
+        if !addr.ip().is_loopback() {
+            return Err(NetError::Config(
+                "a node without configured certificates binds to loopback only".into(),
+            )
+            .into());
+        }
+        let dir = self.shared.config.data_dir.join("tls");
+        let name = format!("node-{:032x}", self.shared.replica.0);
+        let tls = tokio::task::spawn_blocking(move || certs::ensure_local(&dir, &name))
+            .await
+            .map_err(|_| Error::Closed)?
+            .map_err(NetError::from)?;
+        self.listen(addr, tls).await
+    }
+
+    /// Keeps a connection to the peer at `addr` for as long as this node listens: dials it now,
+    /// and again with backoff (`redial_min`..`redial_max`) whenever the connection is lost or
+    /// cannot be made. Returns at once; replication starts when the connection is up.
+    ///
+    /// # Errors
+    /// [`Error::Net`] ([`NetError::NotListening`]) before [`Node::listen`]; [`Error::Closed`].
+    pub fn join_peer(&self, addr: SocketAddr) -> Result<(), Error> {
+        let guard = self.shared.net.lock().map_err(|_| Error::Closed)?;
+        let net = guard.as_ref().ok_or(NetError::NotListening)?;
+        net.spawn_dial_loop(addr);
+        Ok(())
+    }
+
+    /// The network endpoint's name, address, connected peers and counters (`None` before
+    /// [`Node::listen`]).
+    pub fn net_status(&self) -> Option<NetStatus> {
+        let guard = self.shared.net.lock().ok()?;
+        guard.as_ref().map(|n| n.status())
     }
 
     /// Where replication stands: peers, their acknowledged cursors, the log, counters.
@@ -603,6 +696,10 @@ impl Node {
     /// # Errors
     /// [`Error::Closed`] if already shut down.
     pub async fn shutdown(&self) -> Result<(), Error> {
+        let net = self.shared.net.lock().ok().and_then(|mut g| g.take());
+        if let Some(net) = net {
+            net.shutdown().await;
+        }
         let (reply, rx) = oneshot::channel();
         self.send(Input::Shutdown { reply })?;
         let _ = rx.await;
