@@ -363,6 +363,36 @@ impl Replica {
         self.start(now.mono_ms);
     }
 
+    /// The host durably committed local writes and wants them pushed at once (low latency)
+    /// instead of at the next tick: every up peer with nothing in flight is sent its interval
+    /// now; a peer with an interval in flight is sent the rest as soon as it acknowledges.
+    /// Still at most one unacknowledged message per peer.
+    ///
+    /// # Errors
+    /// Storage failures (fatal).
+    pub fn push_local_commit<S: StateStore>(
+        &mut self,
+        now: Now,
+        store: &mut S,
+    ) -> Result<(), S::Error> {
+        self.start(now.mono_ms);
+        let ids: Vec<PeerId> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.up && p.tracked)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            let p = self.peer_mut(id);
+            if p.inflight.is_some() {
+                p.more = true;
+            } else if matches!(p.cursor, PeerCursor::At(_)) && p.transfer.is_none() {
+                self.pump(now.mono_ms, id, store)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Handles one message from `from`.
     ///
     /// Never panics on peer input: invalid content is refused, counted and reported as
