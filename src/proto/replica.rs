@@ -989,7 +989,21 @@ impl Replica {
             );
             return Ok(());
         }
-        match store.apply_remote(from, delta, Some((log, end)), now.wall_ms)? {
+        // Tag what we log by its origin replica, not only by the sending peer: a late interval
+        // from a previous incarnation of `from` (wiped: another log id than its current one)
+        // is tagged with that old incarnation, so back-propagation avoidance does not keep it
+        // from the new incarnation, which lost it. No cursor is recorded for the old log.
+        let stale = self
+            .peers
+            .get(&from)
+            .and_then(|p| p.incarnation)
+            .is_some_and(|(current, _)| current != log);
+        let (tag, cursor) = if stale {
+            (origin_tag(log), None)
+        } else {
+            (from, Some((log, end)))
+        };
+        match store.apply_remote(tag, delta, cursor, now.wall_ms)? {
             Ok(outcome) => {
                 self.stats.deltas_applied += 1;
                 self.stats.hlc_rejected =
@@ -1213,6 +1227,13 @@ impl Replica {
     }
 }
 
+/// The log tag of entries that came from a previous incarnation (replica id `log`) of a peer:
+/// never equal to a peer's id in practice, so BP never excludes them.
+pub(crate) fn origin_tag(log: ReplicaId) -> PeerId {
+    let x = log.0;
+    PeerId(((x >> 64) as u64 ^ x as u64).rotate_left(17) ^ 0x7469_6465_6d61_726b)
+}
+
 /// Leaves out of `delta` what a peer whose context includes `seen` has already seen: entries'
 /// dots in `seen`, and those same dots from the context (DESIGN.md C4's digest filter, without
 /// the live-dot part). For every state whose context includes `seen`, joining the result gives
@@ -1323,5 +1344,84 @@ mod overlay_tests {
         rest.sort();
         let expected: Vec<PeerId> = peers.into_iter().filter(|p| !overlay.contains(p)).collect();
         assert_eq!(rest, expected, "anti-entropy serves the others");
+    }
+}
+
+#[cfg(test)]
+mod origin_tag_tests {
+    use super::*;
+    use crate::config::Limits;
+    use crate::proto::MemStateStore;
+    use tidemark_crdts::{KeyKind, Mutation};
+
+    const WALL: u64 = 1_700_000_000_000;
+
+    fn at(t: u64) -> Now {
+        Now {
+            mono_ms: t,
+            wall_ms: WALL + t,
+        }
+    }
+
+    fn keys(d: &Option<crate::model::Delta>) -> Vec<String> {
+        d.as_ref()
+            .map(|d| d.state.store.iter().map(|(k, _)| k.name.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// A late interval from a wiped peer's previous incarnation is logged under that old
+    /// incarnation, so the intervals sent to the peer's new incarnation include it (BP only
+    /// leaves out what the current incarnation itself sent).
+    #[test]
+    fn a_late_delta_from_a_wiped_incarnation_is_not_held_back_from_the_new_one() {
+        let p = PeerId(5);
+        let (old_log, new_log) = (ReplicaId(2000), ReplicaId(3000));
+        let mut old = MemStateStore::new(old_log, Limits::default());
+        let set = |name: &str| {
+            (
+                Key::new(KeyKind::MvReg, name),
+                Mutation::Set("\"v\"".into()),
+            )
+        };
+        old.apply_local(&[set("k1")], WALL).expect("mem");
+        let first = old.log_interval(0, None, 1 << 20).expect("mem");
+        old.apply_local(&[set("k2")], WALL + 1).expect("mem");
+        let late = old.log_interval(first.end, None, 1 << 20).expect("mem");
+
+        let mut store = MemStateStore::new(ReplicaId(1000), Limits::default());
+        let mut r = Replica::new(ReplicaConfig::default(), 1, 3, [p]);
+        r.peer_up(at(0), p, &mut store).expect("mem");
+        let hello = |replica| Message::Hello {
+            replica,
+            epoch: 1,
+            resume: None,
+        };
+        r.handle_message(at(1), p, hello(old_log), &mut store)
+            .expect("mem");
+        // As after a completed transfer from the old incarnation: a cursor into its log.
+        let applied = store
+            .apply_remote(
+                p,
+                first.delta.clone().expect("delta"),
+                Some((old_log, first.end)),
+                WALL,
+            )
+            .expect("mem");
+        assert!(applied.is_ok());
+        // The peer is wiped and comes back with a new replica id; then the late interval lands.
+        r.handle_message(at(2), p, hello(new_log), &mut store)
+            .expect("mem");
+        let msg = Message::Delta {
+            epoch: 1,
+            log: old_log,
+            from: first.end,
+            end: late.end,
+            delta: late.delta.clone().expect("delta"),
+        };
+        r.handle_message(at(3), p, msg, &mut store).expect("mem");
+        assert_eq!(r.stats().deltas_applied, 1);
+        // What we would send the new incarnation (BP on): the late entry, not the first one.
+        let to_new = store.log_interval(0, Some(p), 1 << 20).expect("mem");
+        assert_eq!(keys(&to_new.delta), vec!["k2".to_owned()]);
     }
 }
