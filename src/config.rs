@@ -173,6 +173,7 @@ impl NodeConfig {
             replication: crate::proto::replica::ReplicaConfig {
                 gossip_interval_ms: 100,
                 retransmit_timeout_ms: 1_000,
+                gossip_fanout: 3,
                 ..Default::default()
             },
             log_retain_entries: 10_000,

@@ -194,7 +194,9 @@ impl Driver {
             if !writes.is_empty() {
                 self.commit_group(writes);
                 let now = self.now();
-                self.replica.handle_local_commit(now);
+                if let Err(e) = self.replica.push_local_commit(now, &mut self.store) {
+                    tracing::error!(error = %e, "replication storage failure");
+                }
             }
             for input in others {
                 if let Input::Shutdown { reply } = input {

@@ -37,18 +37,57 @@ impl Oracle {
     }
 }
 
-async fn scenario(seed: u64) -> Duration {
+/// One seeded run: `rounds` of concurrent writes on every node under random datagram loss,
+/// duplication and delay, each round under a random partition (full split, one-way, ring or
+/// none); with `restarts`, also restarts and one wipe. Returns the convergence time after the
+/// final heal.
+async fn scenario(seed: u64, rounds: usize, restarts: bool) -> Duration {
     let mut rng = rng(seed);
     let n = 3 + (seed % 3) as usize;
     let mut cluster = Cluster::start(n, seed).await;
+    let (drop, dup, delay) = (
+        rng.random_range(0..60),
+        rng.random_range(0..30),
+        rng.random_range(0..20),
+    );
+    for m in &cluster.members {
+        m.faults.set_random(drop, dup, delay);
+    }
     let mut oracle = Oracle::default();
-    let wipe_round = rng.random_range(1..4);
-    for round in 0..5 {
-        // A random split of the cluster (or none) for this round.
-        if rng.random_bool(0.6) {
-            let cut = rng.random_range(1..n);
-            let all: Vec<usize> = (0..n).collect();
-            cluster.partition(&all[..cut], &all[cut..]);
+    let wipe_round = if restarts {
+        rng.random_range(1..rounds - 1)
+    } else {
+        usize::MAX
+    };
+    for round in 0..rounds {
+        cluster.heal();
+        let all: Vec<usize> = (0..n).collect();
+        match rng.random_range(0..4) {
+            0 => {}
+            1 => {
+                let cut = rng.random_range(1..n);
+                cluster.partition(&all[..cut], &all[cut..]);
+            }
+            2 => {
+                // One-way: a node's datagrams to another are lost, not the way back.
+                let (a, b) = (rng.random_range(0..n), rng.random_range(0..n));
+                if a != b {
+                    let to = cluster.members[b].addr;
+                    cluster.members[a].faults.block(to);
+                }
+            }
+            _ => {
+                // Ring: each node reaches only its two neighbours.
+                for i in 0..n {
+                    for j in 0..n {
+                        let near = (i + 1) % n == j || (j + 1) % n == i;
+                        if i != j && !near {
+                            let to = cluster.members[j].addr;
+                            cluster.members[i].faults.block(to);
+                        }
+                    }
+                }
+            }
         }
         // Concurrent writes on every node.
         let mut tasks = Vec::new();
@@ -95,14 +134,14 @@ async fn scenario(seed: u64) -> Duration {
             let i = rng.random_range(0..n);
             eprintln!("round {round}: wipe n{i}");
             cluster.restart(i, true).await;
-        } else if rng.random_bool(0.4) {
+        } else if restarts && rng.random_bool(0.4) {
             let i = rng.random_range(0..n);
             eprintln!("round {round}: restart n{i}");
             cluster.restart(i, false).await;
         }
     }
     cluster.heal();
-    let took = cluster.converge(Duration::from_secs(20)).await;
+    let took = cluster.converge(Duration::from_secs(10)).await;
     let expected = oracle.expected();
     for m in &cluster.members {
         assert_eq!(all_keys(&m.node), expected, "{:?}", m.node.net_status());
@@ -111,16 +150,40 @@ async fn scenario(seed: u64) -> Duration {
     took
 }
 
+fn report(what: &str, mut times: Vec<Duration>) {
+    times.sort();
+    let p99 = times[(times.len() * 99 / 100).min(times.len() - 1)];
+    eprintln!(
+        "{what}: convergence after the final heal over {} runs: p50 {:?}, p99 {:?}, max {:?}",
+        times.len(),
+        times[times.len() / 2],
+        p99,
+        times[times.len() - 1]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_converge_over_quic_through_partitions_restarts_and_a_wipe() {
-    let seed = seed("net_sync");
-    let runs = if soak() { 10 } else { 2 };
+    let seed = seed("net_sync restarts");
+    let runs = if soak() { 20 } else { 3 };
     let mut times = Vec::new();
     for k in 0..runs {
         let s = seed.wrapping_add(k);
         eprintln!("run {k}: SEED={s}");
-        times.push(scenario(s).await);
+        times.push(scenario(s, 5, true).await);
     }
-    times.sort();
-    eprintln!("convergence after the final heal: {times:?}");
+    report("restarts and a wipe", times);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_converge_over_quic_under_seeded_loss_duplication_delay_and_partitions() {
+    let seed = seed("net_sync faults");
+    let runs = if soak() { 200 } else { 20 };
+    let mut times = Vec::new();
+    for k in 0..runs {
+        let s = seed.wrapping_add(1_000 + k);
+        eprintln!("run {k}: SEED={s}");
+        times.push(scenario(s, 3, false).await);
+    }
+    report("seeded faults", times);
 }

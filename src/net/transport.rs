@@ -246,7 +246,7 @@ impl Net {
         self.closed.notify_waiters();
         self.endpoint
             .close(VarInt::from_u32(close::SHUTDOWN), b"shutdown");
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
+        let _ = tokio::time::timeout(Duration::from_millis(250), self.endpoint.wait_idle()).await;
     }
 
     /// What the endpoint knows: name, address, connected peers, counters.

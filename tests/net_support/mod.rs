@@ -69,6 +69,8 @@ pub struct Member {
 pub struct Cluster {
     pub ca: ClusterCa,
     pub members: Vec<Member>,
+    /// The partition in force, if any.
+    pub cut: Option<(Vec<usize>, Vec<usize>)>,
     _root: tempfile::TempDir,
 }
 
@@ -97,6 +99,7 @@ impl Cluster {
         let c = Cluster {
             ca,
             members,
+            cut: None,
             _root: root,
         };
         for i in 0..n {
@@ -118,8 +121,10 @@ impl Cluster {
         }
     }
 
-    /// Shuts member `i` down and reopens it on the same directory (emptied first if `wipe`)
-    /// and the same address.
+    /// Shuts member `i` down and reopens it on the same directory (emptied first if `wipe`).
+    /// It listens on a new port (quinn keeps a closed endpoint's port while its connections
+    /// drain, so an in-process restart cannot rebind at once; a restarted daemon process
+    /// can): every member dials the new address, and an active partition is applied to it.
     pub async fn restart(&mut self, i: usize, wipe: bool) {
         let m = &self.members[i];
         m.node.shutdown().await.expect("shutdown");
@@ -127,30 +132,26 @@ impl Cluster {
             std::fs::remove_dir_all(&m.dir).expect("wipe");
         }
         let node = Node::open(NodeConfig::new(&m.dir)).await.expect("reopen");
-        let started = Instant::now();
-        let addr = loop {
-            match node
-                .listen_with(m.addr, m.tls.clone(), test_options(&m.faults))
-                .await
-            {
-                Ok(a) => break a,
-                Err(e) => {
-                    assert!(
-                        started.elapsed() < Duration::from_secs(5),
-                        "cannot rebind {}: {e}",
-                        m.addr
-                    );
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        };
-        assert_eq!(addr, m.addr);
+        let addr = node
+            .listen_with(localhost(), m.tls.clone(), test_options(&m.faults))
+            .await
+            .expect("listen");
         self.members[i].node = node;
+        self.members[i].addr = addr;
         self.join_all(i);
+        for (j, other) in self.members.iter().enumerate() {
+            if j != i {
+                other.node.join_peer(addr).expect("join");
+            }
+        }
+        if let Some((a, b)) = self.cut.clone() {
+            self.partition(&a, &b);
+        }
     }
 
     /// Drops every datagram between the two groups (both directions).
-    pub fn partition(&self, a: &[usize], b: &[usize]) {
+    pub fn partition(&mut self, a: &[usize], b: &[usize]) {
+        self.cut = Some((a.to_vec(), b.to_vec()));
         for &i in a {
             for &j in b {
                 self.members[i].faults.block(self.members[j].addr);
@@ -159,7 +160,8 @@ impl Cluster {
         }
     }
 
-    pub fn heal(&self) {
+    pub fn heal(&mut self) {
+        self.cut = None;
         for m in &self.members {
             m.faults.heal();
         }
