@@ -194,7 +194,8 @@ impl Driver {
             if !writes.is_empty() {
                 self.commit_group(writes);
                 let now = self.now();
-                if let Err(e) = self.replica.push_local_commit(now, &mut self.store) {
+                let mut served = Served::new(&mut self.store, &mut self.durable);
+                if let Err(e) = self.replica.push_local_commit(now, &mut served) {
                     tracing::error!(error = %e, "replication storage failure");
                 }
             }
@@ -425,7 +426,8 @@ impl Driver {
             Input::NetUp { peer, link } => {
                 self.links.insert(peer, link);
                 let now = self.now();
-                if let Err(e) = self.replica.peer_up(now, peer, &mut self.store) {
+                let mut served = Served::new(&mut self.store, &mut self.durable);
+                if let Err(e) = self.replica.peer_up(now, peer, &mut served) {
                     tracing::error!(error = %e, "replication storage failure");
                 }
             }
@@ -439,10 +441,8 @@ impl Driver {
             Input::NetMessage { from, msg, permit } => {
                 if self.links.contains_key(&from) {
                     let now = self.now();
-                    if let Err(e) = self
-                        .replica
-                        .handle_message(now, from, *msg, &mut self.store)
-                    {
+                    let mut served = Served::new(&mut self.store, &mut self.durable);
+                    if let Err(e) = self.replica.handle_message(now, from, *msg, &mut served) {
                         tracing::error!(error = %e, "replication storage failure");
                     }
                     // Act on a refusal before the next message of this peer is handled.

@@ -152,6 +152,7 @@ async fn forged_dots_of_the_receivers_own_replica_disconnect_the_peer() {
             upto: None,
             entries: Vec::new(),
             ctx,
+            dots: None,
             marks: Default::default(),
             last: true,
         },

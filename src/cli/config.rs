@@ -25,6 +25,7 @@ pub struct LimitsConfig {
     pub cache_bytes: usize,
     pub max_clock_drift_ms: u64,
     pub sources_per_batch_max: usize,
+    pub dedup_ranges_max: usize,
 }
 
 impl Default for LimitsConfig {
@@ -44,6 +45,7 @@ impl Default for LimitsConfig {
             cache_bytes: l.cache_bytes,
             max_clock_drift_ms: l.max_clock_drift_ms,
             sources_per_batch_max: l.sources_per_batch_max,
+            dedup_ranges_max: l.dedup_ranges_max,
         }
     }
 }
@@ -64,6 +66,7 @@ impl LimitsConfig {
             cache_bytes: self.cache_bytes,
             max_clock_drift_ms: self.max_clock_drift_ms,
             sources_per_batch_max: self.sources_per_batch_max,
+            dedup_ranges_max: self.dedup_ranges_max,
         }
     }
 }
