@@ -157,6 +157,9 @@ pub struct NodeConfig {
     /// Delta-log entries kept even when every peer acknowledged them, so briefly disconnected
     /// peers resume with deltas instead of a state transfer (default 10,000).
     pub log_retain_entries: u64,
+    /// Stream views (DESIGN.md A7), validated at open; every node of a cluster must run the
+    /// same definitions (default: none).
+    pub views: Vec<crate::views::ViewDef>,
 }
 
 impl NodeConfig {
@@ -170,9 +173,11 @@ impl NodeConfig {
             replication: crate::proto::replica::ReplicaConfig {
                 gossip_interval_ms: 100,
                 retransmit_timeout_ms: 1_000,
+                gossip_fanout: 3,
                 ..Default::default()
             },
             log_retain_entries: 10_000,
+            views: Vec::new(),
         }
     }
 }

@@ -75,6 +75,23 @@ pub(crate) enum Input {
         from: PeerId,
         bytes: Vec<u8>,
     },
+    /// An authenticated network peer is connected through `link` (replaces an older link).
+    NetUp {
+        peer: PeerId,
+        link: crate::net::transport::PeerLink,
+    },
+    /// Network link `link` to `peer` ended (ignored if a newer link replaced it).
+    NetDown {
+        peer: PeerId,
+        link: u64,
+    },
+    /// A decoded message from a network peer; `permit` returns its bytes to the connection's
+    /// inbound budget once handled (bounded apply queue).
+    NetMessage {
+        from: PeerId,
+        msg: Box<Message>,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    },
     /// Replication counters.
     Status {
         reply: oneshot::Sender<ReplicationStatus>,
@@ -121,6 +138,8 @@ pub(crate) struct Driver {
     pub(crate) log_retain_entries: u64,
     pub(crate) frames_rejected: u64,
     pub(crate) frame_bytes_max: usize,
+    /// Network peers: where their frames go.
+    pub(crate) links: BTreeMap<PeerId, crate::net::transport::PeerLink>,
 }
 
 pub(crate) fn wall_ms() -> u64 {
@@ -175,7 +194,10 @@ impl Driver {
             if !writes.is_empty() {
                 self.commit_group(writes);
                 let now = self.now();
-                self.replica.handle_local_commit(now);
+                let mut served = Served::new(&mut self.store, &mut self.durable);
+                if let Err(e) = self.replica.push_local_commit(now, &mut served) {
+                    tracing::error!(error = %e, "replication storage failure");
+                }
             }
             for input in others {
                 if let Input::Shutdown { reply } = input {
@@ -218,6 +240,20 @@ impl Driver {
     /// Sends what the core wants sent and acts on its events (quinn's poll order).
     fn drive_outputs(&mut self) {
         while let Some(t) = self.replica.poll_transmit() {
+            if let Some(link) = self.links.get(&t.to) {
+                match crate::codec::encode("protocol frame", &t.msg) {
+                    Ok(bytes) if bytes.len() <= self.frame_bytes_max => {
+                        if !link.send(bytes) {
+                            self.links.remove(&t.to);
+                        }
+                    }
+                    Ok(bytes) => {
+                        tracing::error!(len = bytes.len(), "frame over the limit not sent")
+                    }
+                    Err(e) => tracing::error!(error = %e, "cannot encode frame"),
+                }
+                continue;
+            }
             let Some(outbox) = self.outboxes.get(&t.to) else {
                 continue; // unreachable peer: like a lost packet; the protocol retransmits
             };
@@ -269,6 +305,13 @@ impl Driver {
                 }
                 ReplicaEvent::Rejected { from, kind, reason } => {
                     Metrics::add(&self.metrics.remote_rejected, 1);
+                    // A network peer that sends what we refuse is disconnected (it reconnects
+                    // and is served again; nothing it sent was applied).
+                    if let Some(link) = self.links.remove(&from) {
+                        link.close_hostile(kind);
+                        let now = self.now();
+                        self.replica.peer_down(now, from);
+                    }
                     tracing::warn!(?from, kind, ?reason, "rejected a peer message");
                 }
                 other => tracing::debug!(?other, "replication event"),
@@ -380,6 +423,33 @@ impl Driver {
                     tracing::error!(error = %e, "replication storage failure");
                 }
             }
+            Input::NetUp { peer, link } => {
+                self.links.insert(peer, link);
+                let now = self.now();
+                let mut served = Served::new(&mut self.store, &mut self.durable);
+                if let Err(e) = self.replica.peer_up(now, peer, &mut served) {
+                    tracing::error!(error = %e, "replication storage failure");
+                }
+            }
+            Input::NetDown { peer, link } => {
+                if self.links.get(&peer).is_some_and(|l| l.id == link) {
+                    self.links.remove(&peer);
+                    let now = self.now();
+                    self.replica.peer_down(now, peer);
+                }
+            }
+            Input::NetMessage { from, msg, permit } => {
+                if self.links.contains_key(&from) {
+                    let now = self.now();
+                    let mut served = Served::new(&mut self.store, &mut self.durable);
+                    if let Err(e) = self.replica.handle_message(now, from, *msg, &mut served) {
+                        tracing::error!(error = %e, "replication storage failure");
+                    }
+                    // Act on a refusal before the next message of this peer is handled.
+                    self.drive_outputs();
+                }
+                drop(permit);
+            }
             Input::Disconnect { peer } => {
                 self.outboxes.remove(&peer);
                 let now = self.now();
@@ -406,7 +476,12 @@ impl Driver {
                 }
             }
             Input::Status { reply } => {
-                let peers: Vec<PeerId> = self.outboxes.keys().copied().collect();
+                let peers: Vec<PeerId> = self
+                    .outboxes
+                    .keys()
+                    .chain(self.links.keys())
+                    .copied()
+                    .collect();
                 let _ = reply.send(ReplicationStatus {
                     peer_acked: peers
                         .iter()

@@ -18,6 +18,18 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// An event is malformed for a view of its stream (a missing group or value field, a
+    /// wrong value type, a malformed `time`): `index` is its position in the batch (its line),
+    /// `field` the event field. Nothing of the batch was applied.
+    #[error("event {index}: field `{field}`: {message}")]
+    InvalidEvent {
+        /// Position in the batch.
+        index: usize,
+        /// The event field at fault.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
     /// The op does not apply to the key's type (e.g. `add` on a counter).
     #[error("op {index}: {message}")]
     WrongOp {
@@ -99,6 +111,9 @@ pub enum Error {
     /// failure the node accepts no more writes until reopened.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The peer network could not start or be configured (writes are unaffected).
+    #[error(transparent)]
+    Net(#[from] crate::net::NetError),
 }
 
 impl Error {
@@ -106,6 +121,7 @@ impl Error {
     pub fn code(&self) -> &'static str {
         match self {
             Error::InvalidOp { .. } => "invalid_op",
+            Error::InvalidEvent { .. } => "invalid_event",
             Error::WrongOp { .. } => "type_mismatch",
             Error::CounterNotDeletable { .. } => "counter_not_deletable",
             Error::TooLarge { .. } | Error::BatchTooLarge { .. } | Error::TooManySources { .. } => {
@@ -118,6 +134,7 @@ impl Error {
             Error::Store(StoreError::AlreadyOpen { .. }) => "already_open",
             Error::Store(StoreError::TooLarge { .. }) => "too_large",
             Error::Store(_) => "storage",
+            Error::Net(_) => "network",
         }
     }
 }

@@ -32,12 +32,15 @@ pub mod codec;
 pub mod config;
 mod driver;
 pub mod error;
+pub mod http;
 pub mod metrics;
 pub mod model;
+pub mod net;
 mod node;
 pub mod ops;
 pub mod proto;
 pub mod store;
+pub mod views;
 
 pub use config::{Durability, Limits, NodeConfig};
 pub use driver::{Change, CompactReport, ReplicationStatus};

@@ -7,10 +7,13 @@ use crate::driver::{Change, CompactReport, Driver, Input, ReplicationStatus};
 use crate::error::Error;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::model::Delta;
+use crate::net::transport::Net;
+use crate::net::{NetError, NetOptions, NetStatus, TlsDir, certs};
 use crate::ops::{self, Event, Op};
 use crate::proto::replica::Replica;
 use crate::proto::{ApplyOutcome, PeerId};
 use crate::store::{DeltasSince, LocalCommit, LocalWrite, OpenOptions, Reader, RedbStore};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
@@ -25,6 +28,10 @@ pub struct WriteOutcome {
     pub applied: usize,
     /// Events or idempotent ops already applied before (no-ops).
     pub duplicates: usize,
+    /// Events refused as late by some view of their stream (the window they fall into ended
+    /// more than its lateness before the watermark): counted, never applied to that window.
+    /// Their other effects (ops, on-time windows) were applied and they count as `applied`.
+    pub late: usize,
 }
 
 /// Which keys a watcher wants.
@@ -103,6 +110,9 @@ struct Shared {
     epoch: u64,
     config: NodeConfig,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    views: Arc<crate::views::Views>,
+    /// The peer network endpoint, once [`Node::listen`] was called.
+    net: Mutex<Option<Arc<crate::net::transport::Net>>>,
 }
 
 impl Drop for Shared {
@@ -168,6 +178,7 @@ impl Node {
     /// As [`Node::open`].
     pub fn open_blocking(config: NodeConfig) -> Result<Node, Error> {
         config.limits.validate().map_err(Error::Config)?;
+        let views = Arc::new(crate::views::Views::new(&config.views)?);
         let store = RedbStore::open(
             &config.data_dir,
             OpenOptions {
@@ -182,6 +193,7 @@ impl Node {
         let (changes, _) = broadcast::channel(config.limits.watch_buffer_max);
         let reader = store.reader();
         let replica = store.replica();
+        views.restore(&reader, replica)?;
         let epoch = store.epoch();
         let me = peer_id_of(replica);
         let mut replication = config.replication.clone();
@@ -215,6 +227,7 @@ impl Node {
             log_retain_entries: config.log_retain_entries,
             frames_rejected: 0,
             frame_bytes_max: config.limits.frame_bytes_max,
+            links: std::collections::BTreeMap::new(),
         };
         let thread = std::thread::Builder::new()
             .name("tidemark-writer".into())
@@ -232,6 +245,8 @@ impl Node {
                 epoch,
                 config,
                 thread: Mutex::new(Some(thread)),
+                views,
+                net: Mutex::new(None),
             }),
         })
     }
@@ -268,6 +283,11 @@ impl Node {
     /// [`Error::Closed`] if either node is shut down.
     pub fn connect(&self, other: &Node) -> Result<(), Error> {
         let (mine, theirs) = (self.input_sender()?, other.input_sender()?);
+        for (a, b) in [(self, other), (other, self)] {
+            if let Ok(mut met) = a.shared.views.met.lock() {
+                met.insert(b.peer_id());
+            }
+        }
         self.send(Input::Connect {
             peer: other.peer_id(),
             outbox: theirs,
@@ -289,6 +309,92 @@ impl Node {
         other.send(Input::Disconnect {
             peer: self.peer_id(),
         })
+    }
+
+    /// Starts this node's peer endpoint (QUIC, mutual TLS) on `addr` — port 0 picks a free
+    /// port — and returns the bound address. A peer that connects (or that
+    /// [`Node::join_peer`] dials) becomes a replication peer once both sides verified that the
+    /// other's certificate is issued by the cluster CA in `tls` and names the node the other
+    /// claims to be. Needs a tokio runtime. Offline-first: writes never wait for the network;
+    /// peers exchange what they lack whenever they are connected.
+    ///
+    /// # Errors
+    /// [`Error::Net`] when the address cannot be bound, the TLS material is unusable or the
+    /// node already listens; [`Error::Closed`].
+    pub async fn listen(&self, addr: SocketAddr, tls: TlsDir) -> Result<SocketAddr, Error> {
+        let opts = NetOptions::new(self.shared.config.limits.frame_bytes_max);
+        self.listen_with(addr, tls, opts).await
+    }
+
+    /// [`Node::listen`] with explicit network options (timeouts, bounds, fault injection).
+    ///
+    /// # Errors
+    /// As [`Node::listen`].
+    pub async fn listen_with(
+        &self,
+        addr: SocketAddr,
+        tls: TlsDir,
+        mut opts: NetOptions,
+    ) -> Result<SocketAddr, Error> {
+        let inputs = self.input_sender()?;
+        opts.frame_bytes_max = opts
+            .frame_bytes_max
+            .min(self.shared.config.limits.frame_bytes_max);
+        let mut guard = self.shared.net.lock().map_err(|_| Error::Closed)?;
+        if let Some(net) = guard.as_ref() {
+            return Err(NetError::AlreadyListening(net.local_addr()).into());
+        }
+        let seed = u64::from_le_bytes(
+            uuid::Uuid::new_v4().as_bytes()[..8]
+                .try_into()
+                .unwrap_or([9; 8]),
+        );
+        let net = Net::start(addr, &tls, opts, inputs, seed)?;
+        let local = net.local_addr();
+        *guard = Some(net);
+        Ok(local)
+    }
+
+    /// Zero-config networking: uses the certificate in `<data_dir>/tls`, creating a local CA
+    /// and a certificate for this node there on first use, and listens on `addr`, which must
+    /// be a loopback address (a node with a generated CA is not reachable from elsewhere).
+    ///
+    /// # Errors
+    /// [`Error::Net`] for a non-loopback address or unusable certificates; as [`Node::listen`].
+    pub async fn listen_local(&self, addr: SocketAddr) -> Result<SocketAddr, Error> {
+        if !addr.ip().is_loopback() {
+            return Err(NetError::Config(
+                "a node without configured certificates binds to loopback only".into(),
+            )
+            .into());
+        }
+        let dir = self.shared.config.data_dir.join("tls");
+        let name = format!("node-{:032x}", self.shared.replica.0);
+        let tls = tokio::task::spawn_blocking(move || certs::ensure_local(&dir, &name))
+            .await
+            .map_err(|_| Error::Closed)?
+            .map_err(NetError::from)?;
+        self.listen(addr, tls).await
+    }
+
+    /// Keeps a connection to the peer at `addr` for as long as this node listens: dials it now,
+    /// and again with backoff (`redial_min`..`redial_max`) whenever the connection is lost or
+    /// cannot be made. Returns at once; replication starts when the connection is up.
+    ///
+    /// # Errors
+    /// [`Error::Net`] ([`NetError::NotListening`]) before [`Node::listen`]; [`Error::Closed`].
+    pub fn join_peer(&self, addr: SocketAddr) -> Result<(), Error> {
+        let guard = self.shared.net.lock().map_err(|_| Error::Closed)?;
+        let net = guard.as_ref().ok_or(NetError::NotListening)?;
+        net.spawn_dial_loop(addr);
+        Ok(())
+    }
+
+    /// The network endpoint's name, address, connected peers and counters (`None` before
+    /// [`Node::listen`]).
+    pub fn net_status(&self) -> Option<NetStatus> {
+        let guard = self.shared.net.lock().ok()?;
+        guard.as_ref().map(|n| n.status())
     }
 
     /// Where replication stands: peers, their acknowledged cursors, the log, counters.
@@ -325,6 +431,22 @@ impl Node {
         if writes.is_empty() {
             return Ok(WriteOutcome::default());
         }
+        let rx = self.enqueue(writes)?;
+        let commit: LocalCommit = rx.await.map_err(|_| Error::Closed)??;
+        let duplicates = commit.duplicate.iter().filter(|d| **d).count();
+        Ok(WriteOutcome {
+            applied: commit.duplicate.len() - duplicates,
+            duplicates,
+            late: 0,
+        })
+    }
+
+    /// Queues `writes` for the writer (after the backpressure check); the receiver gets the
+    /// commit. Writes queued earlier commit earlier.
+    fn enqueue(
+        &self,
+        writes: Vec<LocalWrite>,
+    ) -> Result<oneshot::Receiver<Result<LocalCommit, Error>>, Error> {
         let ops: usize = writes.iter().map(|w| w.ops.len().max(1)).sum();
         let limit = self.shared.config.limits.write_queue_ops_max;
         let before = self.shared.queued_ops.fetch_add(ops, Ordering::AcqRel);
@@ -338,12 +460,7 @@ impl Node {
             self.shared.queued_ops.fetch_sub(ops, Ordering::AcqRel);
             return Err(e);
         }
-        let commit: LocalCommit = rx.await.map_err(|_| Error::Closed)??;
-        let duplicates = commit.duplicate.iter().filter(|d| **d).count();
-        Ok(WriteOutcome {
-            applied: commit.duplicate.len() - duplicates,
-            duplicates,
-        })
+        Ok(rx)
     }
 
     fn count_rejection<T>(&self, r: Result<T, Error>) -> Result<T, Error> {
@@ -377,12 +494,103 @@ impl Node {
     /// # Errors
     /// As [`Node::apply_batch`].
     pub async fn ingest(&self, stream: &str, events: Vec<Event>) -> Result<WriteOutcome, Error> {
+        if self.shared.views.has_stream(stream) {
+            return self
+                .ingest_events(stream, events.into_iter().map(Into::into).collect())
+                .await;
+        }
         let writes = self.count_rejection(ops::validate_events(
             stream,
             &events,
             &self.shared.config.limits,
         ))?;
         self.submit(writes).await
+    }
+
+    /// Ingests events with fields and event times (API.md "Events and streams"); each
+    /// `(source, seq)` is applied at most once, and is folded into every view of `stream` in
+    /// the same durable transaction as its dedup mark. Events without `time` take this node's
+    /// clock. An event whose window is already past its lateness is counted in `late` and not
+    /// applied to that window.
+    ///
+    /// # Errors
+    /// As [`Node::apply_batch`]; [`Error::InvalidEvent`] naming the event and field (a missing
+    /// group or value field, a malformed `time`); nothing of a rejected batch is applied.
+    pub async fn ingest_events(
+        &self,
+        stream: &str,
+        events: Vec<crate::views::StreamEvent>,
+    ) -> Result<WriteOutcome, Error> {
+        let limits = &self.shared.config.limits;
+        let plain: Vec<Event> = events.iter().map(|e| e.to_event()).collect();
+        let mut writes = self.count_rejection(ops::validate_events(stream, &plain, limits))?;
+        let views = &self.shared.views;
+        let folded =
+            self.count_rejection(views.fold(stream, &events, crate::driver::wall_ms(), limits))?;
+        if folded.is_empty() {
+            return self.submit(writes).await;
+        }
+        let n = writes.len();
+        let (rx, admitted) = {
+            let mut wms = views.watermarks.lock().map_err(|_| Error::Closed)?;
+            let admitted = views.admit(
+                wms.get(stream).copied(),
+                stream,
+                &mut writes,
+                folded,
+                self.shared.replica,
+            );
+            let rx = self.enqueue(writes)?;
+            if let Some(wm) = admitted.new_wm {
+                wms.insert(stream.to_owned(), wm);
+            }
+            (rx, admitted)
+        };
+        let commit: LocalCommit = rx.await.map_err(|_| Error::Closed)??;
+        let dup = &commit.duplicate[..n.min(commit.duplicate.len())];
+        let effective: Vec<bool> = dup
+            .iter()
+            .enumerate()
+            .map(|(i, d)| !*d && !commit.refused.iter().any(|r| r.index == i))
+            .collect();
+        let duplicates = dup.iter().filter(|d| **d).count();
+        Ok(WriteOutcome {
+            applied: dup.len() - duplicates,
+            duplicates,
+            late: views.count(&admitted, &effective),
+        })
+    }
+
+    /// Reads a page of view `name` (see [`crate::views::ViewQuery`]): rows with their group,
+    /// window and value, and `final` only when the value can no longer change on any node
+    /// this node knows of (the finality argument is in [`crate::views`]).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a view that is not configured; storage failures.
+    pub async fn view(
+        &self,
+        name: &str,
+        query: &crate::views::ViewQuery,
+    ) -> Result<crate::views::ViewPage, Error> {
+        let status = self.replication_status().await?;
+        let known: Vec<PeerId> = {
+            let mut met = self.shared.views.met.lock().map_err(|_| Error::Closed)?;
+            met.extend(status.peers_connected.iter().copied());
+            met.iter().copied().collect()
+        };
+        self.shared.views.read(
+            &self.reader()?,
+            name,
+            query,
+            self.shared.replica,
+            &known,
+            peer_id_of,
+        )
+    }
+
+    /// The configured views.
+    pub fn views(&self) -> &[crate::views::CompiledView] {
+        self.shared.views.list()
     }
 
     /// The committed value of `key` (the empty value of its type if never written).
@@ -488,6 +696,10 @@ impl Node {
     /// # Errors
     /// [`Error::Closed`] if already shut down.
     pub async fn shutdown(&self) -> Result<(), Error> {
+        let net = self.shared.net.lock().ok().and_then(|mut g| g.take());
+        if let Some(net) = net {
+            net.shutdown().await;
+        }
         let (reply, rx) = oneshot::channel();
         self.send(Input::Shutdown { reply })?;
         let _ = rx.await;

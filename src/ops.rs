@@ -153,6 +153,13 @@ pub fn validate_op(op: &Op, index: usize, limits: &Limits) -> Result<(Key, Mutat
     })?;
     crate::apply::check_key_name(&op.key, limits)
         .map_err(|e| invalid(index, "key", e.to_string()))?;
+    if crate::views::keys::is_reserved(&op.key) {
+        return Err(invalid(
+            index,
+            "key",
+            "names starting with `~view/` or `~wm/` are reserved for stream views",
+        ));
+    }
     let key = Key::new(kind, op.key.clone());
     let value_text = |limit: usize| -> Result<String, Error> {
         let v = op

@@ -64,6 +64,16 @@ pub struct ReplicaConfig {
     /// replica id, this far apart; each later sender filters by what the earlier ones delivered
     /// (announced with `Have`). Default 1,000 (two gossip intervals); 0 serves at once.
     pub catch_up_stagger_ms: u64,
+    /// Gossip overlay (DESIGN.md C5): each tick and each push sends intervals only to this
+    /// many randomly chosen up peers (reshuffled every `overlay_reshuffle_ms`); every other
+    /// peer gets its interval at the slower `anti_entropy_interval_ms`, so partitions of the
+    /// overlay heal. With an overlay, what a delta brought is also forwarded to the overlay at
+    /// once. 0 (the default) sends to every peer at every tick.
+    pub gossip_fanout: usize,
+    /// How often the overlay is redrawn. Default 5,000.
+    pub overlay_reshuffle_ms: u64,
+    /// How often peers outside the overlay are served. Default 2,000.
+    pub anti_entropy_interval_ms: u64,
 }
 
 impl Default for ReplicaConfig {
@@ -79,6 +89,9 @@ impl Default for ReplicaConfig {
             filter_by_peer_context: true,
             have_after_changed_keys: 1024,
             catch_up_stagger_ms: 1_000,
+            gossip_fanout: 0,
+            overlay_reshuffle_ms: 5_000,
+            anti_entropy_interval_ms: 2_000,
         }
     }
 }
@@ -250,6 +263,10 @@ pub struct Replica {
     next_transfer: u64,
     bounds: (u64, u64),
     compact_emitted: u64,
+    /// The current gossip overlay (with `gossip_fanout > 0`) and when to redraw it.
+    overlay: Vec<PeerId>,
+    next_reshuffle: u64,
+    next_anti_entropy: u64,
 }
 
 impl Replica {
@@ -277,6 +294,9 @@ impl Replica {
             next_transfer: 1,
             bounds: (0, 0),
             compact_emitted: 0,
+            overlay: Vec::new(),
+            next_reshuffle: 0,
+            next_anti_entropy: 0,
         }
     }
 
@@ -361,6 +381,97 @@ impl Replica {
     /// coalesced with whatever else accumulates until then.
     pub fn handle_local_commit(&mut self, now: Now) {
         self.start(now.mono_ms);
+    }
+
+    /// The host durably committed local writes and wants them pushed at once (low latency)
+    /// instead of at the next tick: every up peer with nothing in flight is sent its interval
+    /// now; a peer with an interval in flight is sent the rest as soon as it acknowledges.
+    /// Still at most one unacknowledged message per peer.
+    ///
+    /// # Errors
+    /// Storage failures (fatal).
+    pub fn push_local_commit<S: StateStore>(
+        &mut self,
+        now: Now,
+        store: &mut S,
+    ) -> Result<(), S::Error> {
+        self.start(now.mono_ms);
+        self.push_to_overlay(now.mono_ms, None, store)
+    }
+
+    /// The gossip overlay in force (every up peer when `gossip_fanout` is 0).
+    pub fn overlay(&self) -> Vec<PeerId> {
+        if self.config.gossip_fanout == 0 {
+            return self
+                .peers
+                .iter()
+                .filter(|(_, p)| p.up)
+                .map(|(id, _)| *id)
+                .collect();
+        }
+        self.overlay.clone()
+    }
+
+    /// Sends the new part of the log to the overlay peers (except `skip`) that are idle; marks
+    /// busy ones to be served when they acknowledge.
+    fn push_to_overlay<S: StateStore>(
+        &mut self,
+        now: u64,
+        skip: Option<PeerId>,
+        store: &mut S,
+    ) -> Result<(), S::Error> {
+        self.refresh_overlay(now, false);
+        let ids: Vec<PeerId> = self
+            .peers
+            .iter()
+            .filter(|(id, p)| {
+                p.up && p.tracked
+                    && Some(**id) != skip
+                    && (self.config.gossip_fanout == 0 || self.overlay.contains(id))
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            let p = self.peer_mut(id);
+            if p.inflight.is_some() {
+                p.more = true;
+            } else if matches!(p.cursor, PeerCursor::At(_)) && p.transfer.is_none() {
+                self.pump(now, id, store)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Redraws the overlay when due (or `force`d), or when one of its peers went down.
+    fn refresh_overlay(&mut self, now: u64, force: bool) {
+        let fanout = self.config.gossip_fanout;
+        if fanout == 0 {
+            return;
+        }
+        let stale = self
+            .overlay
+            .iter()
+            .any(|id| !self.peers.get(id).is_some_and(|p| p.up));
+        let up: Vec<PeerId> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.up)
+            .map(|(id, _)| *id)
+            .collect();
+        let short = self.overlay.len() < fanout.min(up.len());
+        if !(force || stale || short || now >= self.next_reshuffle) {
+            return;
+        }
+        // A seeded partial shuffle: deterministic for a seed, like everything here.
+        let mut pool = up;
+        let mut chosen = Vec::with_capacity(fanout);
+        while chosen.len() < fanout && !pool.is_empty() {
+            let k = self.rng.random_range(0..pool.len());
+            chosen.push(pool.swap_remove(k));
+        }
+        chosen.sort();
+        self.overlay = chosen;
+        self.next_reshuffle = now.saturating_add(self.config.overlay_reshuffle_ms.max(1));
     }
 
     /// Handles one message from `from`.
@@ -540,6 +651,12 @@ impl Replica {
         let boot = self.boot_ms.unwrap_or(now);
         let evict_after = self.config.peer_evict_after_ms;
         let ids: Vec<PeerId> = self.peers.keys().copied().collect();
+        self.refresh_overlay(now, false);
+        let anti_entropy = self.config.gossip_fanout == 0 || now >= self.next_anti_entropy;
+        if anti_entropy {
+            self.next_anti_entropy =
+                now.saturating_add(self.config.anti_entropy_interval_ms.max(1));
+        }
         for id in ids {
             let p = self.peer_mut(id);
             let silent = now.saturating_sub(p.last_heard.unwrap_or(boot));
@@ -550,6 +667,16 @@ impl Replica {
                 p.reset_link();
                 self.stats.evictions += 1;
                 self.events.push_back(Event::PeerEvicted { peer: id });
+            }
+            // Outside the overlay, a peer in the plain delta phase waits for anti-entropy;
+            // Hellos and transfers are never delayed.
+            let p = self.peer_mut(id);
+            let delta_phase = p.transfer.is_none()
+                && p.tracked
+                && matches!(p.cursor, PeerCursor::At(_))
+                && p.serve_after.is_none();
+            if delta_phase && !anti_entropy && !self.overlay.contains(&id) {
+                continue;
             }
             self.pump(now, id, store)?;
         }
@@ -879,7 +1006,21 @@ impl Replica {
             );
             return Ok(());
         }
-        match store.apply_remote(from, delta, Some((log, end)), now.wall_ms)? {
+        // Tag what we log by its origin replica, not only by the sending peer: a late interval
+        // from a previous incarnation of `from` (wiped: another log id than its current one)
+        // is tagged with that old incarnation, so back-propagation avoidance does not keep it
+        // from the new incarnation, which lost it. No cursor is recorded for the old log.
+        let stale = self
+            .peers
+            .get(&from)
+            .and_then(|p| p.incarnation)
+            .is_some_and(|(current, _)| current != log);
+        let (tag, cursor) = if stale {
+            (origin_tag(log), None)
+        } else {
+            (from, Some((log, end)))
+        };
+        match store.apply_remote(tag, delta, cursor, now.wall_ms)? {
             Ok(outcome) => {
                 self.stats.deltas_applied += 1;
                 self.stats.hlc_rejected =
@@ -896,6 +1037,10 @@ impl Replica {
                     .filter(|(l, _)| *l == log)
                     .map_or(end, |(_, c)| c.max(end));
                 self.send(from, Message::Ack { epoch, log, upto });
+                if self.config.gossip_fanout > 0 {
+                    // Relay what we just learned along the overlay now, not at the next tick.
+                    self.push_to_overlay(now.mono_ms, Some(from), store)?;
+                }
             }
             Err(reason) => self.reject(from, "delta", RejectReason::Invalid(reason)),
         }
@@ -1099,6 +1244,13 @@ impl Replica {
     }
 }
 
+/// The log tag of entries that came from a previous incarnation (replica id `log`) of a peer:
+/// never equal to a peer's id in practice, so BP never excludes them.
+pub(crate) fn origin_tag(log: ReplicaId) -> PeerId {
+    let x = log.0;
+    PeerId(((x >> 64) as u64 ^ x as u64).rotate_left(17) ^ 0x7469_6465_6d61_726b)
+}
+
 /// Leaves out of `delta` what a peer whose context includes `seen` has already seen: entries'
 /// dots in `seen`, and those same dots from the context (DESIGN.md C4's digest filter, without
 /// the live-dot part). For every state whose context includes `seen`, joining the result gives
@@ -1128,4 +1280,165 @@ pub(crate) fn without_seen(
         },
         true,
     )
+}
+
+#[cfg(test)]
+mod overlay_tests {
+    use super::*;
+    use crate::config::Limits;
+    use crate::proto::MemStateStore;
+    use tidemark_crdts::{KeyKind, Mutation};
+
+    fn at(t: u64) -> Now {
+        Now {
+            mono_ms: t,
+            wall_ms: 1_700_000_000_000 + t,
+        }
+    }
+
+    fn deltas_to(replica: &mut Replica) -> Vec<PeerId> {
+        std::iter::from_fn(|| replica.poll_transmit())
+            .filter(|t| matches!(t.msg, Message::Delta { .. }))
+            .map(|t| t.to)
+            .collect()
+    }
+
+    /// With a fanout of 1 among 3 peers, a local commit goes at once to exactly the overlay
+    /// peer; the others get it only at the next anti-entropy round.
+    #[test]
+    fn a_commit_is_pushed_to_the_overlay_at_once_and_to_the_rest_by_anti_entropy() {
+        let cfg = ReplicaConfig {
+            gossip_interval_ms: 100,
+            gossip_fanout: 1,
+            anti_entropy_interval_ms: 2_000,
+            overlay_reshuffle_ms: 60_000,
+            catch_up_stagger_ms: 0,
+            ..ReplicaConfig::default()
+        };
+        let peers = [PeerId(1), PeerId(2), PeerId(3)];
+        let mut store = MemStateStore::new(ReplicaId(1000), Limits::default());
+        let me = store.replica_id();
+        let mut r = Replica::new(cfg, 1, 7, peers);
+        for p in peers {
+            r.peer_up(at(0), p, &mut store).expect("mem");
+            let hello = Message::Hello {
+                replica: ReplicaId(u128::from(p.0) + 2000),
+                epoch: 1,
+                resume: Some((me, 0)),
+            };
+            r.handle_message(at(1), p, hello, &mut store).expect("mem");
+        }
+        r.handle_timeout(at(200), &mut store).expect("mem");
+        assert!(deltas_to(&mut r).is_empty(), "nothing to send yet");
+        store
+            .apply_local(
+                &[(Key::new(KeyKind::MvReg, "k"), Mutation::Set("\"v\"".into()))],
+                1_700_000_000_300,
+            )
+            .expect("mem");
+        r.push_local_commit(at(300), &mut store).expect("mem");
+        let overlay = r.overlay();
+        assert_eq!(overlay.len(), 1);
+        assert_eq!(
+            deltas_to(&mut r),
+            overlay,
+            "pushed at once, to the overlay only"
+        );
+        for t in (400..1_900).step_by(100) {
+            r.handle_timeout(at(t), &mut store).expect("mem");
+            assert!(
+                deltas_to(&mut r).is_empty(),
+                "no delta outside anti-entropy at {t}"
+            );
+        }
+        let mut rest = Vec::new();
+        for t in (1_900..2_600).step_by(100) {
+            r.handle_timeout(at(t), &mut store).expect("mem");
+            rest.extend(deltas_to(&mut r));
+        }
+        // (The overlay peer, which never acknowledged, may get a retransmission meanwhile.)
+        rest.retain(|p| !overlay.contains(p));
+        rest.sort();
+        let expected: Vec<PeerId> = peers.into_iter().filter(|p| !overlay.contains(p)).collect();
+        assert_eq!(rest, expected, "anti-entropy serves the others");
+    }
+}
+
+#[cfg(test)]
+mod origin_tag_tests {
+    use super::*;
+    use crate::config::Limits;
+    use crate::proto::MemStateStore;
+    use tidemark_crdts::{KeyKind, Mutation};
+
+    const WALL: u64 = 1_700_000_000_000;
+
+    fn at(t: u64) -> Now {
+        Now {
+            mono_ms: t,
+            wall_ms: WALL + t,
+        }
+    }
+
+    fn keys(d: &Option<crate::model::Delta>) -> Vec<String> {
+        d.as_ref()
+            .map(|d| d.state.store.iter().map(|(k, _)| k.name.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// A late interval from a wiped peer's previous incarnation is logged under that old
+    /// incarnation, so the intervals sent to the peer's new incarnation include it (BP only
+    /// leaves out what the current incarnation itself sent).
+    #[test]
+    fn a_late_delta_from_a_wiped_incarnation_is_not_held_back_from_the_new_one() {
+        let p = PeerId(5);
+        let (old_log, new_log) = (ReplicaId(2000), ReplicaId(3000));
+        let mut old = MemStateStore::new(old_log, Limits::default());
+        let set = |name: &str| {
+            (
+                Key::new(KeyKind::MvReg, name),
+                Mutation::Set("\"v\"".into()),
+            )
+        };
+        old.apply_local(&[set("k1")], WALL).expect("mem");
+        let first = old.log_interval(0, None, 1 << 20).expect("mem");
+        old.apply_local(&[set("k2")], WALL + 1).expect("mem");
+        let late = old.log_interval(first.end, None, 1 << 20).expect("mem");
+
+        let mut store = MemStateStore::new(ReplicaId(1000), Limits::default());
+        let mut r = Replica::new(ReplicaConfig::default(), 1, 3, [p]);
+        r.peer_up(at(0), p, &mut store).expect("mem");
+        let hello = |replica| Message::Hello {
+            replica,
+            epoch: 1,
+            resume: None,
+        };
+        r.handle_message(at(1), p, hello(old_log), &mut store)
+            .expect("mem");
+        // As after a completed transfer from the old incarnation: a cursor into its log.
+        let applied = store
+            .apply_remote(
+                p,
+                first.delta.clone().expect("delta"),
+                Some((old_log, first.end)),
+                WALL,
+            )
+            .expect("mem");
+        assert!(applied.is_ok());
+        // The peer is wiped and comes back with a new replica id; then the late interval lands.
+        r.handle_message(at(2), p, hello(new_log), &mut store)
+            .expect("mem");
+        let msg = Message::Delta {
+            epoch: 1,
+            log: old_log,
+            from: first.end,
+            end: late.end,
+            delta: late.delta.clone().expect("delta"),
+        };
+        r.handle_message(at(3), p, msg, &mut store).expect("mem");
+        assert_eq!(r.stats().deltas_applied, 1);
+        // What we would send the new incarnation (BP on): the late entry, not the first one.
+        let to_new = store.log_interval(0, Some(p), 1 << 20).expect("mem");
+        assert_eq!(keys(&to_new.delta), vec!["k2".to_owned()]);
+    }
 }

@@ -291,13 +291,24 @@ impl RedbStore {
                 }
                 duplicate.push(false);
                 for (key, m) in &w.ops {
+                    // A `latest` view write is stamped by its event, not the clock, and
+                    // skipped when a later-stamped value is already there (issue 9).
+                    let stamp = crate::views::keys::event_stamp(key, m);
+                    if let Some(ts) = stamp {
+                        if crate::views::keys::superseded(rows.entry(key)?, ts) {
+                            continue;
+                        }
+                    }
                     let dot = ctx
                         .next_dot(me)
                         .map_err(|e| StoreError::Exhausted(e.to_string()))?;
-                    let ts = (key.kind == KeyKind::Lww && matches!(m, Mutation::Set(_)))
-                        .then(|| hlc.now(wall_ms))
-                        .transpose()
-                        .map_err(|e| StoreError::Exhausted(e.to_string()))?;
+                    let ts = (stamp.is_none()
+                        && key.kind == KeyKind::Lww
+                        && matches!(m, Mutation::Set(_)))
+                    .then(|| hlc.now(wall_ms))
+                    .transpose()
+                    .map_err(|e| StoreError::Exhausted(e.to_string()))?
+                    .or(stamp);
                     let (entry, dctx) = delta_mutation(key.kind, rows.entry(key)?, m, dot, ts)
                         .map_err(|e| StoreError::InvalidOp(format!("{key}: {e}")))?;
                     rec.dots.extend(dctx.iter_dots());

@@ -1,0 +1,419 @@
+//! The client commands: one HTTP request each against `--url` (blocking, ureq).
+
+use super::output::{Output, print_table, value_text};
+use anyhow::{Context, bail};
+use serde_json::{Value as J, json};
+use std::io::BufRead;
+use std::time::Duration;
+
+/// `TYPE/NAME` as given on the command line.
+#[derive(Clone, Debug)]
+pub struct KeyArg {
+    /// The key type.
+    pub kind: String,
+    /// The key name.
+    pub name: String,
+}
+
+const KINDS: [&str; 5] = ["gcounter", "pncounter", "orset", "lww", "mvreg"];
+
+/// Parses `TYPE/NAME` (a usage error, exit 2, when malformed).
+pub fn parse_key(s: &str) -> Result<KeyArg, String> {
+    let (kind, name) = s
+        .split_once('/')
+        .ok_or_else(|| format!("expected TYPE/NAME (e.g. orset/online), got {s:?}"))?;
+    if !KINDS.contains(&kind) {
+        return Err(format!(
+            "unknown type {kind:?}: one of {}",
+            KINDS.join(", ")
+        ));
+    }
+    if name.is_empty() {
+        return Err("the key name is empty".into());
+    }
+    Ok(KeyArg {
+        kind: kind.to_owned(),
+        name: name.to_owned(),
+    })
+}
+
+/// A request the server answered with an error (exit status 1).
+#[derive(Debug)]
+pub struct Rejected {
+    /// HTTP status.
+    pub status: u16,
+    /// The error body (`{"error":{...}}`, perhaps with more fields).
+    pub body: J,
+}
+
+impl Rejected {
+    fn field(&self, name: &str) -> Option<&str> {
+        self.body.get("error")?.get(name)?.as_str()
+    }
+    /// The `at` of the error body.
+    pub fn at(&self) -> Option<&str> {
+        self.field("at")
+    }
+    /// The `Retry-After`-style hint: 429 answers.
+    pub fn is_busy(&self) -> bool {
+        self.status == 429
+    }
+}
+
+impl std::fmt::Display for Rejected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let code = self.field("code").unwrap_or("error");
+        let message = self.field("message").unwrap_or("");
+        write!(f, "{} {code}: {message}", self.status)?;
+        if let Some(at) = self.at() {
+            write!(f, " (at {at})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Rejected {}
+
+/// An HTTP client of one node.
+pub struct Client {
+    agent: ureq::Agent,
+    base: String,
+    token: Option<String>,
+}
+
+/// What a request returned: a JSON body, or a rejection.
+pub type Answer = Result<J, Rejected>;
+
+impl Client {
+    /// A client of the node at `url`.
+    pub fn new(url: &str, token: Option<String>) -> Self {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(Duration::from_secs(10)))
+            .build()
+            .into();
+        Self {
+            agent,
+            base: url.trim_end_matches('/').to_owned(),
+            token,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn auth<B>(&self, req: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+        match &self.token {
+            Some(t) => req.header("Authorization", format!("Bearer {t}")),
+            None => req,
+        }
+    }
+
+    fn finish(
+        &self,
+        resp: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> anyhow::Result<(Answer, Option<u64>)> {
+        let mut resp = resp.with_context(|| format!("cannot reach the node at {}", self.base))?;
+        let status = resp.status().as_u16();
+        let retry = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
+        let text = resp
+            .body_mut()
+            .with_config()
+            .limit(64 * 1024 * 1024)
+            .read_to_string()
+            .context("reading the answer")?;
+        let body: J = serde_json::from_str(&text).unwrap_or(J::String(text));
+        if (200..300).contains(&status) {
+            Ok((Ok(body), retry))
+        } else {
+            Ok((Err(Rejected { status, body }), retry))
+        }
+    }
+
+    /// `GET path` with query pairs.
+    pub fn get(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<Answer> {
+        let mut req = self.auth(self.agent.get(self.url(path)));
+        for (k, v) in query {
+            req = req.query(*k, v);
+        }
+        Ok(self.finish(req.call())?.0)
+    }
+
+    /// `POST path` with a JSON or NDJSON body; also returns `Retry-After`.
+    pub fn post(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: &[u8],
+    ) -> anyhow::Result<(Answer, Option<u64>)> {
+        let req = self
+            .auth(self.agent.post(self.url(path)))
+            .content_type(content_type);
+        self.finish(req.send(body))
+    }
+
+    /// `GET path` as a stream of lines (server-sent events).
+    pub fn stream_lines(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+        mut on_line: impl FnMut(&str) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        let mut req = self.auth(self.agent.get(self.url(path)));
+        for (k, v) in query {
+            req = req.query(*k, v);
+        }
+        let resp = req
+            .call()
+            .with_context(|| format!("cannot reach the node at {}", self.base))?;
+        if !resp.status().is_success() {
+            let (answer, _) = self.finish(Ok(resp))?;
+            return Err(answer
+                .err()
+                .map_or_else(|| anyhow::anyhow!("unexpected answer"), anyhow::Error::new));
+        }
+        let reader = std::io::BufReader::new(resp.into_body().into_reader());
+        for line in reader.lines() {
+            on_line(&line.context("reading the watch stream")?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Turns a rejection into the command's error (exit status 1, message on stderr).
+pub fn accept(answer: Answer) -> anyhow::Result<J> {
+    answer.map_err(anyhow::Error::new)
+}
+
+fn key_path(key: &KeyArg) -> String {
+    let enc: String = key
+        .name
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    format!("/v1/keys/{}/{enc}", key.kind)
+}
+
+/// A set element from the command line: a JSON number or string as written, else the text.
+pub fn element(text: &str) -> J {
+    match serde_json::from_str::<J>(text) {
+        Ok(v @ (J::Number(_) | J::String(_) | J::Bool(_))) => v,
+        _ => J::String(text.to_owned()),
+    }
+}
+
+/// Sends ops and prints what was applied.
+pub fn write_ops(client: &Client, out: &Output, ops: &[J]) -> anyhow::Result<()> {
+    let body = serde_json::to_vec(ops)?;
+    let (answer, _) = client.post("/v1/ops", "application/json", &body)?;
+    let body = accept(answer)?;
+    if out.json {
+        println!("{body}");
+    } else {
+        println!(
+            "applied {} (duplicates {})",
+            body["applied"], body["duplicates"]
+        );
+    }
+    Ok(())
+}
+
+/// `tidemark inc`/`dec`.
+pub fn counter_op(key: &KeyArg, op: &str, by: i64) -> anyhow::Result<J> {
+    if !matches!(key.kind.as_str(), "gcounter" | "pncounter") {
+        bail!(
+            "{op} applies to gcounter or pncounter keys, not {}",
+            key.kind
+        );
+    }
+    let (op, by) = if by < 0 {
+        (if op == "inc" { "dec" } else { "inc" }, by.unsigned_abs())
+    } else {
+        (op, by.unsigned_abs())
+    };
+    Ok(json!({"type": key.kind, "key": key.name, "op": op, "by": by}))
+}
+
+/// `tidemark get`.
+pub fn get(client: &Client, out: &Output, key: &KeyArg) -> anyhow::Result<()> {
+    let body = accept(client.get(&key_path(key), &[])?)?;
+    if out.json {
+        println!("{body}");
+    } else {
+        print_table(
+            &["TYPE", "KEY", "VALUE"],
+            &[vec![
+                key.kind.clone(),
+                key.name.clone(),
+                value_text(&body["value"]),
+            ]],
+        );
+    }
+    Ok(())
+}
+
+/// `tidemark list`.
+pub fn list(
+    client: &Client,
+    out: &Output,
+    kind: Option<&str>,
+    prefix: &str,
+    limit: usize,
+    after: Option<&str>,
+) -> anyhow::Result<()> {
+    let mut q = vec![("prefix", prefix.to_owned()), ("limit", limit.to_string())];
+    if let Some(k) = kind {
+        q.push(("type", k.to_owned()));
+    }
+    if let Some(a) = after {
+        q.push(("after", a.to_owned()));
+    }
+    let body = accept(client.get("/v1/keys", &q)?)?;
+    if out.json {
+        println!("{body}");
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = body["keys"]
+        .as_array()
+        .map(|keys| {
+            keys.iter()
+                .map(|k| {
+                    vec![
+                        k["type"].as_str().unwrap_or_default().to_owned(),
+                        k["key"].as_str().unwrap_or_default().to_owned(),
+                        value_text(&k["value"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    print_table(&["TYPE", "KEY", "VALUE"], &rows);
+    if let Some(next) = body["next"].as_str() {
+        println!("(more: --after {next})");
+    }
+    Ok(())
+}
+
+/// `tidemark watch`: prints every change until the stream ends.
+pub fn watch(
+    client: &Client,
+    out: &Output,
+    kind: Option<&str>,
+    prefix: &str,
+) -> anyhow::Result<()> {
+    let mut q = vec![("prefix", prefix.to_owned())];
+    if let Some(k) = kind {
+        q.push(("type", k.to_owned()));
+    }
+    let mut event = String::new();
+    client.stream_lines("/v1/watch", &q, |line| {
+        if let Some(name) = line.strip_prefix("event:") {
+            event = name.trim().to_owned();
+        } else if let Some(data) = line.strip_prefix("data:") {
+            let data: J = serde_json::from_str(data.trim()).unwrap_or(J::Null);
+            match event.as_str() {
+                "lagged" => eprintln!(
+                    "watch: fell behind and missed {} changes; re-read the keys (tidemark list)",
+                    data["missed"]
+                ),
+                _ if out.json => println!("{data}"),
+                _ => println!(
+                    "{}/{} = {}",
+                    data["type"].as_str().unwrap_or_default(),
+                    data["key"].as_str().unwrap_or_default(),
+                    value_text(&data["value"])
+                ),
+            }
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+        }
+        Ok(())
+    })
+}
+
+/// `tidemark status`.
+pub fn status(client: &Client, out: &Output) -> anyhow::Result<()> {
+    let cluster = accept(client.get("/v1/cluster", &[])?)?;
+    let ready = client.get("/readyz", &[])?.is_ok();
+    if out.json {
+        println!("{}", json!({"ready": ready, "cluster": cluster}));
+        return Ok(());
+    }
+    let n = &cluster["node"];
+    print_table(
+        &["NODE", "HTTP", "PEERS ON", "EPOCH", "LOG", "READY"],
+        &[vec![
+            n["name"]
+                .as_str()
+                .or_else(|| n["replica"].as_str())
+                .unwrap_or_default()
+                .to_owned(),
+            n["http"].as_str().unwrap_or_default().to_owned(),
+            n["peer_listen"].as_str().unwrap_or("-").to_owned(),
+            n["epoch"].to_string(),
+            format!("{}..{}", n["log"]["start"], n["log"]["end"]),
+            ready.to_string(),
+        ]],
+    );
+    let peers = cluster["peers"].as_array().cloned().unwrap_or_default();
+    if !peers.is_empty() {
+        println!();
+        let rows: Vec<Vec<String>> = peers
+            .iter()
+            .map(|p| {
+                vec![
+                    p["name"]
+                        .as_str()
+                        .or_else(|| p["peer"].as_str())
+                        .unwrap_or_default()
+                        .to_owned(),
+                    p["connected"].to_string(),
+                    p["lag_entries"].to_string(),
+                ]
+            })
+            .collect();
+        print_table(&["PEER", "CONNECTED", "LAG (ENTRIES)"], &rows);
+    }
+    Ok(())
+}
+
+/// `tidemark view`.
+pub fn view(client: &Client, out: &Output, name: &str) -> anyhow::Result<()> {
+    let body = accept(client.get(&format!("/v1/views/{name}"), &[])?)?;
+    if out.json {
+        println!("{body}");
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = body["rows"]
+        .as_array()
+        .map(|rows| {
+            rows.iter()
+                .map(|r| {
+                    vec![
+                        value_text(&r["group"]),
+                        value_text(&r["window_start"]),
+                        value_text(&r["window_end"]),
+                        value_text(&r["final"]),
+                        value_text(&r["value"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    print_table(
+        &["GROUP", "WINDOW START", "WINDOW END", "FINAL", "VALUE"],
+        &rows,
+    );
+    Ok(())
+}

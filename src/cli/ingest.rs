@@ -1,0 +1,252 @@
+//! `tidemark ingest --stream S FILE|-`: NDJSON events sent in chunks, 429 retried with backoff,
+//! rejected lines skipped and reported, a progress bar on a terminal.
+
+use super::client::Client;
+use super::output::Output;
+use anyhow::{Context, bail};
+use serde_json::{Value as J, json};
+use std::io::{BufRead, IsTerminal, Read};
+use std::time::{Duration, Instant};
+
+/// Lines per request.
+const CHUNK_LINES: usize = 1000;
+/// Bytes per request (a chunk ends at the first line boundary past it).
+const CHUNK_BYTES: usize = 1024 * 1024;
+/// Give up after this many consecutive 429 answers.
+const BUSY_RETRIES_MAX: u32 = 60;
+
+#[derive(Default)]
+struct Summary {
+    accepted: u64,
+    duplicates: u64,
+    late: u64,
+    rejected: Vec<(u64, String)>,
+    lines: u64,
+    bytes: u64,
+}
+
+impl Summary {
+    fn add(&mut self, counts: &J) {
+        let n = |k: &str| counts.get(k).and_then(J::as_u64).unwrap_or(0);
+        self.accepted += n("accepted");
+        self.duplicates += n("duplicates");
+        self.late += n("late");
+    }
+}
+
+/// The line number an error's `at` names (`line 7, field seq` → 7).
+fn line_of(at: Option<&str>) -> Option<usize> {
+    let rest = at?.strip_prefix("line ")?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// Sends one chunk of `(line number, line)` until everything in it is committed or rejected.
+fn send_chunk(
+    client: &Client,
+    path: &str,
+    mut pending: Vec<(u64, Vec<u8>)>,
+    summary: &mut Summary,
+) -> anyhow::Result<()> {
+    let mut backoff = Duration::from_millis(100);
+    let mut busy = 0;
+    while !pending.is_empty() {
+        let mut body = Vec::with_capacity(pending.iter().map(|(_, l)| l.len() + 1).sum());
+        for (_, line) in &pending {
+            body.extend_from_slice(line);
+            body.push(b'\n');
+        }
+        let (answer, retry_after) = client.post(path, "application/x-ndjson", &body)?;
+        let rejected = match answer {
+            Ok(counts) => {
+                summary.add(&counts);
+                return Ok(());
+            }
+            Err(r) => r,
+        };
+        let committed = &rejected.body["committed"];
+        summary.add(committed);
+        let done = committed
+            .get("committed_lines")
+            .and_then(J::as_u64)
+            .unwrap_or(0) as usize;
+        if rejected.is_busy() {
+            busy += 1;
+            if busy > BUSY_RETRIES_MAX {
+                bail!("the node stayed busy (429) for {busy} retries: {rejected}");
+            }
+            pending.drain(..done.min(pending.len()));
+            let wait = retry_after
+                .map_or(backoff, Duration::from_secs)
+                .max(backoff);
+            std::thread::sleep(wait);
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+            continue;
+        }
+        busy = 0;
+        match line_of(rejected.at()) {
+            Some(line)
+                if line >= 1 && line <= pending.len() && (400..500).contains(&rejected.status) =>
+            {
+                let (abs, _) = pending[line - 1];
+                summary.rejected.push((abs, rejected.to_string()));
+                // Lines before `done` are committed; the rejected one is dropped; the rest
+                // (uncommitted, valid so far) are sent again.
+                pending.remove(line - 1);
+                pending.drain(..done.min(line - 1));
+            }
+            _ => return Err(anyhow::Error::new(rejected)),
+        }
+    }
+    Ok(())
+}
+
+/// Progress: an indicatif bar on a terminal, plain lines on stderr otherwise.
+enum Progress {
+    Bar(indicatif::ProgressBar),
+    Lines { last: Instant },
+}
+
+impl Progress {
+    fn new(total: Option<u64>) -> Self {
+        if std::io::stdout().is_terminal() {
+            let bar = match total {
+                Some(t) => indicatif::ProgressBar::new(t),
+                None => indicatif::ProgressBar::no_length(),
+            };
+            let template = if total.is_some() {
+                "{spinner} [{elapsed_precise}] [{wide_bar}] {bytes}/{total_bytes} ({bytes_per_sec}) {msg}"
+            } else {
+                "{spinner} [{elapsed_precise}] {bytes} ({bytes_per_sec}) {msg}"
+            };
+            if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
+                bar.set_style(style);
+            }
+            Progress::Bar(bar)
+        } else {
+            Progress::Lines {
+                last: Instant::now(),
+            }
+        }
+    }
+
+    fn update(&mut self, s: &Summary, started: Instant) {
+        let rate = s.lines as f64 / started.elapsed().as_secs_f64().max(1e-3);
+        match self {
+            Progress::Bar(bar) => {
+                bar.set_position(s.bytes);
+                bar.set_message(format!("{} events, {rate:.0} events/s", s.lines));
+            }
+            Progress::Lines { last } => {
+                if last.elapsed() >= Duration::from_secs(1) {
+                    *last = Instant::now();
+                    eprintln!(
+                        "ingest: {} events, {} bytes, {rate:.0} events/s",
+                        s.lines, s.bytes
+                    );
+                }
+            }
+        }
+    }
+
+    fn finish(self) {
+        if let Progress::Bar(bar) = self {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Runs the ingest; `Ok(false)` when some lines were rejected (exit status 1).
+pub fn run(client: &Client, out: &Output, stream: &str, input: &str) -> anyhow::Result<bool> {
+    let (reader, total): (Box<dyn Read>, Option<u64>) = if input == "-" {
+        (Box::new(std::io::stdin().lock()), None)
+    } else {
+        let file = std::fs::File::open(input).with_context(|| format!("cannot open {input}"))?;
+        let len = file.metadata().ok().map(|m| m.len());
+        (Box::new(file), len)
+    };
+    let mut reader = std::io::BufReader::with_capacity(256 * 1024, reader);
+    let path = format!(
+        "/v1/streams/{}/events",
+        stream
+            .bytes()
+            .map(|b| if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            })
+            .collect::<String>()
+    );
+    let started = Instant::now();
+    let mut progress = Progress::new(total);
+    let mut summary = Summary::default();
+    let mut line_no = 0u64;
+    let mut chunk: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut chunk_bytes = 0;
+    loop {
+        let mut line = Vec::new();
+        let n = reader
+            .read_until(b'\n', &mut line)
+            .context("reading the input")?;
+        if n > 0 {
+            line_no += 1;
+            summary.bytes += n as u64;
+            while matches!(line.last(), Some(b'\n' | b'\r')) {
+                line.pop();
+            }
+            if !line.iter().all(u8::is_ascii_whitespace) {
+                chunk_bytes += line.len();
+                chunk.push((line_no, line));
+            }
+        }
+        if !chunk.is_empty() && (n == 0 || chunk.len() >= CHUNK_LINES || chunk_bytes >= CHUNK_BYTES)
+        {
+            summary.lines += chunk.len() as u64;
+            send_chunk(client, &path, std::mem::take(&mut chunk), &mut summary)?;
+            chunk_bytes = 0;
+            progress.update(&summary, started);
+        }
+        if n == 0 {
+            break;
+        }
+    }
+    progress.finish();
+    let ok = summary.rejected.is_empty();
+    if out.json {
+        let rejected: Vec<J> = summary
+            .rejected
+            .iter()
+            .map(|(line, error)| json!({"line": line, "error": error}))
+            .collect();
+        println!(
+            "{}",
+            json!({
+                "accepted": summary.accepted,
+                "duplicates": summary.duplicates,
+                "late": summary.late,
+                "rejected": rejected,
+            })
+        );
+    } else {
+        println!(
+            "accepted {}, duplicates {}, late {}, rejected {} ({} lines, {} bytes in {:.1}s)",
+            summary.accepted,
+            summary.duplicates,
+            summary.late,
+            summary.rejected.len(),
+            summary.lines,
+            summary.bytes,
+            started.elapsed().as_secs_f64()
+        );
+        for (line, error) in summary.rejected.iter().take(20) {
+            eprintln!("rejected line {line}: {error}");
+        }
+        if summary.rejected.len() > 20 {
+            eprintln!(
+                "... and {} more rejected lines",
+                summary.rejected.len() - 20
+            );
+        }
+    }
+    Ok(ok)
+}

@@ -1,0 +1,8 @@
+//! The pieces of the `tidemark` binary: config, `serve`, and the client commands.
+
+pub mod certs;
+pub mod client;
+pub mod config;
+pub mod ingest;
+pub mod output;
+pub mod serve;

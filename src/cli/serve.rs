@@ -1,0 +1,189 @@
+//! `tidemark serve`: open the node, serve HTTP, stop cleanly on Ctrl-C / SIGTERM.
+
+use super::config::{Config, LogFormat, set_key};
+use anyhow::Context;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use tidemark::Node;
+use tidemark::http::HttpServer;
+
+/// Flags of `tidemark serve` (each overrides the config file).
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// TOML config file (unknown keys are rejected).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Data directory [default: ./tidemark-data].
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// HTTP listen address [default: 127.0.0.1:7700].
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<SocketAddr>,
+    /// Peer (QUIC) listen address [default: 127.0.0.1:7701].
+    #[arg(long, value_name = "ADDR")]
+    pub peer_listen: Option<SocketAddr>,
+    /// Directory written by `tidemark certs issue` (CA cert, node cert and key).
+    #[arg(long, value_name = "DIR")]
+    pub tls: Option<PathBuf>,
+    /// A peer to join (repeatable).
+    #[arg(long, value_name = "ADDR")]
+    pub join: Vec<String>,
+    /// Bearer token required by the HTTP API (also TIDEMARK_TOKEN).
+    #[arg(long, env = "TIDEMARK_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Durability: immediate (fsync before ack) or relaxed.
+    #[arg(long, value_enum)]
+    pub durability: Option<super::config::DurabilityName>,
+    /// Log format.
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Set any config key: `--set http.concurrency_max=64` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Print the effective config and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+impl ServeArgs {
+    /// The effective config: file, then flags.
+    pub fn config(&self) -> anyhow::Result<Config> {
+        let mut table = Config::load_table(self.config.as_deref())?;
+        let s = |v: &dyn std::fmt::Display| toml::Value::String(v.to_string());
+        if let Some(d) = &self.data {
+            set_key(&mut table, "data_dir", s(&d.display()))?;
+        }
+        if let Some(a) = &self.http {
+            set_key(&mut table, "http.listen", s(a))?;
+        }
+        if let Some(a) = &self.peer_listen {
+            set_key(&mut table, "peer.listen", s(a))?;
+        }
+        if let Some(t) = &self.tls {
+            set_key(&mut table, "peer.tls", s(&t.display()))?;
+        }
+        if !self.join.is_empty() {
+            let peers = self.join.iter().map(|j| s(j)).collect();
+            set_key(&mut table, "peer.join", toml::Value::Array(peers))?;
+        }
+        if let Some(t) = &self.token {
+            set_key(&mut table, "http.token", s(t))?;
+        }
+        if let Some(d) = self.durability {
+            let name = if d == super::config::DurabilityName::Relaxed {
+                "relaxed"
+            } else {
+                "immediate"
+            };
+            set_key(&mut table, "durability", s(&name))?;
+        }
+        if let Some(f) = self.log_format {
+            let name = if f == LogFormat::Json { "json" } else { "text" };
+            set_key(&mut table, "log.format", s(&name))?;
+        }
+        for assignment in &self.set {
+            super::config::set_assignment(&mut table, assignment)?;
+        }
+        Config::from_table(table)
+    }
+}
+
+/// Logs to stderr through `tracing` (`RUST_LOG`, default `info`).
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+async fn stop_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("Ctrl-C: shutting down"),
+        () = term => tracing::info!("SIGTERM: shutting down"),
+    }
+}
+
+/// Starts the peer endpoint: with `--tls DIR` the cluster identity in it, else a local CA in the
+/// data directory (loopback only); then dials every `--join` address.
+async fn start_peers(node: &Node, config: &Config) -> anyhow::Result<SocketAddr> {
+    let listen = config.peer.listen;
+    let bound = match &config.peer.tls {
+        Some(dir) => {
+            let tls = tidemark::net::TlsDir::load(dir)
+                .with_context(|| format!("loading TLS material from {}", dir.display()))?;
+            node.listen(listen, tls).await
+        }
+        None => node.listen_local(listen).await,
+    }
+    .with_context(|| format!("cannot start the peer endpoint on {listen}"))?;
+    for peer in &config.peer.join {
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host(peer.as_str())
+            .await
+            .with_context(|| format!("cannot resolve --join {peer}"))?
+            .collect();
+        let addr = addrs
+            .first()
+            .copied()
+            .with_context(|| format!("--join {peer} resolves to no address"))?;
+        node.join_peer(addr)
+            .with_context(|| format!("cannot join {peer}"))?;
+        tracing::info!(%peer, %addr, "joining");
+    }
+    Ok(bound)
+}
+
+/// Runs the node until a stop signal; every acknowledged write is durable when this returns.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let node = Node::open(config.node_config())
+        .await
+        .with_context(|| format!("cannot open the node in {}", config.data_dir.display()))?;
+    let server = match HttpServer::bind(node.clone(), config.http.clone()).await {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = node.shutdown().await;
+            return Err(e.into());
+        }
+    };
+    let addr = server.local_addr();
+    let peer_addr = match start_peers(&node, &config).await {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = node.shutdown().await;
+            return Err(e);
+        }
+    };
+    let name = node.net_status().map(|s| s.name).unwrap_or_default();
+    println!(
+        "tidemark: node {name} serving HTTP on http://{addr} (peers on {peer_addr}; data in {}; console at http://{addr}/)",
+        config.data_dir.display()
+    );
+    tracing::info!(%addr, replica = %node.replica_id(), "serving");
+    let served = server.run(stop_signal()).await;
+    tracing::info!("closing the store");
+    node.shutdown().await.context("closing the node")?;
+    served?;
+    tracing::info!("stopped cleanly");
+    Ok(())
+}

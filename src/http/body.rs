@@ -1,0 +1,173 @@
+//! Bounded request bodies: a size-limited whole body, and NDJSON lines streamed with a per-line
+//! limit, both with a per-chunk read timeout.
+
+use super::error::ApiError;
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, StatusCode, header};
+use http_body_util::BodyExt;
+use std::time::Duration;
+
+fn timeout_error() -> ApiError {
+    ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "body_timeout",
+        "the request body stalled past http.body_read_timeout_ms",
+    )
+}
+
+fn read_error(e: &axum::Error) -> ApiError {
+    ApiError::bad_request("body_read", format!("reading the request body failed: {e}"))
+}
+
+/// Reads a body chunk by chunk, each within `timeout`.
+pub(crate) struct Chunks {
+    body: Body,
+    timeout: Duration,
+}
+
+impl Chunks {
+    pub(crate) fn new(body: Body, timeout: Duration) -> Self {
+        Self { body, timeout }
+    }
+
+    /// The next data chunk, `None` at the end.
+    pub(crate) async fn next(&mut self) -> Result<Option<Bytes>, ApiError> {
+        loop {
+            let frame = tokio::time::timeout(self.timeout, self.body.frame())
+                .await
+                .map_err(|_| timeout_error())?;
+            match frame {
+                None => return Ok(None),
+                Some(Err(e)) => return Err(read_error(&e)),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        if !data.is_empty() {
+                            return Ok(Some(data));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn too_large(limit: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        format!("the request body is over http.body_bytes_max ({limit} bytes)"),
+    )
+}
+
+/// The whole body, refused with 413 as soon as it is known to exceed `limit` (from its
+/// `Content-Length`, before reading anything, or once `limit` bytes were read).
+pub(crate) async fn read_limited(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    timeout: Duration,
+) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large(limit));
+    }
+    let mut chunks = Chunks::new(body, timeout);
+    let mut out = Vec::with_capacity(declared.map_or(0, |n| n as usize).min(limit));
+    while let Some(chunk) = chunks.next().await? {
+        if out.len() + chunk.len() > limit {
+            return Err(too_large(limit));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(out))
+}
+
+/// NDJSON lines of a streamed body, numbered from 1; blank lines are skipped (but counted).
+pub(crate) struct Lines {
+    chunks: Chunks,
+    buf: Vec<u8>,
+    /// Start of unconsumed bytes in `buf`.
+    start: usize,
+    /// Bytes of `buf[start..]` known to hold no newline.
+    scanned: usize,
+    line_no: usize,
+    line_max: usize,
+    done: bool,
+}
+
+impl Lines {
+    pub(crate) fn new(chunks: Chunks, line_max: usize) -> Self {
+        Self {
+            chunks,
+            buf: Vec::new(),
+            start: 0,
+            scanned: 0,
+            line_no: 0,
+            line_max,
+            done: false,
+        }
+    }
+
+    fn line_too_long(&self, line: usize) -> ApiError {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "line_too_large",
+            format!(
+                "line {line} is over http.line_bytes_max ({} bytes)",
+                self.line_max
+            ),
+        )
+        .at(format!("line {line}"))
+    }
+
+    /// The next non-blank line with its number, `None` at the end of the body.
+    pub(crate) async fn next(&mut self) -> Result<Option<(usize, Vec<u8>)>, ApiError> {
+        loop {
+            let pending = &self.buf[self.start..];
+            if let Some(nl) = pending[self.scanned..].iter().position(|b| *b == b'\n') {
+                let end = self.start + self.scanned + nl;
+                self.line_no += 1;
+                let mut line = &self.buf[self.start..end];
+                if line.last() == Some(&b'\r') {
+                    line = &line[..line.len() - 1];
+                }
+                if line.len() > self.line_max {
+                    return Err(self.line_too_long(self.line_no));
+                }
+                let line = line.to_vec();
+                self.start = end + 1;
+                self.scanned = 0;
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                return Ok(Some((self.line_no, line)));
+            }
+            self.scanned = pending.len();
+            if self.scanned > self.line_max + 1 {
+                return Err(self.line_too_long(self.line_no + 1));
+            }
+            if self.done {
+                if pending.iter().all(u8::is_ascii_whitespace) {
+                    return Ok(None);
+                }
+                self.line_no += 1;
+                let line = pending.to_vec();
+                self.start = self.buf.len();
+                self.scanned = 0;
+                return Ok(Some((self.line_no, line)));
+            }
+            // Compact, then read more.
+            if self.start > 0 {
+                self.buf.drain(..self.start);
+                self.start = 0;
+            }
+            match self.chunks.next().await? {
+                Some(chunk) => self.buf.extend_from_slice(&chunk),
+                None => self.done = true,
+            }
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! API errors: `{"error":{"code","message","at"}}` with the right status.
+
+use crate::error::Error;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+/// An error answer of the HTTP API.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Stable machine-readable code (`invalid_op`, `type_mismatch`, `too_large`, ...).
+    pub code: &'static str,
+    /// Human-readable message.
+    pub message: String,
+    /// Where the fault is (`index 3, field value`, `line 7`, `query type`), when known.
+    pub at: Option<String>,
+    /// `Retry-After` seconds (429).
+    pub retry_after: Option<u64>,
+    /// Extra top-level fields of the body (e.g. what a streamed ingest committed before it).
+    pub extra: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// Where in a request an op sits: its index in a JSON array, or its NDJSON line.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Pos {
+    Index(usize),
+    Line(usize),
+}
+
+impl std::fmt::Display for Pos {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pos::Index(i) => write!(f, "index {i}"),
+            Pos::Line(l) => write!(f, "line {l}"),
+        }
+    }
+}
+
+impl ApiError {
+    /// A new error.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            at: None,
+            retry_after: None,
+            extra: None,
+        }
+    }
+
+    /// Names where the fault is.
+    pub fn at(mut self, at: impl Into<String>) -> Self {
+        self.at = Some(at.into());
+        self
+    }
+
+    pub(crate) fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    pub(crate) fn too_many(code: &'static str, message: impl Into<String>, secs: u64) -> Self {
+        let mut e = Self::new(StatusCode::TOO_MANY_REQUESTS, code, message);
+        e.retry_after = Some(secs);
+        e
+    }
+
+    pub(crate) fn with_extra(mut self, key: &str, value: serde_json::Value) -> Self {
+        self.extra
+            .get_or_insert_with(Default::default)
+            .insert(key.to_owned(), value);
+        self
+    }
+
+    /// Maps a node error; `pos` turns a batch index into the request's own position (the JSON
+    /// array index or the NDJSON line).
+    pub(crate) fn from_node(e: Error, pos: impl Fn(usize) -> Pos, retry_after: u64) -> Self {
+        let code = e.code();
+        let message = e.to_string();
+        match e {
+            Error::InvalidOp { index, field, .. } => {
+                Self::bad_request(code, message).at(format!("{}, field {field}", pos(index)))
+            }
+            Error::WrongOp { index, .. } => Self::new(StatusCode::CONFLICT, code, message)
+                .at(format!("{}, field op", pos(index))),
+            Error::CounterNotDeletable { index, .. } => {
+                Self::new(StatusCode::CONFLICT, code, message)
+                    .at(format!("{}, field op", pos(index)))
+            }
+            Error::TooLarge { index, field, .. } => {
+                Self::new(StatusCode::PAYLOAD_TOO_LARGE, code, message)
+                    .at(format!("{}, field {field}", pos(index)))
+            }
+            Error::BatchTooLarge { .. } => Self::new(StatusCode::PAYLOAD_TOO_LARGE, code, message),
+            Error::Backpressure { .. } => Self::too_many(code, message, retry_after),
+            Error::Closed => Self::new(StatusCode::SERVICE_UNAVAILABLE, code, message),
+            _ => {
+                tracing::error!(error = %message, "storage error");
+                Self::new(StatusCode::INTERNAL_SERVER_ERROR, code, message)
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({}): {}", self.status, self.code, self.message)?;
+        if let Some(at) = &self.at {
+            write!(f, " at {at}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = self.extra.unwrap_or_default();
+        body.insert(
+            "error".into(),
+            serde_json::json!({"code": self.code, "message": self.message, "at": self.at}),
+        );
+        let mut resp = (self.status, axum::Json(serde_json::Value::Object(body))).into_response();
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_backpressure_is_429_with_retry_after() {
+        let e = ApiError::from_node(Error::Backpressure { queued: 7 }, Pos::Index, 2);
+        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(e.code, "backpressure");
+        let resp = e.into_response();
+        assert_eq!(
+            resp.headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()),
+            Some("2")
+        );
+    }
+
+    #[test]
+    fn positions_name_lines_for_ndjson() {
+        let e = ApiError::from_node(
+            Error::InvalidOp {
+                index: 1,
+                field: "value",
+                message: "x".into(),
+            },
+            |i| Pos::Line(i * 2 + 1),
+            1,
+        );
+        assert_eq!(
+            (e.status, e.at.as_deref()),
+            (StatusCode::BAD_REQUEST, Some("line 3, field value"))
+        );
+    }
+}

@@ -1,0 +1,344 @@
+//! The HTTP API of `API.md` over an embedded [`Node`]: a thin layer that turns requests into
+//! the same `Node` calls an embedded user makes.
+//!
+//! Guarantees: a write is answered 200 only after its durable commit; a rejected `/v1/ops` batch
+//! applies nothing; every error body is `{"error":{"code","message","at"}}` naming the index,
+//! line or field at fault; every input is bounded (body, NDJSON line, headers, concurrent
+//! requests, watchers, connections) and slow clients are cut off by the header-read timeout
+//! (which also closes idle keep-alive connections) and the body-read timeout.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let node = tidemark::Node::open(tidemark::NodeConfig::new("./data")).await?;
+//! let server = tidemark::http::HttpServer::bind(node.clone(), tidemark::http::HttpConfig::default()).await?;
+//! println!("listening on {}", server.local_addr());
+//! server.run(async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! node.shutdown().await?;
+//! # Ok(()) }
+//! ```
+
+mod body;
+mod console;
+mod error;
+mod events;
+mod metrics;
+mod middleware;
+mod routes;
+
+pub use error::ApiError;
+pub use events::parse_event_time_ms;
+
+use crate::node::Node;
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+/// Settings of the HTTP server (the `[http]` table of the node's TOML config). Every bound has
+/// a default; units and qualifiers come last in each name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Where to listen (default `127.0.0.1:7700`, loopback only).
+    pub listen: SocketAddr,
+    /// When set, every request but `GET /healthz` and the static console page needs
+    /// `Authorization: Bearer <token>` (401 otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// Largest request body of `POST /v1/ops` (default 8 MiB; 413 beyond).
+    pub body_bytes_max: usize,
+    /// Longest NDJSON line (default 1 MiB; 413 naming the line beyond).
+    pub line_bytes_max: usize,
+    /// Most bytes of request headers (default 16 KiB; 413 beyond, and the HTTP parser answers
+    /// 431 and closes the connection beyond four times this).
+    pub header_bytes_max: usize,
+    /// Most requests handled at once (watch streams excepted); 429 + `Retry-After` beyond
+    /// (default 256).
+    pub concurrency_max: usize,
+    /// Most open `GET /v1/watch` streams (default 256; 429 beyond).
+    pub watchers_max: usize,
+    /// Most open connections; further connections are closed at once (default 4,096).
+    pub connections_max: usize,
+    /// Time a client has to send a request's headers, also the longest a keep-alive connection
+    /// may sit idle (default 10 s): a slowloris client is disconnected after it.
+    pub header_read_timeout_ms: u64,
+    /// Longest wait for the next chunk of a request body (default 30 s; 408 after it).
+    pub body_read_timeout_ms: u64,
+    /// Events committed together by `POST /v1/streams/{s}/events` (default 1,000; also capped
+    /// by the node's `batch_ops_max`).
+    pub ingest_batch_events: usize,
+    /// Bytes of NDJSON committed together by an ingest (default 4 MiB): with the line limit,
+    /// this bounds an upload's memory whatever its size.
+    pub ingest_batch_bytes: usize,
+    /// How long a streamed ingest waits out the node's backpressure after its first batch
+    /// before answering 429 (default 5 s).
+    pub ingest_backpressure_wait_ms: u64,
+    /// The `Retry-After` seconds sent with 429 (default 1).
+    pub retry_after_secs: u64,
+    /// How long shutdown waits for in-flight requests (default 30 s).
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7700)),
+            token: None,
+            body_bytes_max: 8 * 1024 * 1024,
+            line_bytes_max: 1024 * 1024,
+            header_bytes_max: 16 * 1024,
+            concurrency_max: 256,
+            watchers_max: 256,
+            connections_max: 4096,
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 30_000,
+            ingest_batch_events: 1000,
+            ingest_batch_bytes: 4 * 1024 * 1024,
+            ingest_backpressure_wait_ms: 5_000,
+            retry_after_secs: 1,
+            shutdown_grace_ms: 30_000,
+        }
+    }
+}
+
+impl HttpConfig {
+    /// Checks the settings.
+    ///
+    /// # Errors
+    /// A message naming the offending key (`http.<name>`).
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("body_bytes_max", self.body_bytes_max),
+            ("line_bytes_max", self.line_bytes_max),
+            ("header_bytes_max", self.header_bytes_max),
+            ("concurrency_max", self.concurrency_max),
+            ("watchers_max", self.watchers_max),
+            ("connections_max", self.connections_max),
+            ("ingest_batch_events", self.ingest_batch_events),
+            ("ingest_batch_bytes", self.ingest_batch_bytes),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("http.{name} must be positive"));
+        }
+        if self.header_read_timeout_ms == 0 || self.body_read_timeout_ms == 0 {
+            return Err("http timeouts must be positive".into());
+        }
+        if self.token.as_deref().is_some_and(str::is_empty) {
+            return Err("http.token must not be empty (remove it to disable auth)".into());
+        }
+        Ok(())
+    }
+}
+
+/// Errors starting or running the server.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// The configuration is invalid.
+    #[error("invalid http configuration: {0}")]
+    Config(String),
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Facts about the cluster the HTTP layer reports (`GET /v1/cluster`) beyond what the node
+/// knows; the peer network fills it in.
+pub trait ClusterView: Send + Sync + 'static {
+    /// Members with their state, as JSON objects (empty for a single node).
+    fn members(&self) -> Vec<serde_json::Value>;
+    /// True once the node may serve reads (after the first sync in a cluster).
+    fn ready(&self) -> bool {
+        true
+    }
+}
+
+/// The single-node view: no members besides this node, always ready.
+#[derive(Debug, Default)]
+pub struct SingleNode;
+
+impl ClusterView for SingleNode {
+    fn members(&self) -> Vec<serde_json::Value> {
+        Vec::new()
+    }
+}
+
+/// Shared state of the handlers.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    pub(crate) node: Node,
+    pub(crate) config: Arc<HttpConfig>,
+    pub(crate) requests: Arc<Semaphore>,
+    pub(crate) watchers: Arc<Semaphore>,
+    pub(crate) metrics: metrics::HttpMetrics,
+    pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
+    pub(crate) cluster: Arc<dyn ClusterView>,
+    pub(crate) listen: SocketAddr,
+}
+
+/// A bound HTTP server, not yet accepting.
+pub struct HttpServer {
+    listener: TcpListener,
+    router: Router,
+    config: Arc<HttpConfig>,
+    shutdown_tx: tokio::sync::watch::Sender<bool>,
+    metrics: metrics::HttpMetrics,
+}
+
+impl std::fmt::Debug for HttpServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpServer")
+            .field("listen", &self.listener.local_addr().ok())
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpServer {
+    /// Binds `config.listen` for `node` (single-node cluster view).
+    ///
+    /// # Errors
+    /// [`HttpError::Config`] for invalid settings; [`HttpError::Bind`].
+    pub async fn bind(node: Node, config: HttpConfig) -> Result<Self, HttpError> {
+        Self::bind_with(node, config, Arc::new(SingleNode)).await
+    }
+
+    /// Binds `config.listen` for `node`, reporting the cluster through `cluster`.
+    ///
+    /// # Errors
+    /// As [`HttpServer::bind`].
+    pub async fn bind_with(
+        node: Node,
+        config: HttpConfig,
+        cluster: Arc<dyn ClusterView>,
+    ) -> Result<Self, HttpError> {
+        config.validate().map_err(HttpError::Config)?;
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| HttpError::Bind {
+                    addr: config.listen,
+                    source,
+                })?;
+        let listen = listener.local_addr().map_err(|source| HttpError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        if !listen.ip().is_loopback() && config.token.is_none() {
+            tracing::warn!(
+                %listen,
+                "HTTP is bound to a non-loopback address without a token: anyone who can reach it can read and write; set http.token"
+            );
+        }
+        let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);
+        let config = Arc::new(config);
+        let metrics = metrics::HttpMetrics::default();
+        let state = AppState {
+            node,
+            requests: Arc::new(Semaphore::new(config.concurrency_max)),
+            watchers: Arc::new(Semaphore::new(config.watchers_max)),
+            config: Arc::clone(&config),
+            metrics: metrics.clone(),
+            shutdown,
+            cluster,
+            listen,
+        };
+        Ok(Self {
+            listener,
+            router: routes::router(state),
+            config,
+            shutdown_tx,
+            metrics,
+        })
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .unwrap_or_else(|_| self.config.listen)
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting, ends watch streams, and waits
+    /// (up to `shutdown_grace_ms`) for in-flight requests to finish. The node stays open: the
+    /// caller shuts it down after this returns, so everything acknowledged is durable.
+    ///
+    /// # Errors
+    /// None at present (accept errors are logged and retried).
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), HttpError> {
+        let HttpServer {
+            listener,
+            router,
+            config,
+            shutdown_tx,
+            metrics,
+        } = self;
+        let graceful = GracefulShutdown::new();
+        let connections = Arc::new(Semaphore::new(config.connections_max));
+        let mut http = hyper::server::conn::http1::Builder::new();
+        http.timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_millis(config.header_read_timeout_ms))
+            .max_buf_size((config.header_bytes_max * 4).max(8192))
+            .max_header_size(config.header_bytes_max * 4)
+            .keep_alive(true);
+        tokio::pin!(shutdown);
+        loop {
+            let accepted = tokio::select! {
+                () = &mut shutdown => break,
+                accepted = listener.accept() => accepted,
+            };
+            let (stream, peer) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+                metrics.connections_refused.inc();
+                tracing::debug!(%peer, "connection limit reached; closing");
+                drop(stream);
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let service = TowerToHyperService::new(router.clone());
+            let conn = http.serve_connection(TokioIo::new(stream), service);
+            let conn = graceful.watch(conn);
+            metrics.connections_open.inc();
+            let open = metrics.connections_open.clone();
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(%peer, error = %e, "connection ended");
+                }
+                open.dec();
+                drop(permit);
+            });
+        }
+        drop(listener);
+        tracing::info!("HTTP: stopped accepting; finishing in-flight requests");
+        let _ = shutdown_tx.send(true);
+        let grace = Duration::from_millis(config.shutdown_grace_ms);
+        if tokio::time::timeout(grace, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                ?grace,
+                "HTTP: in-flight requests still running after the grace period; dropping them"
+            );
+        }
+        Ok(())
+    }
+}

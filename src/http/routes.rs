@@ -1,0 +1,570 @@
+//! The routes of API.md, each a thin translation into `Node` calls.
+
+use super::body::{Chunks, Lines, read_limited};
+use super::error::{ApiError, Pos};
+use super::events::{parse_event, parse_ops};
+use super::{AppState, console, metrics, middleware};
+use crate::node::{KeyFilter, WatchEvent};
+use crate::ops::{Event, value_to_json};
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::json;
+use std::convert::Infallible;
+use std::time::Duration;
+use tidemark_crdts::{Key, KeyKind, Value};
+
+pub(crate) fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/", get(console::index))
+        .route("/index.html", get(console::index))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .route("/v1/ops", post(post_ops))
+        .route("/v1/keys", get(list_keys))
+        .route("/v1/keys/{type}/{*name}", get(get_key))
+        .route("/v1/streams/{stream}/events", post(post_events))
+        .route("/v1/watch", get(watch))
+        .route("/v1/cluster", get(cluster))
+        .route("/v1/views/{view}", get(view))
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::concurrency,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::auth,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::header_limit,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::observe,
+        ))
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no such route (see API.md)",
+    )
+}
+
+async fn healthz() -> impl IntoResponse {
+    axum::Json(json!({"status": "ok"}))
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    let writer_alive = state.node.replication_status().await.is_ok();
+    if writer_alive && state.cluster.ready() {
+        axum::Json(json!({"status": "ready"})).into_response()
+    } else {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            if writer_alive {
+                "waiting for the first sync with the cluster"
+            } else {
+                "the node is not accepting writes"
+            },
+        )
+        .into_response()
+    }
+}
+
+async fn metrics_text(State(state): State<AppState>) -> Response {
+    let replication = state.node.replication_status().await.ok();
+    let scrape = metrics::Scrape {
+        net: state.node.net_status().map(|n| n.stats),
+        node: state.node.metrics(),
+        replication,
+        store_bytes: metrics::dir_bytes(&state.node.config().data_dir),
+        http: &state.metrics,
+    };
+    match metrics::render(&scrape) {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "metrics",
+            "encoding metrics failed",
+        )
+        .into_response(),
+    }
+}
+
+fn body_timeout(state: &AppState) -> Duration {
+    Duration::from_millis(state.config.body_read_timeout_ms)
+}
+
+async fn post_ops(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let bytes = match read_limited(
+        &headers,
+        body,
+        state.config.body_bytes_max,
+        body_timeout(&state),
+    )
+    .await
+    {
+        Ok(b) => b,
+        Err(e) => {
+            state.metrics.rejected("body");
+            return e.into_response();
+        }
+    };
+    let (ops, positions) = match parse_ops(&bytes) {
+        Ok(parsed) => parsed,
+        Err(e) => return e.into_response(),
+    };
+    drop(bytes);
+    match state.node.apply_batch(ops).await {
+        Ok(outcome) => axum::Json(json!({
+            "applied": outcome.applied,
+            "duplicates": outcome.duplicates,
+        }))
+        .into_response(),
+        Err(e) => ApiError::from_node(
+            e,
+            |i| positions.get(i).copied().unwrap_or(Pos::Index(i)),
+            state.config.retry_after_secs,
+        )
+        .into_response(),
+    }
+}
+
+fn parse_kind(s: &str, at: &str) -> Result<KeyKind, ApiError> {
+    KeyKind::parse(s).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_type",
+            format!("unknown key type {s:?} (gcounter, pncounter, orset, lww, mvreg)"),
+        )
+        .at(at.to_owned())
+    })
+}
+
+fn key_json(key: &Key, value: &Value) -> serde_json::Value {
+    json!({"type": key.kind.as_str(), "key": key.name, "value": value_to_json(value)})
+}
+
+fn check_name(state: &AppState, name: &str, at: &str) -> Result<(), ApiError> {
+    crate::apply::check_key_name(name, &state.node.config().limits)
+        .map_err(|e| ApiError::bad_request("invalid_key", e.to_string()).at(at.to_owned()))
+}
+
+async fn get_key(
+    State(state): State<AppState>,
+    Path((kind, name)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let kind = parse_kind(&kind, "path type")?;
+    check_name(&state, &name, "path name")?;
+    let key = Key::new(kind, name);
+    let value = state
+        .node
+        .get(&key)
+        .map_err(|e| ApiError::from_node(e, Pos::Index, state.config.retry_after_secs))?;
+    Ok(axum::Json(key_json(&key, &value)).into_response())
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    #[serde(default)]
+    prefix: String,
+    limit: Option<usize>,
+    after: Option<String>,
+}
+
+const LIST_LIMIT_MAX: usize = 1000;
+
+async fn list_keys(
+    State(state): State<AppState>,
+    Query(q): Query<ListQuery>,
+) -> Result<Response, ApiError> {
+    let limit = q.limit.unwrap_or(100);
+    if limit == 0 || limit > LIST_LIMIT_MAX {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            format!("limit must be 1..={LIST_LIMIT_MAX}"),
+        )
+        .at("query limit"));
+    }
+    let only = q
+        .kind
+        .as_deref()
+        .map(|k| parse_kind(k, "query type"))
+        .transpose()?;
+    // `after` is the `next` cursor of a previous page: `type/name`.
+    let after = match q.after.as_deref() {
+        None | Some("") => None,
+        Some(cursor) => {
+            let (k, name) = cursor.split_once('/').ok_or_else(|| {
+                ApiError::bad_request("invalid_query", "after must be a `type/name` cursor")
+                    .at("query after")
+            })?;
+            Some((parse_kind(k, "query after")?, name.to_owned()))
+        }
+    };
+    let kinds = [
+        KeyKind::GCounter,
+        KeyKind::PNCounter,
+        KeyKind::ORSet,
+        KeyKind::Lww,
+        KeyKind::MvReg,
+    ];
+    let mut keys = Vec::new();
+    let mut last: Option<Key> = None;
+    for kind in kinds {
+        if only.is_some_and(|o| o != kind) {
+            continue;
+        }
+        let start = match &after {
+            Some((ak, _)) if kind_rank(kind) < kind_rank(*ak) => continue,
+            Some((ak, name)) if *ak == kind => Some(name.as_str()),
+            _ => None,
+        };
+        let want = limit - keys.len();
+        let page = state
+            .node
+            .list(kind, &q.prefix, start, want)
+            .map_err(|e| ApiError::from_node(e, Pos::Index, state.config.retry_after_secs))?;
+        for (key, value) in page {
+            keys.push(key_json(&key, &value));
+            last = Some(key);
+        }
+        if keys.len() >= limit {
+            break;
+        }
+    }
+    let next = if keys.len() >= limit {
+        last.map(|k| format!("{}/{}", k.kind.as_str(), k.name))
+    } else {
+        None
+    };
+    Ok(axum::Json(json!({"keys": keys, "next": next})).into_response())
+}
+
+fn kind_rank(k: KeyKind) -> u8 {
+    match k {
+        KeyKind::GCounter => 0,
+        KeyKind::PNCounter => 1,
+        KeyKind::ORSet => 2,
+        KeyKind::Lww => 3,
+        KeyKind::MvReg => 4,
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    accepted: usize,
+    duplicates: usize,
+    late: usize,
+    /// Lines through which every event is committed.
+    committed_lines: usize,
+}
+
+impl Tally {
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "accepted": self.accepted,
+            "duplicates": self.duplicates,
+            "late": self.late,
+            "committed_lines": self.committed_lines,
+        })
+    }
+}
+
+/// Commits one batch of a streamed ingest; after the first batch, waits out backpressure for a
+/// while (the upload is already under way) before giving up with 429.
+async fn commit_events(
+    state: &AppState,
+    stream: &str,
+    batch: &mut Vec<Event>,
+    lines: &mut Vec<usize>,
+    tally: &mut Tally,
+) -> Result<(), ApiError> {
+    let events = std::mem::take(batch);
+    let batch_lines = std::mem::take(lines);
+    let deadline = tokio::time::Instant::now()
+        + Duration::from_millis(if tally.committed_lines == 0 {
+            0
+        } else {
+            state.config.ingest_backpressure_wait_ms
+        });
+    let mut wait = Duration::from_millis(5);
+    loop {
+        match state.node.ingest(stream, events.clone()).await {
+            Ok(outcome) => {
+                tally.accepted += outcome.applied;
+                tally.duplicates += outcome.duplicates;
+                tally.committed_lines =
+                    batch_lines.last().copied().unwrap_or(tally.committed_lines);
+                state.metrics.events("accepted", outcome.applied as u64);
+                state.metrics.events("duplicate", outcome.duplicates as u64);
+                return Ok(());
+            }
+            Err(crate::Error::Backpressure { .. })
+                if tokio::time::Instant::now() + wait < deadline =>
+            {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_millis(200));
+            }
+            Err(e) => {
+                let rejected = !matches!(e, crate::Error::Backpressure { .. });
+                if rejected {
+                    state.metrics.events("rejected", 1);
+                }
+                return Err(ApiError::from_node(
+                    e,
+                    |i| Pos::Line(batch_lines.get(i).copied().unwrap_or(0)),
+                    state.config.retry_after_secs,
+                ));
+            }
+        }
+    }
+}
+
+async fn post_events(
+    State(state): State<AppState>,
+    Path(stream): Path<String>,
+    body: Body,
+) -> Response {
+    let mut tally = Tally::default();
+    match ingest_stream(&state, &stream, body, &mut tally).await {
+        Ok(()) => axum::Json(json!({
+            "accepted": tally.accepted,
+            "duplicates": tally.duplicates,
+            "late": tally.late,
+        }))
+        .into_response(),
+        Err(e) => {
+            if matches!(e.code, "line_too_large" | "body_timeout") {
+                state.metrics.rejected(if e.code == "line_too_large" {
+                    "line"
+                } else {
+                    "body"
+                });
+            }
+            e.with_extra("committed", tally.json()).into_response()
+        }
+    }
+}
+
+async fn ingest_stream(
+    state: &AppState,
+    stream: &str,
+    body: Body,
+    tally: &mut Tally,
+) -> Result<(), ApiError> {
+    let limits = &state.node.config().limits;
+    if stream.is_empty()
+        || stream.len() > limits.key_bytes_max
+        || stream.chars().any(char::is_control)
+    {
+        return Err(ApiError::bad_request(
+            "invalid_stream",
+            "stream names are 1–256 bytes without control characters",
+        )
+        .at("path stream"));
+    }
+    let batch_events = state.config.ingest_batch_events.min(limits.batch_ops_max);
+    let mut lines = Lines::new(
+        Chunks::new(body, body_timeout(state)),
+        state.config.line_bytes_max,
+    );
+    let mut batch: Vec<Event> = Vec::new();
+    let mut batch_lines: Vec<usize> = Vec::new();
+    let (mut batch_bytes, mut batch_ops) = (0usize, 0usize);
+    while let Some((line_no, line)) = lines.next().await? {
+        let event =
+            parse_event(line_no, &line).inspect_err(|_| state.metrics.events("rejected", 1))?;
+        let ops = event.ops.len().max(1);
+        if ops > limits.batch_ops_max {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("an event carries {ops} ops, over limits.batch_ops_max"),
+            )
+            .at(format!("line {line_no}, field ops")));
+        }
+        if !batch.is_empty()
+            && (batch.len() >= batch_events
+                || batch_bytes + line.len() > state.config.ingest_batch_bytes
+                || batch_ops + ops > limits.batch_ops_max)
+        {
+            commit_events(state, stream, &mut batch, &mut batch_lines, tally).await?;
+            (batch_bytes, batch_ops) = (0, 0);
+        }
+        batch_bytes += line.len();
+        batch_ops += ops;
+        batch.push(event);
+        batch_lines.push(line_no);
+    }
+    if !batch.is_empty() {
+        commit_events(state, stream, &mut batch, &mut batch_lines, tally).await?;
+    }
+    Ok(())
+}
+
+#[derive(Deserialize)]
+struct WatchQuery {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    #[serde(default)]
+    prefix: String,
+}
+
+/// Ends a watch stream when the server shuts down.
+async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+async fn watch(
+    State(state): State<AppState>,
+    Query(q): Query<WatchQuery>,
+) -> Result<Response, ApiError> {
+    let kind = q
+        .kind
+        .as_deref()
+        .map(|k| parse_kind(k, "query type"))
+        .transpose()?;
+    let Ok(permit) = state.watchers.clone().try_acquire_owned() else {
+        state.metrics.rejected("watchers");
+        return Err(ApiError::too_many(
+            "too_many_watchers",
+            format!(
+                "more than http.watchers_max ({}) watch streams",
+                state.config.watchers_max
+            ),
+            state.config.retry_after_secs,
+        ));
+    };
+    let watch = state.node.watch(KeyFilter {
+        kind,
+        prefix: q.prefix,
+    });
+    let gauge = state.metrics.watchers.clone();
+    gauge.inc();
+    let shutdown = state.shutdown.clone();
+    let stream = futures_util::stream::unfold(
+        (watch, shutdown, permit, gauge),
+        |(mut watch, mut shutdown, permit, gauge)| async move {
+            let next = tokio::select! {
+                () = stopped(&mut shutdown) => None,
+                ev = watch.next() => ev,
+            };
+            let Some(ev) = next else {
+                gauge.dec();
+                return None;
+            };
+            let sse = match ev {
+                WatchEvent::Changed(change) => SseEvent::default()
+                    .event("change")
+                    .data(key_json(&change.key, &change.value).to_string()),
+                WatchEvent::Lagged(missed) => SseEvent::default().event("lagged").data(
+                    json!({"missed": missed, "hint": "re-read the keys you watch"}).to_string(),
+                ),
+            };
+            Some((Ok::<_, Infallible>(sse), (watch, shutdown, permit, gauge)))
+        },
+    );
+    // The first comment flushes the headers so a client knows the watch is registered.
+    let ready = futures_util::stream::once(async {
+        Ok::<_, Infallible>(SseEvent::default().comment("watching"))
+    });
+    Ok(Sse::new(futures_util::StreamExt::chain(ready, stream))
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let node = &state.node;
+    let rep = node
+        .replication_status()
+        .await
+        .map_err(|e| ApiError::from_node(e, Pos::Index, state.config.retry_after_secs))?;
+    let (log_start, log_end) = rep.log_bounds;
+    let net = node.net_status();
+    let connected: Vec<String> = net.as_ref().map(|n| n.peers.clone()).unwrap_or_default();
+    let name_of = |peer: &crate::proto::PeerId| {
+        connected
+            .iter()
+            .find(|n| crate::net::peer_id_of_name(n) == *peer)
+            .cloned()
+    };
+    let peers: Vec<_> = rep
+        .peer_acked
+        .iter()
+        .map(|(peer, acked)| {
+            let behind = log_end.saturating_sub(acked.unwrap_or(log_start));
+            json!({
+                "peer": format!("{:016x}", peer.0),
+                "name": name_of(peer),
+                "connected": rep.peers_connected.contains(peer),
+                "acked": acked,
+                "lag_entries": behind,
+            })
+        })
+        .collect();
+    let mut members: Vec<serde_json::Value> = connected
+        .iter()
+        .map(|name| {
+            let id = crate::net::peer_id_of_name(name);
+            let acked = rep
+                .peer_acked
+                .iter()
+                .find(|(p, _)| *p == id)
+                .and_then(|(_, a)| *a);
+            json!({
+                "name": name,
+                "state": "connected",
+                "lag_entries": log_end.saturating_sub(acked.unwrap_or(log_start)),
+            })
+        })
+        .collect();
+    members.extend(state.cluster.members());
+    let m = node.metrics();
+    Ok(axum::Json(json!({
+        "node": {
+            "replica": node.replica_id().to_string(),
+            "peer": format!("{:016x}", node.peer_id().0),
+            "epoch": node.epoch(),
+            "http": state.listen.to_string(),
+            "data_dir": node.config().data_dir.display().to_string(),
+            "log": {"start": log_start, "end": log_end},
+            "writes_applied": m.ops_applied,
+            "name": net.as_ref().map(|n| n.name.clone()),
+            "peer_listen": net.as_ref().map(|n| n.local_addr.to_string()),
+        },
+        "members": members,
+        "peers": peers,
+    }))
+    .into_response())
+}
+
+async fn view(Path(view): Path<String>) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "view_not_found",
+        format!("no view named {view:?} is configured"),
+    )
+    .at("path view")
+}

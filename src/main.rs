@@ -1,0 +1,231 @@
+//! `tidemark`: run a node (`serve`) or talk to one over HTTP (the client commands).
+//!
+//! Exit status: 0 on success, 1 when the node rejected the request (message on stderr) or
+//! could not be reached, 2 on usage errors.
+#![forbid(unsafe_code)]
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+use cli::client::{self, Client, KeyArg, parse_key};
+use cli::output::Output;
+use serde_json::json;
+use std::process::ExitCode;
+
+/// Tidemark: a replicated stream state store.
+#[derive(Debug, Parser)]
+#[command(name = "tidemark", version, about, propagate_version = true)]
+struct Cli {
+    /// The node to talk to (client commands).
+    #[arg(
+        long,
+        global = true,
+        env = "TIDEMARK_URL",
+        default_value = "http://127.0.0.1:7700"
+    )]
+    url: String,
+    /// Bearer token for a node with `http.token` set (client commands).
+    #[arg(long, global = true, env = "TIDEMARK_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a node: a single node in ./tidemark-data with HTTP on 127.0.0.1:7700 by default.
+    Serve(cli::serve::ServeArgs),
+    /// Cluster certificates: `certs init --out DIR`, `certs issue --ca DIR --name NODE --out DIR`.
+    #[command(subcommand)]
+    Certs(cli::certs::CertsCommand),
+    /// Increment a counter: `inc gcounter/visits 3` (a negative BY decrements a pncounter).
+    Inc {
+        #[arg(value_parser = parse_key)]
+        key: KeyArg,
+        #[arg(default_value_t = 1, allow_negative_numbers = true)]
+        by: i64,
+    },
+    /// Decrement a pncounter: `dec pncounter/stock 2`.
+    Dec {
+        #[arg(value_parser = parse_key)]
+        key: KeyArg,
+        #[arg(default_value_t = 1)]
+        by: i64,
+    },
+    /// Add an element to an orset: `add orset/online alice`.
+    Add {
+        #[arg(value_parser = parse_key)]
+        key: KeyArg,
+        value: String,
+    },
+    /// Remove an element from an orset: `remove orset/online alice`.
+    Remove {
+        #[arg(value_parser = parse_key)]
+        key: KeyArg,
+        value: String,
+    },
+    /// Write a register (lww or mvreg) with a JSON value: `set lww/config '{"mode":"fast"}'`.
+    Set {
+        #[arg(value_parser = parse_key)]
+        key: KeyArg,
+        /// The value, as JSON.
+        #[arg(value_name = "JSON")]
+        value: String,
+    },
+    /// Delete an orset, lww or mvreg key.
+    Delete {
+        #[arg(value_parser = parse_key)]
+        key: KeyArg,
+    },
+    /// Read one key.
+    Get {
+        #[arg(value_parser = parse_key)]
+        key: KeyArg,
+    },
+    /// List keys (paged).
+    List {
+        /// Only this type.
+        #[arg(long = "type")]
+        kind: Option<String>,
+        /// Only names starting with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Page size (1..=1000).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Continue after this cursor (the `next` of the previous page).
+        #[arg(long)]
+        after: Option<String>,
+    },
+    /// Ingest NDJSON events into a stream from FILE or `-` (stdin).
+    Ingest {
+        /// The stream.
+        #[arg(long)]
+        stream: String,
+        /// NDJSON file, or `-` for stdin.
+        input: String,
+    },
+    /// Print every change of matching keys as it commits.
+    Watch {
+        /// Only this type.
+        #[arg(long = "type")]
+        kind: Option<String>,
+        /// Only names starting with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+    },
+    /// Show the node, its peers and readiness.
+    Status,
+    /// Read a stream view.
+    View {
+        /// The view's name.
+        name: String,
+    },
+}
+
+fn run(cli: Cli) -> anyhow::Result<bool> {
+    let out = Output { json: cli.json };
+    if let Command::Serve(args) = &cli.command {
+        let config = args.config().map_err(|e| Usage(format!("{e:#}")))?;
+        if args.print_config {
+            print!("{}", config.to_toml()?);
+            return Ok(true);
+        }
+        cli::serve::init_logging(config.log.format);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("tidemark")
+            .build()?;
+        runtime.block_on(cli::serve::run(config))?;
+        return Ok(true);
+    }
+    if let Command::Certs(cmd) = &cli.command {
+        cli::certs::run(cmd)?;
+        return Ok(true);
+    }
+    let c = Client::new(&cli.url, cli.token.clone());
+    let op = |key: &KeyArg, op: &str, extra: serde_json::Value| {
+        let mut o = json!({"type": key.kind, "key": key.name, "op": op});
+        if let (Some(o), Some(extra)) = (o.as_object_mut(), extra.as_object()) {
+            o.extend(extra.clone());
+        }
+        o
+    };
+    match &cli.command {
+        Command::Serve(_) | Command::Certs(_) => {}
+        Command::Inc { key, by } => {
+            client::write_ops(&c, &out, &[client::counter_op(key, "inc", *by)?])?
+        }
+        Command::Dec { key, by } => {
+            client::write_ops(&c, &out, &[client::counter_op(key, "dec", *by)?])?
+        }
+        Command::Add { key, value } => {
+            client::write_ops(
+                &c,
+                &out,
+                &[op(key, "add", json!({"value": client::element(value)}))],
+            )?;
+        }
+        Command::Remove { key, value } => {
+            client::write_ops(
+                &c,
+                &out,
+                &[op(key, "remove", json!({"value": client::element(value)}))],
+            )?;
+        }
+        Command::Set { key, value: text } => {
+            let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+                Usage(format!(
+                    "the value must be JSON (quote strings: '\"text\"'): {e}"
+                ))
+            })?;
+            client::write_ops(&c, &out, &[op(key, "set", json!({"value": value}))])?;
+        }
+        Command::Delete { key } => client::write_ops(&c, &out, &[op(key, "delete", json!({}))])?,
+        Command::Get { key } => client::get(&c, &out, key)?,
+        Command::List {
+            kind,
+            prefix,
+            limit,
+            after,
+        } => {
+            client::list(&c, &out, kind.as_deref(), prefix, *limit, after.as_deref())?;
+        }
+        Command::Ingest { stream, input } => return cli::ingest::run(&c, &out, stream, input),
+        Command::Watch { kind, prefix } => client::watch(&c, &out, kind.as_deref(), prefix)?,
+        Command::Status => client::status(&c, &out)?,
+        Command::View { name } => client::view(&c, &out, name)?,
+    }
+    Ok(true)
+}
+
+/// A usage error found after parsing (bad config file or `--set`): exit status 2.
+#[derive(Debug)]
+struct Usage(String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse(); // usage errors exit with status 2
+    match run(cli) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("tidemark: {e:#}");
+            if e.downcast_ref::<Usage>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
+}

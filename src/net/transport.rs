@@ -1,0 +1,579 @@
+//! One quinn endpoint per node: accepts and dials peers, authenticates them, and carries
+//! protocol frames between the QUIC stream of each peer and the node's writer thread.
+//!
+//! # Per connection
+//! 1. QUIC + TLS 1.3 handshake with mutual certificate verification against the cluster CA.
+//! 2. The dialer opens the connection's only bidirectional stream; each side sends a
+//!    [`NetHello`] (node name, instance nonce) as its first frame. Each side checks that the
+//!    peer's certificate names the node the peer claims; otherwise the connection is closed and
+//!    counted, before anything reaches the replica.
+//! 3. Frames: a 4-byte little-endian length, then [`crate::codec`] bytes (version byte +
+//!    bincode). A length over `frame_bytes_max`, an undecodable frame, or a message the replica
+//!    refuses closes the connection (counted); nothing of it is applied.
+//!
+//! # Bounds
+//! Outgoing: a per-peer queue of `outbox_frames_max` frames; when it is full the frame is dropped
+//! (the replica retransmits, widening the interval: a slow peer never makes anything queue).
+//! Incoming: at most `inbound_bytes_max` decoded bytes per connection wait for the writer; the
+//! reader stops reading until they are applied, so QUIC flow control pushes back on the sender.
+//! One stream per connection (the peer may not open more), at most `peers_max` connections.
+
+use super::certs::TlsDir;
+use super::faults::{Faults, FaultySocket};
+use super::tls::{self, DIAL_NAME};
+use super::{NetError, NetStats, NetStatsSnapshot, NetStatus, peer_id_of_name};
+use crate::driver::Input;
+use crate::proto::{Message, PeerId};
+use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
+
+/// Close codes sent to a peer (QUIC application error codes).
+pub(crate) mod close {
+    /// The node shuts down.
+    pub(crate) const SHUTDOWN: u32 = 0;
+    /// The peer's claimed name is not the one its certificate names (or no hello came).
+    pub(crate) const IDENTITY: u32 = 1;
+    /// The peer broke the protocol (oversized or undecodable frame, refused message).
+    pub(crate) const PROTOCOL: u32 = 2;
+    /// Another connection to the same peer is kept.
+    pub(crate) const DUPLICATE: u32 = 3;
+}
+
+/// Network options of a node (timeouts and bounds of the transport).
+#[derive(Clone, Debug)]
+pub struct NetOptions {
+    /// Largest frame accepted or sent, checked before reading its body (default: the node's
+    /// `limits.frame_bytes_max`).
+    pub frame_bytes_max: usize,
+    /// Decoded bytes per connection waiting for the writer before the reader stops reading
+    /// (default 2 × `frame_bytes_max`, at least one frame).
+    pub inbound_bytes_max: usize,
+    /// Frames queued per peer for sending; more are dropped and retransmitted later by the
+    /// protocol (default 64).
+    pub outbox_frames_max: usize,
+    /// Most simultaneous peer connections (default 64).
+    pub peers_max: usize,
+    /// Keep-alive interval of a connection (default 500 ms).
+    pub keep_alive: Duration,
+    /// A connection silent this long is closed and the peer reported down (default 3 s).
+    pub idle_timeout: Duration,
+    /// Time for the name exchange after the TLS handshake (default 5 s).
+    pub handshake_timeout: Duration,
+    /// First and largest delay between dial attempts to a join address (default 100 ms, 2 s).
+    pub redial_min: Duration,
+    /// See `redial_min`.
+    pub redial_max: Duration,
+    /// Fault injection under QUIC (tests and examples; `None` in production).
+    pub faults: Option<Faults>,
+}
+
+impl NetOptions {
+    /// Defaults for frames of at most `frame_bytes_max` bytes.
+    pub fn new(frame_bytes_max: usize) -> Self {
+        Self {
+            frame_bytes_max,
+            inbound_bytes_max: frame_bytes_max.saturating_mul(2),
+            outbox_frames_max: 64,
+            peers_max: 64,
+            keep_alive: Duration::from_millis(500),
+            idle_timeout: Duration::from_secs(3),
+            handshake_timeout: Duration::from_secs(5),
+            redial_min: Duration::from_millis(100),
+            redial_max: Duration::from_secs(2),
+            faults: None,
+        }
+    }
+}
+
+/// The first frame on a connection: who the sender claims to be.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct NetHello {
+    /// The node name (must be the one its certificate names).
+    pub(crate) name: String,
+    /// Random per endpoint start: tells a restarted peer's new connection from a duplicate.
+    pub(crate) instance: u64,
+}
+
+const HELLO_BYTES_MAX: usize = 1024;
+
+/// The writer thread's handle on one peer connection: a bounded queue of encoded frames and
+/// the means to close the connection. What the driver holds instead of an in-process outbox.
+#[derive(Debug)]
+pub(crate) struct PeerLink {
+    pub(crate) id: u64,
+    outbox: mpsc::Sender<Vec<u8>>,
+    conn: Connection,
+    stats: Arc<NetStats>,
+}
+
+impl PeerLink {
+    /// Queues a frame without waiting; a full queue drops it (counted). `false` when the
+    /// connection is gone.
+    pub(crate) fn send(&self, bytes: Vec<u8>) -> bool {
+        match self.outbox.try_send(bytes) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                NetStats::add(&self.stats.frames_dropped_full, 1);
+                true
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+
+    /// Closes the connection because the peer broke the protocol (counted).
+    pub(crate) fn close_hostile(&self, why: &str) {
+        NetStats::add(&self.stats.peers_disconnected, 1);
+        tracing::warn!(peer = %self.conn.remote_address(), why, "disconnecting a peer");
+        self.conn
+            .close(VarInt::from_u32(close::PROTOCOL), why.as_bytes());
+    }
+}
+
+struct LinkEntry {
+    id: u64,
+    instance: u64,
+    dialer_is_me: bool,
+    conn: Connection,
+}
+
+/// A node's network endpoint (shared by its accept loop, dial loops and connections).
+pub(crate) struct Net {
+    endpoint: Endpoint,
+    client: quinn::ClientConfig,
+    name: String,
+    instance: u64,
+    inputs: std::sync::mpsc::Sender<Input>,
+    opts: NetOptions,
+    links: Mutex<BTreeMap<String, LinkEntry>>,
+    next_link: AtomicU64,
+    pub(crate) stats: Arc<NetStats>,
+    closing: AtomicBool,
+    closed: Notify,
+    local_addr: SocketAddr,
+}
+
+impl std::fmt::Debug for Net {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Net")
+            .field("name", &self.name)
+            .field("local_addr", &self.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+fn transport_config(opts: &NetOptions) -> Result<Arc<quinn::TransportConfig>, NetError> {
+    let mut t = quinn::TransportConfig::default();
+    t.max_concurrent_bidi_streams(VarInt::from_u32(1))
+        .max_concurrent_uni_streams(VarInt::from_u32(0))
+        .keep_alive_interval(Some(opts.keep_alive))
+        .max_idle_timeout(Some(
+            quinn::IdleTimeout::try_from(opts.idle_timeout)
+                .map_err(|e| NetError::Config(format!("idle_timeout: {e}")))?,
+        ))
+        .datagram_receive_buffer_size(None);
+    Ok(Arc::new(t))
+}
+
+impl Net {
+    /// Binds `addr` and starts accepting peers. Must run inside a tokio runtime.
+    pub(crate) fn start(
+        addr: SocketAddr,
+        tls: &TlsDir,
+        mut opts: NetOptions,
+        inputs: std::sync::mpsc::Sender<Input>,
+        seed: u64,
+    ) -> Result<Arc<Net>, NetError> {
+        opts.inbound_bytes_max = opts.inbound_bytes_max.max(opts.frame_bytes_max);
+        if u32::try_from(opts.inbound_bytes_max).is_err() {
+            return Err(NetError::Config(
+                "inbound_bytes_max must fit in 32 bits".into(),
+            ));
+        }
+        let transport = transport_config(&opts)?;
+        let mut server = quinn::ServerConfig::with_crypto(Arc::new(tls::server_crypto(tls)?));
+        server.transport_config(Arc::clone(&transport));
+        let mut client = quinn::ClientConfig::new(Arc::new(tls::client_crypto(tls)?));
+        client.transport_config(transport);
+        let socket = std::net::UdpSocket::bind(addr).map_err(NetError::Io)?;
+        let runtime: Arc<dyn quinn::Runtime> = Arc::new(quinn::TokioRuntime);
+        let mut udp = runtime.wrap_udp_socket(socket).map_err(NetError::Io)?;
+        if let Some(faults) = &opts.faults {
+            udp = Arc::new(FaultySocket::new(udp, faults.clone()));
+        }
+        let endpoint = Endpoint::new_with_abstract_socket(
+            quinn::EndpointConfig::default(),
+            Some(server),
+            udp,
+            runtime,
+        )
+        .map_err(NetError::Io)?;
+        let local_addr = endpoint.local_addr().map_err(NetError::Io)?;
+        let net = Arc::new(Net {
+            endpoint,
+            client,
+            name: tls.name().to_owned(),
+            instance: seed,
+            inputs,
+            opts,
+            links: Mutex::new(BTreeMap::new()),
+            next_link: AtomicU64::new(1),
+            stats: Arc::new(NetStats::default()),
+            closing: AtomicBool::new(false),
+            closed: Notify::new(),
+            local_addr,
+        });
+        tokio::spawn(Arc::clone(&net).accept_loop());
+        tracing::info!(name = %net.name, %local_addr, "peer endpoint listening");
+        Ok(net)
+    }
+
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    /// Closes every connection and the endpoint; dial loops stop.
+    pub(crate) async fn shutdown(&self) {
+        self.closing.store(true, Ordering::Release);
+        self.closed.notify_waiters();
+        self.endpoint
+            .close(VarInt::from_u32(close::SHUTDOWN), b"shutdown");
+        let _ = tokio::time::timeout(Duration::from_millis(250), self.endpoint.wait_idle()).await;
+    }
+
+    /// What the endpoint knows: name, address, connected peers, counters.
+    pub(crate) fn status(&self) -> NetStatus {
+        let links = self.links.lock().map(|l| {
+            l.iter()
+                .filter(|(_, e)| e.conn.close_reason().is_none())
+                .map(|(n, e)| (n.clone(), e.conn.stats()))
+                .collect::<Vec<_>>()
+        });
+        let links = links.unwrap_or_default();
+        let mut stats: NetStatsSnapshot = self.stats.snapshot();
+        for (_, s) in &links {
+            stats.udp_bytes_sent += s.udp_tx.bytes;
+            stats.udp_bytes_received += s.udp_rx.bytes;
+        }
+        NetStatus {
+            name: self.name.clone(),
+            local_addr: self.local_addr,
+            peers: links.into_iter().map(|(n, _)| n).collect(),
+            stats,
+        }
+    }
+
+    async fn accept_loop(self: Arc<Self>) {
+        while let Some(incoming) = self.endpoint.accept().await {
+            if self.is_closing() {
+                incoming.refuse();
+                break;
+            }
+            let live = self.links.lock().map_or(0, |l| l.len());
+            if live >= self.opts.peers_max {
+                NetStats::add(&self.stats.connections_refused, 1);
+                incoming.refuse();
+                continue;
+            }
+            let net = Arc::clone(&self);
+            tokio::spawn(async move {
+                match incoming.await {
+                    Ok(conn) => {
+                        let _ = net.run_connection(conn, false).await;
+                    }
+                    Err(e) => {
+                        NetStats::add(&net.stats.connections_refused, 1);
+                        tracing::debug!(error = %e, "incoming handshake failed");
+                    }
+                }
+            });
+        }
+    }
+
+    /// Keeps a connection to `addr` up for as long as the endpoint runs: dials, runs the
+    /// connection, and redials with backoff when it ends.
+    pub(crate) fn spawn_dial_loop(self: &Arc<Self>, addr: SocketAddr) {
+        let net = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut known: Option<String> = None;
+            let mut backoff = net.opts.redial_min;
+            while !net.is_closing() {
+                // Another live connection to this peer (e.g. it dialled us): wait for its end.
+                let live = known.as_ref().and_then(|n| {
+                    net.links
+                        .lock()
+                        .ok()
+                        .and_then(|l| l.get(n).map(|e| e.conn.clone()))
+                });
+                if let Some(conn) = live.filter(|c| c.close_reason().is_none()) {
+                    tokio::select! {
+                        _ = conn.closed() => {}
+                        _ = net.closed.notified() => break,
+                    }
+                    continue;
+                }
+                let connecting = net
+                    .endpoint
+                    .connect_with(net.client.clone(), addr, DIAL_NAME);
+                let outcome = match connecting {
+                    Ok(c) => match c.await {
+                        Ok(conn) => net.run_connection(conn, true).await,
+                        Err(e) => Err(NetError::Connect(e.to_string())),
+                    },
+                    Err(e) => Err(NetError::Connect(e.to_string())),
+                };
+                match outcome {
+                    Ok(name) => {
+                        known = Some(name);
+                        backoff = net.opts.redial_min;
+                    }
+                    Err(e) => {
+                        tracing::debug!(%addr, error = %e, "dial failed");
+                        backoff = (backoff * 2).min(net.opts.redial_max);
+                    }
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = net.closed.notified() => break,
+                }
+            }
+        });
+    }
+
+    /// Runs an established connection to its end: name exchange, registration with the
+    /// writer, frames both ways. Returns the peer's name once it was authenticated.
+    async fn run_connection(
+        self: &Arc<Self>,
+        conn: Connection,
+        dialer: bool,
+    ) -> Result<String, NetError> {
+        let (peer_name, instance, send, recv) = match self.handshake(&conn, dialer).await {
+            Ok(ok) => ok,
+            Err(e) => {
+                NetStats::add(&self.stats.connections_refused, 1);
+                tracing::warn!(remote = %conn.remote_address(), error = %e, "peer refused");
+                conn.close(VarInt::from_u32(close::IDENTITY), b"identity");
+                return Err(e);
+            }
+        };
+        let Some(id) = self.register(&peer_name, instance, dialer, &conn) else {
+            conn.close(VarInt::from_u32(close::DUPLICATE), b"duplicate");
+            return Ok(peer_name);
+        };
+        NetStats::add(&self.stats.connections_established, 1);
+        let peer = peer_id_of_name(&peer_name);
+        let (tx, rx) = mpsc::channel(self.opts.outbox_frames_max.max(1));
+        let link = PeerLink {
+            id,
+            outbox: tx,
+            conn: conn.clone(),
+            stats: Arc::clone(&self.stats),
+        };
+        if self.inputs.send(Input::NetUp { peer, link }).is_err() {
+            conn.close(VarInt::from_u32(close::SHUTDOWN), b"shutdown");
+            return Ok(peer_name);
+        }
+        let writer = tokio::spawn(write_frames(send, rx, Arc::clone(&self.stats)));
+        let why = self.read_frames(recv, peer).await;
+        if let Some(why) = why {
+            NetStats::add(&self.stats.peers_disconnected, 1);
+            tracing::warn!(peer = %peer_name, why, "disconnecting a peer");
+            conn.close(VarInt::from_u32(close::PROTOCOL), why.as_bytes());
+        }
+        writer.abort();
+        let s = conn.stats();
+        NetStats::add(&self.stats.udp_bytes_sent_closed, s.udp_tx.bytes);
+        NetStats::add(&self.stats.udp_bytes_received_closed, s.udp_rx.bytes);
+        if let Ok(mut links) = self.links.lock() {
+            if links.get(&peer_name).is_some_and(|e| e.id == id) {
+                links.remove(&peer_name);
+            }
+        }
+        let _ = self.inputs.send(Input::NetDown { peer, link: id });
+        Ok(peer_name)
+    }
+
+    async fn handshake(
+        &self,
+        conn: &Connection,
+        dialer: bool,
+    ) -> Result<(String, u64, SendStream, RecvStream), NetError> {
+        let cert = tls::peer_end_entity(conn)
+            .ok_or_else(|| NetError::Identity("no client certificate".into()))?;
+        let mine = crate::codec::encode(
+            "net hello",
+            &NetHello {
+                name: self.name.clone(),
+                instance: self.instance,
+            },
+        )
+        .map_err(|e| NetError::Identity(e.to_string()))?;
+        let exchange = async {
+            let (mut send, mut recv) = if dialer {
+                conn.open_bi().await
+            } else {
+                conn.accept_bi().await
+            }
+            .map_err(|e| NetError::Identity(e.to_string()))?;
+            if dialer {
+                write_frame(&mut send, &mine).await?;
+            }
+            let bytes = read_frame(&mut recv, HELLO_BYTES_MAX)
+                .await?
+                .ok_or_else(|| NetError::Identity("closed before its hello".into()))?;
+            let hello: NetHello = crate::codec::decode("net hello", &bytes, HELLO_BYTES_MAX)
+                .map_err(|e| NetError::Identity(e.to_string()))?;
+            if !dialer {
+                write_frame(&mut send, &mine).await?;
+            }
+            Ok::<_, NetError>((hello, send, recv))
+        };
+        let (hello, send, recv) = tokio::time::timeout(self.opts.handshake_timeout, exchange)
+            .await
+            .map_err(|_| NetError::Identity("no hello in time".into()))??;
+        if !tls::cert_names_node(&cert, &hello.name) {
+            return Err(NetError::Identity(format!(
+                "peer claims to be {:?} but its certificate names another node",
+                hello.name
+            )));
+        }
+        if hello.name == self.name {
+            return Err(NetError::Identity("peer claims our own name".into()));
+        }
+        Ok((hello.name, hello.instance, send, recv))
+    }
+
+    /// Registers an authenticated connection; `None` when another connection to the same peer
+    /// is kept instead (both sides pick the same one: a newer peer instance wins, and between
+    /// two connections of the same instances the one dialled by the smaller name).
+    fn register(
+        &self,
+        name: &str,
+        instance: u64,
+        dialer_is_me: bool,
+        conn: &Connection,
+    ) -> Option<u64> {
+        let mut links = self.links.lock().ok()?;
+        let id = self.next_link.fetch_add(1, Ordering::Relaxed);
+        let preferred_dialer_is_me = self.name.as_str() < name;
+        if let Some(old) = links.get(name) {
+            let alive = old.conn.close_reason().is_none();
+            let keep_old = alive
+                && old.instance == instance
+                && old.dialer_is_me == preferred_dialer_is_me
+                && dialer_is_me != preferred_dialer_is_me;
+            if keep_old {
+                return None;
+            }
+            if alive {
+                old.conn
+                    .close(VarInt::from_u32(close::DUPLICATE), b"replaced");
+            }
+        }
+        links.insert(
+            name.to_owned(),
+            LinkEntry {
+                id,
+                instance,
+                dialer_is_me,
+                conn: conn.clone(),
+            },
+        );
+        Some(id)
+    }
+
+    /// Reads frames until the stream ends; `Some(reason)` if the peer broke the protocol.
+    async fn read_frames(&self, mut recv: RecvStream, peer: PeerId) -> Option<&'static str> {
+        let budget = Arc::new(Semaphore::new(self.opts.inbound_bytes_max));
+        loop {
+            let bytes = match read_frame(&mut recv, self.opts.frame_bytes_max).await {
+                Ok(Some(b)) => b,
+                Ok(None) => return None,
+                Err(NetError::FrameTooLarge { .. }) => {
+                    NetStats::add(&self.stats.frames_rejected, 1);
+                    return Some("frame over the size limit");
+                }
+                Err(_) => return None,
+            };
+            NetStats::add(&self.stats.frame_bytes_received, bytes.len() as u64 + 4);
+            let msg: Message =
+                match crate::codec::decode("protocol frame", &bytes, self.opts.frame_bytes_max) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        NetStats::add(&self.stats.frames_rejected, 1);
+                        tracing::warn!(error = %e, "undecodable frame");
+                        return Some("undecodable frame");
+                    }
+                };
+            let n = u32::try_from(bytes.len().max(1)).unwrap_or(u32::MAX);
+            let permit: OwnedSemaphorePermit = match Arc::clone(&budget).acquire_many_owned(n).await
+            {
+                Ok(p) => p,
+                Err(_) => return None,
+            };
+            let input = Input::NetMessage {
+                from: peer,
+                msg: Box::new(msg),
+                permit,
+            };
+            if self.inputs.send(input).is_err() {
+                return None;
+            }
+        }
+    }
+}
+
+async fn write_frames(mut send: SendStream, mut rx: mpsc::Receiver<Vec<u8>>, stats: Arc<NetStats>) {
+    while let Some(bytes) = rx.recv().await {
+        NetStats::add(&stats.frame_bytes_sent, bytes.len() as u64 + 4);
+        if write_frame(&mut send, &bytes).await.is_err() {
+            return;
+        }
+    }
+    let _ = send.finish();
+}
+
+/// Writes one length-delimited frame.
+pub(crate) async fn write_frame(send: &mut SendStream, bytes: &[u8]) -> Result<(), NetError> {
+    let len = u32::try_from(bytes.len()).map_err(|_| NetError::FrameTooLarge {
+        len: bytes.len(),
+        limit: u32::MAX as usize,
+    })?;
+    send.write_all(&len.to_le_bytes())
+        .await
+        .map_err(|e| NetError::Stream(e.to_string()))?;
+    send.write_all(bytes)
+        .await
+        .map_err(|e| NetError::Stream(e.to_string()))
+}
+
+/// Reads one length-delimited frame; `Ok(None)` at a clean end of stream. The length is checked
+/// against `limit` before the body is read.
+pub(crate) async fn read_frame(
+    recv: &mut RecvStream,
+    limit: usize,
+) -> Result<Option<Vec<u8>>, NetError> {
+    let mut len = [0u8; 4];
+    match recv.read_exact(&mut len).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(e) => return Err(NetError::Stream(e.to_string())),
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > limit {
+        return Err(NetError::FrameTooLarge { len, limit });
+    }
+    let mut body = vec![0u8; len];
+    recv.read_exact(&mut body)
+        .await
+        .map_err(|e| NetError::Stream(e.to_string()))?;
+    Ok(Some(body))
+}

@@ -1,0 +1,370 @@
+//! View definitions (API.md "Events and streams"): their TOML/serde shape and their validation
+//! into [`CompiledView`]s, with errors that name the view and the field.
+
+use serde::{Deserialize, Serialize};
+
+/// What a view computes per group (and window).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ViewKind {
+    /// Number of events (a grow-only counter).
+    Count,
+    /// Sum of an integer field (an up-down counter; saturates, never wraps).
+    Sum,
+    /// The set of distinct values of a field (an add-wins set).
+    Distinct,
+    /// The value of a field in the event with the greatest event time (ties: greatest event
+    /// id), whatever the arrival order.
+    Latest,
+    /// An add-wins set whose elements are added or removed according to another field.
+    Members,
+}
+
+/// A condition on an event field: `{ field = "kind", equals = "join" }`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FieldEquals {
+    /// The event field.
+    pub field: String,
+    /// The value (any JSON) it must equal.
+    pub equals: serde_json::Value,
+}
+
+/// A hopping window: windows of `size` starting every `every`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hopping {
+    /// Window length (`"10m"`).
+    pub size: String,
+    /// Distance between window starts (`"1m"`, at most `size`).
+    pub every: String,
+}
+
+/// The event-time window of a view: exactly one of `tumbling` and `hopping`.
+/// Durations are `<integer><unit>` with unit `ms`, `s`, `m`, `h` or `d`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowDef {
+    /// Tumbling windows of this size (`"1m"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tumbling: Option<String>,
+    /// Hopping windows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hopping: Option<Hopping>,
+    /// How long after a window's end events for it are still applied (default `0s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lateness: Option<String>,
+    /// How long after its end (measured against the cluster watermark) a window is kept
+    /// (default: forever).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<String>,
+    /// Allowed out-of-orderness of the stream: the watermark trails the greatest event time
+    /// seen by this much (default `0s`; a stream uses the largest of its views').
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_of_orderness: Option<String>,
+}
+
+/// One view, as declared in the node config:
+/// ```toml
+/// [[views]]
+/// name = "clicks_per_page"
+/// stream = "clicks"
+/// kind = "count"
+/// group_by = ["page"]
+/// window = { tumbling = "1m", lateness = "30s", retention = "7d" }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ViewDef {
+    /// The view's name: 1–64 characters of `A-Z a-z 0-9 _ - .`, unique among views.
+    pub name: String,
+    /// The stream whose events feed the view.
+    pub stream: String,
+    /// What it computes.
+    pub kind: ViewKind,
+    /// Event fields whose values form the group (none: one group).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub group_by: Vec<String>,
+    /// The value field (`sum`, `distinct`, `latest`, `members`; not `count`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// `members`: events matching this add the field's value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add_when: Option<FieldEquals>,
+    /// `members`: events matching this remove the field's value (observed-remove).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remove_when: Option<FieldEquals>,
+    /// The event-time window (none: one value per group, never final).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<WindowDef>,
+}
+
+/// A validated window, in milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// Window length.
+    pub size_ms: u64,
+    /// Distance between starts (`size_ms` for tumbling windows).
+    pub every_ms: u64,
+    /// Allowed lateness.
+    pub lateness_ms: u64,
+    /// Retention after the window's end (`None`: forever).
+    pub retention_ms: Option<u64>,
+    /// Allowed out-of-orderness.
+    pub out_of_orderness_ms: u64,
+}
+
+impl Window {
+    /// Starts of the windows holding event time `t`, ascending.
+    pub fn starts(&self, t: u64) -> Vec<u64> {
+        let last = t - t % self.every_ms;
+        let mut out = Vec::new();
+        let mut s = last;
+        loop {
+            if t - s >= self.size_ms {
+                break;
+            }
+            out.push(s);
+            match s.checked_sub(self.every_ms) {
+                Some(n) => s = n,
+                None => break,
+            }
+        }
+        out.reverse();
+        out
+    }
+
+    /// The instant after which events for the window starting at `start` are late: a window
+    /// is late (and, cluster-wide, final) once a watermark is strictly greater than this.
+    pub fn deadline(&self, start: u64) -> u64 {
+        start
+            .saturating_add(self.size_ms)
+            .saturating_add(self.lateness_ms)
+    }
+}
+
+/// Most windows one event may fall into (hopping `size / every`).
+pub const WINDOWS_PER_EVENT_MAX: u64 = 1_000;
+
+/// A validated view definition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompiledView {
+    /// The definition as given.
+    pub def: ViewDef,
+    /// The validated window.
+    pub window: Option<Window>,
+}
+
+/// Parses a duration: `<integer><unit>`, unit `ms`, `s`, `m`, `h` or `d`.
+///
+/// # Errors
+/// A message describing the accepted form.
+pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text:?} has no unit (ms, s, m, h, d)"))?;
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not <integer><unit>"))?;
+    let mult = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("{text:?}: unknown unit (ms, s, m, h, d)")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{text:?} is too long"))
+}
+
+fn err(view: &str, field: &str, message: impl std::fmt::Display) -> String {
+    format!("view {view:?}, field `{field}`: {message}")
+}
+
+fn compile_window(name: &str, w: &WindowDef) -> Result<Window, String> {
+    let dur = |field: &str, text: &str| {
+        parse_duration_ms(text).map_err(|e| err(name, &format!("window.{field}"), e))
+    };
+    let (size_ms, every_ms) = match (&w.tumbling, &w.hopping) {
+        (Some(t), None) => {
+            let s = dur("tumbling", t)?;
+            (s, s)
+        }
+        (None, Some(h)) => (
+            dur("hopping.size", &h.size)?,
+            dur("hopping.every", &h.every)?,
+        ),
+        _ => {
+            return Err(err(
+                name,
+                "window",
+                "give exactly one of `tumbling` and `hopping`",
+            ));
+        }
+    };
+    if size_ms == 0 || every_ms == 0 {
+        return Err(err(name, "window", "sizes must be positive"));
+    }
+    if every_ms > size_ms {
+        return Err(err(
+            name,
+            "window.hopping.every",
+            "must not exceed `size` (events would fall between windows)",
+        ));
+    }
+    if size_ms.div_ceil(every_ms) > WINDOWS_PER_EVENT_MAX {
+        return Err(err(
+            name,
+            "window.hopping.every",
+            format!("an event would fall into more than {WINDOWS_PER_EVENT_MAX} windows"),
+        ));
+    }
+    let opt = |field: &str, text: &Option<String>| -> Result<Option<u64>, String> {
+        text.as_deref().map(|t| dur(field, t)).transpose()
+    };
+    Ok(Window {
+        size_ms,
+        every_ms,
+        lateness_ms: opt("lateness", &w.lateness)?.unwrap_or(0),
+        retention_ms: opt("retention", &w.retention)?,
+        out_of_orderness_ms: opt("out_of_orderness", &w.out_of_orderness)?.unwrap_or(0),
+    })
+}
+
+fn check_field_name(view: &str, field: &str, name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
+        return Err(err(
+            view,
+            field,
+            "field names are 1–128 bytes without control characters",
+        ));
+    }
+    if matches!(name, "source" | "seq" | "time" | "ops") {
+        return Err(err(
+            view,
+            field,
+            format!("{name:?} is part of the event envelope, not a field"),
+        ));
+    }
+    Ok(())
+}
+
+/// Validates view definitions (names unique and well-formed, fields present where the kind
+/// needs them and absent where it does not, windows well-formed).
+///
+/// # Errors
+/// The first problem, as `view "NAME", field `FIELD`: why`.
+pub fn compile(defs: &[ViewDef]) -> Result<Vec<CompiledView>, String> {
+    let mut names = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(defs.len());
+    for d in defs {
+        let name = d.name.as_str();
+        let ok_name = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if !ok_name {
+            return Err(err(
+                name,
+                "name",
+                "view names are 1–64 characters of A-Z a-z 0-9 _ - .",
+            ));
+        }
+        if !names.insert(name) {
+            return Err(err(name, "name", "defined twice"));
+        }
+        if d.stream.is_empty() || d.stream.len() > 128 || d.stream.chars().any(char::is_control) {
+            return Err(err(
+                name,
+                "stream",
+                "stream names are 1–128 bytes without control characters",
+            ));
+        }
+        for g in &d.group_by {
+            check_field_name(name, "group_by", g)?;
+        }
+        let needs_field = d.kind != ViewKind::Count;
+        match (&d.field, needs_field) {
+            (None, true) => {
+                return Err(err(
+                    name,
+                    "field",
+                    format!("a `{:?}` view needs a value field", d.kind).to_lowercase(),
+                ));
+            }
+            (Some(_), false) => {
+                return Err(err(name, "field", "a count view has no value field"));
+            }
+            (Some(f), true) => check_field_name(name, "field", f)?,
+            (None, false) => {}
+        }
+        let members = d.kind == ViewKind::Members;
+        for (label, cond) in [("add_when", &d.add_when), ("remove_when", &d.remove_when)] {
+            match (cond, members) {
+                (Some(c), true) => check_field_name(name, &format!("{label}.field"), &c.field)?,
+                (None, true) => return Err(err(name, label, "a members view needs it")),
+                (Some(_), false) => {
+                    return Err(err(name, label, "only members views have it"));
+                }
+                (None, false) => {}
+            }
+        }
+        if let (Some(a), Some(r)) = (&d.add_when, &d.remove_when) {
+            if a == r {
+                return Err(err(name, "remove_when", "equals `add_when`"));
+            }
+        }
+        let window = d
+            .window
+            .as_ref()
+            .map(|w| compile_window(name, w))
+            .transpose()?;
+        out.push(CompiledView {
+            def: d.clone(),
+            window,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_starts_cover_exactly_the_windows_holding_an_event() {
+        let tumbling = Window {
+            size_ms: 60_000,
+            every_ms: 60_000,
+            lateness_ms: 0,
+            retention_ms: None,
+            out_of_orderness_ms: 0,
+        };
+        assert_eq!(tumbling.starts(0), vec![0]);
+        assert_eq!(tumbling.starts(59_999), vec![0]);
+        assert_eq!(tumbling.starts(60_000), vec![60_000]);
+        let hopping = Window {
+            size_ms: 30,
+            every_ms: 10,
+            ..tumbling
+        };
+        assert_eq!(hopping.starts(25), vec![0, 10, 20]);
+        assert_eq!(hopping.starts(30), vec![10, 20, 30]);
+        assert_eq!(hopping.starts(5), vec![0]);
+        assert_eq!(hopping.deadline(10), 40);
+    }
+
+    #[test]
+    fn durations_parse_with_units_only() {
+        assert_eq!(parse_duration_ms("1m"), Ok(60_000));
+        assert_eq!(parse_duration_ms("250ms"), Ok(250));
+        assert_eq!(parse_duration_ms("7d"), Ok(7 * 86_400_000));
+        assert!(parse_duration_ms("10").is_err());
+        assert!(parse_duration_ms("1w").is_err());
+        assert!(parse_duration_ms("99999999999999999d").is_err());
+    }
+}

@@ -1,0 +1,365 @@
+//! Folding events into view mutations: each event of a stream becomes, for every view of the
+//! stream, mutations of view keys (one per window it falls into), each with the deadline after
+//! which it is late.
+
+use super::def::{CompiledView, ViewKind};
+use super::keys;
+use crate::config::Limits;
+use crate::error::Error;
+use crate::ops::{Event, Op};
+use serde::{Deserialize, Serialize};
+use tidemark_crdts::{Key, KeyKind, Mutation};
+
+/// An event of a stream in the JSON shape of API.md:
+/// `{"source":"app-7","seq":1042,"time":"2026-11-29T10:00:00.123Z","page":"/home"}`.
+/// `time` (RFC 3339 or epoch milliseconds) defaults to the ingesting node's clock; `ops`, when
+/// present, are applied with the event; every other member is a field views read.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamEvent {
+    /// The producer.
+    pub source: String,
+    /// The producer's sequence number: `(source, seq)` identifies the event.
+    pub seq: u64,
+    /// Event time: RFC 3339 text or epoch milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<serde_json::Value>,
+    /// Operations applied with the event.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ops: Vec<Op>,
+    /// The fields views read.
+    #[serde(flatten)]
+    pub fields: serde_json::Map<String, serde_json::Value>,
+}
+
+impl From<Event> for StreamEvent {
+    fn from(e: Event) -> Self {
+        Self {
+            source: e.source,
+            seq: e.seq,
+            time: None,
+            ops: e.ops,
+            fields: serde_json::Map::new(),
+        }
+    }
+}
+
+impl StreamEvent {
+    /// An event with fields and no time (it takes the ingesting node's clock).
+    pub fn new(source: &str, seq: u64, fields: serde_json::Value) -> Self {
+        Self {
+            source: source.to_owned(),
+            seq,
+            time: None,
+            ops: Vec::new(),
+            fields: match fields {
+                serde_json::Value::Object(m) => m,
+                _ => serde_json::Map::new(),
+            },
+        }
+    }
+
+    /// Sets the event time in epoch milliseconds.
+    pub fn at(mut self, time_ms: u64) -> Self {
+        self.time = Some(time_ms.into());
+        self
+    }
+
+    /// The event without its fields and time (what the plain ingest path validates).
+    pub(crate) fn to_event(&self) -> Event {
+        Event {
+            source: self.source.clone(),
+            seq: self.seq,
+            ops: self.ops.clone(),
+        }
+    }
+}
+
+/// Parses RFC 3339 (`2026-11-29T10:00:00.123Z`, `+01:00` offsets, `t`/space separator) into
+/// epoch milliseconds; `None` for malformed text or times before 1970.
+pub fn parse_rfc3339_ms(s: &str) -> Option<u64> {
+    let b = s.as_bytes();
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let part = b.get(r)?;
+        if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(part).ok()?.parse().ok()
+    };
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+        return None;
+    }
+    if b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    let mut i = 19;
+    let mut ms = 0i64;
+    if b.get(i) == Some(&b'.') {
+        let start = i + 1;
+        i = start;
+        while b.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+        if i == start {
+            return None;
+        }
+        let frac = &s[start..i.min(start + 3)];
+        ms = frac.parse::<i64>().ok()? * 10i64.pow(3 - frac.len() as u32);
+    }
+    let offset_min = match b.get(i)? {
+        b'Z' | b'z' if i + 1 == b.len() => 0,
+        c @ (b'+' | b'-') if i + 6 == b.len() && b[i + 3] == b':' => {
+            let (oh, om) = (num(i + 1..i + 3)?, num(i + 4..i + 6)?);
+            let v = oh * 60 + om;
+            if *c == b'-' { -v } else { v }
+        }
+        _ => return None,
+    };
+    // Days from civil (Howard Hinnant).
+    let y = if mo <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + h * 3600 + mi * 60 + sec - offset_min * 60;
+    let total = secs.checked_mul(1000)?.checked_add(ms)?;
+    u64::try_from(total).ok()
+}
+
+/// An invalid event: names its index in the batch (its line) and the field.
+fn bad(index: usize, field: &str, message: impl Into<String>) -> Error {
+    Error::InvalidEvent {
+        index,
+        field: field.to_owned(),
+        message: message.into(),
+    }
+}
+
+/// The event time of event `index`, or `now_ms` when absent.
+///
+/// # Errors
+/// [`Error::InvalidEvent`] (field `time`) for anything but RFC 3339 text or epoch millis.
+pub fn event_time(ev: &StreamEvent, index: usize, now_ms: u64) -> Result<u64, Error> {
+    match &ev.time {
+        None | Some(serde_json::Value::Null) => Ok(now_ms),
+        Some(serde_json::Value::Number(n)) => n.as_u64().ok_or_else(|| {
+            bad(
+                index,
+                "time",
+                "epoch milliseconds must be a whole number ≥ 0",
+            )
+        }),
+        Some(serde_json::Value::String(s)) => parse_rfc3339_ms(s).ok_or_else(|| {
+            bad(
+                index,
+                "time",
+                "`time` must be RFC 3339 (2026-11-29T10:00:00.123Z) or epoch milliseconds",
+            )
+        }),
+        Some(_) => Err(bad(
+            index,
+            "time",
+            "`time` must be RFC 3339 text or epoch milliseconds",
+        )),
+    }
+}
+
+/// One candidate view mutation of an event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ViewOp {
+    /// Index of the view (in the node's view list).
+    pub view: usize,
+    /// The view key (view, window start, group).
+    pub key: Key,
+    /// The mutation.
+    pub mutation: Mutation,
+    /// Late once the watermark is strictly greater than this (`None`: unwindowed, never late).
+    pub deadline: Option<u64>,
+}
+
+/// What one event contributes to the views of its stream.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FoldedEvent {
+    /// Its event time (ms).
+    pub time_ms: u64,
+    /// The candidate view mutations.
+    pub ops: Vec<ViewOp>,
+}
+
+fn scalar(v: &serde_json::Value) -> bool {
+    v.is_string() || v.is_number() || v.is_boolean()
+}
+
+/// Folds event `index` into candidate view mutations for `views` (those of its stream).
+///
+/// # Errors
+/// [`Error::InvalidEvent`] naming the event and the field: a missing group or value field, a
+/// non-integer `sum` field, a non-scalar `distinct`/`members` element, a value or group over
+/// its size limit, a malformed `time`. The `usize` is the view at fault (for its counters).
+pub fn fold_event(
+    ev: &StreamEvent,
+    index: usize,
+    views: &[(usize, &CompiledView)],
+    now_ms: u64,
+    limits: &Limits,
+) -> Result<FoldedEvent, (Option<usize>, Error)> {
+    let time_ms = event_time(ev, index, now_ms).map_err(|e| (None, e))?;
+    let mut ops = Vec::new();
+    for &(vi, view) in views {
+        let d = &view.def;
+        let fail = |field: &str, msg: String| (Some(vi), bad(index, field, msg));
+        let mut group = Vec::with_capacity(d.group_by.len());
+        for g in &d.group_by {
+            let v = ev.fields.get(g).ok_or_else(|| {
+                fail(g, format!("missing group field {g:?} of view {:?}", d.name))
+            })?;
+            group.push(v.clone());
+        }
+        let group = serde_json::Value::Array(group).to_string();
+        let value = |field: &str| {
+            ev.fields.get(field).ok_or_else(|| {
+                fail(
+                    field,
+                    format!("missing value field {field:?} of view {:?}", d.name),
+                )
+            })
+        };
+        let field = d.field.as_deref().unwrap_or_default();
+        let element = |v: &serde_json::Value| -> Result<String, (Option<usize>, Error)> {
+            if !scalar(v) {
+                return Err(fail(
+                    field,
+                    format!("view {:?} needs a string, number or boolean", d.name),
+                ));
+            }
+            let text = v.to_string();
+            if text.len() > limits.element_bytes_max {
+                return Err(fail(
+                    field,
+                    format!(
+                        "{} bytes, over element_bytes_max {}",
+                        text.len(),
+                        limits.element_bytes_max
+                    ),
+                ));
+            }
+            Ok(text)
+        };
+        let (kind, mutation) = match d.kind {
+            ViewKind::Count => (KeyKind::GCounter, Some(Mutation::Inc(1))),
+            ViewKind::Sum => {
+                let v = value(field)?;
+                let n = v.as_i64().ok_or_else(|| {
+                    fail(field, format!("view {:?} sums integers; got {v}", d.name))
+                })?;
+                let m = match n {
+                    0 => None,
+                    n if n > 0 => Some(Mutation::Inc(n.unsigned_abs())),
+                    n => Some(Mutation::Dec(n.unsigned_abs())),
+                };
+                (KeyKind::PNCounter, m)
+            }
+            ViewKind::Distinct => (KeyKind::ORSet, Some(Mutation::Add(element(value(field)?)?))),
+            ViewKind::Members => {
+                let matches = |c: &Option<super::def::FieldEquals>| {
+                    c.as_ref()
+                        .is_some_and(|c| ev.fields.get(&c.field) == Some(&c.equals))
+                };
+                let m = if matches(&d.add_when) {
+                    Some(Mutation::Add(element(value(field)?)?))
+                } else if matches(&d.remove_when) {
+                    Some(Mutation::Remove(element(value(field)?)?))
+                } else {
+                    None
+                };
+                (KeyKind::ORSet, m)
+            }
+            ViewKind::Latest => {
+                let text = keys::latest_record(time_ms, &ev.source, ev.seq, value(field)?);
+                if text.len() > limits.value_bytes_max {
+                    return Err(fail(
+                        field,
+                        format!(
+                            "{} bytes, over value_bytes_max {}",
+                            text.len(),
+                            limits.value_bytes_max
+                        ),
+                    ));
+                }
+                (KeyKind::Lww, Some(Mutation::Set(text)))
+            }
+        };
+        let Some(mutation) = mutation else { continue };
+        let windows: Vec<(Option<u64>, Option<u64>)> = match &view.window {
+            None => vec![(None, None)],
+            Some(w) => w
+                .starts(time_ms)
+                .into_iter()
+                .map(|s| (Some(s), Some(w.deadline(s))))
+                .collect(),
+        };
+        for (start, deadline) in windows {
+            let name = keys::view_key(&d.name, start, &group);
+            if name.len() > limits.key_bytes_max {
+                let f = d.group_by.first().map_or("group_by", String::as_str);
+                return Err(fail(
+                    f,
+                    format!(
+                        "the group values of view {:?} are too long for a key ({} bytes, limit {})",
+                        d.name,
+                        name.len(),
+                        limits.key_bytes_max
+                    ),
+                ));
+            }
+            ops.push(ViewOp {
+                view: vi,
+                key: Key::new(kind, name),
+                mutation: mutation.clone(),
+                deadline,
+            });
+        }
+    }
+    Ok(FoldedEvent { time_ms, ops })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_rfc3339_ms;
+
+    #[test]
+    fn rfc3339_parses_to_epoch_millis() {
+        assert_eq!(parse_rfc3339_ms("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(
+            parse_rfc3339_ms("2026-11-29T10:00:00.123Z"),
+            Some(1_795_946_400_123)
+        );
+        assert_eq!(
+            parse_rfc3339_ms("2026-11-29T11:00:00.123+01:00"),
+            Some(1_795_946_400_123)
+        );
+        assert_eq!(
+            parse_rfc3339_ms("2026-11-29T10:00:00.1Z"),
+            Some(1_795_946_400_100)
+        );
+        assert_eq!(
+            parse_rfc3339_ms("2026-11-29 10:00:00Z"),
+            Some(1_795_946_400_000)
+        );
+        for bad in [
+            "2026-11-29",
+            "2026-13-01T00:00:00Z",
+            "2026-11-29T10:00:00",
+            "1969-12-31T23:59:59Z",
+            "2026-11-29T10:00:00.Z",
+        ] {
+            assert_eq!(parse_rfc3339_ms(bad), None, "{bad}");
+        }
+    }
+}

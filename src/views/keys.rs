@@ -1,0 +1,148 @@
+//! The deterministic encoding of view state into store keys, shared by every node:
+//!
+//! - view cells: `~view/{view}/{window start, 20 digits | "-"}/{group values as a JSON array}`
+//!   (so a view's cells sort by window start, then group);
+//! - watermark announcements: `lww/~wm/{stream}/{replica id, 32 hex digits}`, written only by
+//!   that replica, holding `{"defs": digest of its view definitions of the stream, "wm": its
+//!   local watermark of the stream in ms}`.
+//!
+//! Client ops may not name keys under these prefixes ([`is_reserved`]).
+
+use tidemark_crdts::{Entry, Key, KeyKind, Mutation, ReplicaId, Timestamp};
+
+/// Prefix of view cell keys.
+pub const VIEW_PREFIX: &str = "~view/";
+/// Prefix of watermark announcement keys.
+pub const WM_PREFIX: &str = "~wm/";
+
+/// True for key names only views may write.
+pub fn is_reserved(name: &str) -> bool {
+    name.starts_with(VIEW_PREFIX) || name.starts_with(WM_PREFIX)
+}
+
+/// The key name of a view cell.
+pub fn view_key(view: &str, window_start: Option<u64>, group_json: &str) -> String {
+    match window_start {
+        Some(s) => format!("{VIEW_PREFIX}{view}/{s:020}/{group_json}"),
+        None => format!("{VIEW_PREFIX}{view}/-/{group_json}"),
+    }
+}
+
+/// Prefix of every cell of `view`.
+pub fn view_prefix(view: &str) -> String {
+    format!("{VIEW_PREFIX}{view}/")
+}
+
+/// Splits a cell name of `view` into `(window start, group values)`.
+pub fn parse_view_key(view: &str, name: &str) -> Option<(Option<u64>, Vec<serde_json::Value>)> {
+    let rest = name.strip_prefix(&view_prefix(view))?;
+    let (start, group) = rest.split_once('/')?;
+    let start = if start == "-" {
+        None
+    } else {
+        Some(start.parse().ok()?)
+    };
+    let serde_json::Value::Array(g) = serde_json::from_str(group).ok()? else {
+        return None;
+    };
+    Some((start, g))
+}
+
+/// The watermark announcement key of `replica` for `stream`.
+pub fn wm_key(stream: &str, replica: ReplicaId) -> Key {
+    Key::new(KeyKind::Lww, format!("{WM_PREFIX}{stream}/{replica}"))
+}
+
+/// Prefix of every watermark announcement of `stream`.
+pub fn wm_prefix(stream: &str) -> String {
+    format!("{WM_PREFIX}{stream}/")
+}
+
+/// The replica of a watermark announcement key of `stream`.
+pub fn wm_replica(stream: &str, name: &str) -> Option<ReplicaId> {
+    let hex = name.strip_prefix(&wm_prefix(stream))?;
+    u128::from_str_radix(hex, 16).ok().map(ReplicaId)
+}
+
+/// The stored record of a `latest` cell: canonical JSON (keys sorted) of event time, source,
+/// seq and value, from which [`event_stamp`] recovers the ordering stamp.
+pub fn latest_record(time_ms: u64, source: &str, seq: u64, value: &serde_json::Value) -> String {
+    let mut m = serde_json::Map::new();
+    m.insert("q".into(), seq.into());
+    m.insert("s".into(), source.into());
+    m.insert("t".into(), time_ms.into());
+    m.insert("v".into(), value.clone());
+    serde_json::Value::Object(m).to_string()
+}
+
+/// The text of a watermark announcement.
+pub fn announcement_text(wm: u64, defs_digest: &str) -> String {
+    let mut m = serde_json::Map::new();
+    m.insert("defs".into(), defs_digest.into());
+    m.insert("wm".into(), wm.into());
+    serde_json::Value::Object(m).to_string()
+}
+
+/// `(watermark, definitions digest)` of an announcement's text.
+pub fn parse_announcement(text: &str) -> Option<(u64, String)> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    Some((v.get("wm")?.as_u64()?, v.get("defs")?.as_str()?.to_owned()))
+}
+
+/// The digest of a stream's view definitions (sorted by name), the same on every node that
+/// runs the same definitions.
+pub fn defs_digest(defs: &[&super::ViewDef]) -> String {
+    let mut defs = defs.to_vec();
+    defs.sort_by(|a, b| a.name.cmp(&b.name));
+    let text = serde_json::to_string(&defs).unwrap_or_default();
+    format!("{:016x}", fnv64(text.as_bytes()))
+}
+
+/// FNV-1a, 64 bits: a hash every node computes the same way.
+fn fnv64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The ordering stamp of an event for `latest`: event time, then event id (a hash of the
+/// source, then seq) — the same on every node, so `latest` does not depend on arrival order.
+pub fn stamp(time_ms: u64, source: &str, seq: u64) -> Timestamp {
+    Timestamp {
+        physical_ms: time_ms,
+        logical: 0,
+        replica: ReplicaId((u128::from(fnv64(source.as_bytes())) << 64) | u128::from(seq)),
+    }
+}
+
+/// For a `latest` view write (`Set` on an lww key under [`VIEW_PREFIX`]), its event stamp; the
+/// store uses it as the LWW timestamp instead of its clock. `None` for every other write.
+pub fn event_stamp(key: &Key, m: &Mutation) -> Option<Timestamp> {
+    if key.kind != KeyKind::Lww || !key.name.starts_with(VIEW_PREFIX) {
+        return None;
+    }
+    let Mutation::Set(text) = m else { return None };
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    Some(stamp(
+        v.get("t")?.as_u64()?,
+        v.get("s")?.as_str()?,
+        v.get("q")?.as_u64()?,
+    ))
+}
+
+/// True when `current` already holds a value stamped at or after `ts`: the write would not
+/// change what `latest` reads, so it is skipped (writing it would overwrite the later value).
+pub fn superseded(current: Option<&Entry>, ts: Timestamp) -> bool {
+    match current {
+        Some(Entry::Lww(f)) => f.iter().any(|(_, (t, _))| *t >= ts),
+        _ => false,
+    }
+}
+
+/// The value of a `latest` record.
+pub fn latest_value(record: &serde_json::Value) -> serde_json::Value {
+    record.get("v").cloned().unwrap_or(serde_json::Value::Null)
+}

@@ -1,0 +1,255 @@
+//! Reading views: rows with their window and whether the window is final.
+
+use super::Views;
+use super::def::ViewKind;
+use super::keys;
+use crate::error::Error;
+use crate::proto::PeerId;
+use crate::store::Reader;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::Ordering;
+use tidemark_crdts::{CausalContext, Entry, Key, KeyKind, ReplicaId, Value};
+
+/// Which rows of a view to read.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ViewQuery {
+    /// Only groups whose field equals the value (each listed field).
+    #[serde(default)]
+    pub group: serde_json::Map<String, serde_json::Value>,
+    /// Only windows starting at or after this time (ms).
+    #[serde(default)]
+    pub from: Option<u64>,
+    /// Only windows starting before this time (ms).
+    #[serde(default)]
+    pub to: Option<u64>,
+    /// Paging: continue after this cursor (a page's `next`).
+    #[serde(default)]
+    pub after: Option<String>,
+    /// Most rows returned (0: the default of 1,000).
+    #[serde(default)]
+    pub limit: usize,
+}
+
+/// One row of a view: a group's value in one window.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ViewRow {
+    /// The group: `group_by` field → value.
+    pub group: serde_json::Map<String, serde_json::Value>,
+    /// Window start (ms; `None` for an unwindowed view).
+    pub window_start: Option<u64>,
+    /// Window end, exclusive (ms).
+    pub window_end: Option<u64>,
+    /// True when the value can no longer change, on any node (see the module docs).
+    #[serde(rename = "final")]
+    pub is_final: bool,
+    /// The value: count/sum a number, distinct/members a sorted array, latest the value.
+    pub value: serde_json::Value,
+}
+
+/// Per-view counters since the node opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ViewCounters {
+    /// Events folded into the view (at least one window applied).
+    pub folded: u64,
+    /// Events refused as late for at least one window of the view.
+    pub late: u64,
+    /// Events rejected (invalid for this view; their batch applied nothing).
+    pub rejected: u64,
+}
+
+/// A page of view rows.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ViewPage {
+    /// Rows ordered by window start, then group.
+    pub rows: Vec<ViewRow>,
+    /// Cursor of the next page (`None`: no more rows).
+    pub next: Option<String>,
+    /// The view's counters on this node.
+    pub counters: ViewCounters,
+    /// This node's announced watermark of the view's stream.
+    pub watermark: Option<u64>,
+    /// The watermark every known member has passed, with its state joined here (`None`: some
+    /// known member has not announced one or its state is not joined yet): windows whose end
+    /// plus lateness is below it are final.
+    pub cluster_watermark: Option<u64>,
+    /// Replicas that announced different view definitions for the stream: while any is
+    /// listed, no window is final (every node must run the same definitions).
+    pub definition_conflicts: Vec<String>,
+}
+
+/// The announcement in `key`: watermark, definitions digest, and the announcement's dot.
+fn announcement(
+    reader: &Reader,
+    key: &Key,
+) -> Result<Option<(u64, String, tidemark_crdts::Dot)>, Error> {
+    let Some(Entry::Lww(f)) = reader.entry(key)? else {
+        return Ok(None);
+    };
+    let best = f.iter().max_by_key(|(_, (ts, _))| *ts);
+    Ok(best.and_then(|(dot, (_, v))| {
+        keys::parse_announcement(v).map(|(wm, digest)| (wm, digest, *dot))
+    }))
+}
+
+/// The watermark announced in `key`.
+pub(crate) fn announced(reader: &Reader, key: &Key) -> Result<Option<u64>, Error> {
+    Ok(announcement(reader, key)?.map(|(wm, _, _)| wm))
+}
+
+/// The cluster watermark of `stream` as this node can vouch for it: the minimum over every
+/// announcement it holds (its own included), provided every member announced — every replica
+/// in its context (whose writes it has seen) and every peer met since open — with the same
+/// definitions digest as ours, and its context holds every dot of each announcer up to the
+/// announcement's dot. Also returns the replicas whose definitions differ.
+fn cluster_watermark(
+    reader: &Reader,
+    stream: &str,
+    digest: &str,
+    me: ReplicaId,
+    known: &[PeerId],
+    peer_of: fn(ReplicaId) -> PeerId,
+) -> Result<(Option<u64>, Vec<String>), Error> {
+    let ctx: CausalContext = reader.context()?;
+    let prefix = keys::wm_prefix(stream);
+    let mut min = None::<u64>;
+    let mut unsure = false;
+    let mut announcers = Vec::new();
+    let mut conflicts = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = reader.list(KeyKind::Lww, &prefix, after.as_deref(), 256)?;
+        let done = page.len() < 256;
+        for (key, _) in &page {
+            let (Some(replica), Some((wm, theirs, dot))) = (
+                keys::wm_replica(stream, &key.name),
+                announcement(reader, key)?,
+            ) else {
+                unsure = true;
+                continue;
+            };
+            if theirs != digest {
+                conflicts.push(replica.to_string());
+            }
+            unsure |= !CausalContext::from_range(dot.replica, 1, dot.seq).is_subset(&ctx);
+            announcers.push(replica);
+            min = Some(min.map_or(wm, |m| m.min(wm)));
+        }
+        after = page.last().map(|(k, _)| k.name.clone());
+        if done {
+            break;
+        }
+    }
+    // Members: every replica whose writes this node has seen, every peer met since open.
+    let peers: Vec<PeerId> = announcers.iter().map(|r| peer_of(*r)).collect();
+    if unsure
+        || !conflicts.is_empty()
+        || !announcers.contains(&me)
+        || known.iter().any(|p| !peers.contains(p))
+        || ctx.replicas().any(|r| !announcers.contains(r))
+    {
+        return Ok((None, conflicts));
+    }
+    Ok((min, conflicts))
+}
+
+fn to_json(kind: ViewKind, v: &Value) -> serde_json::Value {
+    let j = crate::ops::value_to_json(v);
+    if kind == ViewKind::Latest {
+        return keys::latest_value(&j);
+    }
+    j
+}
+
+impl Views {
+    /// Reads a page of view `name`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an unknown view; storage failures.
+    pub(crate) fn read(
+        &self,
+        reader: &Reader,
+        name: &str,
+        query: &ViewQuery,
+        me: ReplicaId,
+        known: &[PeerId],
+        peer_of: fn(ReplicaId) -> PeerId,
+    ) -> Result<ViewPage, Error> {
+        let (vi, view) = self
+            .find(name)
+            .ok_or_else(|| Error::Config(format!("no view named {name:?} is configured")))?;
+        let d = &view.def;
+        let stream = d.stream.as_str();
+        // Finality inputs first: rows read afterwards can only be newer, never older.
+        let digest = self.digests.get(stream).map_or("", String::as_str);
+        let (cluster, conflicts) = cluster_watermark(reader, stream, digest, me, known, peer_of)?;
+        let watermark = announced(reader, &keys::wm_key(stream, me))?;
+        let kind = match d.kind {
+            ViewKind::Count => KeyKind::GCounter,
+            ViewKind::Sum => KeyKind::PNCounter,
+            ViewKind::Distinct | ViewKind::Members => KeyKind::ORSet,
+            ViewKind::Latest => KeyKind::Lww,
+        };
+        let limit = if query.limit == 0 { 1000 } else { query.limit };
+        let prefix = keys::view_prefix(&d.name);
+        let mut after = query.after.clone();
+        let mut rows = Vec::new();
+        let mut next = None;
+        let mut last_key: Option<String> = None;
+        'pages: loop {
+            let page = reader.list(kind, &prefix, after.as_deref(), 256)?;
+            let done = page.len() < 256;
+            for (key, value) in &page {
+                after = Some(key.name.clone());
+                let Some((start, group)) = keys::parse_view_key(&d.name, &key.name) else {
+                    continue;
+                };
+                if let Some(s) = start {
+                    if query.from.is_some_and(|f| s < f) || query.to.is_some_and(|t| s >= t) {
+                        continue;
+                    }
+                }
+                let group: serde_json::Map<String, serde_json::Value> =
+                    d.group_by.iter().cloned().zip(group).collect();
+                if query.group.iter().any(|(f, v)| group.get(f) != Some(v)) {
+                    continue;
+                }
+                let window = view.window;
+                let end = start.zip(window).map(|(s, w)| s.saturating_add(w.size_ms));
+                let deadline = start.zip(window).map(|(s, w)| w.deadline(s));
+                if let (Some(e), Some(w), Some(c)) = (end, window, cluster) {
+                    if w.retention_ms.is_some_and(|r| e.saturating_add(r) < c) {
+                        continue; // past retention: removed from reads on every node alike
+                    }
+                }
+                if rows.len() == limit {
+                    next = last_key;
+                    break 'pages;
+                }
+                last_key = Some(key.name.clone());
+                rows.push(ViewRow {
+                    group,
+                    window_start: start,
+                    window_end: end,
+                    is_final: deadline.zip(cluster).is_some_and(|(dl, c)| dl < c),
+                    value: to_json(d.kind, value),
+                });
+            }
+            if done {
+                break;
+            }
+        }
+        let c = &self.counters[vi];
+        Ok(ViewPage {
+            rows,
+            next,
+            counters: ViewCounters {
+                folded: c.folded.load(Ordering::Relaxed),
+                late: c.late.load(Ordering::Relaxed),
+                rejected: c.rejected.load(Ordering::Relaxed),
+            },
+            watermark,
+            cluster_watermark: cluster,
+            definition_conflicts: conflicts,
+        })
+    }
+}

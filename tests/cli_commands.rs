@@ -1,0 +1,494 @@
+//! The `tidemark` binary against a served node: `serve` (config, flags, SIGTERM), every client
+//! command with its output and exit status (0 / 1 rejected / 2 usage), and `ingest` with
+//! rejected lines, duplicates and retries.
+
+use serde_json::{Value as J, json};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tidemark");
+
+/// A `tidemark serve` child on a free loopback port; SIGTERM + wait on drop.
+struct Daemon {
+    child: Child,
+    url: String,
+}
+
+impl Daemon {
+    fn start(data: &std::path::Path, extra: &[&str]) -> Self {
+        let mut child = Command::new(BIN)
+            .args([
+                "serve",
+                "--http",
+                "127.0.0.1:0",
+                "--peer-listen",
+                "127.0.0.1:0",
+                "--data",
+            ])
+            .arg(data)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("read");
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_owned();
+        Self { child, url }
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.run_with_input(args, None)
+    }
+
+    fn run_with_input(&self, args: &[&str], input: Option<&[u8]>) -> Output {
+        let mut child = Command::new(BIN)
+            .arg("--url")
+            .arg(&self.url)
+            .args(args)
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn client");
+        if let (Some(data), Some(mut stdin)) = (input, child.stdin.take()) {
+            stdin.write_all(data).expect("stdin");
+        }
+        child.wait_with_output().expect("client")
+    }
+
+    /// SIGTERM, then the exit status.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let status = self.child.wait().expect("wait");
+        std::mem::forget(self);
+        status
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn ok(o: &Output) -> String {
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "stdout {} stderr {}",
+        stdout(o),
+        stderr(o)
+    );
+    stdout(o)
+}
+
+fn json_of(o: &Output) -> J {
+    serde_json::from_str(ok(o).trim()).expect("json output")
+}
+
+#[test]
+fn client_commands_print_tables_json_and_exit_codes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = Daemon::start(dir.path(), &[]);
+    assert!(ok(&d.run(&["inc", "gcounter/visits", "3"])).contains("applied 1"));
+    ok(&d.run(&["inc", "pncounter/stock", "5"]));
+    ok(&d.run(&["dec", "pncounter/stock", "7"]));
+    ok(&d.run(&["add", "orset/online", "alice"]));
+    ok(&d.run(&["add", "orset/online", "bob"]));
+    ok(&d.run(&["remove", "orset/online", "alice"]));
+    ok(&d.run(&["set", "lww/config", r#"{"mode":"fast"}"#]));
+    assert_eq!(
+        json_of(&d.run(&["--json", "get", "gcounter/visits"])),
+        json!({"type":"gcounter","key":"visits","value":3})
+    );
+    assert_eq!(
+        json_of(&d.run(&["get", "--json", "pncounter/stock"]))["value"],
+        -2
+    );
+    assert_eq!(
+        json_of(&d.run(&["--json", "get", "orset/online"]))["value"],
+        json!(["bob"])
+    );
+    assert_eq!(
+        json_of(&d.run(&["--json", "get", "lww/config"]))["value"],
+        json!({"mode":"fast"})
+    );
+    let table = ok(&d.run(&["get", "orset/online"]));
+    assert_eq!(
+        table.lines().collect::<Vec<_>>(),
+        ["TYPE   KEY     VALUE", r#"orset  online  ["bob"]"#]
+    );
+    let list = ok(&d.run(&["list"]));
+    assert_eq!(list.lines().count(), 5, "{list}");
+    let listed = json_of(&d.run(&["--json", "list", "--type", "orset"]));
+    assert_eq!(listed["keys"][0]["key"], "online");
+    ok(&d.run(&["delete", "orset/online"]));
+    assert_eq!(
+        json_of(&d.run(&["--json", "get", "orset/online"]))["value"],
+        json!([])
+    );
+    let status = ok(&d.run(&["status"]));
+    assert!(
+        status.contains("NODE") && status.contains("true"),
+        "{status}"
+    );
+    assert_eq!(json_of(&d.run(&["--json", "status"]))["ready"], true);
+    // Rejected by the node: exit 1, the message on stderr.
+    let o = d.run(&["add", "gcounter/visits", "x"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("type_mismatch"), "{}", stderr(&o));
+    let o = d.run(&["delete", "gcounter/visits"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("counter_not_deletable"));
+    let o = d.run(&["view", "clicks_per_page"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("view_not_found"));
+    // Usage errors: exit 2.
+    assert_eq!(d.run(&["get", "visits"]).status.code(), Some(2));
+    assert_eq!(d.run(&["get", "sparkles/x"]).status.code(), Some(2));
+    assert_eq!(d.run(&["frobnicate"]).status.code(), Some(2));
+    assert_eq!(d.run(&["set", "lww/x", "not json"]).status.code(), Some(2));
+    // Unreachable node: exit 1.
+    let o = Command::new(BIN)
+        .args(["--url", "http://127.0.0.1:9", "get", "gcounter/x"])
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(d.terminate().code(), Some(0));
+}
+
+#[test]
+fn ingest_reports_accepted_duplicates_and_rejected_lines() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = Daemon::start(dir.path(), &[]);
+    let mut file = String::new();
+    for seq in 1..=2500 {
+        if seq == 700 {
+            file.push_str("{\"source\":\"app\",\"seq\":\"seven hundred\"}\n");
+        } else if seq == 1800 {
+            file.push_str("{not json\n");
+        } else {
+            file.push_str(&format!(
+                "{{\"source\":\"app\",\"seq\":{seq},\"ops\":[{{\"type\":\"gcounter\",\"key\":\"events\",\"op\":\"inc\"}}]}}\n"
+            ));
+        }
+    }
+    let path = dir.path().join("events.ndjson");
+    std::fs::write(&path, &file).expect("write");
+    let path = path.to_string_lossy().into_owned();
+    let o = d.run(&["ingest", "--stream", "clicks", &path]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "rejected lines make the exit status 1"
+    );
+    assert!(
+        stdout(&o).starts_with("accepted 2498, duplicates 0, late 0, rejected 2"),
+        "{}",
+        stdout(&o)
+    );
+    let err = stderr(&o);
+    assert!(
+        err.contains("rejected line 700:") && err.contains("field seq"),
+        "{err}"
+    );
+    assert!(
+        err.contains("rejected line 1800:") && err.contains("invalid_json"),
+        "{err}"
+    );
+    assert_eq!(
+        json_of(&d.run(&["--json", "get", "gcounter/events"]))["value"],
+        2498
+    );
+    // Again from stdin, as JSON: everything is a duplicate now.
+    let o = d.run_with_input(
+        &["--json", "ingest", "--stream", "clicks", "-"],
+        Some(file.as_bytes()),
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let summary: J = serde_json::from_str(stdout(&o).trim()).expect("json");
+    assert_eq!(summary["accepted"], 0);
+    assert_eq!(summary["duplicates"], 2498);
+    assert_eq!(summary["rejected"].as_array().map(Vec::len), Some(2));
+    assert_eq!(summary["rejected"][0]["line"], 700);
+    // Not a terminal: no progress bar escape codes on stdout.
+    assert!(!stdout(&o).contains('\u{1b}'));
+    assert_eq!(
+        json_of(&d.run(&["--json", "get", "gcounter/events"]))["value"],
+        2498
+    );
+    // A clean file: exit 0.
+    let o = d.run_with_input(
+        &["ingest", "--stream", "clicks", "-"],
+        Some(b"{\"source\":\"other\",\"seq\":1}\n"),
+    );
+    assert!(ok(&o).starts_with("accepted 1, duplicates 0, late 0, rejected 0"));
+}
+
+/// A raw HTTP/1.1 exchange (`Connection: close`): the whole answer.
+fn raw(url: &str, request: &str) -> String {
+    use std::io::Read;
+    let addr = url.trim_start_matches("http://");
+    let mut c = std::net::TcpStream::connect(addr).expect("connect");
+    c.write_all(request.as_bytes()).expect("send");
+    let mut out = String::new();
+    let _ = c.read_to_string(&mut out);
+    out
+}
+
+#[test]
+fn ingest_retries_429_until_accepted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = Daemon::start(dir.path(), &["--set", "http.concurrency_max=1"]);
+    // Hold the only request slot with an ingest whose body has not ended.
+    let addr = d.url.trim_start_matches("http://").to_owned();
+    let mut hold = std::net::TcpStream::connect(&addr).expect("connect");
+    write!(
+        hold,
+        "POST /v1/streams/h/events HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    .expect("send");
+    let body: String = (1..=100)
+        .map(|seq| {
+            format!(
+                "{{\"source\":\"c\",\"seq\":{seq},\"ops\":[{{\"type\":\"gcounter\",\"key\":\"n\",\"op\":\"inc\"}}]}}\n"
+            )
+        })
+        .collect();
+    let mut child = Command::new(BIN)
+        .args(["--url", &d.url, "ingest", "--stream", "s", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(body.as_bytes())
+        .expect("stdin");
+    // Wait until the node has refused the client at least twice (it is retrying).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let metrics = raw(
+            &d.url,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        );
+        let refused = metrics
+            .lines()
+            .find(|l| l.starts_with("tidemark_http_rejected_total{reason=\"concurrency\"}"))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        if refused >= 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the client was never refused"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Release the slot: the client's retry gets through.
+    write!(hold, "0\r\n\r\n").expect("finish");
+    let o = child.wait_with_output().expect("wait");
+    assert!(
+        ok(&o).starts_with("accepted 100, duplicates 0"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(
+        json_of(&d.run(&["--json", "get", "gcounter/n"]))["value"],
+        100
+    );
+}
+
+#[test]
+fn serve_config_token_and_clean_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    // --print-config shows the effective config (file, then flags), token redacted.
+    let conf = dir.path().join("tidemark.toml");
+    std::fs::write(&conf, "[http]\ntoken = \"s3cret\"\nconcurrency_max = 7\n").expect("write");
+    let o = Command::new(BIN)
+        .args(["serve", "--print-config", "--config"])
+        .arg(&conf)
+        .args(["--set", "limits.batch_ops_max=500"])
+        .output()
+        .expect("run");
+    let printed = ok(&o);
+    assert!(printed.contains("concurrency_max = 7"), "{printed}");
+    assert!(printed.contains("batch_ops_max = 500"), "{printed}");
+    assert!(printed.contains("token = \"<redacted>\""), "{printed}");
+    // Unknown keys are rejected by name, as usage errors.
+    std::fs::write(
+        dir.path().join("bad.toml"),
+        "[http]\nlisten = \"127.0.0.1:0\"\ncolour = 1\n",
+    )
+    .expect("write");
+    let o = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(dir.path().join("bad.toml"))
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("`http.colour`"), "{}", stderr(&o));
+    // With the token: the client needs --token.
+    let d = Daemon::start(&data, &["--config", &conf.to_string_lossy()]);
+    let o = d.run(&["inc", "gcounter/x"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("401"), "{}", stderr(&o));
+    ok(&d.run(&["--token", "s3cret", "inc", "gcounter/x", "41"]));
+    ok(&d.run(&["--token", "s3cret", "inc", "gcounter/x"]));
+    // SIGTERM: exit 0 after a durable close; a restart sees every acknowledged write.
+    assert_eq!(d.terminate().code(), Some(0));
+    let d = Daemon::start(&data, &[]);
+    assert_eq!(
+        json_of(&d.run(&["--json", "get", "gcounter/x"]))["value"],
+        42
+    );
+    // The data directory is locked while the node runs.
+    let o = Command::new(BIN)
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--peer-listen",
+            "127.0.0.1:0",
+            "--data",
+        ])
+        .arg(&data)
+        .stdout(Stdio::null())
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("cannot open the node"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(d.terminate().code(), Some(0));
+    let _ = Duration::ZERO;
+}
+
+#[test]
+fn two_daemons_with_issued_certificates_converge() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    let certs = |args: &[&str]| {
+        let o = Command::new(BIN)
+            .arg("certs")
+            .args(args)
+            .output()
+            .expect("certs");
+        ok(&o)
+    };
+    certs(&["init", "--out", &p("ca")]);
+    certs(&[
+        "issue",
+        "--ca",
+        &p("ca"),
+        "--name",
+        "alpha",
+        "--out",
+        &p("alpha-tls"),
+    ]);
+    certs(&[
+        "issue",
+        "--ca",
+        &p("ca"),
+        "--name",
+        "beta",
+        "--out",
+        &p("beta-tls"),
+    ]);
+    // Refuses to overwrite a CA.
+    let again = Command::new(BIN)
+        .args(["certs", "init", "--out", &p("ca")])
+        .output()
+        .expect("run");
+    assert_eq!(again.status.code(), Some(1));
+    // alpha on a fixed free port so beta can join it.
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("free port")
+        .port();
+    let alpha_peer = format!("127.0.0.1:{port}");
+    let mut alpha = Command::new(BIN)
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--peer-listen",
+            &alpha_peer,
+            "--tls",
+            &p("alpha-tls"),
+            "--data",
+            &p("alpha"),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("alpha");
+    let mut line = String::new();
+    BufReader::new(alpha.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    assert!(line.contains("node alpha"), "{line}");
+    let alpha_url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .expect("url")
+        .to_owned();
+    let alpha = Daemon {
+        child: alpha,
+        url: alpha_url,
+    };
+    let beta = Daemon::start(
+        &dir.path().join("beta"),
+        &["--tls", &p("beta-tls"), "--join", &alpha_peer],
+    );
+    ok(&alpha.run(&["inc", "gcounter/hits", "2"]));
+    ok(&beta.run(&["inc", "gcounter/hits", "3"]));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    for d in [&alpha, &beta] {
+        loop {
+            let v = json_of(&d.run(&["--json", "get", "gcounter/hits"]))["value"].clone();
+            if v == 5 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "no convergence: {v}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+    let cluster = json_of(&beta.run(&["--json", "status"]));
+    assert_eq!(cluster["cluster"]["node"]["name"], "beta");
+    assert_eq!(
+        cluster["cluster"]["members"][0]["name"], "alpha",
+        "{cluster}"
+    );
+    assert_eq!(alpha.terminate().code(), Some(0));
+    assert_eq!(beta.terminate().code(), Some(0));
+}

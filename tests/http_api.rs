@@ -1,0 +1,603 @@
+//! Contract tests of every route of API.md: success shapes, each error code with the index,
+//! line or field named, nothing applied from a rejected batch, 401/413/429, and server-sent
+//! events delivering every change in order per key.
+
+mod http_support;
+
+use http_support::{Served, get, get_auth, post, post_auth, value};
+use serde_json::{Value as J, json};
+use std::io::{BufRead, BufReader, Write};
+use std::time::{Duration, Instant};
+
+#[test]
+fn ops_json_array_and_ndjson_apply_durably_and_read_back() {
+    let s = Served::start();
+    let a = post(
+        &s.url("/v1/ops"),
+        json!([
+            {"type":"gcounter","key":"visits","op":"inc","by":3},
+            {"type":"pncounter","key":"stock","op":"dec","by":2},
+            {"type":"orset","key":"online","op":"add","value":"alice"},
+            {"type":"orset","key":"online","op":"add","value":7},
+            {"type":"lww","key":"config","op":"set","value":{"mode":"fast"}},
+            {"type":"mvreg","key":"doc","op":"set","value":"draft 2"}
+        ])
+        .to_string(),
+    );
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.json, json!({"applied": 6, "duplicates": 0}));
+    let ndjson = "{\"type\":\"gcounter\",\"key\":\"visits\",\"op\":\"inc\"}\n\n\
+                  {\"type\":\"orset\",\"key\":\"online\",\"op\":\"remove\",\"value\":7}\n";
+    let a = post(&s.url("/v1/ops"), ndjson);
+    assert_eq!(a.json, json!({"applied": 2, "duplicates": 0}), "{a:?}");
+    assert_eq!(value(&s, "gcounter", "visits"), json!(4));
+    assert_eq!(value(&s, "pncounter", "stock"), json!(-2));
+    assert_eq!(value(&s, "orset", "online"), json!(["alice"]));
+    assert_eq!(value(&s, "lww", "config"), json!({"mode":"fast"}));
+    assert_eq!(value(&s, "mvreg", "doc"), json!(["draft 2"]));
+    let one = get(&s.url("/v1/keys/gcounter/visits"));
+    assert_eq!(
+        one.json,
+        json!({"type":"gcounter","key":"visits","value":4})
+    );
+    // Idempotent ops: a retry with the same (source, seq) is a no-op.
+    let op = json!([{"type":"gcounter","key":"once","op":"inc","by":5,"source":"app","seq":1}]);
+    assert_eq!(post(&s.url("/v1/ops"), op.to_string()).json["applied"], 1);
+    let again = post(&s.url("/v1/ops"), op.to_string());
+    assert_eq!(again.json, json!({"applied": 0, "duplicates": 1}));
+    assert_eq!(value(&s, "gcounter", "once"), json!(5));
+    // Delete of a set.
+    let del = post(
+        &s.url("/v1/ops"),
+        r#"[{"type":"orset","key":"online","op":"delete"}]"#,
+    );
+    assert_eq!(del.status, 200);
+    assert_eq!(value(&s, "orset", "online"), json!([]));
+    // Names with '/' and non-ASCII bytes round-trip through the path.
+    let name = "a/b c/é";
+    let w = post(
+        &s.url("/v1/ops"),
+        json!([{"type":"lww","key":name,"op":"set","value":1}]).to_string(),
+    );
+    assert_eq!(w.status, 200);
+    let read = get(&s.url("/v1/keys/lww/a/b%20c/%C3%A9"));
+    assert_eq!(read.json["key"], name, "{read:?}");
+    assert_eq!(read.json["value"], 1);
+    // The HTTP layer is thin: the embedded API sees the same state.
+    assert_eq!(
+        s.node
+            .get(&tidemark::Key::new(tidemark::KeyKind::GCounter, "visits"))
+            .ok(),
+        Some(tidemark::Value::GCounter(4))
+    );
+}
+
+/// Sends `body` to /v1/ops and checks status, code and `at`; then that nothing was applied.
+fn rejected(s: &Served, body: &str, status: u16, code: &str, at: &str) {
+    let a = post(&s.url("/v1/ops"), body);
+    assert_eq!((a.status, a.code(), a.at()), (status, code, at), "{a:?}");
+    assert!(
+        a.json["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty())
+    );
+    assert_eq!(
+        value(s, "gcounter", "untouched"),
+        json!(0),
+        "a rejected batch applied something"
+    );
+}
+
+#[test]
+fn rejected_batches_name_the_fault_and_apply_nothing() {
+    let s = Served::start_with(|n, _| n.limits.value_bytes_max = 64);
+    let inc = r#"{"type":"gcounter","key":"untouched","op":"inc","by":1}"#;
+    rejected(
+        &s,
+        &format!(r#"[{inc},{inc},{{"type":"gcounter","key":"x","op":"inc","by":0}}]"#),
+        400,
+        "invalid_op",
+        "index 2, field by",
+    );
+    rejected(
+        &s,
+        &format!(r#"[{inc},{{"type":"gcounter","key":"x","op":"add","value":"a"}}]"#),
+        409,
+        "type_mismatch",
+        "index 1, field op",
+    );
+    rejected(
+        &s,
+        &format!(r#"[{inc},{{"type":"pncounter","key":"x","op":"delete"}}]"#),
+        409,
+        "counter_not_deletable",
+        "index 1, field op",
+    );
+    rejected(
+        &s,
+        &format!(r#"[{inc},{{"type":"sparkles","key":"x","op":"inc"}}]"#),
+        400,
+        "invalid_op",
+        "index 1, field type",
+    );
+    rejected(
+        &s,
+        &format!(r#"[{inc},{{"type":"gcounter","key":"x","op":"inc","colour":"red"}}]"#),
+        400,
+        "invalid_op",
+        "index 1, field colour",
+    );
+    rejected(
+        &s,
+        &format!(r#"[{inc},{{"type":"gcounter","key":"x","op":"inc","by":"two"}}]"#),
+        400,
+        "invalid_op",
+        "index 1, field by",
+    );
+    rejected(
+        &s,
+        &format!(
+            r#"[{inc},{{"type":"lww","key":"x","op":"set","value":"{}"}}]"#,
+            "v".repeat(100)
+        ),
+        413,
+        "too_large",
+        "index 1, field value",
+    );
+    rejected(
+        &s,
+        &format!("[{inc},"),
+        400,
+        "invalid_json",
+        "line 1, column 57",
+    );
+    rejected(
+        &s,
+        &format!("{inc}\n{inc}\n{{\"type\": oops}}\n"),
+        400,
+        "invalid_json",
+        "line 3, column 10",
+    );
+    rejected(
+        &s,
+        &format!("{inc}\n\n{{\"type\":\"orset\",\"key\":\"x\",\"op\":\"add\"}}\n"),
+        400,
+        "invalid_op",
+        "line 3, field value",
+    );
+    rejected(&s, "  ", 400, "empty_body", "");
+}
+
+#[test]
+fn body_and_header_limits_answer_413() {
+    let s = Served::start_with(|_, h| {
+        h.body_bytes_max = 1024;
+        h.header_bytes_max = 2048;
+    });
+    let big = format!(
+        "[{}]",
+        vec![r#"{"type":"gcounter","key":"untouched","op":"inc"}"#; 40].join(",")
+    );
+    let a = post(&s.url("/v1/ops"), &big);
+    assert_eq!((a.status, a.code()), (413, "body_too_large"), "{a:?}");
+    assert_eq!(value(&s, "gcounter", "untouched"), json!(0));
+    let a = http_support::get_auth(&s.url("/v1/keys"), Some(&"t".repeat(4000)));
+    assert_eq!((a.status, a.code()), (413, "headers_too_large"), "{a:?}");
+}
+
+#[test]
+fn keys_are_listed_in_pages_with_a_cursor() {
+    let s = Served::start();
+    let mut ops = Vec::new();
+    for name in ["a1", "a2", "a3", "b1"] {
+        ops.push(json!({"type":"gcounter","key":name,"op":"inc"}));
+    }
+    ops.push(json!({"type":"orset","key":"a4","op":"add","value":"x"}));
+    assert_eq!(
+        post(&s.url("/v1/ops"), J::from(ops).to_string()).status,
+        200
+    );
+    // Every type, pages of two, following `next` to the end.
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..10 {
+        let url = match &after {
+            Some(a) => s.url(&format!("/v1/keys?prefix=a&limit=2&after={a}")),
+            None => s.url("/v1/keys?prefix=a&limit=2"),
+        };
+        let page = get(&url);
+        assert_eq!(page.status, 200, "{page:?}");
+        for k in page.json["keys"].as_array().cloned().unwrap_or_default() {
+            seen.push(format!(
+                "{}/{}={}",
+                k["type"].as_str().unwrap_or(""),
+                k["key"].as_str().unwrap_or(""),
+                k["value"]
+            ));
+        }
+        match page.json["next"].as_str() {
+            Some(n) => after = Some(n.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            "gcounter/a1=1",
+            "gcounter/a2=1",
+            "gcounter/a3=1",
+            "orset/a4=[\"x\"]"
+        ]
+    );
+    let only = get(&s.url("/v1/keys?type=orset"));
+    assert_eq!(
+        only.json,
+        json!({"keys":[{"type":"orset","key":"a4","value":["x"]}],"next":null})
+    );
+    let a = get(&s.url("/v1/keys?limit=0"));
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (400, "invalid_query", "query limit")
+    );
+    let a = get(&s.url("/v1/keys?type=sparkles"));
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (404, "unknown_type", "query type")
+    );
+    let a = get(&s.url("/v1/keys/sparkles/x"));
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (404, "unknown_type", "path type")
+    );
+}
+
+#[test]
+fn streamed_events_are_idempotent_and_errors_name_the_line() {
+    let s = Served::start_with(|_, h| {
+        h.ingest_batch_events = 2;
+        h.line_bytes_max = 256;
+    });
+    let url = s.url("/v1/streams/clicks/events");
+    let ev = |seq: u64| {
+        format!(
+            r#"{{"source":"web-1","seq":{seq},"time":"2026-11-29T10:00:00.123Z","page":"/","ops":[{{"type":"gcounter","key":"clicks","op":"inc"}}]}}"#
+        )
+    };
+    let body: String = (1..=5).map(|i| ev(i) + "\n").collect();
+    let a = post(&url, &body);
+    assert_eq!(
+        a.json,
+        json!({"accepted": 5, "duplicates": 0, "late": 0}),
+        "{a:?}"
+    );
+    assert_eq!(value(&s, "gcounter", "clicks"), json!(5));
+    // A retry of the same events (plus one new) applies only the new one.
+    let body: String = (1..=6).map(|i| ev(i) + "\n").collect();
+    let a = post(&url, &body);
+    assert_eq!(
+        a.json,
+        json!({"accepted": 1, "duplicates": 5, "late": 0}),
+        "{a:?}"
+    );
+    assert_eq!(value(&s, "gcounter", "clicks"), json!(6));
+    // A bad line: batches before it are committed (and reported), nothing at or after it.
+    let body = format!(
+        "{}\n{}\n{}\n{{\"source\":\"web-1\"}}\n{}\n",
+        ev(7),
+        ev(8),
+        ev(9),
+        ev(10)
+    );
+    let a = post(&url, &body);
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (400, "invalid_event", "line 4, field seq"),
+        "{a:?}"
+    );
+    assert_eq!(a.json["committed"]["accepted"], 2);
+    assert_eq!(a.json["committed"]["committed_lines"], 2);
+    assert_eq!(value(&s, "gcounter", "clicks"), json!(8));
+    // Malformed JSON names the line; an over-long line answers 413 naming it.
+    let a = post(&url, format!("{}\n{{nope\n", ev(20)));
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (400, "invalid_json", "line 2, column 2"),
+        "{a:?}"
+    );
+    let long = format!(r#"{{"source":"x","seq":1,"pad":"{}"}}"#, "p".repeat(300));
+    let a = post(&url, format!("{}\n{long}\n", ev(21)));
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (413, "line_too_large", "line 2"),
+        "{a:?}"
+    );
+    let a = post(
+        &url,
+        format!("{}\n", r#"{"source":"x","seq":1,"time":"yesterday"}"#),
+    );
+    assert_eq!((a.status, a.at()), (400, "line 1, field time"), "{a:?}");
+    let a = post(
+        &url,
+        r#"{"source":"x","seq":1,"ops":[{"type":"gcounter","key":"k","op":"add","value":1}]}"#,
+    );
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (409, "type_mismatch", "line 1, field op"),
+        "{a:?}"
+    );
+}
+
+/// Reads server-sent events from a watch until `count` data lines arrived.
+fn read_events(reader: &mut impl BufRead, count: usize, deadline: Instant) -> Vec<(String, J)> {
+    let mut out = Vec::new();
+    let mut event = String::new();
+    let mut line = String::new();
+    while out.len() < count {
+        assert!(Instant::now() < deadline, "watch delivered only {out:?}");
+        line.clear();
+        if reader.read_line(&mut line).expect("read watch") == 0 {
+            break;
+        }
+        if let Some(name) = line.strip_prefix("event:") {
+            event = name.trim().to_owned();
+        } else if let Some(data) = line.strip_prefix("data:") {
+            out.push((
+                event.clone(),
+                serde_json::from_str(data.trim()).expect("json"),
+            ));
+        }
+    }
+    out
+}
+
+/// Opens a watch over a raw socket and waits until the server registered it.
+fn open_watch(s: &Served, query: &str) -> BufReader<std::net::TcpStream> {
+    let mut sock = std::net::TcpStream::connect(s.addr).expect("connect");
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    write!(sock, "GET /v1/watch?{query} HTTP/1.1\r\nHost: x\r\n\r\n").expect("send");
+    let mut reader = BufReader::new(sock);
+    let mut line = String::new();
+    // Headers, then the ": watching" comment that follows the subscription.
+    loop {
+        line.clear();
+        assert!(
+            reader.read_line(&mut line).expect("read") > 0,
+            "watch closed"
+        );
+        if line.starts_with(": watching") {
+            return reader;
+        }
+    }
+}
+
+#[test]
+fn watch_delivers_every_change_in_order_per_key() {
+    let s = Served::start();
+    let mut watch = open_watch(&s, "prefix=w-");
+    let n = 30;
+    for i in 0..n {
+        // Alternate keys, one write per request; also a key outside the prefix.
+        let key = if i % 2 == 0 { "w-a" } else { "w-b" };
+        let body = json!([
+            {"type":"gcounter","key":key,"op":"inc"},
+            {"type":"gcounter","key":"other","op":"inc"}
+        ]);
+        assert_eq!(post(&s.url("/v1/ops"), body.to_string()).status, 200);
+    }
+    let events = read_events(&mut watch, n, Instant::now() + Duration::from_secs(20));
+    let mut per_key: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+    for (name, data) in &events {
+        assert_eq!(name, "change");
+        per_key
+            .entry(data["key"].as_str().unwrap_or("").to_owned())
+            .or_default()
+            .push(data["value"].as_u64().unwrap_or(0));
+    }
+    let expect: Vec<u64> = (1..=n as u64 / 2).collect();
+    assert_eq!(per_key.get("w-a"), Some(&expect));
+    assert_eq!(per_key.get("w-b"), Some(&expect));
+    assert_eq!(per_key.len(), 2, "a key outside the prefix was delivered");
+    // The type filter.
+    let mut typed = open_watch(&s, "type=orset");
+    let body = json!([
+        {"type":"gcounter","key":"x","op":"inc"},
+        {"type":"orset","key":"x","op":"add","value":"v"}
+    ]);
+    assert_eq!(post(&s.url("/v1/ops"), body.to_string()).status, 200);
+    let events = read_events(&mut typed, 1, Instant::now() + Duration::from_secs(20));
+    assert_eq!(events[0].1, json!({"type":"orset","key":"x","value":["v"]}));
+}
+
+#[test]
+fn a_lagging_watcher_is_told_so() {
+    let s = Served::start_with(|n, _| n.limits.watch_buffer_max = 1);
+    let mut watch = open_watch(&s, "");
+    // 5,000 changes (one per key) are published at once by one commit; a buffer of one cannot
+    // hold them.
+    let ops: Vec<J> = (0..5000)
+        .map(|i| json!({"type":"gcounter","key":format!("k{i:04}"),"op":"inc"}))
+        .collect();
+    assert_eq!(
+        post(&s.url("/v1/ops"), J::from(ops).to_string()).status,
+        200
+    );
+    let events = read_events(&mut watch, 1, Instant::now() + Duration::from_secs(20));
+    assert_eq!(events[0].0, "lagged", "{events:?}");
+    assert!(events[0].1["missed"].as_u64().is_some_and(|m| m > 0));
+}
+
+#[test]
+fn token_guards_every_route_but_healthz() {
+    let s = Served::start_with(|_, h| h.token = Some("s3cret".into()));
+    for path in [
+        "/v1/keys",
+        "/v1/keys/gcounter/x",
+        "/v1/cluster",
+        "/metrics",
+        "/readyz",
+        "/v1/watch",
+        "/v1/views/v",
+    ] {
+        let a = get(&s.url(path));
+        assert_eq!((a.status, a.code()), (401, "unauthorized"), "{path}: {a:?}");
+        let a = get_auth(&s.url(path), Some("wrong"));
+        assert_eq!(a.status, 401, "{path}");
+    }
+    let a = post(
+        &s.url("/v1/ops"),
+        r#"[{"type":"gcounter","key":"x","op":"inc"}]"#,
+    );
+    assert_eq!(a.status, 401);
+    let a = post_auth(&s.url("/v1/streams/s/events"), "{}", None);
+    assert_eq!(a.status, 401);
+    assert_eq!(get(&s.url("/healthz")).status, 200);
+    let a = post_auth(
+        &s.url("/v1/ops"),
+        r#"[{"type":"gcounter","key":"x","op":"inc"}]"#,
+        Some("s3cret"),
+    );
+    assert_eq!(a.status, 200);
+    let a = get_auth(&s.url("/v1/keys/gcounter/x"), Some("s3cret"));
+    assert_eq!(a.json["value"], 1);
+    // The console page is static and asks for the token itself.
+    let page = get(&s.url("/"));
+    assert_eq!(page.status, 200);
+    assert!(page.content_type.starts_with("text/html"));
+}
+
+#[test]
+fn over_the_concurrency_limit_answers_429_with_retry_after() {
+    let s = Served::start_with(|_, h| {
+        h.concurrency_max = 1;
+        h.retry_after_secs = 3;
+    });
+    // Hold the only slot: an ingest whose body never ends.
+    let mut slow = std::net::TcpStream::connect(s.addr).expect("connect");
+    write!(
+        slow,
+        "POST /v1/streams/s/events HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    .expect("send");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let busy = loop {
+        let a = get(&s.url("/v1/keys"));
+        if a.status == 429 {
+            break a;
+        }
+        assert_eq!(a.status, 200);
+        assert!(Instant::now() < deadline, "never saw 429");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(busy.code(), "overloaded");
+    assert_eq!(busy.retry_after.as_deref(), Some("3"));
+    // Probes are not counted against the limit.
+    assert_eq!(get(&s.url("/healthz")).status, 200);
+    // Finish the held request (an empty chunked body): the slot frees.
+    write!(slow, "0\r\n\r\n").expect("finish");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get(&s.url("/v1/keys")).status != 200 {
+        assert!(Instant::now() < deadline, "slot never freed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn probes_cluster_metrics_views_and_console() {
+    let s = Served::start();
+    assert_eq!(get(&s.url("/healthz")).json, json!({"status":"ok"}));
+    assert_eq!(get(&s.url("/readyz")).json, json!({"status":"ready"}));
+    let body = r#"[{"type":"gcounter","key":"m","op":"inc"},{"type":"gcounter","key":"m","op":"inc"},{"type":"gcounter","key":"m","op":"inc"}]"#;
+    assert_eq!(post(&s.url("/v1/ops"), body).status, 200);
+    let c = get(&s.url("/v1/cluster"));
+    assert_eq!(c.status, 200);
+    assert_eq!(c.json["node"]["replica"], s.node.replica_id().to_string());
+    assert_eq!(c.json["node"]["http"], s.addr.to_string());
+    assert_eq!(c.json["node"]["log"]["end"], 1);
+    assert_eq!(c.json["members"], json!([]));
+    let m = get(&s.url("/metrics"));
+    assert_eq!(m.status, 200);
+    assert!(
+        m.text
+            .contains("tidemark_writes_total{result=\"applied\"} 3"),
+        "{}",
+        m.text
+    );
+    assert!(m.text.contains("tidemark_commits_total 1"), "{}", m.text);
+    assert!(
+        m.text
+            .contains("tidemark_http_requests_total{route=\"/v1/ops\",status=\"200\"} 1"),
+        "{}",
+        m.text
+    );
+    assert!(m.text.contains("tidemark_store_bytes "));
+    let v = get(&s.url("/v1/views/clicks_per_page"));
+    assert_eq!((v.status, v.code()), (404, "view_not_found"));
+    let nf = get(&s.url("/v2/nothing"));
+    assert_eq!((nf.status, nf.code()), (404, "not_found"));
+    let page = get(&s.url("/"));
+    assert!(page.text.contains("Tidemark"));
+}
+
+#[test]
+fn shutdown_finishes_in_flight_requests_durably_and_refuses_new_ones() {
+    let mut s = Served::start_with(|_, h| h.concurrency_max = 1);
+    let mut sock = std::net::TcpStream::connect(s.addr).expect("connect");
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let ev = |seq: u64| {
+        format!(
+            "{{\"source\":\"s\",\"seq\":{seq},\"ops\":[{{\"type\":\"gcounter\",\"key\":\"inflight\",\"op\":\"inc\"}}]}}\n"
+        )
+    };
+    let first = ev(1);
+    write!(
+        sock,
+        "POST /v1/streams/s/events HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{first}\r\n",
+        first.len()
+    )
+    .expect("send");
+    // Wait until the request is in its handler (it holds the only request slot), then stop.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get(&s.url("/v1/keys")).status != 429 {
+        assert!(Instant::now() < deadline, "request never in flight");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    s.begin_stop();
+    // New connections are refused once the listener is closed.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(s.addr).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "still accepting after shutdown began"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The in-flight request finishes and is answered after its durable commit.
+    let second = ev(2);
+    write!(sock, "{:x}\r\n{second}\r\n0\r\n\r\n", second.len()).expect("send rest");
+    let mut answer = String::new();
+    let mut buf = [0u8; 1024];
+    while !answer.contains("late") {
+        let n = std::io::Read::read(&mut sock, &mut buf).expect("read");
+        assert!(n > 0, "closed before answering: {answer}");
+        answer.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"accepted\":2"), "{answer}");
+    drop(sock);
+    s.wait_stopped();
+    // Reopened, the node has both events.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let dir = s.data_dir();
+    rt.block_on(async {
+        let node = tidemark::Node::open(tidemark::NodeConfig::new(dir))
+            .await
+            .expect("reopen");
+        let v = node
+            .get(&tidemark::Key::new(tidemark::KeyKind::GCounter, "inflight"))
+            .expect("get");
+        assert_eq!(v, tidemark::Value::GCounter(2));
+        node.shutdown().await.expect("shutdown");
+    });
+}

@@ -1,0 +1,217 @@
+//! Helpers of the HTTP tests: a node + HTTP server running in-process on a loopback port, and
+//! a small blocking client (ureq) that returns status, headers and JSON.
+#![allow(dead_code)]
+
+use serde_json::Value as J;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tidemark::http::{HttpConfig, HttpServer};
+use tidemark::{Node, NodeConfig};
+
+/// A served node; shut down (HTTP drained, node closed) on drop.
+pub struct Served {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// The node (for direct checks).
+    pub node: Node,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Served {
+    /// Starts a node with default settings, HTTP on a free loopback port.
+    pub fn start() -> Self {
+        Self::start_with(|_, _| {})
+    }
+
+    /// Starts a node after `tune` adjusted its node and HTTP settings.
+    pub fn start_with(tune: impl FnOnce(&mut NodeConfig, &mut HttpConfig)) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut node_config = NodeConfig::new(dir.path());
+        let mut http = HttpConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            ..HttpConfig::default()
+        };
+        tune(&mut node_config, &mut http);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let node = Node::open(node_config).await.expect("open node");
+                let server = HttpServer::bind(node.clone(), http).await.expect("bind");
+                ready_tx
+                    .send((server.local_addr(), node.clone()))
+                    .expect("ready");
+                server
+                    .run(async {
+                        let _ = stop_rx.await;
+                    })
+                    .await
+                    .expect("serve");
+                node.shutdown().await.expect("shutdown");
+            });
+        });
+        let (addr, node) = ready_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("server start");
+        Self {
+            addr,
+            node,
+            stop: Some(stop),
+            thread: Some(thread),
+            _dir: dir,
+        }
+    }
+
+    /// `http://addr`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Stops the server and the node, waiting for both.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    /// Signals the server to stop (stop accepting, finish in-flight requests) without waiting.
+    pub fn begin_stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    /// Waits until the server thread has drained and closed the node.
+    pub fn wait_stopped(&mut self) {
+        self.shutdown();
+    }
+
+    /// The node's data directory.
+    pub fn data_dir(&self) -> std::path::PathBuf {
+        self._dir.path().to_path_buf()
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            t.join().expect("server thread");
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// An answer: status, `Retry-After` and the JSON body (`Null` when not JSON).
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub retry_after: Option<String>,
+    pub content_type: String,
+    pub json: J,
+    pub text: String,
+}
+
+impl Answer {
+    /// `error.code` of an error body.
+    pub fn code(&self) -> &str {
+        self.json["error"]["code"].as_str().unwrap_or("")
+    }
+    /// `error.at` of an error body.
+    pub fn at(&self) -> &str {
+        self.json["error"]["at"].as_str().unwrap_or("")
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into()
+}
+
+fn answer(resp: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Answer {
+    let mut resp = resp.expect("request");
+    let status = resp.status().as_u16();
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let retry_after = header("retry-after");
+    let content_type = header("content-type").unwrap_or_default();
+    let text = resp
+        .body_mut()
+        .with_config()
+        .limit(256 * 1024 * 1024)
+        .read_to_string()
+        .expect("body");
+    let json = serde_json::from_str(&text).unwrap_or(J::Null);
+    Answer {
+        status,
+        retry_after,
+        content_type,
+        json,
+        text,
+    }
+}
+
+/// `GET url` with an optional bearer token.
+pub fn get_auth(url: &str, token: Option<&str>) -> Answer {
+    let mut req = agent().get(url);
+    if let Some(t) = token {
+        req = req.header("Authorization", format!("Bearer {t}"));
+    }
+    answer(req.call())
+}
+
+/// `GET url`.
+pub fn get(url: &str) -> Answer {
+    get_auth(url, None)
+}
+
+/// `POST url` with `body`.
+pub fn post(url: &str, body: impl AsRef<[u8]>) -> Answer {
+    post_auth(url, body, None)
+}
+
+/// `POST url` with `body` and an optional bearer token.
+pub fn post_auth(url: &str, body: impl AsRef<[u8]>, token: Option<&str>) -> Answer {
+    let mut req = agent().post(url).content_type("application/json");
+    if let Some(t) = token {
+        req = req.header("Authorization", format!("Bearer {t}"));
+    }
+    answer(req.send(body.as_ref()))
+}
+
+/// The JSON value of `type/name`.
+pub fn value(s: &Served, kind: &str, name: &str) -> J {
+    let a = get(&s.url(&format!("/v1/keys/{kind}/{name}")));
+    assert_eq!(a.status, 200, "{a:?}");
+    a.json["value"].clone()
+}
+
+/// Resident memory of this process in bytes (Linux).
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
