@@ -677,7 +677,28 @@ impl Replica {
         let transfer = self.next_transfer;
         self.next_transfer += 1;
         let (_, end) = store.log_bounds();
-        self.peer_mut(id).transfer = Some(OutTransfer::new(transfer, store.context().clone(), end));
+        // Every chunk is read now, with the context and marks: the transfer is one consistent
+        // state (issue 11, defect 8), whatever this node joins while it is under way.
+        let target = self.config.message_bytes_target;
+        let mut reads = VecDeque::new();
+        let mut after: Option<Key> = None;
+        loop {
+            let read = store.read_chunk(after.as_ref(), target)?;
+            let done = read.done || read.last_key.is_none();
+            after.clone_from(&read.last_key);
+            reads.push_back(read);
+            if done {
+                break;
+            }
+        }
+        let marks = store.dedup_marks()?;
+        self.peer_mut(id).transfer = Some(OutTransfer::new(
+            transfer,
+            store.context().clone(),
+            end,
+            reads,
+            marks,
+        ));
         self.stats.transfers_started += 1;
         self.events
             .push_back(Event::TransferStarted { to: id, transfer });
@@ -690,18 +711,6 @@ impl Replica {
         id: PeerId,
         store: &mut S,
     ) -> Result<(), S::Error> {
-        let target = self.config.message_bytes_target;
-        let after = match self.peers.get(&id).and_then(|p| p.transfer.as_ref()) {
-            Some(t) => t.after.clone(),
-            None => return Ok(()),
-        };
-        let read = store.read_chunk(after.as_ref(), target)?;
-        let last = read.done || read.last_key.is_none();
-        let marks = if last {
-            Some(store.dedup_marks()?)
-        } else {
-            None
-        };
         let log = store.replica_id();
         let epoch = self.epoch;
         let rto = self.rto(self.peers.get(&id).map_or(0, |p| p.timeouts_in_row));
@@ -709,6 +718,11 @@ impl Replica {
         let Some(t) = p.transfer.as_mut() else {
             return Ok(());
         };
+        let Some(read) = t.reads.pop_front() else {
+            return Ok(());
+        };
+        let last = read.done || read.last_key.is_none();
+        let marks = if last { t.marks.take() } else { None };
         let sent = t.chunk(epoch, log, read, marks);
         let msg = sent.msg.clone();
         p.inflight = Some((
@@ -936,10 +950,13 @@ impl Replica {
             );
             return Ok(());
         }
-        let current = self.incoming.get(&from).copied();
-        let same = current.filter(|s| s.is(epoch, log, transfer));
-        if let Some(s) = same {
-            if index < s.next {
+        let same = self
+            .incoming
+            .get(&from)
+            .filter(|s| s.is(epoch, log, transfer))
+            .map(|s| s.next);
+        if let Some(next) = same {
+            if index < next {
                 // A duplicate of a chunk already applied: acknowledge it again.
                 self.send(
                     from,
@@ -953,7 +970,7 @@ impl Replica {
             }
         }
         let expected = match same {
-            Some(s) => index == s.next,
+            Some(next) => index == next,
             None => index == 0,
         };
         if !expected {
@@ -962,6 +979,36 @@ impl Replica {
             return Ok(());
         }
         let last = chunk.last;
+        let mut held = match self.incoming.remove(&from) {
+            Some(s) if same.is_some() => s.held,
+            _ => Vec::new(),
+        };
+        if !last {
+            // Held until the last chunk: the chunks are joined together, in one durable join,
+            // so no part of the transfer is applied or forwarded without the rest of its state.
+            held.push(chunk);
+            self.stats.chunks_applied += 1;
+            self.incoming.insert(
+                from,
+                InTransfer {
+                    epoch,
+                    log,
+                    transfer,
+                    next: index.saturating_add(1),
+                    held,
+                },
+            );
+            self.send(
+                from,
+                Message::ChunkAck {
+                    epoch,
+                    transfer,
+                    index,
+                },
+            );
+            return Ok(());
+        }
+        let chunk = crate::proto::transfer::merge_chunks(held, chunk);
         let cursor = last.then_some((log, end));
         match store.apply_chunk(from, chunk, cursor, now.wall_ms)? {
             Ok(outcome) => {
@@ -975,22 +1022,9 @@ impl Replica {
                         changed: outcome.changed,
                     });
                 }
-                if last {
-                    self.incoming.remove(&from);
-                    self.completed_transfer.insert(from, (log, epoch, transfer));
-                    self.stats.transfers_received += 1;
-                    self.events.push_back(Event::TransferReceived { from });
-                } else {
-                    self.incoming.insert(
-                        from,
-                        InTransfer {
-                            epoch,
-                            log,
-                            transfer,
-                            next: index.saturating_add(1),
-                        },
-                    );
-                }
+                self.completed_transfer.insert(from, (log, epoch, transfer));
+                self.stats.transfers_received += 1;
+                self.events.push_back(Event::TransferReceived { from });
                 self.send(
                     from,
                     Message::ChunkAck {

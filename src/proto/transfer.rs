@@ -1,6 +1,15 @@
-//! Chunked state transfer bookkeeping (DESIGN.md C4, state-driven): the sender's cursor through
-//! its key space and the receiver's expected chunk. Volatile on both sides: a restart on either
-//! side makes the receiver answer `ChunkNack` (or the sender time out) and the transfer restarts.
+//! Chunked state transfer bookkeeping (DESIGN.md C4, state-driven): the sender's snapshot and
+//! where it is, and the receiver's expected chunk and the chunks it holds. Volatile on both
+//! sides: a restart on either side makes the receiver answer `ChunkNack` (or the sender time
+//! out) and the transfer restarts.
+//!
+//! A transfer is ONE consistent state `(entries, context)` split into messages (issue 11,
+//! defect 8): the sender reads every chunk when the transfer starts (so no chunk reflects an
+//! op its context lacks), and the receiver joins the chunks only when the last one arrived, in
+//! one durable join (so no entry is ever held, or logged for forwarding, without the dots it
+//! retired and without the dots that justify the removals next to it).
+
+use std::collections::VecDeque;
 
 use crate::model::StateChunk;
 use crate::proto::Message;
@@ -29,10 +38,20 @@ pub(crate) struct OutTransfer {
     pub index: u32,
     /// The chunk in flight, if any.
     pub sent: Option<SentChunk>,
+    /// The chunks not yet sent, all read together with `ctx` when the transfer started.
+    pub reads: VecDeque<crate::proto::ChunkRead>,
+    /// The dedup marks read with them (sent in the final chunk).
+    pub marks: Option<tidemark_crdts::DedupMarks>,
 }
 
 impl OutTransfer {
-    pub fn new(id: u64, ctx: CausalContext, end: u64) -> Self {
+    pub fn new(
+        id: u64,
+        ctx: CausalContext,
+        end: u64,
+        reads: VecDeque<crate::proto::ChunkRead>,
+        marks: tidemark_crdts::DedupMarks,
+    ) -> Self {
         Self {
             id,
             ctx,
@@ -40,6 +59,8 @@ impl OutTransfer {
             after: None,
             index: 0,
             sent: None,
+            reads,
+            marks: Some(marks),
         }
     }
 
@@ -77,13 +98,35 @@ impl OutTransfer {
     }
 }
 
-/// An incoming transfer: which chunk we expect next from one sender.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// An incoming transfer: which chunk we expect next from one sender, and the chunks received
+/// so far (joined together when the last one arrives).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct InTransfer {
     pub epoch: u64,
     pub log: ReplicaId,
     pub transfer: u64,
     pub next: u32,
+    pub held: Vec<StateChunk>,
+}
+
+/// Joins the chunks of one transfer, in order, into the one chunk they split: every entry, the
+/// first chunk's lower bound, the last chunk's upper bound, context and marks.
+pub(crate) fn merge_chunks(held: Vec<StateChunk>, last: StateChunk) -> StateChunk {
+    let mut out = StateChunk {
+        after: held
+            .first()
+            .map_or_else(|| last.after.clone(), |c| c.after.clone()),
+        upto: last.upto,
+        entries: Vec::new(),
+        ctx: last.ctx,
+        marks: last.marks,
+        last: last.last,
+    };
+    for c in held {
+        out.entries.extend(c.entries);
+    }
+    out.entries.extend(last.entries);
+    out
 }
 
 impl InTransfer {

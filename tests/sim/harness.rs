@@ -10,7 +10,7 @@ use tidemark::config::Limits;
 use tidemark::proto::{
     Event, MemStateStore, Message, Now, PeerId, Replica, ReplicaConfig, ReplicaStats, StateStore,
 };
-use tidemark_crdts::{CausalContext, Key, Mutation, ReplicaId};
+use tidemark_crdts::{CausalContext, DotStore, Entry, Key, Mutation, ReplicaId};
 
 pub const BASE_WALL_MS: u64 = 1_700_000_000_000;
 
@@ -44,12 +44,18 @@ pub struct Node {
     pub last_hlc: (u64, u32),
     /// Stats of the replicas of earlier boots.
     pub past_stats: Vec<ReplicaStats>,
+    /// The acknowledged ops whose effects the harness delivered to this node (its own, and
+    /// those a delta or chunk carried whose sender had them): the oracle's happens-before,
+    /// independent of what the node's context claims.
+    pub delivered: CausalContext,
 }
 
 struct Packet {
     from: usize,
     to: usize,
     msg: Message,
+    /// The ops whose effects the sender held when it sent (deltas and chunks only).
+    delivered: Option<CausalContext>,
 }
 
 /// How often the interesting cases happened.
@@ -168,6 +174,7 @@ impl Sim {
                 last_ctx: CausalContext::new(),
                 last_hlc: (0, 0),
                 past_stats: Vec::new(),
+                delivered: CausalContext::new(),
             });
         }
         let mut sim = Self {
@@ -295,12 +302,15 @@ impl Sim {
                 delay += self.rng.random_range(0..=self.faults.delay_max_ms);
             }
             self.net_seq += 1;
+            let delivered = matches!(msg, Message::Delta { .. } | Message::Chunk { .. })
+                .then(|| self.nodes[from].delivered.clone());
             self.net.insert(
                 (self.now + delay, self.net_seq),
                 Packet {
                     from,
                     to,
                     msg: msg.clone(),
+                    delivered,
                 },
             );
         }
@@ -342,6 +352,41 @@ impl Sim {
             node.last_ctx.is_subset(node.store.context()),
             "node {i}: the context shrank"
         );
+        // A causal counter holds at most one live dot per replica (its running total).
+        for (key, entry) in node.store.entries() {
+            let mut replicas = Vec::new();
+            match entry {
+                Entry::GCounter(f) => replicas.extend(f.iter().map(|(d, _)| d.replica)),
+                Entry::PNCounter(f) => replicas.extend(f.iter().map(|(d, _)| d.replica)),
+                _ => {}
+            }
+            let n = replicas.len();
+            replicas.dedup();
+            assert_eq!(
+                replicas.len(),
+                n,
+                "node {i}: {key} holds two live dots of one replica: {entry:?}"
+            );
+        }
+        let mut live = CausalContext::new();
+        for e in node.store.entries().values() {
+            e.for_each_dot(&mut |d| {
+                live.insert(d);
+            });
+        }
+        let contexts: Vec<&CausalContext> = self.nodes.iter().map(|n| n.store.context()).collect();
+        if let Some(op) = self.oracle.unwitnessed_retirement(
+            &self.nodes[i].delivered,
+            &live,
+            contexts.into_iter(),
+        ) {
+            panic!(
+                "node {i}: {:?} {:?} on {} was retired, but no node holds a dot that retired it \
+                 (an effect whose dot is in no context)",
+                op.dot, op.mutation, op.key
+            );
+        }
+        let node = &mut self.nodes[i];
         let hlc = node.store.hlc_mark();
         assert!(hlc >= node.last_hlc, "node {i}: the HLC went back");
         node.last_hlc = hlc;
@@ -362,7 +407,11 @@ impl Sim {
             Ok(delta) => {
                 let me = node.store.replica_id();
                 node.replica.handle_local_commit(now);
-                self.oracle.record_batch(me, &before, &ops, &delta);
+                self.oracle
+                    .record_batch(me, &before, &self.nodes[i].delivered, &ops, &delta);
+                for d in delta.context().iter_dots().filter(|d| d.replica == me) {
+                    self.nodes[i].delivered.insert(d);
+                }
                 if self.measure {
                     self.delta_bytes +=
                         codec::encoded_len("delta", &delta).expect("encodable") as u64;
@@ -416,7 +465,7 @@ impl Sim {
         self.counts.wipes += 1;
         let others: Vec<CausalContext> = (0..self.n())
             .filter(|j| *j != i)
-            .map(|j| self.nodes[j].store.context().clone())
+            .map(|j| self.nodes[j].delivered.clone())
             .collect();
         self.counts.ops_lost += self.oracle.mark_lost(old, others.iter());
         self.net.retain(|_, p| p.from != i);
@@ -427,6 +476,11 @@ impl Sim {
         node.store = store;
         node.last_ctx = CausalContext::new();
         node.last_hlc = (0, 0);
+        node.delivered = CausalContext::new();
+        // The wiped node's retirements are visible elsewhere only through their witnesses.
+        for j in 0..self.n() {
+            self.check_invariants(j);
+        }
     }
 
     fn restart(&mut self, i: usize) {
@@ -570,13 +624,45 @@ impl Sim {
                 self.mix(&bytes);
                 let now = self.now_of(p.to);
                 let from = PeerId(p.from as u64);
+                let carried = p.delivered.map(|sender| self.carried(&p.msg, &sender));
                 let node = &mut self.nodes[p.to];
                 node.replica
                     .handle_message(now, from, p.msg, &mut node.store)
                     .expect("memory store does not fail");
+                if let Some(carried) = carried {
+                    // Only what the receiver took in (a dropped gap or stale delta brings nothing).
+                    let got = carried.intersection(node.store.context());
+                    node.delivered.join(&got);
+                }
                 self.after_input(p.to);
             }
         }
+    }
+
+    /// The acknowledged ops whose effects `msg` carries, given what its sender held: a delta
+    /// carries every op its context names, and so does the last chunk of a transfer (for the
+    /// whole transfer); earlier chunks carry nothing yet.
+    fn carried(&self, msg: &Message, sender: &CausalContext) -> CausalContext {
+        let mut out = CausalContext::new();
+        match msg {
+            Message::Delta { delta, .. } => {
+                for d in delta.context().iter_dots() {
+                    if sender.contains(&d) {
+                        out.insert(d);
+                    }
+                }
+            }
+            // The chunks of a transfer are joined together when the last one arrives.
+            Message::Chunk { chunk, .. } if chunk.last => {
+                for d in chunk.ctx.iter_dots() {
+                    if sender.contains(&d) {
+                        out.insert(d);
+                    }
+                }
+            }
+            _ => {}
+        }
+        out
     }
 
     /// Runs internal events up to `until` (inclusive) and sets the clock there.
