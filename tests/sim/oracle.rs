@@ -112,6 +112,11 @@ impl Oracle {
         }
     }
 
+    /// True when the op with this dot was lost (or never acknowledged).
+    pub fn is_lost(&self, dot: &Dot) -> bool {
+        self.by_dot.get(dot).is_none_or(|i| self.ops[*i].lost)
+    }
+
     /// "No effect is visible whose dot is in no context": every op whose effect reached a node
     /// (`delivered`) and that is no longer live there (`live`) must have been retired by an op
     /// that some node still durably holds (`contexts`). Returns the first op breaking it.
