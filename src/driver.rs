@@ -635,6 +635,25 @@ impl StateStore for Served<'_> {
         self.store.read_chunk(after, bytes_max)
     }
 
+    fn read_chunk_from(
+        &mut self,
+        after: Option<&Key>,
+        resume: Option<&(Key, tidemark_crdts::Dot)>,
+        bytes_max: usize,
+    ) -> Result<ChunkRead, StoreError> {
+        self.sync()?;
+        self.store.read_chunk_from(after, resume, bytes_max)
+    }
+
+    fn read_marks(
+        &mut self,
+        after: Option<&(String, String)>,
+        bytes_max: usize,
+    ) -> Result<crate::proto::MarksRead, StoreError> {
+        self.sync()?;
+        self.store.read_marks(after, bytes_max)
+    }
+
     fn apply_chunk(
         &mut self,
         origin: PeerId,

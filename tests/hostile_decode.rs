@@ -144,6 +144,7 @@ fn chunk_of(s: &Store, marks: DedupMarks, last: bool) -> StateChunk {
         ctx: s.context().clone(),
         marks,
         last,
+        dots: None,
     }
 }
 
@@ -487,6 +488,7 @@ fn a_dot_twice_in_a_chunk_or_delta_is_rejected_at_admission() {
         ctx: CausalContext::from_dot(d),
         marks: DedupMarks::new(),
         last: true,
+        dots: None,
     };
     // The chunk's entries are not inside a causal pair: the codec lets them through...
     let bytes = codec::encode("chunk", &chunk).expect("encodes");
