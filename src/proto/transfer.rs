@@ -242,3 +242,67 @@ impl InTransfer {
         self.epoch == epoch && self.log == log && self.transfer == transfer
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::merge_chunks;
+    use crate::model::{DotSlice, StateChunk};
+    use tidemark_crdts::{
+        CausalContext, DedupMarks, Dot, DotFun, DotStore, Entry, Key, KeyKind, ReplicaId,
+    };
+
+    fn mv(dots: &[Dot]) -> Entry {
+        let mut e = Entry::bottom(KeyKind::MvReg);
+        for d in dots {
+            let one = Entry::MvReg(DotFun::single(*d, format!("\"{}\"", d.seq)));
+            let (mine, theirs) = (e.dots(), one.dots());
+            e.join(&mine, one, &theirs);
+        }
+        e
+    }
+
+    fn part(key: &Key, dots: &[Dot], slice: DotSlice, ctx: &CausalContext) -> StateChunk {
+        StateChunk {
+            after: None,
+            upto: Some(key.clone()),
+            entries: vec![(key.clone(), mv(dots))],
+            ctx: ctx.clone(),
+            marks: DedupMarks::new(),
+            last: false,
+            dots: Some(slice),
+        }
+    }
+
+    /// The dot slices of one row join back into the row; parts that overlap, leave a gap or
+    /// stop before the open last part are refused.
+    #[test]
+    fn merge_joins_row_parts_and_refuses_overlaps_and_gaps() {
+        let r = ReplicaId::from_bytes([7; 16]);
+        let d: Vec<Dot> = (1..=4).map(|s| Dot::new(r, s)).collect();
+        let key = Key::new(KeyKind::MvReg, "big");
+        let ctx = mv(&d).dots();
+        let slice = |after: Option<Dot>, upto: Option<Dot>| DotSlice { after, upto };
+        let first = part(&key, &d[..2], slice(None, Some(d[1])), &ctx);
+        let mut rest = part(&key, &d[2..], slice(Some(d[1]), None), &ctx);
+        rest.last = true;
+        let merged = merge_chunks(vec![first.clone()], rest.clone()).expect("contiguous parts");
+        assert_eq!(merged.entries, vec![(key.clone(), mv(&d))]);
+        assert_eq!((merged.after, merged.upto, merged.dots), (None, None, None));
+        // A gap (the second part starts after d[2], not d[1]).
+        let mut gap = part(&key, &d[3..], slice(Some(d[2]), None), &ctx);
+        gap.last = true;
+        assert!(merge_chunks(vec![first.clone()], gap).is_err());
+        // An overlap (the second part restarts at the beginning).
+        let mut overlap = part(&key, &d[1..], slice(None, None), &ctx);
+        overlap.last = true;
+        assert!(merge_chunks(vec![first.clone()], overlap).is_err());
+        // The row's last part never came.
+        let marks_only = StateChunk {
+            entries: Vec::new(),
+            dots: None,
+            last: true,
+            ..rest
+        };
+        assert!(merge_chunks(vec![first], marks_only).is_err());
+    }
+}
