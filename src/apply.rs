@@ -293,8 +293,8 @@ pub fn validate_chunk(
         if chunk.upto.as_ref().is_some_and(|u| key > u) {
             return Err(Rejected::BadChunk("entry beyond the chunk's range"));
         }
-        // Entries may carry dots newer than the transfer's starting context.
-        check_entry(key, entry, None, limits)?;
+        // A transfer is read together with its context: every dot is inside it.
+        check_entry(key, entry, Some(&chunk.ctx), limits)?;
         if let Some(slice) = &chunk.dots {
             let mut inside = true;
             entry.for_each_dot(&mut |d| inside &= slice.contains(&d));

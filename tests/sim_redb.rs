@@ -824,7 +824,7 @@ impl Sim {
             .delta
             .expect("the group's log entry");
         node.acked_max_seq = node.acked_max_seq.max(base + ops.len() as u64);
-        self.oracle.record_batch(me, before, &ops, &delta);
+        self.oracle.record_batch(me, before, before, &ops, &delta);
         for (k, (key, m)) in ops.iter().enumerate() {
             self.issue(Dot::new(me, base + 1 + k as u64), key, m);
         }

@@ -9,7 +9,7 @@
 use crate::apply::Rejected;
 use crate::proto::peers::{Inflight, Peer, PeerCursor};
 use crate::proto::transfer::{InTransfer, OutTransfer};
-use crate::proto::{Message, PeerId, StateStore};
+use crate::proto::{ChunkRead, MarksRead, Message, PeerId, StateStore};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, VecDeque};
@@ -804,7 +804,32 @@ impl Replica {
         let transfer = self.next_transfer;
         self.next_transfer += 1;
         let (_, end) = store.log_bounds();
-        self.peer_mut(id).transfer = Some(OutTransfer::new(transfer, store.context().clone(), end));
+        // Every chunk is read now, with the context and marks: the transfer is one consistent
+        // state (issue 11, defect 8), whatever this node joins while it is under way. Each
+        // chunk is within the message target (large rows in dot slices, marks in pages).
+        let ctx = store.context().clone();
+        // Every chunk carries the transfer's context: the rows and marks get what is left of the
+        // target (at least a quarter of it, so a transfer always progresses).
+        let ctx_bytes = crate::codec::encoded_len("transfer context", &ctx).unwrap_or(0);
+        let target = self
+            .config
+            .message_bytes_target
+            .saturating_sub(ctx_bytes)
+            .max(self.config.message_bytes_target / 4);
+        let log = store.replica_id();
+        let mut t = OutTransfer::new(transfer, ctx, end);
+        loop {
+            let (rows, marks) = read_piece(store, &t.pos, target)?;
+            let sent = t.chunk(self.epoch, log, rows, marks);
+            t.pos = sent.next.clone();
+            t.index = t.index.saturating_add(1);
+            let last = sent.last;
+            t.queue.push_back(sent);
+            if last {
+                break;
+            }
+        }
+        self.peer_mut(id).transfer = Some(t);
         self.stats.transfers_started += 1;
         self.events
             .push_back(Event::TransferStarted { to: id, transfer });
@@ -815,45 +840,16 @@ impl Replica {
         &mut self,
         now: u64,
         id: PeerId,
-        store: &mut S,
+        _store: &mut S,
     ) -> Result<(), S::Error> {
-        let (pos, ctx_bytes) = match self.peers.get(&id).and_then(|p| p.transfer.as_ref()) {
-            Some(t) => (
-                t.pos.clone(),
-                crate::codec::encoded_len("transfer context", &t.ctx).unwrap_or(0),
-            ),
-            None => return Ok(()),
-        };
-        // Every chunk carries the transfer's context: the rows and marks get what is left of
-        // the target (at least a quarter of it, so a transfer always progresses).
-        let target = self
-            .config
-            .message_bytes_target
-            .saturating_sub(ctx_bytes)
-            .max(self.config.message_bytes_target / 4);
-        // Rows first (large rows in dot slices), then dedup marks in pages with whatever room
-        // the chunk has left: every chunk stays within the target (issue 11, 2c/2d).
-        let (rows, used) = if pos.rows_done {
-            (None, 0)
-        } else {
-            let read = store.read_chunk_from(pos.after.as_ref(), pos.resume.as_ref(), target)?;
-            let used = crate::codec::encoded_len("chunk entries", &read.entries).unwrap_or(target);
-            (Some(read), used)
-        };
-        let rows_done = rows.as_ref().is_none_or(OutTransfer::rows_finished);
-        let marks = if rows_done {
-            Some(store.read_marks(pos.marks_after.as_ref(), target.saturating_sub(used))?)
-        } else {
-            None
-        };
-        let log = store.replica_id();
-        let epoch = self.epoch;
         let rto = self.rto(self.peers.get(&id).map_or(0, |p| p.timeouts_in_row));
         let p = self.peer_mut(id);
         let Some(t) = p.transfer.as_mut() else {
             return Ok(());
         };
-        let sent = t.chunk(epoch, log, rows, marks);
+        let Some(sent) = t.queue.pop_front() else {
+            return Ok(());
+        };
         let msg = sent.msg.clone();
         p.inflight = Some((
             Inflight::Chunk {
@@ -1098,10 +1094,13 @@ impl Replica {
             );
             return Ok(());
         }
-        let current = self.incoming.get(&from).copied();
-        let same = current.filter(|s| s.is(epoch, log, transfer));
-        if let Some(s) = same {
-            if index < s.next {
+        let same = self
+            .incoming
+            .get(&from)
+            .filter(|s| s.is(epoch, log, transfer))
+            .map(|s| s.next);
+        if let Some(next) = same {
+            if index < next {
                 // A duplicate of a chunk already applied: acknowledge it again.
                 self.send(
                     from,
@@ -1115,7 +1114,7 @@ impl Replica {
             }
         }
         let expected = match same {
-            Some(s) => index == s.next,
+            Some(next) => index == next,
             None => index == 0,
         };
         if !expected {
@@ -1124,8 +1123,41 @@ impl Replica {
             return Ok(());
         }
         let last = chunk.last;
+        let mut held = match self.incoming.remove(&from) {
+            Some(s) if same.is_some() => s.held,
+            _ => Vec::new(),
+        };
+        if !last {
+            // Held until the last chunk: the chunks are joined together, in one durable join,
+            // so no part of the transfer is applied or forwarded without the rest of its state.
+            held.push(chunk);
+            self.stats.chunks_applied += 1;
+            self.incoming.insert(
+                from,
+                InTransfer {
+                    epoch,
+                    log,
+                    transfer,
+                    next: index.saturating_add(1),
+                    held,
+                },
+            );
+            self.send(
+                from,
+                Message::ChunkAck {
+                    epoch,
+                    transfer,
+                    index,
+                },
+            );
+            return Ok(());
+        }
         let cursor = last.then_some((log, end));
-        match store.apply_chunk(from, chunk, cursor, now.wall_ms)? {
+        let applied = match crate::proto::transfer::merge_chunks(held, chunk) {
+            Ok(chunk) => store.apply_chunk(from, chunk, cursor, now.wall_ms)?,
+            Err(reason) => Err(reason),
+        };
+        match applied {
             Ok(outcome) => {
                 self.stats.chunks_applied += 1;
                 self.stats.hlc_rejected =
@@ -1137,22 +1169,9 @@ impl Replica {
                         changed: outcome.changed,
                     });
                 }
-                if last {
-                    self.incoming.remove(&from);
-                    self.completed_transfer.insert(from, (log, epoch, transfer));
-                    self.stats.transfers_received += 1;
-                    self.events.push_back(Event::TransferReceived { from });
-                } else {
-                    self.incoming.insert(
-                        from,
-                        InTransfer {
-                            epoch,
-                            log,
-                            transfer,
-                            next: index.saturating_add(1),
-                        },
-                    );
-                }
+                self.completed_transfer.insert(from, (log, epoch, transfer));
+                self.stats.transfers_received += 1;
+                self.events.push_back(Event::TransferReceived { from });
                 self.send(
                     from,
                     Message::ChunkAck {
@@ -1208,8 +1227,6 @@ impl Replica {
             self.events
                 .push_back(Event::TransferCompleted { to: from, transfer });
         } else {
-            t.pos = sent.next.clone();
-            t.index += 1;
             t.sent = None;
         }
         self.pump(now.mono_ms, from, store)
@@ -1441,4 +1458,28 @@ mod origin_tag_tests {
         let to_new = store.log_interval(0, Some(p), 1 << 20).expect("mem");
         assert_eq!(keys(&to_new.delta), vec!["k2".to_owned()]);
     }
+}
+
+/// Reads the next chunk's contents at `pos`: rows first (large rows in dot slices), then dedup
+/// marks in pages with whatever room the chunk has left, so every chunk stays within the
+/// target (issue 11, 2c/2d).
+fn read_piece<S: StateStore>(
+    store: &mut S,
+    pos: &crate::proto::transfer::Position,
+    target: usize,
+) -> Result<(Option<ChunkRead>, Option<MarksRead>), S::Error> {
+    let (rows, used) = if pos.rows_done {
+        (None, 0)
+    } else {
+        let read = store.read_chunk_from(pos.after.as_ref(), pos.resume.as_ref(), target)?;
+        let used = crate::codec::encoded_len("chunk entries", &read.entries).unwrap_or(target);
+        (Some(read), used)
+    };
+    let rows_done = rows.as_ref().is_none_or(OutTransfer::rows_finished);
+    let marks = if rows_done {
+        Some(store.read_marks(pos.marks_after.as_ref(), target.saturating_sub(used))?)
+    } else {
+        None
+    };
+    Ok((rows, marks))
 }

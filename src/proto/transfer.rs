@@ -1,6 +1,15 @@
-//! Chunked state transfer bookkeeping (DESIGN.md C4, state-driven): the sender's cursor through
-//! its key space and the receiver's expected chunk. Volatile on both sides: a restart on either
-//! side makes the receiver answer `ChunkNack` (or the sender time out) and the transfer restarts.
+//! Chunked state transfer bookkeeping (DESIGN.md C4, state-driven): the sender's snapshot and
+//! where it is, and the receiver's expected chunk and the chunks it holds. Volatile on both
+//! sides: a restart on either side makes the receiver answer `ChunkNack` (or the sender time
+//! out) and the transfer restarts.
+//!
+//! A transfer is ONE consistent state `(entries, context)` split into messages (issue 11,
+//! defect 8): the sender reads every chunk when the transfer starts (so no chunk reflects an
+//! op its context lacks), and the receiver joins the chunks only when the last one arrived, in
+//! one durable join (so no entry is ever held, or logged for forwarding, without the dots it
+//! retired and without the dots that justify the removals next to it).
+
+use std::collections::VecDeque;
 
 use crate::model::StateChunk;
 use crate::proto::{ChunkRead, MarksRead, Message};
@@ -44,6 +53,8 @@ pub(crate) struct OutTransfer {
     pub index: u32,
     /// The chunk in flight, if any.
     pub sent: Option<SentChunk>,
+    /// The chunks not yet sent, all read together with `ctx` when the transfer started.
+    pub queue: VecDeque<SentChunk>,
 }
 
 /// The bound of the empty key range `(k, k]` of chunks that carry only dedup marks: such a
@@ -61,6 +72,7 @@ impl OutTransfer {
             pos: Position::default(),
             index: 0,
             sent: None,
+            queue: VecDeque::new(),
         }
     }
 
@@ -144,18 +156,153 @@ impl OutTransfer {
     }
 }
 
-/// An incoming transfer: which chunk we expect next from one sender.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// An incoming transfer: which chunk we expect next from one sender, and the chunks received
+/// so far (joined together when the last one arrives).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct InTransfer {
     pub epoch: u64,
     pub log: ReplicaId,
     pub transfer: u64,
     pub next: u32,
+    pub held: Vec<StateChunk>,
+}
+
+/// Joins the chunks of one transfer, in order, into the one state they split: the sender's
+/// whole key range, every entry (the dot slices of one large row joined back into one entry:
+/// they are disjoint parts of one snapshot entry), every page of dedup marks, and the context
+/// (every chunk carries the same one; the last chunk's is taken).
+///
+/// # Errors
+/// Parts of a row that overlap or are out of order, or entries outside their chunk's slice:
+/// nothing is returned, and the transfer is rejected.
+pub(crate) fn merge_chunks(
+    held: Vec<StateChunk>,
+    last: StateChunk,
+) -> Result<StateChunk, crate::apply::Rejected> {
+    use tidemark_crdts::DotStore;
+    let bad = crate::apply::Rejected::BadChunk;
+    let mut entries: Vec<(Key, tidemark_crdts::Entry)> = Vec::new();
+    let mut marks = tidemark_crdts::DedupMarks::new();
+    // A large row in progress: its key and the last dot of the parts seen so far.
+    let mut open_row: Option<(Key, Dot)> = None;
+    let ctx = last.ctx.clone();
+    for c in held.into_iter().chain(std::iter::once(last)) {
+        marks.join(&c.marks);
+        let Some(slice) = c.dots else {
+            if open_row.is_some() {
+                return Err(bad("a large row's parts end before its last part"));
+            }
+            entries.extend(c.entries);
+            continue;
+        };
+        // A part of a large row: the chunk's range ends at the row's key.
+        let Some(key) = c.upto else {
+            return Err(bad("a dot slice without its row's key"));
+        };
+        let continuing = match &open_row {
+            Some((k, upto)) if *k == key && slice.after == Some(*upto) => true,
+            None if slice.after.is_none() => false,
+            _ => return Err(bad("a large row's parts overlap or leave a gap")),
+        };
+        for (k, entry) in c.entries {
+            let mut inside = k == key;
+            entry.for_each_dot(&mut |d| inside &= slice.contains(&d));
+            if !inside {
+                return Err(bad("entry outside the chunk's row or dot slice"));
+            }
+            match entries.last_mut() {
+                Some((prev, e)) if continuing && *prev == key => {
+                    // Disjoint dots: joining under each side's own dots is their union.
+                    let mine = e.dots();
+                    let theirs = entry.dots();
+                    e.join(&mine, entry, &theirs);
+                }
+                _ => entries.push((k, entry)),
+            }
+        }
+        open_row = slice.upto.map(|d| (key, d));
+    }
+    if open_row.is_some() {
+        return Err(bad("a large row's parts end before its last part"));
+    }
+    Ok(StateChunk {
+        after: None,
+        upto: None,
+        entries,
+        ctx,
+        marks,
+        last: true,
+        dots: None,
+    })
 }
 
 impl InTransfer {
     /// Same transfer (sender incarnation, log and id)?
     pub fn is(&self, epoch: u64, log: ReplicaId, transfer: u64) -> bool {
         self.epoch == epoch && self.log == log && self.transfer == transfer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_chunks;
+    use crate::model::{DotSlice, StateChunk};
+    use tidemark_crdts::{
+        CausalContext, DedupMarks, Dot, DotFun, DotStore, Entry, Key, KeyKind, ReplicaId,
+    };
+
+    fn mv(dots: &[Dot]) -> Entry {
+        let mut e = Entry::bottom(KeyKind::MvReg);
+        for d in dots {
+            let one = Entry::MvReg(DotFun::single(*d, format!("\"{}\"", d.seq)));
+            let (mine, theirs) = (e.dots(), one.dots());
+            e.join(&mine, one, &theirs);
+        }
+        e
+    }
+
+    fn part(key: &Key, dots: &[Dot], slice: DotSlice, ctx: &CausalContext) -> StateChunk {
+        StateChunk {
+            after: None,
+            upto: Some(key.clone()),
+            entries: vec![(key.clone(), mv(dots))],
+            ctx: ctx.clone(),
+            marks: DedupMarks::new(),
+            last: false,
+            dots: Some(slice),
+        }
+    }
+
+    /// The dot slices of one row join back into the row; parts that overlap, leave a gap or
+    /// stop before the open last part are refused.
+    #[test]
+    fn merge_joins_row_parts_and_refuses_overlaps_and_gaps() {
+        let r = ReplicaId::from_bytes([7; 16]);
+        let d: Vec<Dot> = (1..=4).map(|s| Dot::new(r, s)).collect();
+        let key = Key::new(KeyKind::MvReg, "big");
+        let ctx = mv(&d).dots();
+        let slice = |after: Option<Dot>, upto: Option<Dot>| DotSlice { after, upto };
+        let first = part(&key, &d[..2], slice(None, Some(d[1])), &ctx);
+        let mut rest = part(&key, &d[2..], slice(Some(d[1]), None), &ctx);
+        rest.last = true;
+        let merged = merge_chunks(vec![first.clone()], rest.clone()).expect("contiguous parts");
+        assert_eq!(merged.entries, vec![(key.clone(), mv(&d))]);
+        assert_eq!((merged.after, merged.upto, merged.dots), (None, None, None));
+        // A gap (the second part starts after d[2], not d[1]).
+        let mut gap = part(&key, &d[3..], slice(Some(d[2]), None), &ctx);
+        gap.last = true;
+        assert!(merge_chunks(vec![first.clone()], gap).is_err());
+        // An overlap (the second part restarts at the beginning).
+        let mut overlap = part(&key, &d[1..], slice(None, None), &ctx);
+        overlap.last = true;
+        assert!(merge_chunks(vec![first.clone()], overlap).is_err());
+        // The row's last part never came.
+        let marks_only = StateChunk {
+            entries: Vec::new(),
+            dots: None,
+            last: true,
+            ..rest
+        };
+        assert!(merge_chunks(vec![first], marks_only).is_err());
     }
 }

@@ -1,16 +1,19 @@
-//! A deterministic cluster of [`Replica`]s over [`MemStateStore`]s and a simulated network in
-//! virtual time. Everything random comes from one `ChaCha8Rng`; all maps are `BTreeMap`s.
+//! A deterministic cluster of [`Replica`]s over the production redb store ([`SimStore`]) and a
+//! simulated network in virtual time. Everything random comes from one `ChaCha8Rng`; all maps
+//! are `BTreeMap`s.
 
 use super::oracle::Oracle;
+use super::store::SimStore;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
 use tidemark::codec;
 use tidemark::config::Limits;
 use tidemark::proto::{
-    Event, MemStateStore, Message, Now, PeerId, Replica, ReplicaConfig, ReplicaStats, StateStore,
+    Event, Message, Now, PeerId, Replica, ReplicaConfig, ReplicaStats, StateStore,
 };
-use tidemark_crdts::{CausalContext, Key, Mutation, ReplicaId};
+use tidemark::store::EventId;
+use tidemark_crdts::{CausalContext, DotStore, Entry, Key, Mutation, ReplicaId};
 
 pub const BASE_WALL_MS: u64 = 1_700_000_000_000;
 
@@ -32,7 +35,7 @@ pub enum NodeState {
 
 pub struct Node {
     pub peer: PeerId,
-    pub store: MemStateStore,
+    pub store: SimStore,
     pub replica: Replica,
     pub epoch: u64,
     pub state: NodeState,
@@ -41,15 +44,23 @@ pub struct Node {
     pub conn: Vec<bool>,
     /// Invariant baselines.
     pub last_ctx: CausalContext,
+    /// The log end when the state-wide invariants last ran.
+    pub checked_at: Option<u64>,
     pub last_hlc: (u64, u32),
     /// Stats of the replicas of earlier boots.
     pub past_stats: Vec<ReplicaStats>,
+    /// The acknowledged ops whose effects the harness delivered to this node (its own, and
+    /// those a delta or chunk carried whose sender had them): the oracle's happens-before,
+    /// independent of what the node's context claims.
+    pub delivered: CausalContext,
 }
 
 struct Packet {
     from: usize,
     to: usize,
     msg: Message,
+    /// The ops whose effects the sender held when it sent (deltas and chunks only).
+    delivered: Option<CausalContext>,
 }
 
 /// How often the interesting cases happened.
@@ -79,6 +90,10 @@ pub struct Counts {
     pub filtered: u64,
     pub stale_chunks: u64,
     pub transfers_behind_log: u64,
+    pub duplicate_events: u64,
+    pub events: u64,
+    pub large_values: u64,
+    pub large_batches: u64,
 }
 
 impl Counts {
@@ -108,7 +123,11 @@ impl Counts {
             chunk_nacks,
             filtered,
             stale_chunks,
-            transfers_behind_log
+            transfers_behind_log,
+            duplicate_events,
+            events,
+            large_values,
+            large_batches
         );
     }
 }
@@ -127,7 +146,6 @@ pub struct Sim {
     pub counts: Counts,
     pub cfg: ReplicaConfig,
     pub limits: Limits,
-    pub rr: bool,
     /// Bytes of every message sent (encoded), when measuring.
     pub measure: bool,
     pub bytes_sent: u64,
@@ -137,6 +155,8 @@ pub struct Sim {
     pub bytes_by_kind: BTreeMap<&'static str, (u64, u64)>,
     /// Check invariants after each event.
     pub check: bool,
+    /// Acknowledged events: id, ops, the first dot they took.
+    pub events: Vec<(EventId, Vec<(Key, Mutation)>, tidemark_crdts::Dot)>,
 }
 
 fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
@@ -159,15 +179,17 @@ impl Sim {
                 .collect();
             nodes.push(Node {
                 peer: PeerId(i as u64),
-                store: MemStateStore::new(replica_id, limits.clone()),
+                store: SimStore::new(replica_id, limits.clone()),
                 replica: Replica::new(cfg.clone(), 1, rng.random(), peers),
                 epoch: 1,
                 state: NodeState::Up,
                 skew_ms: 0,
                 conn: vec![false; n],
                 last_ctx: CausalContext::new(),
+                checked_at: None,
                 last_hlc: (0, 0),
                 past_stats: Vec::new(),
+                delivered: CausalContext::new(),
             });
         }
         let mut sim = Self {
@@ -183,25 +205,18 @@ impl Sim {
             counts: Counts::default(),
             cfg,
             limits,
-            rr: true,
             measure: false,
             bytes_sent: 0,
             bytes_to: vec![0; n],
             delta_bytes: 0,
             bytes_by_kind: BTreeMap::new(),
             check: true,
+            events: Vec::new(),
         };
         for i in 0..n {
             sim.sync_links(i);
         }
         sim
-    }
-
-    pub fn set_rr(&mut self, on: bool) {
-        self.rr = on;
-        for n in &mut self.nodes {
-            n.store.set_redundancy_removal(on);
-        }
     }
 
     pub fn n(&self) -> usize {
@@ -245,8 +260,8 @@ impl Sim {
                 let node = &mut self.nodes[i];
                 if want {
                     node.replica
-                        .peer_up(now, peer, &mut node.store)
-                        .expect("memory store does not fail");
+                        .peer_up(now, peer, &mut *node.store)
+                        .expect("the store does not fail");
                 } else {
                     node.replica.peer_down(now, peer);
                 }
@@ -272,8 +287,16 @@ impl Sim {
     }
 
     pub fn send(&mut self, from: usize, to: usize, msg: Message) {
+        // Every message fits in a frame; a larger one could never be sent (issue 11, defect 2).
+        let len = codec::encoded_len("message", &msg).expect("encodable");
+        assert!(
+            len <= self.limits.frame_bytes_max,
+            "node {from}: a {} message of {len} bytes exceeds frame_bytes_max {}",
+            msg.kind(),
+            self.limits.frame_bytes_max
+        );
         if self.measure {
-            let len = codec::encoded_len("message", &msg).expect("encodable") as u64;
+            let len = len as u64;
             self.bytes_sent += len;
             self.bytes_to[to] += len;
             let e = self.bytes_by_kind.entry(msg.kind()).or_default();
@@ -295,12 +318,15 @@ impl Sim {
                 delay += self.rng.random_range(0..=self.faults.delay_max_ms);
             }
             self.net_seq += 1;
+            let delivered = matches!(msg, Message::Delta { .. } | Message::Chunk { .. })
+                .then(|| self.nodes[from].delivered.clone());
             self.net.insert(
                 (self.now + delay, self.net_seq),
                 Packet {
                     from,
                     to,
                     msg: msg.clone(),
+                    delivered,
                 },
             );
         }
@@ -318,7 +344,7 @@ impl Sim {
                 self.nodes[i]
                     .store
                     .truncate_log(below)
-                    .expect("memory store does not fail");
+                    .expect("the store does not fail");
             }
         }
         if self.check {
@@ -328,10 +354,27 @@ impl Sim {
 
     /// G7 always-invariants for node `i` (the only node the last event touched).
     pub fn check_invariants(&mut self, i: usize) {
+        self.check_invariants_of(i, false);
+    }
+
+    /// As [`Sim::check_invariants`]; the state-wide checks run only when node `i`'s state
+    /// changed since they last ran (every state change is logged) or when `force`d.
+    fn check_invariants_of(&mut self, i: usize, force: bool) {
         let node = &mut self.nodes[i];
         let me = node.store.replica_id();
+        let end = node.store.log_bounds().1;
+        if !force && node.checked_at == Some(end) {
+            return;
+        }
+        node.checked_at = Some(end);
+        let entries = node.store.entries();
+        let ctx = node.store.context();
         assert!(
-            node.store.dots_within_context(),
+            entries.values().all(|e| {
+                let mut ok = true;
+                e.for_each_dot(&mut |d| ok &= ctx.contains(&d));
+                ok
+            }),
             "node {i}: a stored dot is outside the context"
         );
         assert!(
@@ -342,6 +385,41 @@ impl Sim {
             node.last_ctx.is_subset(node.store.context()),
             "node {i}: the context shrank"
         );
+        // A causal counter holds at most one live dot per replica (its running total).
+        for (key, entry) in &entries {
+            let mut replicas = Vec::new();
+            match entry {
+                Entry::GCounter(f) => replicas.extend(f.iter().map(|(d, _)| d.replica)),
+                Entry::PNCounter(f) => replicas.extend(f.iter().map(|(d, _)| d.replica)),
+                _ => {}
+            }
+            let n = replicas.len();
+            replicas.dedup();
+            assert_eq!(
+                replicas.len(),
+                n,
+                "node {i}: {key} holds two live dots of one replica: {entry:?}"
+            );
+        }
+        let mut live = CausalContext::new();
+        for e in entries.values() {
+            e.for_each_dot(&mut |d| {
+                live.insert(d);
+            });
+        }
+        let contexts: Vec<&CausalContext> = self.nodes.iter().map(|n| n.store.context()).collect();
+        if let Some(op) = self.oracle.unwitnessed_retirement(
+            &self.nodes[i].delivered,
+            &live,
+            contexts.into_iter(),
+        ) {
+            panic!(
+                "node {i}: {:?} {:?} on {} was retired, but no node holds a dot that retired it \
+                 (an effect whose dot is in no context)",
+                op.dot, op.mutation, op.key
+            );
+        }
+        let node = &mut self.nodes[i];
         let hlc = node.store.hlc_mark();
         assert!(hlc >= node.last_hlc, "node {i}: the HLC went back");
         node.last_hlc = hlc;
@@ -352,31 +430,80 @@ impl Sim {
 
     /// A client write on node `i`: acknowledged only once `apply_local` returned.
     pub fn client_write(&mut self, i: usize, ops: Vec<(Key, Mutation)>) -> bool {
+        self.client_write_event(i, ops, None) == Some(true)
+    }
+
+    /// A client write on node `i`, an idempotent event when `event` is given. `None` when the
+    /// node is down or the write was refused; `Some(false)` when it was a duplicate event (a
+    /// no-op); `Some(true)` when it was applied and acknowledged.
+    pub fn client_write_event(
+        &mut self,
+        i: usize,
+        ops: Vec<(Key, Mutation)>,
+        event: Option<EventId>,
+    ) -> Option<bool> {
         if !self.running(i) {
-            return false;
+            return None;
         }
         let now = self.now_of(i);
         let node = &mut self.nodes[i];
         let before = node.store.context().clone();
-        match node.store.apply_local(&ops, now.wall_ms) {
-            Ok(delta) => {
+        match node.store.apply_local(&ops, event.clone(), now.wall_ms) {
+            Ok(Some(delta)) => {
                 let me = node.store.replica_id();
                 node.replica.handle_local_commit(now);
-                self.oracle.record_batch(me, &before, &ops, &delta);
+                self.oracle
+                    .record_batch(me, &before, &self.nodes[i].delivered, &ops, &delta);
+                for d in delta.context().iter_dots().filter(|d| d.replica == me) {
+                    self.nodes[i].delivered.insert(d);
+                }
                 if self.measure {
                     self.delta_bytes +=
                         codec::encoded_len("delta", &delta).expect("encodable") as u64;
                 }
+                if let Some(ev) = event {
+                    self.events
+                        .push((ev, ops.clone(), before.next_dot(me).expect("a fresh dot")));
+                }
                 self.counts.ops_acked += ops.len() as u64;
                 self.mix(&codec::encode("delta", &delta).expect("encodable"));
                 self.after_input(i);
-                true
+                Some(true)
+            }
+            Ok(None) => {
+                assert!(event.is_some(), "a write without an event id was skipped");
+                assert_eq!(
+                    self.nodes[i].store.context(),
+                    &before,
+                    "node {i}: a duplicate event changed the context"
+                );
+                self.counts.duplicate_events += 1;
+                Some(false)
             }
             Err(_) => {
                 self.counts.ops_refused += ops.len() as u64;
-                false
+                None
             }
         }
+    }
+
+    /// After convergence, retries every acknowledged event whose ops survived at a random node:
+    /// each must be a duplicate (dedup marks replicated with the state) and change nothing.
+    pub fn retry_events(&mut self) {
+        let events = std::mem::take(&mut self.events);
+        for (ev, ops, first) in &events {
+            if self.oracle.is_lost(first) {
+                continue;
+            }
+            let i = self.rng.random_range(0..self.n());
+            let got = self.client_write_event(i, ops.clone(), Some(ev.clone()));
+            assert_eq!(
+                got,
+                Some(false),
+                "node {i}: retrying event {ev:?} after convergence was not a no-op"
+            );
+        }
+        self.events = events;
     }
 
     pub fn crash(&mut self, i: usize, down_ms: u64) {
@@ -390,12 +517,9 @@ impl Sim {
         }
         // Inputs not yet processed are lost with the process.
         self.net.retain(|_, p| p.to != i);
-        // G7.5: what a restart rebuilds from the durable image equals what was served.
-        let recovered = self.nodes[i].store.recover();
-        assert!(
-            recovered == self.nodes[i].store,
-            "node {i}: recovered state differs"
-        );
+        // G7.5: what a restart reopens from the durable image equals what was served.
+        let n = self.n();
+        let recovered = self.nodes[i].store.reopen(n);
         self.nodes[i].store = recovered;
         self.nodes[i].state = NodeState::Crashed {
             restart_at: self.now + down_ms,
@@ -416,17 +540,21 @@ impl Sim {
         self.counts.wipes += 1;
         let others: Vec<CausalContext> = (0..self.n())
             .filter(|j| *j != i)
-            .map(|j| self.nodes[j].store.context().clone())
+            .map(|j| self.nodes[j].delivered.clone())
             .collect();
         self.counts.ops_lost += self.oracle.mark_lost(old, others.iter());
         self.net.retain(|_, p| p.from != i);
         let id = ReplicaId(self.rng.random());
-        let mut store = MemStateStore::new(id, self.limits.clone());
-        store.set_redundancy_removal(self.rr);
         let node = &mut self.nodes[i];
-        node.store = store;
+        node.store = SimStore::new(id, self.limits.clone());
         node.last_ctx = CausalContext::new();
+        node.checked_at = None;
         node.last_hlc = (0, 0);
+        node.delivered = CausalContext::new();
+        // The wiped node's retirements are visible elsewhere only through their witnesses.
+        for j in 0..self.n() {
+            self.check_invariants_of(j, true);
+        }
     }
 
     fn restart(&mut self, i: usize) {
@@ -544,8 +672,8 @@ impl Sim {
                 let now = self.now_of(i);
                 let node = &mut self.nodes[i];
                 node.replica
-                    .handle_timeout(now, &mut node.store)
-                    .expect("memory store does not fail");
+                    .handle_timeout(now, &mut *node.store)
+                    .expect("the store does not fail");
                 self.after_input(i);
                 return true;
             }
@@ -570,13 +698,45 @@ impl Sim {
                 self.mix(&bytes);
                 let now = self.now_of(p.to);
                 let from = PeerId(p.from as u64);
+                let carried = p.delivered.map(|sender| self.carried(&p.msg, &sender));
                 let node = &mut self.nodes[p.to];
                 node.replica
-                    .handle_message(now, from, p.msg, &mut node.store)
-                    .expect("memory store does not fail");
+                    .handle_message(now, from, p.msg, &mut *node.store)
+                    .expect("the store does not fail");
+                if let Some(carried) = carried {
+                    // Only what the receiver took in (a dropped gap or stale delta brings nothing).
+                    let got = carried.intersection(node.store.context());
+                    node.delivered.join(&got);
+                }
                 self.after_input(p.to);
             }
         }
+    }
+
+    /// The acknowledged ops whose effects `msg` carries, given what its sender held: a delta
+    /// carries every op its context names, and so does the last chunk of a transfer (for the
+    /// whole transfer); earlier chunks carry nothing yet.
+    fn carried(&self, msg: &Message, sender: &CausalContext) -> CausalContext {
+        let mut out = CausalContext::new();
+        match msg {
+            Message::Delta { delta, .. } => {
+                for d in delta.context().iter_dots() {
+                    if sender.contains(&d) {
+                        out.insert(d);
+                    }
+                }
+            }
+            // The chunks of a transfer are joined together when the last one arrives.
+            Message::Chunk { chunk, .. } if chunk.last => {
+                for d in chunk.ctx.iter_dots() {
+                    if sender.contains(&d) {
+                        out.insert(d);
+                    }
+                }
+            }
+            _ => {}
+        }
+        out
     }
 
     /// Runs internal events up to `until` (inclusive) and sets the clock there.
@@ -586,14 +746,20 @@ impl Sim {
     }
 
     /// True when every node runs and all hold the same state.
-    pub fn converged(&self) -> bool {
-        let first = &self.nodes[0].store;
-        self.nodes.iter().all(|n| {
-            n.state == NodeState::Up
-                && n.store.context() == first.context()
-                && n.store.entries() == first.entries()
-                && n.store.marks() == first.marks()
-        })
+    pub fn converged(&mut self) -> bool {
+        if self.nodes.iter().any(|n| n.state != NodeState::Up)
+            || self
+                .nodes
+                .iter()
+                .any(|n| n.store.context() != self.nodes[0].store.context())
+        {
+            return false;
+        }
+        let first = self.nodes[0].store.state();
+        self.nodes
+            .iter_mut()
+            .skip(1)
+            .all(|n| n.store.state() == first)
     }
 
     /// True when nothing is in flight and every peer has acknowledged every node's whole log.

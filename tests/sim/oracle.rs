@@ -1,8 +1,12 @@
 //! Sequential-specification oracle (TESTING.md G3) over acknowledged operations.
 //!
-//! Happens-before is taken from the dots: `o1 → o2` iff `o1`'s dot is in the context that
-//! `o2`'s replica had when it issued `o2`. An op is *dominated* when a later op on the same key
-//! that retires it (a remove/add of the same element, a delete, a register write) saw it.
+//! Happens-before is taken from what the harness delivered, never from the replicas' own
+//! contexts: `o1 → o2` iff `o1`'s effect had been delivered to `o2`'s node when it issued `o2`
+//! (the harness tracks, per node, the ops whose effects reached it: its own, and those a
+//! message carried whose sender had them). So a context that claims a dot whose effect never
+//! arrived is not believed: the op counts as unseen (and lost, if no node received it). An op
+//! is *dominated* when a later op on the same key that retires it (a remove/add of the same
+//! element, a delete, a register write, a later increment of the same replica) saw it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use tidemark::model::Delta;
@@ -28,15 +32,40 @@ pub struct OpRec {
 pub struct Oracle {
     pub ops: Vec<OpRec>,
     by_dot: BTreeMap<Dot, usize>,
+    /// `retirers[i]`: the ops that retire op `i` and saw it.
+    retirers: Vec<Vec<usize>>,
+    /// Ops by key.
+    by_key: BTreeMap<Key, Vec<usize>>,
+}
+
+/// `retires(o, a)`: `o`, a later op on `a`'s key, removes or overwrites `a`'s effect.
+fn retires(o: &OpRec, a: &OpRec) -> bool {
+    o.key == a.key
+        && o.dot != a.dot
+        && match (a.key.kind, &a.mutation, &o.mutation) {
+            (KeyKind::GCounter | KeyKind::PNCounter, _, Mutation::Inc(_) | Mutation::Dec(_)) => {
+                o.dot.replica == a.dot.replica && o.dot.seq > a.dot.seq
+            }
+            (KeyKind::ORSet, Mutation::Add(x), Mutation::Add(y) | Mutation::Remove(y)) => x == y,
+            (KeyKind::ORSet, Mutation::Add(_), Mutation::Delete) => true,
+            (
+                KeyKind::MvReg | KeyKind::Lww,
+                Mutation::Set(_),
+                Mutation::Set(_) | Mutation::Delete,
+            ) => true,
+            _ => false,
+        }
 }
 
 impl Oracle {
     /// Records an acknowledged batch and checks dot uniqueness (G7.1): every dot is fresh
     /// cluster-wide and the batch took the contiguous range after the issuer's last own dot.
+    /// `delivered` is what the harness delivered to the issuing node (its happens-before).
     pub fn record_batch(
         &mut self,
         replica: ReplicaId,
         before: &CausalContext,
+        delivered: &CausalContext,
         ops: &[(Key, Mutation)],
         delta: &Delta,
     ) {
@@ -46,7 +75,7 @@ impl Oracle {
             base + ops.len() as u64,
             "a batch must take the next contiguous dots"
         );
-        let mut seen = before.clone();
+        let mut seen = delivered.clone();
         for (i, (key, mutation)) in ops.iter().enumerate() {
             let dot = Dot::new(replica, base + 1 + i as u64);
             assert!(!before.contains(&dot), "dot {dot:?} issued twice");
@@ -61,19 +90,60 @@ impl Oracle {
                 },
                 _ => None,
             };
-            self.ops.push(OpRec {
+            let rec = OpRec {
                 key: key.clone(),
                 mutation: mutation.clone(),
                 dot,
                 seen: seen.clone(),
                 ts,
                 lost: false,
-            });
+            };
+            let idx = self.ops.len();
+            let same_key = self.by_key.entry(key.clone()).or_default();
+            for &a in same_key.iter() {
+                if rec.seen.contains(&self.ops[a].dot) && retires(&rec, &self.ops[a]) {
+                    self.retirers[a].push(idx);
+                }
+            }
+            same_key.push(idx);
+            self.ops.push(rec);
+            self.retirers.push(Vec::new());
             seen.insert(dot);
         }
     }
 
-    /// Marks as lost every op of `replica` whose dot no store in `others` has seen.
+    /// True when the op with this dot was lost (or never acknowledged).
+    pub fn is_lost(&self, dot: &Dot) -> bool {
+        self.by_dot.get(dot).is_none_or(|i| self.ops[*i].lost)
+    }
+
+    /// "No effect is visible whose dot is in no context": every op whose effect reached a node
+    /// (`delivered`) and that is no longer live there (`live`) must have been retired by an op
+    /// that some node still durably holds (`contexts`). Returns the first op breaking it.
+    pub fn unwitnessed_retirement<'a>(
+        &self,
+        delivered: &CausalContext,
+        live: &CausalContext,
+        contexts: impl Iterator<Item = &'a CausalContext> + Clone,
+    ) -> Option<&OpRec> {
+        delivered.iter_dots().find_map(|d| {
+            let &i = self.by_dot.get(&d)?;
+            let op = &self.ops[i];
+            let presence = matches!(
+                op.mutation,
+                Mutation::Add(_) | Mutation::Set(_) | Mutation::Inc(_) | Mutation::Dec(_)
+            );
+            if !presence || live.contains(&d) {
+                return None;
+            }
+            let witnessed = self.retirers[i]
+                .iter()
+                .any(|&w| contexts.clone().any(|c| c.contains(&self.ops[w].dot)));
+            (!witnessed).then_some(op)
+        })
+    }
+
+    /// Marks as lost every op of `replica` that was delivered to no node in `others`.
     pub fn mark_lost<'a>(
         &mut self,
         replica: ReplicaId,
