@@ -940,14 +940,7 @@ impl Replica {
     ) -> Result<(), S::Error> {
         if self.completed_transfer.get(&from) == Some(&(log, epoch, transfer)) {
             self.stats.stale_chunks += 1;
-            self.send(
-                from,
-                Message::ChunkAck {
-                    epoch,
-                    transfer,
-                    index,
-                },
-            );
+            self.ack_chunk(from, epoch, transfer, index);
             return Ok(());
         }
         let same = self
@@ -958,14 +951,7 @@ impl Replica {
         if let Some(next) = same {
             if index < next {
                 // A duplicate of a chunk already applied: acknowledge it again.
-                self.send(
-                    from,
-                    Message::ChunkAck {
-                        epoch,
-                        transfer,
-                        index,
-                    },
-                );
+                self.ack_chunk(from, epoch, transfer, index);
                 return Ok(());
             }
         }
@@ -998,14 +984,7 @@ impl Replica {
                     held,
                 },
             );
-            self.send(
-                from,
-                Message::ChunkAck {
-                    epoch,
-                    transfer,
-                    index,
-                },
-            );
+            self.ack_chunk(from, epoch, transfer, index);
             return Ok(());
         }
         let chunk = crate::proto::transfer::merge_chunks(held, chunk);
@@ -1025,14 +1004,7 @@ impl Replica {
                 self.completed_transfer.insert(from, (log, epoch, transfer));
                 self.stats.transfers_received += 1;
                 self.events.push_back(Event::TransferReceived { from });
-                self.send(
-                    from,
-                    Message::ChunkAck {
-                        epoch,
-                        transfer,
-                        index,
-                    },
-                );
+                self.ack_chunk(from, epoch, transfer, index);
             }
             Err(reason) => {
                 self.incoming.remove(&from);
@@ -1107,6 +1079,17 @@ impl Replica {
             return self.pump(now.mono_ms, from, store);
         }
         Ok(())
+    }
+
+    fn ack_chunk(&mut self, to: PeerId, epoch: u64, transfer: u64, index: u32) {
+        self.send(
+            to,
+            Message::ChunkAck {
+                epoch,
+                transfer,
+                index,
+            },
+        );
     }
 
     fn reject(&mut self, from: PeerId, kind: &'static str, reason: RejectReason) {
