@@ -13,7 +13,6 @@
 //!
 //! Env: `SEEDS=n` (default 1000), `SOAK=1` (100,000 seeds), `SEED=n` (replay one seed, verbose).
 
-#[allow(dead_code)]
 mod common;
 #[path = "sim/harness.rs"]
 mod harness;

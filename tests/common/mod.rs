@@ -346,7 +346,8 @@ pub fn crash_image(log: &[Rec], upto: usize, kind: ImageKind, rng: &mut ChaCha8R
 pub mod rebase;
 pub mod workload;
 
-/// Runs `run(seed)` for seeds `1..=seeds` on up to `max_threads` threads, catching panics.
+/// Runs `run(seed)` for seeds `first..first + seeds` (`first` from env `SEED_START`, default 1)
+/// on up to `max_threads` threads, catching panics.
 /// Returns every seed's result in seed order; a failure is the panic message with how to replay
 /// the seed (`SEED=<n>`). Panics, after printing every failure, when any seed failed.
 pub fn run_seeds<R: Send>(
@@ -358,11 +359,15 @@ pub fn run_seeds<R: Send>(
         .map_or(2, |n| n.get())
         .clamp(1, max_threads.max(1)) as u64;
     let run = &run;
+    let first = std::env::var("SEED_START")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(1);
     let results: Vec<(u64, Result<R, String>)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 s.spawn(move || {
-                    (1..=seeds)
+                    (first..first + seeds)
                         .filter(|seed| seed % threads == t)
                         .map(|seed| {
                             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
