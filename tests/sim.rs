@@ -13,7 +13,6 @@
 //!
 //! Env: `SEEDS=n` (default 1000), `SOAK=1` (100,000 seeds), `SEED=n` (replay one seed, verbose).
 
-#[allow(dead_code)]
 mod common;
 #[path = "sim/harness.rs"]
 mod harness;
@@ -416,17 +415,6 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
-fn run_one_catching(seed: u64) -> Result<SeedResult, String> {
-    std::panic::catch_unwind(|| run_seed(seed, false)).map_err(|e| {
-        let msg = e
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_default();
-        format!("seed {seed} FAILED (replay with SEED={seed}): {msg}")
-    })
-}
-
 #[test]
 fn simulation_converges_to_the_oracle() {
     if let Some(seed) = env_u64("SEED") {
@@ -440,44 +428,12 @@ fn simulation_converges_to_the_oracle() {
         env_u64("SEEDS").unwrap_or(1_000)
     };
     let started = Instant::now();
-    let threads = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .clamp(1, 8) as u64;
-    let results: Vec<(u64, Result<SeedResult, String>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                s.spawn(move || {
-                    (1..=seeds)
-                        .filter(|seed| seed % threads == t)
-                        .map(|seed| (seed, run_one_catching(seed)))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        let mut all: Vec<_> = handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("worker"))
-            .collect();
-        all.sort_by_key(|(seed, _)| *seed);
-        all
-    });
-    let failures: Vec<&String> = results
-        .iter()
-        .filter_map(|(_, r)| r.as_ref().err())
-        .collect();
-    for f in &failures {
-        eprintln!("{f}");
-    }
-    assert!(
-        failures.is_empty(),
-        "{} of {seeds} seeds failed",
-        failures.len()
-    );
+    let results = common::run_seeds(seeds, 8, |seed| run_seed(seed, false));
 
     // G9: the first 20 seeds replay with identical trace hashes.
     for (seed, r) in results.iter().take(20) {
         let again = run_seed(*seed, false);
-        let first = r.as_ref().expect("passed").trace;
+        let first = r.trace;
         assert_eq!(
             first, again.trace,
             "seed {seed}: trace hash differs between two runs"
@@ -488,7 +444,7 @@ fn simulation_converges_to_the_oracle() {
     let mut total = Counts::default();
     let mut seeds_with: std::collections::BTreeMap<&'static str, u64> = Default::default();
     for (_, r) in &results {
-        let c = &r.as_ref().expect("passed").counts;
+        let c = &r.counts;
         total.add(c);
         for (name, v) in coverage(c) {
             *seeds_with.entry(name).or_default() += u64::from(v > 0);

@@ -1477,17 +1477,6 @@ fn run_seed(seed: u64, verbose: bool) -> SeedResult {
     }
 }
 
-fn run_one_catching(seed: u64) -> Result<SeedResult, String> {
-    std::panic::catch_unwind(|| run_seed(seed, false)).map_err(|e| {
-        let msg = e
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_default();
-        format!("seed {seed} FAILED (replay with SEED={seed}): {msg}")
-    })
-}
-
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
@@ -1565,45 +1554,12 @@ fn redb_cluster_simulation_converges_to_the_oracle() {
     let seeds = env_u64("SEEDS").unwrap_or(60) * if common::soak() { 20 } else { 1 };
     println!("sim_redb: seeds 1..={seeds} (replay one with SEED=<n>)");
     let started = Instant::now();
-    let threads = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .clamp(1, 4) as u64;
-    let results: Vec<(u64, Result<SeedResult, String>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                s.spawn(move || {
-                    (1..=seeds)
-                        .filter(|seed| seed % threads == t)
-                        .map(|seed| (seed, run_one_catching(seed)))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        let mut all: Vec<_> = handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("worker"))
-            .collect();
-        all.sort_by_key(|(seed, _)| *seed);
-        all
-    });
-    let failures: Vec<&String> = results
-        .iter()
-        .filter_map(|(_, r)| r.as_ref().err())
-        .collect();
-    for f in &failures {
-        eprintln!("{f}");
-    }
-    assert!(
-        failures.is_empty(),
-        "{} of {seeds} seeds failed",
-        failures.len()
-    );
+    let results = common::run_seeds(seeds, 4, |seed| run_seed(seed, false));
     // Determinism: the first seeds replay with identical trace hashes.
     for (seed, r) in results.iter().take(2) {
         let again = run_seed(*seed, false);
         assert_eq!(
-            r.as_ref().expect("passed").trace,
-            again.trace,
+            r.trace, again.trace,
             "seed {seed}: trace hash differs between two runs"
         );
     }
@@ -1611,7 +1567,6 @@ fn redb_cluster_simulation_converges_to_the_oracle() {
     let mut seeds_with: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut slowest = 0;
     for (_, r) in &results {
-        let r = r.as_ref().expect("passed");
         total.add(&r.counts);
         slowest = slowest.max(r.converge_ms);
         for (name, v, _) in coverage(&r.counts) {

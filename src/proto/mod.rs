@@ -2,7 +2,6 @@
 //! clock, no OS randomness. Time (`now`) and a seeded RNG come in as arguments; the outside
 //! world is reached only through `poll_*` outputs and the [`StateStore`] trait.
 
-pub mod mem_store;
 pub mod message;
 mod peers;
 pub mod replica;
@@ -11,7 +10,6 @@ pub mod state_store;
 mod tests;
 mod transfer;
 
-pub use mem_store::{MemStateStore, MemStoreError};
 pub use message::Message;
 pub use replica::{Event, Now, RejectReason, Replica, ReplicaConfig, ReplicaStats, Transmit};
 pub use state_store::{ApplyOutcome, ChunkRead, LogInterval, MarksRead, RowPart, StateStore};

@@ -1084,14 +1084,7 @@ impl Replica {
     ) -> Result<(), S::Error> {
         if self.completed_transfer.get(&from) == Some(&(log, epoch, transfer)) {
             self.stats.stale_chunks += 1;
-            self.send(
-                from,
-                Message::ChunkAck {
-                    epoch,
-                    transfer,
-                    index,
-                },
-            );
+            self.ack_chunk(from, epoch, transfer, index);
             return Ok(());
         }
         let same = self
@@ -1102,14 +1095,7 @@ impl Replica {
         if let Some(next) = same {
             if index < next {
                 // A duplicate of a chunk already applied: acknowledge it again.
-                self.send(
-                    from,
-                    Message::ChunkAck {
-                        epoch,
-                        transfer,
-                        index,
-                    },
-                );
+                self.ack_chunk(from, epoch, transfer, index);
                 return Ok(());
             }
         }
@@ -1142,14 +1128,7 @@ impl Replica {
                     held,
                 },
             );
-            self.send(
-                from,
-                Message::ChunkAck {
-                    epoch,
-                    transfer,
-                    index,
-                },
-            );
+            self.ack_chunk(from, epoch, transfer, index);
             return Ok(());
         }
         let cursor = last.then_some((log, end));
@@ -1172,14 +1151,7 @@ impl Replica {
                 self.completed_transfer.insert(from, (log, epoch, transfer));
                 self.stats.transfers_received += 1;
                 self.events.push_back(Event::TransferReceived { from });
-                self.send(
-                    from,
-                    Message::ChunkAck {
-                        epoch,
-                        transfer,
-                        index,
-                    },
-                );
+                self.ack_chunk(from, epoch, transfer, index);
             }
             Err(reason) => {
                 self.incoming.remove(&from);
@@ -1254,6 +1226,17 @@ impl Replica {
         Ok(())
     }
 
+    fn ack_chunk(&mut self, to: PeerId, epoch: u64, transfer: u64, index: u32) {
+        self.send(
+            to,
+            Message::ChunkAck {
+                epoch,
+                transfer,
+                index,
+            },
+        );
+    }
+
     fn reject(&mut self, from: PeerId, kind: &'static str, reason: RejectReason) {
         self.stats.rejected += 1;
         self.events
@@ -1303,7 +1286,7 @@ pub(crate) fn without_seen(
 mod overlay_tests {
     use super::*;
     use crate::config::Limits;
-    use crate::proto::MemStateStore;
+    use crate::proto::tests::TestStore as MemStateStore;
     use tidemark_crdts::{KeyKind, Mutation};
 
     fn at(t: u64) -> Now {
@@ -1337,15 +1320,15 @@ mod overlay_tests {
         let me = store.replica_id();
         let mut r = Replica::new(cfg, 1, 7, peers);
         for p in peers {
-            r.peer_up(at(0), p, &mut store).expect("mem");
+            r.peer_up(at(0), p, &mut *store).expect("mem");
             let hello = Message::Hello {
                 replica: ReplicaId(u128::from(p.0) + 2000),
                 epoch: 1,
                 resume: Some((me, 0)),
             };
-            r.handle_message(at(1), p, hello, &mut store).expect("mem");
+            r.handle_message(at(1), p, hello, &mut *store).expect("mem");
         }
-        r.handle_timeout(at(200), &mut store).expect("mem");
+        r.handle_timeout(at(200), &mut *store).expect("mem");
         assert!(deltas_to(&mut r).is_empty(), "nothing to send yet");
         store
             .apply_local(
@@ -1353,7 +1336,7 @@ mod overlay_tests {
                 1_700_000_000_300,
             )
             .expect("mem");
-        r.push_local_commit(at(300), &mut store).expect("mem");
+        r.push_local_commit(at(300), &mut *store).expect("mem");
         let overlay = r.overlay();
         assert_eq!(overlay.len(), 1);
         assert_eq!(
@@ -1362,7 +1345,7 @@ mod overlay_tests {
             "pushed at once, to the overlay only"
         );
         for t in (400..1_900).step_by(100) {
-            r.handle_timeout(at(t), &mut store).expect("mem");
+            r.handle_timeout(at(t), &mut *store).expect("mem");
             assert!(
                 deltas_to(&mut r).is_empty(),
                 "no delta outside anti-entropy at {t}"
@@ -1370,7 +1353,7 @@ mod overlay_tests {
         }
         let mut rest = Vec::new();
         for t in (1_900..2_600).step_by(100) {
-            r.handle_timeout(at(t), &mut store).expect("mem");
+            r.handle_timeout(at(t), &mut *store).expect("mem");
             rest.extend(deltas_to(&mut r));
         }
         // (The overlay peer, which never acknowledged, may get a retransmission meanwhile.)
@@ -1385,7 +1368,7 @@ mod overlay_tests {
 mod origin_tag_tests {
     use super::*;
     use crate::config::Limits;
-    use crate::proto::MemStateStore;
+    use crate::proto::tests::TestStore as MemStateStore;
     use tidemark_crdts::{KeyKind, Mutation};
 
     const WALL: u64 = 1_700_000_000_000;
@@ -1424,13 +1407,13 @@ mod origin_tag_tests {
 
         let mut store = MemStateStore::new(ReplicaId(1000), Limits::default());
         let mut r = Replica::new(ReplicaConfig::default(), 1, 3, [p]);
-        r.peer_up(at(0), p, &mut store).expect("mem");
+        r.peer_up(at(0), p, &mut *store).expect("mem");
         let hello = |replica| Message::Hello {
             replica,
             epoch: 1,
             resume: None,
         };
-        r.handle_message(at(1), p, hello(old_log), &mut store)
+        r.handle_message(at(1), p, hello(old_log), &mut *store)
             .expect("mem");
         // As after a completed transfer from the old incarnation: a cursor into its log.
         let applied = store
@@ -1443,7 +1426,7 @@ mod origin_tag_tests {
             .expect("mem");
         assert!(applied.is_ok());
         // The peer is wiped and comes back with a new replica id; then the late interval lands.
-        r.handle_message(at(2), p, hello(new_log), &mut store)
+        r.handle_message(at(2), p, hello(new_log), &mut *store)
             .expect("mem");
         let msg = Message::Delta {
             epoch: 1,
@@ -1452,7 +1435,7 @@ mod origin_tag_tests {
             end: late.end,
             delta: late.delta.clone().expect("delta"),
         };
-        r.handle_message(at(3), p, msg, &mut store).expect("mem");
+        r.handle_message(at(3), p, msg, &mut *store).expect("mem");
         assert_eq!(r.stats().deltas_applied, 1);
         // What we would send the new incarnation (BP on): the late entry, not the first one.
         let to_new = store.log_interval(0, Some(p), 1 << 20).expect("mem");

@@ -1,14 +1,15 @@
 //! Unit tests of the replication core against the pitfalls of DESIGN.md E and TESTING.md (c):
-//! two or three replicas over [`MemStateStore`]s, with messages moved by hand so each test can
-//! drop, hold, forge or reorder exactly the message it is about.
+//! two or three replicas over the production store ([`RedbStore`] on redb's in-memory backend),
+//! with messages moved by hand so each test can drop, hold, forge or reorder exactly the message
+//! it is about.
 
 use crate::config::Limits;
 use crate::model::Delta;
 use crate::proto::replica::without_seen;
 use crate::proto::{
-    Event, MemStateStore, Message, Now, PeerId, RejectReason, Replica, ReplicaConfig, StateStore,
-    Transmit,
+    Event, Message, Now, PeerId, RejectReason, Replica, ReplicaConfig, StateStore, Transmit,
 };
+use crate::store::{LocalWrite, OpenOptions, RedbStore, StoreError};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tidemark_crdts::{
@@ -16,6 +17,81 @@ use tidemark_crdts::{
 };
 
 const WALL: u64 = 1_700_000_000_000;
+
+/// A [`RedbStore`] on redb's in-memory backend, with the helpers the tests need.
+pub(crate) struct TestStore(RedbStore);
+
+impl std::ops::Deref for TestStore {
+    type Target = RedbStore;
+    fn deref(&self) -> &RedbStore {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for TestStore {
+    fn deref_mut(&mut self) -> &mut RedbStore {
+        &mut self.0
+    }
+}
+
+impl TestStore {
+    pub(crate) fn new(replica: ReplicaId, limits: Limits) -> Self {
+        let options = OpenOptions {
+            limits,
+            new_replica_id: Some(replica),
+            ..OpenOptions::default()
+        };
+        Self(
+            RedbStore::open_with_backend(redb::backends::InMemoryBackend::new(), options)
+                .expect("open an in-memory store"),
+        )
+    }
+
+    /// Commits `ops` as one group; returns its logged delta.
+    pub(crate) fn apply_local(&mut self, ops: &[(Key, Mutation)], wall_ms: u64) -> Result<Delta, StoreError> {
+        let write = LocalWrite {
+            ops: ops.to_vec(),
+            event: None,
+        };
+        let seq = self.0.commit_local(&[write], wall_ms)?.log_seq;
+        let seq = seq.expect("a non-empty group is logged");
+        Ok(self
+            .0
+            .log_interval(seq, None, usize::MAX)?
+            .delta
+            .expect("the group's log entry"))
+    }
+
+    fn entries(&self) -> Vec<(Key, Entry)> {
+        self.0.reader().entries().expect("read the rows")
+    }
+
+    /// The replicated state (entries, context, marks) as one delta.
+    fn state(&mut self) -> Delta {
+        let mut store = DotMap::default();
+        for (k, e) in self.entries() {
+            store.set(k, e);
+        }
+        Delta {
+            state: Causal {
+                store,
+                ctx: self.0.ctx().clone(),
+            },
+            marks: self.0.dedup_marks().expect("read the marks"),
+        }
+    }
+
+    /// An independent store holding the same replicated state (another replica id).
+    fn fork(&mut self, replica: ReplicaId) -> Self {
+        let mut other = Self::new(replica, self.0.limits().clone());
+        let state = self.state();
+        other
+            .apply_remote(PeerId(99), state, None, WALL)
+            .expect("store")
+            .expect("valid state");
+        other
+    }
+}
 
 fn now(t: u64) -> Now {
     Now {
@@ -37,7 +113,7 @@ fn config() -> ReplicaConfig {
 
 struct Node {
     id: PeerId,
-    store: MemStateStore,
+    store: TestStore,
     replica: Replica,
     epoch: u64,
     peers: Vec<PeerId>,
@@ -49,7 +125,7 @@ impl Node {
         let peers: Vec<PeerId> = peers.iter().map(|p| PeerId(*p)).collect();
         Self {
             id: PeerId(id),
-            store: MemStateStore::new(ReplicaId(u128::from(id) + 1000), Limits::default()),
+            store: TestStore::new(ReplicaId(u128::from(id) + 1000), Limits::default()),
             replica: Replica::new(cfg.clone(), 1, id, peers.clone()),
             epoch: 1,
             peers,
@@ -76,26 +152,26 @@ impl Node {
                 )],
                 WALL + t,
             )
-            .expect("memory store");
+            .expect("store");
         self.replica.handle_local_commit(now(t));
     }
 
     fn up(&mut self, t: u64, peer: u64) {
         self.replica
-            .peer_up(now(t), PeerId(peer), &mut self.store)
-            .expect("memory store");
+            .peer_up(now(t), PeerId(peer), &mut *self.store)
+            .expect("store");
     }
 
     fn recv(&mut self, t: u64, from: PeerId, msg: Message) {
         self.replica
-            .handle_message(now(t), from, msg, &mut self.store)
-            .expect("memory store");
+            .handle_message(now(t), from, msg, &mut *self.store)
+            .expect("store");
     }
 
     fn tick(&mut self, t: u64) {
         self.replica
-            .handle_timeout(now(t), &mut self.store)
-            .expect("memory store");
+            .handle_timeout(now(t), &mut *self.store)
+            .expect("store");
     }
 
     fn out(&mut self) -> Vec<Transmit> {
@@ -111,7 +187,7 @@ impl Node {
         let events = self.events();
         for e in &events {
             if let Event::Compact { below } = e {
-                self.store.truncate_log(*below).expect("memory store");
+                self.store.truncate_log(*below).expect("store");
             }
         }
         events
@@ -227,7 +303,7 @@ fn interval_with_a_gap_is_not_joined() {
     let interval = a
         .store
         .log_interval(end - 1, None, usize::MAX)
-        .expect("memory store");
+        .expect("store");
     let ctx_before = b.store.context().clone();
     b.recv(
         2_300,
@@ -489,9 +565,9 @@ fn context_filter_preserves_the_join() {
     let mut filtered_cases = 0;
     for case in 0..300 {
         let ids = [ReplicaId(1), ReplicaId(2), ReplicaId(3)];
-        let mut stores: Vec<MemStateStore> = ids
+        let mut stores: Vec<TestStore> = ids
             .iter()
-            .map(|r| MemStateStore::new(*r, Limits::default()))
+            .map(|r| TestStore::new(*r, Limits::default()))
             .collect();
         let mut log: Vec<Delta> = Vec::new();
         for step in 0..rng.random_range(5..40) {
@@ -518,7 +594,7 @@ fn context_filter_preserves_the_join() {
             };
             let d = stores[i]
                 .apply_local(&[(key, m)], WALL + step)
-                .expect("memory store");
+                .expect("store");
             log.push(d);
             // Random partial gossip between the stores.
             if rng.random_bool(0.5) {
@@ -527,11 +603,11 @@ fn context_filter_preserves_the_join() {
                     let d = log[rng.random_range(0..log.len())].clone();
                     let _ = stores[y]
                         .apply_remote(PeerId(x as u64), d, None, WALL)
-                        .expect("memory store");
+                        .expect("store");
                 }
             }
         }
-        let receiver = &stores[rng.random_range(0..3)];
+        let receiver = &mut stores[rng.random_range(0..3)];
         let mut delta = Delta::default();
         for d in log.iter().filter(|_| rng.random_bool(0.6)) {
             delta.join(d.clone());
@@ -544,16 +620,16 @@ fn context_filter_preserves_the_join() {
             .collect();
         let (filtered, changed) = without_seen(delta.clone(), &seen);
         filtered_cases += usize::from(changed);
-        let mut x = receiver.clone();
-        let mut y = receiver.clone();
+        let mut x = receiver.fork(ReplicaId(98));
+        let mut y = receiver.fork(ReplicaId(98));
         let ox = x
             .apply_remote(PeerId(9), delta, None, WALL)
-            .expect("memory store")
-            .expect("memory store");
+            .expect("store")
+            .expect("store");
         let oy = y
             .apply_remote(PeerId(9), filtered, None, WALL)
-            .expect("memory store")
-            .expect("memory store");
+            .expect("store")
+            .expect("store");
         assert_eq!(x.state(), y.state(), "case {case}: states differ");
         // Same keys (a key whose entries were all filtered out is found through the dot index,
         // so the order may differ).
@@ -561,12 +637,10 @@ fn context_filter_preserves_the_join() {
         cx.sort();
         cy.sort();
         assert_eq!(cx, cy, "case {case}: changed keys differ");
-        let ix = x
-            .log_interval(x.log_bounds().1.saturating_sub(1), None, usize::MAX)
-            .expect("memory store");
-        let iy = y
-            .log_interval(y.log_bounds().1.saturating_sub(1), None, usize::MAX)
-            .expect("memory store");
+        let last = x.log_bounds().1.saturating_sub(1);
+        let ix = x.log_interval(last, None, usize::MAX).expect("store");
+        let last = y.log_bounds().1.saturating_sub(1);
+        let iy = y.log_interval(last, None, usize::MAX).expect("store");
         assert_eq!(ix, iy, "case {case}: logged inflations differ");
     }
     assert!(

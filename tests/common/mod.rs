@@ -345,3 +345,69 @@ pub fn crash_image(log: &[Rec], upto: usize, kind: ImageKind, rng: &mut ChaCha8R
 
 pub mod rebase;
 pub mod workload;
+
+/// Runs `run(seed)` for seeds `first..first + seeds` (`first` from env `SEED_START`, default 1)
+/// on up to `max_threads` threads, catching panics.
+/// Returns every seed's result in seed order; a failure is the panic message with how to replay
+/// the seed (`SEED=<n>`). Panics, after printing every failure, when any seed failed.
+pub fn run_seeds<R: Send>(
+    seeds: u64,
+    max_threads: usize,
+    run: impl Fn(u64) -> R + Sync,
+) -> Vec<(u64, R)> {
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(1, max_threads.max(1)) as u64;
+    let run = &run;
+    let first = std::env::var("SEED_START")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(1);
+    let results: Vec<(u64, Result<R, String>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    (first..first + seeds)
+                        .filter(|seed| seed % threads == t)
+                        .map(|seed| {
+                            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                run(seed)
+                            }))
+                            .map_err(|e| {
+                                let msg = e
+                                    .downcast_ref::<String>()
+                                    .cloned()
+                                    .or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                                    .unwrap_or_default();
+                                format!("seed {seed} FAILED (replay with SEED={seed}): {msg}")
+                            });
+                            (seed, r)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut all: Vec<_> = handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("worker"))
+            .collect();
+        all.sort_by_key(|(seed, _)| *seed);
+        all
+    });
+    let failures: Vec<&String> = results
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().err())
+        .collect();
+    for f in &failures {
+        eprintln!("{f}");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {seeds} seeds failed",
+        failures.len()
+    );
+    results
+        .into_iter()
+        .filter_map(|(seed, r)| r.ok().map(|r| (seed, r)))
+        .collect()
+}

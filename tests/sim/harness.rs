@@ -132,6 +132,9 @@ impl Counts {
     }
 }
 
+/// An acknowledged event: its id, its ops, the first dot they took.
+pub type AckedEvent = (EventId, Vec<(Key, Mutation)>, tidemark_crdts::Dot);
+
 pub struct Sim {
     pub rng: ChaCha8Rng,
     pub now: u64,
@@ -155,8 +158,8 @@ pub struct Sim {
     pub bytes_by_kind: BTreeMap<&'static str, (u64, u64)>,
     /// Check invariants after each event.
     pub check: bool,
-    /// Acknowledged events: id, ops, the first dot they took.
-    pub events: Vec<(EventId, Vec<(Key, Mutation)>, tidemark_crdts::Dot)>,
+    /// Acknowledged events.
+    pub events: Vec<AckedEvent>,
 }
 
 fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
