@@ -38,6 +38,12 @@ fn metric(s: &Served, prefix: &str) -> u64 {
 #[test]
 fn console_shows_members_and_live_values_in_chromium() {
     let Some(browser) = chromium() else {
+        // CI installs chromium and sets this, so a missing install step fails instead of
+        // silently skipping the browser test.
+        assert!(
+            std::env::var_os("TIDEMARK_REQUIRE_CHROMIUM").is_none(),
+            "TIDEMARK_REQUIRE_CHROMIUM is set but no chromium binary was found"
+        );
         eprintln!(
             "chromium is not installed: console browser test skipped (apt-get install chromium)"
         );
