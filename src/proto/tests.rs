@@ -48,7 +48,11 @@ impl TestStore {
     }
 
     /// Commits `ops` as one group; returns its logged delta.
-    pub(crate) fn apply_local(&mut self, ops: &[(Key, Mutation)], wall_ms: u64) -> Result<Delta, StoreError> {
+    pub(crate) fn apply_local(
+        &mut self,
+        ops: &[(Key, Mutation)],
+        wall_ms: u64,
+    ) -> Result<Delta, StoreError> {
         let write = LocalWrite {
             ops: ops.to_vec(),
             event: None,
