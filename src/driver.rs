@@ -662,6 +662,11 @@ impl StateStore for Served<'_> {
         self.store.dedup_marks()
     }
 
+    fn transfer_context(&mut self) -> Result<CausalContext, StoreError> {
+        self.sync()?;
+        Ok(self.context().clone())
+    }
+
     fn log_bounds(&self) -> (u64, u64) {
         let (start, end) = self.store.log_bounds();
         if self.durable.relaxed {

@@ -803,11 +803,11 @@ impl Replica {
     ) -> Result<(), S::Error> {
         let transfer = self.next_transfer;
         self.next_transfer += 1;
+        let ctx = store.transfer_context()?;
         let (_, end) = store.log_bounds();
         // Every chunk is read now, with the context and marks: the transfer is one consistent
         // state (issue 11, defect 8), whatever this node joins while it is under way. Each
         // chunk is within the message target (large rows in dot slices, marks in pages).
-        let ctx = store.context().clone();
         // Every chunk carries the transfer's context: the rows and marks get what is left of the
         // target (at least a quarter of it, so a transfer always progresses).
         let ctx_bytes = crate::codec::encoded_len("transfer context", &ctx).unwrap_or(0);

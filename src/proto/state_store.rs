@@ -103,6 +103,16 @@ pub trait StateStore {
     /// The causal context of everything durably stored here.
     fn context(&self) -> &CausalContext;
 
+    /// The context a state transfer starts from: it must cover every dot the transfer's chunks
+    /// will carry, so a store that serves only durable state makes everything durable first
+    /// (the chunks read right after it see the same state).
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn transfer_context(&mut self) -> Result<CausalContext, Self::Error> {
+        Ok(self.context().clone())
+    }
+
     /// Every ingest dedup mark stored here (sent with the final chunk of a state transfer, so a
     /// peer seeded by transfer also refuses retried events).
     ///
