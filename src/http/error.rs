@@ -82,6 +82,14 @@ impl ApiError {
             Error::InvalidOp { index, field, .. } => {
                 Self::bad_request(code, message).at(format!("{}, field {field}", pos(index)))
             }
+            // The batch index in the node's message means nothing to the client: `at` names
+            // the line instead.
+            Error::InvalidEvent {
+                index,
+                field,
+                message: what,
+            } => Self::bad_request(code, format!("field `{field}`: {what}"))
+                .at(format!("{}, field {field}", pos(index))),
             Error::WrongOp { index, .. } => Self::new(StatusCode::CONFLICT, code, message)
                 .at(format!("{}, field op", pos(index))),
             Error::CounterNotDeletable { index, .. } => {
