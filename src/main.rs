@@ -123,6 +123,21 @@ enum Command {
     View {
         /// The view's name.
         name: String,
+        /// Only this group: FIELD=VALUE (repeatable; VALUE as JSON when it parses, e.g. 3).
+        #[arg(long = "group", value_name = "FIELD=VALUE")]
+        group: Vec<String>,
+        /// Only windows starting at or after this time (epoch ms or RFC 3339).
+        #[arg(long)]
+        from: Option<String>,
+        /// Only windows starting before this time (epoch ms or RFC 3339).
+        #[arg(long)]
+        to: Option<String>,
+        /// Most rows (default 1000).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Continue after this cursor (a page's `next`).
+        #[arg(long)]
+        after: Option<String>,
     },
 }
 
@@ -197,7 +212,36 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Ingest { stream, input } => return cli::ingest::run(&c, &out, stream, input),
         Command::Watch { kind, prefix } => client::watch(&c, &out, kind.as_deref(), prefix)?,
         Command::Status => client::status(&c, &out)?,
-        Command::View { name } => client::view(&c, &out, name)?,
+        Command::View {
+            name,
+            group,
+            from,
+            to,
+            limit,
+            after,
+        } => {
+            let mut query: Vec<(String, String)> = Vec::new();
+            for g in group {
+                let (field, value) = g
+                    .split_once('=')
+                    .ok_or_else(|| Usage(format!("--group {g:?}: expected FIELD=VALUE")))?;
+                query.push((format!("group.{field}"), value.to_owned()));
+            }
+            let optional = [
+                ("from", from.clone()),
+                ("to", to.clone()),
+                ("limit", limit.map(|n| n.to_string())),
+                ("after", after.clone()),
+            ];
+            query.extend(
+                optional
+                    .into_iter()
+                    .filter_map(|(k, v)| v.map(|v| (k.to_owned(), v))),
+            );
+            let query: Vec<(&str, String)> =
+                query.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+            client::view(&c, &out, name, &query)?;
+        }
     }
     Ok(true)
 }

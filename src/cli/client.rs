@@ -1,6 +1,6 @@
 //! The client commands: one HTTP request each against `--url` (blocking, ureq).
 
-use super::output::{Output, print_table, value_text};
+use super::output::{Output, print_table, time_text, value_text};
 use anyhow::{Context, bail};
 use serde_json::{Value as J, json};
 use std::io::BufRead;
@@ -190,10 +190,9 @@ pub fn accept(answer: Answer) -> anyhow::Result<J> {
     answer.map_err(anyhow::Error::new)
 }
 
-fn key_path(key: &KeyArg) -> String {
-    let enc: String = key
-        .name
-        .bytes()
+/// Percent-encodes every byte of `text` but `A-Z a-z 0-9 - . _ ~` (one URL path segment).
+fn encode_segment(text: &str) -> String {
+    text.bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
                 (b as char).to_string()
@@ -201,8 +200,11 @@ fn key_path(key: &KeyArg) -> String {
                 format!("%{b:02X}")
             }
         })
-        .collect();
-    format!("/v1/keys/{}/{enc}", key.kind)
+        .collect()
+}
+
+fn key_path(key: &KeyArg) -> String {
+    format!("/v1/keys/{}/{}", key.kind, encode_segment(&key.name))
 }
 
 /// A set element from the command line: a JSON number or string as written, else the text.
@@ -388,9 +390,16 @@ pub fn status(client: &Client, out: &Output) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `tidemark view`.
-pub fn view(client: &Client, out: &Output, name: &str) -> anyhow::Result<()> {
-    let body = accept(client.get(&format!("/v1/views/{name}"), &[])?)?;
+/// `tidemark view`: the rows of one page (table: one line per group and window, times in
+/// RFC 3339 UTC; `--json`: the server's answer as is), then the watermarks and counters.
+pub fn view(
+    client: &Client,
+    out: &Output,
+    name: &str,
+    query: &[(&str, String)],
+) -> anyhow::Result<()> {
+    let path = format!("/v1/views/{}", encode_segment(name));
+    let body = accept(client.get(&path, query)?)?;
     if out.json {
         println!("{body}");
         return Ok(());
@@ -400,10 +409,19 @@ pub fn view(client: &Client, out: &Output, name: &str) -> anyhow::Result<()> {
         .map(|rows| {
             rows.iter()
                 .map(|r| {
+                    let group = r["group"]
+                        .as_object()
+                        .map(|g| {
+                            g.iter()
+                                .map(|(k, v)| format!("{k}={}", value_text(v)))
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        })
+                        .unwrap_or_default();
                     vec![
-                        value_text(&r["group"]),
-                        value_text(&r["window_start"]),
-                        value_text(&r["window_end"]),
+                        if group.is_empty() { "-".into() } else { group },
+                        time_text(&r["window_start"]),
+                        time_text(&r["window_end"]),
                         value_text(&r["final"]),
                         value_text(&r["value"]),
                     ]
@@ -415,5 +433,17 @@ pub fn view(client: &Client, out: &Output, name: &str) -> anyhow::Result<()> {
         &["GROUP", "WINDOW START", "WINDOW END", "FINAL", "VALUE"],
         &rows,
     );
+    let c = &body["counters"];
+    println!(
+        "watermark {}  cluster watermark {}  folded {} late {} rejected {}",
+        time_text(&body["watermark"]),
+        time_text(&body["cluster_watermark"]),
+        c["folded"],
+        c["late"],
+        c["rejected"],
+    );
+    if let Some(next) = body["next"].as_str() {
+        println!("more rows: --after {next}");
+    }
     Ok(())
 }

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use tidemark::http::HttpConfig;
+use tidemark::views::ViewDef;
 use tidemark::{Durability, Limits, NodeConfig};
 
 /// `[limits]`: every bound of the node (see `tidemark::Limits` for meanings).
@@ -150,6 +151,9 @@ pub struct Config {
     pub log: LogConfig,
     /// Node limits.
     pub limits: LimitsConfig,
+    /// Stream views (`[[views]]`, API.md "Events and streams").
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub views: Vec<ViewDef>,
 }
 
 impl Default for Config {
@@ -164,7 +168,44 @@ impl Default for Config {
             peer: PeerConfig::default(),
             log: LogConfig::default(),
             limits: LimitsConfig::default(),
+            views: Vec::new(),
         }
+    }
+}
+
+/// The `name` of each `[[views]]` entry (empty when missing), to name views in errors.
+fn view_names(table: &toml::Table) -> Vec<String> {
+    table
+        .get("views")
+        .and_then(toml::Value::as_array)
+        .map(|views| {
+            views
+                .iter()
+                .map(|v| {
+                    v.get("name")
+                        .and_then(toml::Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// ` (view "clicks")` for a key inside a named `[[views]]` entry (`views[1].kind`), else empty.
+fn view_suffix(key: &str, names: &[String]) -> String {
+    let Some(rest) = key.strip_prefix("views[") else {
+        return String::new();
+    };
+    let name = rest
+        .split(']')
+        .next()
+        .and_then(|i| i.parse::<usize>().ok())
+        .and_then(|i| names.get(i))
+        .filter(|n| !n.is_empty());
+    match name {
+        Some(n) => format!(" (view {n:?})"),
+        None => String::new(),
     }
 }
 
@@ -217,6 +258,7 @@ impl Config {
 
     /// Builds the config from a table, naming any unknown or mistyped key by its dotted path.
     pub fn from_table(table: toml::Table) -> anyhow::Result<Self> {
+        let view_names = view_names(&table);
         let config: Config =
             serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
                 let path = e.path().to_string();
@@ -235,7 +277,10 @@ impl Config {
                     }
                     None => path,
                 };
-                anyhow::anyhow!("config key `{key}`: {inner}")
+                anyhow::anyhow!(
+                    "config key `{key}`{}: {inner}",
+                    view_suffix(&key, &view_names)
+                )
             })?;
         config.validate()?;
         Ok(config)
@@ -246,6 +291,9 @@ impl Config {
             bail!("{e}");
         }
         if let Err(e) = self.http.validate() {
+            bail!("{e}");
+        }
+        if let Err(e) = tidemark::views::Views::new(&self.views) {
             bail!("{e}");
         }
         Ok(())
@@ -262,6 +310,7 @@ impl Config {
         node.relaxed_sync_interval =
             std::time::Duration::from_millis(self.relaxed_sync_interval_ms);
         node.log_retain_entries = self.log_retain_entries;
+        node.views = self.views.clone();
         node
     }
 

@@ -38,3 +38,48 @@ pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
         line(&mut row.iter().map(String::as_str));
     }
 }
+
+/// Epoch milliseconds as RFC 3339 UTC (`2026-11-29T10:00:00Z`, with `.mmm` when not whole
+/// seconds); other JSON as [`value_text`].
+pub fn time_text(v: &J) -> String {
+    let Some(ms) = v.as_u64() else {
+        return value_text(v);
+    };
+    let (secs, millis) = (ms / 1000, ms % 1000);
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m, sec) = (rem / 3600, rem / 60 % 60, rem % 60);
+    if millis == 0 {
+        format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{sec:02}Z")
+    } else {
+        format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{sec:02}.{millis:03}Z")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_print_as_rfc3339_utc() {
+        assert_eq!(time_text(&J::from(0u64)), "1970-01-01T00:00:00Z");
+        assert_eq!(
+            time_text(&J::from(1_795_946_400_123u64)),
+            "2026-11-29T10:00:00.123Z"
+        );
+        assert_eq!(
+            time_text(&J::from(951_782_400_000u64)),
+            "2000-02-29T00:00:00Z"
+        );
+        assert_eq!(time_text(&J::Null), "null");
+    }
+}

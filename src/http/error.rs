@@ -82,6 +82,14 @@ impl ApiError {
             Error::InvalidOp { index, field, .. } => {
                 Self::bad_request(code, message).at(format!("{}, field {field}", pos(index)))
             }
+            // The batch index in the node's message means nothing to the client: `at` names
+            // the line instead.
+            Error::InvalidEvent {
+                index,
+                field,
+                message: what,
+            } => Self::bad_request(code, format!("field `{field}`: {what}"))
+                .at(format!("{}, field {field}", pos(index))),
             Error::WrongOp { index, .. } => Self::new(StatusCode::CONFLICT, code, message)
                 .at(format!("{}, field op", pos(index))),
             Error::CounterNotDeletable { index, .. } => {
@@ -93,6 +101,14 @@ impl ApiError {
                     .at(format!("{}, field {field}", pos(index)))
             }
             Error::BatchTooLarge { .. } => Self::new(StatusCode::PAYLOAD_TOO_LARGE, code, message),
+            Error::TooManySources { index, .. } => {
+                Self::new(StatusCode::PAYLOAD_TOO_LARGE, code, message)
+                    .at(format!("{}, field source", pos(index)))
+            }
+            // The request is well-formed but the source's dedup state refuses it: a conflict
+            // the client resolves (send its missing sequence numbers first), not a server fault.
+            Error::DedupGaps { index, .. } => Self::new(StatusCode::CONFLICT, code, message)
+                .at(format!("{}, field seq", pos(index))),
             Error::Backpressure { .. } => Self::too_many(code, message, retry_after),
             Error::Closed => Self::new(StatusCode::SERVICE_UNAVAILABLE, code, message),
             _ => {
@@ -146,6 +162,54 @@ mod tests {
                 .get(header::RETRY_AFTER)
                 .and_then(|v| v.to_str().ok()),
             Some("2")
+        );
+    }
+
+    #[test]
+    fn event_and_source_limits_are_client_errors_naming_the_line() {
+        let e = ApiError::from_node(
+            Error::InvalidEvent {
+                index: 2,
+                field: "amount".into(),
+                message: "missing".into(),
+            },
+            |i| Pos::Line(i + 1),
+            1,
+        );
+        assert_eq!(
+            (e.status, e.code, e.at.as_deref()),
+            (
+                StatusCode::BAD_REQUEST,
+                "invalid_event",
+                Some("line 3, field amount")
+            )
+        );
+        let e = ApiError::from_node(
+            Error::DedupGaps {
+                index: 0,
+                event_source: "a".into(),
+                ranges: 9,
+                limit: 8,
+            },
+            Pos::Line,
+            1,
+        );
+        assert_eq!(
+            (e.status, e.at.as_deref()),
+            (StatusCode::CONFLICT, Some("line 0, field seq"))
+        );
+        let e = ApiError::from_node(
+            Error::TooManySources {
+                index: 4,
+                len: 9,
+                limit: 8,
+            },
+            Pos::Index,
+            1,
+        );
+        assert_eq!(
+            (e.status, e.at.as_deref()),
+            (StatusCode::PAYLOAD_TOO_LARGE, Some("index 4, field source"))
         );
     }
 

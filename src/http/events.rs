@@ -1,7 +1,8 @@
 //! Parsing request bodies into ops and events, naming the index, line and field at fault.
 
 use super::error::{ApiError, Pos};
-use crate::ops::{Event, Op};
+use crate::ops::Op;
+use crate::views::StreamEvent;
 
 /// The field a serde error is about: the path it failed at, or the name in backticks of an
 /// unknown/missing field message.
@@ -81,8 +82,9 @@ fn bad_event(line: usize, field: &str, message: impl Into<String>) -> ApiError {
 }
 
 /// One NDJSON event line: `{"source","seq","time"?, "ops"?: [...], ...fields}`. `ops`, when
-/// present, are applied with the event (idempotently); other fields are kept for stream views.
-pub(crate) fn parse_event(line_no: usize, line: &[u8]) -> Result<Event, ApiError> {
+/// present, are applied with the event (idempotently); `time` (RFC 3339 or epoch millis) is
+/// its event time; every other member is a field the stream's views read.
+pub(crate) fn parse_event(line_no: usize, line: &[u8]) -> Result<StreamEvent, ApiError> {
     let value: serde_json::Value =
         serde_json::from_slice(line).map_err(|e| syntax_error(&e, Some(line_no)))?;
     let serde_json::Value::Object(mut map) = value else {
@@ -108,7 +110,8 @@ pub(crate) fn parse_event(line_no: usize, line: &[u8]) -> Result<Event, ApiError
             .ok_or_else(|| bad_event(line_no, "seq", "`seq` must be a non-negative integer"))?,
         None => return Err(bad_event(line_no, "seq", "missing field `seq`")),
     };
-    match map.get("time") {
+    let time = map.remove("time");
+    match &time {
         None => {}
         Some(serde_json::Value::Number(n)) if n.as_u64().is_some() => {}
         Some(serde_json::Value::String(s)) if parse_event_time_ms(s).is_some() => {}
@@ -138,7 +141,13 @@ pub(crate) fn parse_event(line_no: usize, line: &[u8]) -> Result<Event, ApiError
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(bad_event(line_no, "ops", "`ops` must be an array of ops")),
     };
-    Ok(Event { source, seq, ops })
+    Ok(StreamEvent {
+        source,
+        seq,
+        time,
+        ops,
+        fields: map,
+    })
 }
 
 fn digits(s: &[u8]) -> Option<u64> {
@@ -249,6 +258,17 @@ mod tests {
             Some("line 3, ops[0], field by".into())
         );
         let ev = parse_event(1, br#"{"source":"a","seq":5,"time":1,"page":"/"}"#).ok();
-        assert_eq!(ev.map(|e| (e.source, e.seq)), Some(("a".into(), 5)));
+        assert_eq!(
+            ev.map(|e| (e.source, e.seq, e.time, e.fields)),
+            Some((
+                "a".into(),
+                5,
+                Some(1.into()),
+                serde_json::json!({"page": "/"})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default()
+            ))
+        );
     }
 }

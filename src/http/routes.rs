@@ -5,7 +5,8 @@ use super::error::{ApiError, Pos};
 use super::events::{parse_event, parse_ops};
 use super::{AppState, console, metrics, middleware};
 use crate::node::{KeyFilter, WatchEvent};
-use crate::ops::{Event, value_to_json};
+use crate::ops::value_to_json;
+use crate::views::{StreamEvent, ViewQuery};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
@@ -297,7 +298,7 @@ impl Tally {
 async fn commit_events(
     state: &AppState,
     stream: &str,
-    batch: &mut Vec<Event>,
+    batch: &mut Vec<StreamEvent>,
     lines: &mut Vec<usize>,
     tally: &mut Tally,
 ) -> Result<(), ApiError> {
@@ -311,10 +312,11 @@ async fn commit_events(
         });
     let mut wait = Duration::from_millis(5);
     loop {
-        match state.node.ingest(stream, events.clone()).await {
+        match state.node.ingest_events(stream, events.clone()).await {
             Ok(outcome) => {
                 tally.accepted += outcome.applied;
                 tally.duplicates += outcome.duplicates;
+                tally.late += outcome.late;
                 tally.committed_lines =
                     batch_lines.last().copied().unwrap_or(tally.committed_lines);
                 state.metrics.events("accepted", outcome.applied as u64);
@@ -390,7 +392,7 @@ async fn ingest_stream(
         Chunks::new(body, body_timeout(state)),
         state.config.line_bytes_max,
     );
-    let mut batch: Vec<Event> = Vec::new();
+    let mut batch: Vec<StreamEvent> = Vec::new();
     let mut batch_lines: Vec<usize> = Vec::new();
     let (mut batch_bytes, mut batch_ops) = (0usize, 0usize);
     while let Some((line_no, line)) = lines.next().await? {
@@ -560,11 +562,105 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
     .into_response())
 }
 
-async fn view(Path(view): Path<String>) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "view_not_found",
-        format!("no view named {view:?} is configured"),
-    )
-    .at("path view")
+fn bad_query(param: &str, message: impl Into<String>) -> ApiError {
+    ApiError::bad_request("invalid_query", message).at(format!("query {param}"))
+}
+
+/// A time query parameter: epoch milliseconds or RFC 3339.
+fn query_time(param: &str, text: &str) -> Result<u64, ApiError> {
+    text.parse::<u64>()
+        .ok()
+        .or_else(|| super::events::parse_event_time_ms(text))
+        .ok_or_else(|| {
+            bad_query(
+                param,
+                format!("`{param}` must be epoch milliseconds or RFC 3339, got {text:?}"),
+            )
+        })
+}
+
+/// A `group.<field>` value: a JSON number, boolean or quoted string when it parses as one
+/// (`group.code=3`, `group.code="3"`), else the text itself as a string (`group.page=/home`).
+fn group_value(text: &str) -> serde_json::Value {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(
+            v @ (serde_json::Value::Number(_)
+            | serde_json::Value::Bool(_)
+            | serde_json::Value::String(_)
+            | serde_json::Value::Null),
+        ) => v,
+        _ => serde_json::Value::String(text.to_owned()),
+    }
+}
+
+/// The [`ViewQuery`] of `GET /v1/views/{view}`'s parameters, naming the bad one.
+fn view_query(params: Vec<(String, String)>, group_by: &[String]) -> Result<ViewQuery, ApiError> {
+    let mut q = ViewQuery::default();
+    for (name, text) in params {
+        match name.as_str() {
+            "from" => q.from = Some(query_time("from", &text)?),
+            "to" => q.to = Some(query_time("to", &text)?),
+            "after" => q.after = Some(text),
+            "limit" => {
+                q.limit = text
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=10_000).contains(n))
+                    .ok_or_else(|| bad_query("limit", "`limit` must be an integer in 1..=10000"))?;
+            }
+            _ => {
+                let Some(field) = name.strip_prefix("group.") else {
+                    return Err(bad_query(
+                        &name,
+                        format!(
+                            "unknown parameter {name:?} (group.<field>, from, to, after, limit)"
+                        ),
+                    ));
+                };
+                if !group_by.iter().any(|g| g == field) {
+                    return Err(bad_query(
+                        &name,
+                        format!("the view does not group by {field:?} (group_by = {group_by:?})"),
+                    ));
+                }
+                q.group.insert(field.to_owned(), group_value(&text));
+            }
+        }
+    }
+    Ok(q)
+}
+
+/// `GET /v1/views/{view}`: the view's rows (`group`, `window_start`, `window_end`, `final`,
+/// `value`) with the page's `next` cursor, this node's and the cluster's watermark, the view's
+/// counters and any definition conflicts.
+async fn view(
+    State(state): State<AppState>,
+    Path(view): Path<String>,
+    Query(params): Query<Vec<(String, String)>>,
+) -> Result<Response, ApiError> {
+    let Some(def) = state.node.views().iter().find(|v| v.def.name == view) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "view_not_found",
+            format!("no view named {view:?} is configured"),
+        )
+        .at("path view"));
+    };
+    let query = view_query(params, &def.def.group_by)?;
+    let page = state
+        .node
+        .view(&view, &query)
+        .await
+        .map_err(|e| ApiError::from_node(e, Pos::Index, state.config.retry_after_secs))?;
+    let mut body = serde_json::to_value(&page).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("encoding the view page: {e}"),
+        )
+    })?;
+    if let Some(o) = body.as_object_mut() {
+        o.insert("view".into(), json!(view));
+    }
+    Ok(axum::Json(body).into_response())
 }

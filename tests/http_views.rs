@@ -1,0 +1,414 @@
+//! Stream views through the daemon's surfaces: views declared as `[[views]]` TOML, events
+//! ingested as NDJSON over HTTP, view rows read back over HTTP with exact values, windows,
+//! finality and counters; retries change nothing, late events are reported and not applied,
+//! a bad line is refused (line and field named) with nothing applied. Then the `tidemark`
+//! binary: `serve --config` with views, `--print-config`, `tidemark view`.
+
+mod http_support;
+
+use http_support::{Served, get, post};
+use serde_json::{Value as J, json};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use tidemark::views::ViewDef;
+
+/// 2026-11-29T10:00:00Z in epoch milliseconds: the start of a one-minute window.
+const T: u64 = 1_795_946_400_000;
+
+/// Two views of the `clicks` stream, in the config-file shape of API.md.
+const VIEWS_TOML: &str = r#"
+[[views]]
+name = "clicks_per_page"
+stream = "clicks"
+kind = "count"
+group_by = ["page"]
+
+[[views]]
+name = "amount_per_minute"
+stream = "clicks"
+kind = "sum"
+field = "amount"
+window = { tumbling = "1m", lateness = "10s" }
+"#;
+
+fn view_defs() -> Vec<ViewDef> {
+    #[derive(serde::Deserialize)]
+    struct File {
+        views: Vec<ViewDef>,
+    }
+    toml::from_str::<File>(VIEWS_TOML)
+        .expect("views TOML")
+        .views
+}
+
+fn served() -> Served {
+    Served::start_with(|node, _| node.views = view_defs())
+}
+
+fn ndjson(events: &[J]) -> String {
+    events.iter().map(|e| format!("{e}\n")).collect()
+}
+
+fn ingest(s: &Served, events: &[J]) -> http_support::Answer {
+    post(&s.url("/v1/streams/clicks/events"), ndjson(events))
+}
+
+/// `GET /v1/views/{view}?query`, asserting 200.
+fn view(s: &Served, name: &str, query: &str) -> J {
+    let a = get(&s.url(&format!("/v1/views/{name}{query}")));
+    assert_eq!(a.status, 200, "{a:?}");
+    a.json
+}
+
+/// The rows of a page as `(group, window_start, final, value)`.
+fn rows(page: &J) -> Vec<(J, J, bool, J)> {
+    page["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| {
+            (
+                r["group"].clone(),
+                r["window_start"].clone(),
+                r["final"].as_bool().expect("final"),
+                r["value"].clone(),
+            )
+        })
+        .collect()
+}
+
+fn sums(page: &J) -> Vec<(u64, J)> {
+    rows(page)
+        .into_iter()
+        .map(|(_, start, _, v)| (start.as_u64().expect("window_start"), v))
+        .collect()
+}
+
+fn counts(page: &J) -> Vec<(J, J)> {
+    rows(page).into_iter().map(|(g, _, _, v)| (g, v)).collect()
+}
+
+#[test]
+fn ingest_folds_into_views_exactly_once_and_late_events_are_reported() {
+    let s = served();
+    let batch = [
+        json!({"source":"a","seq":1,"time":T + 1_000,"page":"/home","amount":5}),
+        json!({"source":"a","seq":2,"time":"2026-11-29T10:00:30Z","page":"/home","amount":7}),
+        json!({"source":"b","seq":1,"time":T + 61_000,"page":"/about","amount":2}),
+    ];
+    let a = ingest(&s, &batch);
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.json, json!({"accepted":3,"duplicates":0,"late":0}));
+
+    let count = view(&s, "clicks_per_page", "");
+    assert_eq!(
+        counts(&count),
+        vec![
+            (json!({"page":"/about"}), json!(1)),
+            (json!({"page":"/home"}), json!(2)),
+        ]
+    );
+    assert_eq!(count["view"], "clicks_per_page");
+    let sum = view(&s, "amount_per_minute", "");
+    assert_eq!(sums(&sum), vec![(T, json!(12)), (T + 60_000, json!(2))]);
+    let first = &sum["rows"][0];
+    assert_eq!(first["window_end"], json!(T + 60_000));
+    assert_eq!(sum["watermark"], json!(T + 61_000));
+
+    // A retry of the same (source, seq) pairs changes nothing.
+    let again = ingest(&s, &batch);
+    assert_eq!(again.json, json!({"accepted":0,"duplicates":3,"late":0}));
+    assert_eq!(counts(&view(&s, "clicks_per_page", "")), counts(&count));
+    assert_eq!(
+        sums(&view(&s, "amount_per_minute", "")),
+        vec![(T, json!(12)), (T + 60_000, json!(2))]
+    );
+
+    // The watermark moves to T+200s; then an event for the first window (deadline T+70s) is
+    // late: reported, not applied to that window. The unwindowed count view still takes it.
+    let a = ingest(
+        &s,
+        &[json!({"source":"c","seq":1,"time":T + 200_000,"page":"/x","amount":1})],
+    );
+    assert_eq!(a.json, json!({"accepted":1,"duplicates":0,"late":0}));
+    let a = ingest(
+        &s,
+        &[json!({"source":"c","seq":2,"time":T + 5_000,"page":"/home","amount":100})],
+    );
+    assert_eq!(
+        a.json,
+        json!({"accepted":1,"duplicates":0,"late":1}),
+        "{a:?}"
+    );
+    let sum = view(&s, "amount_per_minute", "");
+    assert_eq!(
+        rows(&sum),
+        vec![
+            (json!({}), json!(T), true, json!(12)),
+            (json!({}), json!(T + 60_000), true, json!(2)),
+            (json!({}), json!(T + 180_000), false, json!(1)),
+        ],
+        "{sum}"
+    );
+    assert_eq!(sum["watermark"], json!(T + 200_000));
+    assert_eq!(sum["cluster_watermark"], json!(T + 200_000));
+    assert_eq!(
+        sum["counters"],
+        json!({"folded":4,"late":1,"rejected":0}),
+        "{sum}"
+    );
+    assert_eq!(
+        counts(&view(&s, "clicks_per_page", "")),
+        vec![
+            (json!({"page":"/about"}), json!(1)),
+            (json!({"page":"/home"}), json!(3)),
+            (json!({"page":"/x"}), json!(1)),
+        ]
+    );
+
+    // Query parameters: a group, a time range (ms or RFC 3339), paging.
+    let home = view(&s, "clicks_per_page", "?group.page=/home");
+    assert_eq!(counts(&home), vec![(json!({"page":"/home"}), json!(3))]);
+    let ranged = view(
+        &s,
+        "amount_per_minute",
+        &format!("?from={}&to=2026-11-29T10:02:00Z", T + 60_000),
+    );
+    assert_eq!(sums(&ranged), vec![(T + 60_000, json!(2))]);
+    let page1 = view(&s, "amount_per_minute", "?limit=2");
+    assert_eq!(sums(&page1).len(), 2);
+    let next = page1["next"].as_str().expect("next cursor");
+    let page2 = view(
+        &s,
+        "amount_per_minute",
+        &format!("?limit=2&after={}", encode(next)),
+    );
+    assert_eq!(sums(&page2), vec![(T + 180_000, json!(1))]);
+    assert_eq!(page2["next"], J::Null);
+}
+
+/// Percent-encodes a query value.
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn bad_lines_and_queries_are_named_and_apply_nothing() {
+    let s = served();
+    // Line 2 lacks the sum view's value field: the whole batch is refused.
+    let a = ingest(
+        &s,
+        &[
+            json!({"source":"a","seq":1,"time":T,"page":"/home","amount":5}),
+            json!({"source":"a","seq":2,"time":T,"page":"/home"}),
+            json!({"source":"a","seq":3,"time":T,"page":"/home","amount":1}),
+        ],
+    );
+    assert_eq!(a.status, 400, "{a:?}");
+    assert_eq!(
+        (a.code(), a.at()),
+        ("invalid_event", "line 2, field amount"),
+        "{a:?}"
+    );
+    assert_eq!(a.json["committed"]["accepted"], 0);
+    // A malformed time is refused while parsing, naming the line and field.
+    let a = ingest(
+        &s,
+        &[
+            json!({"source":"a","seq":1,"time":T,"page":"/home","amount":5}),
+            json!({"source":"a","seq":2,"time":"yesterday","page":"/home","amount":5}),
+        ],
+    );
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (400, "invalid_event", "line 2, field time"),
+        "{a:?}"
+    );
+    for name in ["clicks_per_page", "amount_per_minute"] {
+        let page = view(&s, name, "");
+        assert_eq!(rows(&page), vec![], "{name}: {page}");
+        assert_eq!(page["counters"]["folded"], 0, "{page}");
+    }
+    // Nothing was marked applied either: the same events are accepted afterwards.
+    let a = ingest(
+        &s,
+        &[json!({"source":"a","seq":1,"time":T,"page":"/home","amount":5})],
+    );
+    assert_eq!(a.json, json!({"accepted":1,"duplicates":0,"late":0}));
+
+    let missing = get(&s.url("/v1/views/nope"));
+    assert_eq!((missing.status, missing.code()), (404, "view_not_found"));
+    for (query, param) in [
+        ("?limit=abc", "query limit"),
+        ("?from=yesterday", "query from"),
+        ("?group.user=x", "query group.user"),
+        ("?colour=red", "query colour"),
+    ] {
+        let a = get(&s.url(&format!("/v1/views/clicks_per_page{query}")));
+        assert_eq!(
+            (a.status, a.code(), a.at()),
+            (400, "invalid_query", param),
+            "{query}: {a:?}"
+        );
+    }
+}
+
+const BIN: &str = env!("CARGO_BIN_EXE_tidemark");
+
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run tidemark")
+}
+
+fn text(o: &Output) -> (Option<i32>, String, String) {
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// A `tidemark serve` child; killed on drop.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn cli_serves_views_from_the_config_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("tidemark.toml");
+    std::fs::write(&config, VIEWS_TOML).expect("write config");
+    let config = config.to_str().expect("utf-8 path");
+    let data = dir.path().join("data");
+    let data = data.to_str().expect("utf-8 path");
+    let base = [
+        "serve",
+        "--config",
+        config,
+        "--data",
+        data,
+        "--http",
+        "127.0.0.1:0",
+        "--peer-listen",
+        "127.0.0.1:0",
+    ];
+
+    let (code, printed, err) = text(&run(&[&base[..], &["--print-config"]].concat()));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        printed.contains("[[views]]") && printed.contains("name = \"amount_per_minute\""),
+        "{printed}"
+    );
+
+    // A bad view is refused at start, naming the view and the field.
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        VIEWS_TOML.replace("kind = \"sum\"", "kind = \"average\""),
+    )
+    .expect("write");
+    let bad = bad.to_str().expect("utf-8 path");
+    let (code, _, err) = text(&run(&["serve", "--config", bad, "--print-config"]));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("views[1].kind") && err.contains("amount_per_minute"),
+        "{err}"
+    );
+    let bad2 = dir.path().join("bad2.toml");
+    std::fs::write(&bad2, VIEWS_TOML.replace("\"1m\"", "\"1 minute\"")).expect("write");
+    let bad2 = bad2.to_str().expect("utf-8 path");
+    let (code, _, err) = text(&run(&["serve", "--config", bad2, "--print-config"]));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("amount_per_minute") && err.contains("window.tumbling"),
+        "{err}"
+    );
+
+    let mut child = Command::new(BIN)
+        .args(base)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn serve");
+    let stdout = child.stdout.take().expect("stdout");
+    let daemon = Daemon(child);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).expect("read");
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+    let a = post(
+        &format!("{url}/v1/streams/clicks/events"),
+        ndjson(&[
+            json!({"source":"a","seq":1,"time":"2026-11-29T10:00:01Z","page":"/home","amount":5}),
+            json!({"source":"a","seq":2,"time":"2026-11-29T10:01:30Z","page":"/home","amount":3}),
+        ]),
+    );
+    assert_eq!(
+        a.json,
+        json!({"accepted":2,"duplicates":0,"late":0}),
+        "{a:?}"
+    );
+
+    let (code, out, err) = text(&run(&[
+        "--url",
+        &url,
+        "--json",
+        "view",
+        "amount_per_minute",
+    ]));
+    assert_eq!(code, Some(0), "{err}");
+    let page: J = serde_json::from_str(out.trim()).expect("json");
+    assert_eq!(sums(&page), vec![(T, json!(5)), (T + 60_000, json!(3))]);
+
+    let (code, out, err) = text(&run(&["--url", &url, "view", "amount_per_minute"]));
+    assert_eq!(code, Some(0), "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("GROUP"), "{out}");
+    assert!(
+        lines[1].contains("2026-11-29T10:00:00Z")
+            && lines[1].contains("2026-11-29T10:01:00Z")
+            && lines[1].trim_end().ends_with('5'),
+        "{out}"
+    );
+    assert!(out.contains("watermark 2026-11-29T10:01:30Z"), "{out}");
+
+    let (code, out, err) = text(&run(&[
+        "--url",
+        &url,
+        "view",
+        "clicks_per_page",
+        "--group",
+        "page=/home",
+    ]));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("page=/home") && l.trim_end().ends_with('2')),
+        "{out}"
+    );
+
+    let (code, _, err) = text(&run(&["--url", &url, "view", "nope"]));
+    assert_eq!(code, Some(1));
+    assert!(err.contains("view_not_found"), "{err}");
+    drop(daemon);
+}
