@@ -6,7 +6,11 @@ use std::time::Duration;
 /// Every bound the node enforces, with documented defaults. Units and qualifiers come last in
 /// each name (`frame_bytes_max`). Local callers over a limit get a typed error or backpressure;
 /// peers over a limit get their message rejected and counted.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// In a TOML config (`[limits]`) every field is optional (missing ones take the default) and an
+/// unknown key is rejected by name.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// Longest key name in bytes (default 256, API.md).
     pub key_bytes_max: usize,

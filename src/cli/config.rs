@@ -9,69 +9,6 @@ use tidemark::http::HttpConfig;
 use tidemark::views::ViewDef;
 use tidemark::{Durability, Limits, NodeConfig};
 
-/// `[limits]`: every bound of the node (see `tidemark::Limits` for meanings).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LimitsConfig {
-    pub key_bytes_max: usize,
-    pub value_bytes_max: usize,
-    pub element_bytes_max: usize,
-    pub batch_ops_max: usize,
-    pub write_queue_ops_max: usize,
-    pub commit_group_ops_max: usize,
-    pub frame_bytes_max: usize,
-    pub message_bytes_target: usize,
-    pub record_bytes_max: usize,
-    pub watch_buffer_max: usize,
-    pub cache_bytes: usize,
-    pub max_clock_drift_ms: u64,
-    pub sources_per_batch_max: usize,
-    pub dedup_ranges_max: usize,
-}
-
-impl Default for LimitsConfig {
-    fn default() -> Self {
-        let l = Limits::default();
-        Self {
-            key_bytes_max: l.key_bytes_max,
-            value_bytes_max: l.value_bytes_max,
-            element_bytes_max: l.element_bytes_max,
-            batch_ops_max: l.batch_ops_max,
-            write_queue_ops_max: l.write_queue_ops_max,
-            commit_group_ops_max: l.commit_group_ops_max,
-            frame_bytes_max: l.frame_bytes_max,
-            message_bytes_target: l.message_bytes_target,
-            record_bytes_max: l.record_bytes_max,
-            watch_buffer_max: l.watch_buffer_max,
-            cache_bytes: l.cache_bytes,
-            max_clock_drift_ms: l.max_clock_drift_ms,
-            sources_per_batch_max: l.sources_per_batch_max,
-            dedup_ranges_max: l.dedup_ranges_max,
-        }
-    }
-}
-
-impl LimitsConfig {
-    fn to_limits(&self) -> Limits {
-        Limits {
-            key_bytes_max: self.key_bytes_max,
-            value_bytes_max: self.value_bytes_max,
-            element_bytes_max: self.element_bytes_max,
-            batch_ops_max: self.batch_ops_max,
-            write_queue_ops_max: self.write_queue_ops_max,
-            commit_group_ops_max: self.commit_group_ops_max,
-            frame_bytes_max: self.frame_bytes_max,
-            message_bytes_target: self.message_bytes_target,
-            record_bytes_max: self.record_bytes_max,
-            watch_buffer_max: self.watch_buffer_max,
-            cache_bytes: self.cache_bytes,
-            max_clock_drift_ms: self.max_clock_drift_ms,
-            sources_per_batch_max: self.sources_per_batch_max,
-            dedup_ranges_max: self.dedup_ranges_max,
-        }
-    }
-}
-
 /// `[peer]`: the peer network (QUIC + mTLS + SWIM).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -150,7 +87,7 @@ pub struct Config {
     /// Logging.
     pub log: LogConfig,
     /// Node limits.
-    pub limits: LimitsConfig,
+    pub limits: Limits,
     /// Stream views (`[[views]]`, API.md "Events and streams").
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub views: Vec<ViewDef>,
@@ -167,7 +104,7 @@ impl Default for Config {
             http: HttpConfig::default(),
             peer: PeerConfig::default(),
             log: LogConfig::default(),
-            limits: LimitsConfig::default(),
+            limits: Limits::default(),
             views: Vec::new(),
         }
     }
@@ -287,7 +224,7 @@ impl Config {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
-        if let Err(e) = self.limits.to_limits().validate() {
+        if let Err(e) = self.limits.validate() {
             bail!("{e}");
         }
         if let Err(e) = self.http.validate() {
@@ -302,7 +239,7 @@ impl Config {
     /// The embedded node's configuration.
     pub fn node_config(&self) -> NodeConfig {
         let mut node = NodeConfig::new(&self.data_dir);
-        node.limits = self.limits.to_limits();
+        node.limits = self.limits.clone();
         node.durability = match self.durability {
             DurabilityName::Immediate => Durability::Immediate,
             DurabilityName::Relaxed => Durability::Relaxed,
