@@ -85,6 +85,12 @@ pub(crate) enum Input {
         peer: PeerId,
         link: u64,
     },
+    /// SWIM reports the network peer alive (given to the replica as up once its link is
+    /// connected too) or down (taken down, evicted after the replica's grace period).
+    NetAlive {
+        peer: PeerId,
+        alive: bool,
+    },
     /// A decoded message from a network peer; `permit` returns its bytes to the connection's
     /// inbound budget once handled (bounded apply queue).
     NetMessage {
@@ -140,6 +146,8 @@ pub(crate) struct Driver {
     pub(crate) frame_bytes_max: usize,
     /// Network peers: where their frames go.
     pub(crate) links: BTreeMap<PeerId, crate::net::transport::PeerLink>,
+    /// Network peers SWIM reports alive: only these are up in the replica (with a link).
+    pub(crate) net_alive: std::collections::BTreeSet<PeerId>,
 }
 
 pub(crate) fn wall_ms() -> u64 {
@@ -425,10 +433,13 @@ impl Driver {
             }
             Input::NetUp { peer, link } => {
                 self.links.insert(peer, link);
-                let now = self.now();
-                let mut served = Served::new(&mut self.store, &mut self.durable);
-                if let Err(e) = self.replica.peer_up(now, peer, &mut served) {
-                    tracing::error!(error = %e, "replication storage failure");
+                // Authenticated, but up in the replica only once SWIM reports it alive.
+                if self.net_alive.contains(&peer) {
+                    let now = self.now();
+                    let mut served = Served::new(&mut self.store, &mut self.durable);
+                    if let Err(e) = self.replica.peer_up(now, peer, &mut served) {
+                        tracing::error!(error = %e, "replication storage failure");
+                    }
                 }
             }
             Input::NetDown { peer, link } => {
@@ -436,6 +447,19 @@ impl Driver {
                     self.links.remove(&peer);
                     let now = self.now();
                     self.replica.peer_down(now, peer);
+                }
+            }
+            Input::NetAlive { peer, alive } => {
+                let now = self.now();
+                if alive {
+                    if self.net_alive.insert(peer) && self.links.contains_key(&peer) {
+                        let mut served = Served::new(&mut self.store, &mut self.durable);
+                        if let Err(e) = self.replica.peer_up(now, peer, &mut served) {
+                            tracing::error!(error = %e, "replication storage failure");
+                        }
+                    }
+                } else if self.net_alive.remove(&peer) {
+                    self.replica.member_down(now, peer);
                 }
             }
             Input::NetMessage { from, msg, permit } => {

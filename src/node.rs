@@ -228,6 +228,7 @@ impl Node {
             frames_rejected: 0,
             frame_bytes_max: config.limits.frame_bytes_max,
             links: std::collections::BTreeMap::new(),
+            net_alive: std::collections::BTreeSet::new(),
         };
         let thread = std::thread::Builder::new()
             .name("tidemark-writer".into())
@@ -349,7 +350,8 @@ impl Node {
                 .try_into()
                 .unwrap_or([9; 8]),
         );
-        let net = Net::start(addr, &tls, opts, inputs, seed)?;
+        let member = (self.shared.replica.0, self.shared.epoch);
+        let net = Net::start(addr, &tls, opts, inputs, seed, member)?;
         let local = net.local_addr();
         *guard = Some(net);
         Ok(local)
@@ -377,9 +379,11 @@ impl Node {
         self.listen(addr, tls).await
     }
 
-    /// Keeps a connection to the peer at `addr` for as long as this node listens: dials it now,
-    /// and again with backoff (`redial_min`..`redial_max`) whenever the connection is lost or
-    /// cannot be made. Returns at once; replication starts when the connection is up.
+    /// Joins the cluster through the seed at `addr` (repeatable): dials it now, and again with
+    /// backoff (`redial_min`..`redial_max`) until one authenticated connection to it was made
+    /// or SWIM reports a live member; then stops (it never redials forever). Afterwards SWIM
+    /// membership decides whom this node probes, connects to and replicates with. Returns at
+    /// once; replication starts when the seed's node (and the members it tells of) are alive.
     ///
     /// # Errors
     /// [`Error::Net`] ([`NetError::NotListening`]) before [`Node::listen`]; [`Error::Closed`].

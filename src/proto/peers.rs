@@ -54,6 +54,8 @@ pub(crate) struct Peer {
     pub known: Option<(ReplicaId, CausalContext)>,
     /// After a reconnect, do not serve the peer before this time (catch-up stagger).
     pub serve_after: Option<u64>,
+    /// When the membership layer declared the peer down (eviction after the grace period).
+    pub down_since: Option<u64>,
 }
 
 impl Peer {
@@ -72,6 +74,7 @@ impl Peer {
             more: false,
             known: None,
             serve_after: None,
+            down_since: None,
         }
     }
 

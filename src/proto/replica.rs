@@ -74,6 +74,10 @@ pub struct ReplicaConfig {
     pub overlay_reshuffle_ms: u64,
     /// How often peers outside the overlay are served. Default 2,000.
     pub anti_entropy_interval_ms: u64,
+    /// A peer the membership layer declared down ([`Replica::member_down`], SWIM) is evicted
+    /// from the ack map this long afterwards unless it comes back first, so a dead peer pins
+    /// the log (and compaction) for at most this grace period. Default 30,000.
+    pub member_down_grace_ms: u64,
 }
 
 impl Default for ReplicaConfig {
@@ -92,6 +96,7 @@ impl Default for ReplicaConfig {
             gossip_fanout: 0,
             overlay_reshuffle_ms: 5_000,
             anti_entropy_interval_ms: 2_000,
+            member_down_grace_ms: 30_000,
         }
     }
 }
@@ -364,6 +369,7 @@ impl Replica {
         self.start(now.mono_ms);
         let p = self.peer_mut(peer);
         p.up = true;
+        p.down_since = None;
         p.reset_link();
         self.send_hello(now.mono_ms, peer, store);
         Ok(())
@@ -375,6 +381,17 @@ impl Replica {
         let p = self.peer_mut(peer);
         p.up = false;
         p.reset_link();
+    }
+
+    /// The membership layer (SWIM) declared `peer` down: it is taken down like
+    /// [`Replica::peer_down`], and evicted from the ack map (so it stops pinning the log)
+    /// `member_down_grace_ms` later unless [`Replica::peer_up`] brings it back first.
+    pub fn member_down(&mut self, now: Now, peer: PeerId) {
+        self.peer_down(now, peer);
+        let p = self.peer_mut(peer);
+        if p.down_since.is_none() {
+            p.down_since = Some(now.mono_ms);
+        }
     }
 
     /// The host durably committed local writes (the log grew). They go out at the next tick,
@@ -658,9 +675,16 @@ impl Replica {
                 now.saturating_add(self.config.anti_entropy_interval_ms.max(1));
         }
         for id in ids {
+            let grace = self.config.member_down_grace_ms;
             let p = self.peer_mut(id);
             let silent = now.saturating_sub(p.last_heard.unwrap_or(boot));
-            if p.tracked && silent > evict_after {
+            let declared_down = p
+                .down_since
+                .is_some_and(|t| !p.up && now >= t.saturating_add(grace));
+            if declared_down {
+                p.down_since = None;
+            }
+            if p.tracked && (silent > evict_after || declared_down) {
                 p.tracked = false;
                 p.cursor = PeerCursor::Unknown;
                 p.hellos_unanswered = 0;
