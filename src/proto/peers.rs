@@ -56,6 +56,8 @@ pub(crate) struct Peer {
     pub serve_after: Option<u64>,
     /// When the membership layer declared the peer down (eviction after the grace period).
     pub down_since: Option<u64>,
+    /// Our rank among the senders of a peer that needs a bootstrap (0: we transfer at once).
+    pub bootstrap_rank: u64,
 }
 
 impl Peer {
@@ -75,6 +77,7 @@ impl Peer {
             known: None,
             serve_after: None,
             down_since: None,
+            bootstrap_rank: 0,
         }
     }
 
