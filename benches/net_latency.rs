@@ -66,11 +66,17 @@ async fn run(rate: f64, secs: f64) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
-    // Wait for the full mesh.
+    // Wait for the full mesh, every member alive in SWIM (only those replicate).
     let started = Instant::now();
+    let alive = |s: &tidemark::net::NetStatus| {
+        s.members
+            .iter()
+            .filter(|m| m.state == tidemark::net::MemberState::Alive)
+            .count()
+    };
     while nodes
         .iter()
-        .any(|n| n.net_status().map_or(0, |s| s.peers.len()) < NODES - 1)
+        .any(|n| n.net_status().map_or(0, |s| s.peers.len().min(alive(&s))) < NODES - 1)
     {
         if started.elapsed() > Duration::from_secs(20) {
             return Err("the mesh did not form".into());

@@ -263,6 +263,17 @@ impl Membership {
         config.max_packet_size = std::num::NonZeroUsize::new(opts.packet_bytes_max.max(256))
             .unwrap_or(config.max_packet_size);
         config.notify_down_members = true;
+        // Partitions heal: members declared down are re-announced to (and remembered long
+        // enough for it), and a few random members are re-announced to periodically.
+        config.remove_down_after = Duration::from_secs(24 * 3600);
+        config.periodic_announce_to_down_members = Some(foca::PeriodicParams {
+            frequency: opts.probe_period * 2,
+            num_members: std::num::NonZeroUsize::MIN.saturating_add(1),
+        });
+        config.periodic_announce = Some(foca::PeriodicParams {
+            frequency: opts.probe_period * 5,
+            num_members: std::num::NonZeroUsize::MIN,
+        });
         config.periodic_gossip = Some(foca::PeriodicParams {
             frequency: opts.probe_period / 2,
             num_members: std::num::NonZeroUsize::MIN.saturating_add(2),
