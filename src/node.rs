@@ -618,6 +618,7 @@ impl Node {
     pub async fn maintain_views(&self) -> Result<usize, Error> {
         use crate::views::maintain;
         let views = &self.shared.views;
+        let _round = views.maintenance.lock().await;
         let me = self.shared.replica;
         let known = self.view_members().await?;
         let plans = maintain::plan(

@@ -110,6 +110,9 @@ pub struct Views {
     pub(crate) met: Mutex<BTreeSet<crate::proto::PeerId>>,
     /// `(view, digest)` pairs of other definitions already logged.
     warned: Mutex<BTreeSet<(String, String)>>,
+    /// Serializes maintenance rounds (a horizon is acted on only after its own announcement
+    /// committed, which a concurrent round could otherwise skip).
+    pub(crate) maintenance: tokio::sync::Mutex<()>,
 }
 
 /// What [`Views::admit`] decided for a batch.
@@ -164,6 +167,7 @@ impl Views {
             counters,
             met: Mutex::new(BTreeSet::new()),
             warned: Mutex::new(BTreeSet::new()),
+            maintenance: tokio::sync::Mutex::new(()),
         })
     }
 
