@@ -549,7 +549,16 @@ impl Node {
         }
         let n = writes.len();
         views.touch(stream);
-        let (rx, admitted) = {
+        // Events that cannot turn out duplicates or be refused at commit get their view
+        // mutations coalesced into one per cell (issue 9, cost).
+        let (coalesce, inflight) =
+            views.begin_batch(stream, &events, &self.reader()?, limits.dedup_ranges_max)?;
+        let mut guard = BatchGuard {
+            views: Arc::clone(views),
+            inflight,
+            pending: None,
+        };
+        let admitted = {
             let mut wms = views.watermarks.lock().map_err(|_| Error::Closed)?;
             let admitted = views.admit(
                 wms.get(stream).copied().unwrap_or_default(),
@@ -557,14 +566,21 @@ impl Node {
                 &mut writes,
                 folded,
                 self.shared.replica,
+                coalesce,
             );
-            let rx = self.enqueue(writes)?;
+            guard.pending = Some(self.enqueue(writes)?);
             if let Some(wm) = admitted.new_wm {
                 wms.entry(stream.to_owned()).or_default().wm = Some(wm);
             }
-            (rx, admitted)
+            admitted
         };
-        let commit: LocalCommit = rx.await.map_err(|_| Error::Closed)??;
+        let done = match guard.pending.as_mut() {
+            Some(rx) => rx.await,
+            None => return Err(Error::Closed),
+        };
+        guard.pending = None;
+        drop(guard);
+        let commit: LocalCommit = done.map_err(|_| Error::Closed)??;
         let dup = &commit.duplicate[..n.min(commit.duplicate.len())];
         let effective: Vec<bool> = dup
             .iter()
@@ -805,6 +821,33 @@ async fn views_maintenance(shared: std::sync::Weak<Shared>) {
             Ok(_) => {}
             Err(Error::Closed) => return,
             Err(e) => tracing::warn!(error = %e, "view maintenance failed"),
+        }
+    }
+}
+
+/// Keeps an ingest batch's events registered as in flight until its commit is known, even if
+/// the caller stops waiting (then a task waits for the commit).
+struct BatchGuard {
+    views: Arc<crate::views::Views>,
+    inflight: Vec<((String, String), usize)>,
+    pending: Option<oneshot::Receiver<Result<LocalCommit, Error>>>,
+}
+
+impl Drop for BatchGuard {
+    fn drop(&mut self) {
+        let inflight = std::mem::take(&mut self.inflight);
+        match (self.pending.take(), tokio::runtime::Handle::try_current()) {
+            (None, _) => self.views.end_batch(&inflight),
+            (Some(rx), Ok(rt)) => {
+                let views = Arc::clone(&self.views);
+                rt.spawn(async move {
+                    let _ = rx.await;
+                    views.end_batch(&inflight);
+                });
+            }
+            // No runtime to wait on: the sources stay registered, so their later batches keep
+            // per-event view mutations (correct, only slower).
+            (Some(_), Err(_)) => {}
         }
     }
 }

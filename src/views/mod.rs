@@ -39,6 +39,7 @@
 //! and purges their rows; the context keeps their dots, which to the join is a removal, so
 //! nothing resurrects. `retention ≥ lateness` is enforced: only final windows are removed.
 
+pub mod coalesce;
 pub mod def;
 pub mod fold;
 pub mod keys;
@@ -110,10 +111,15 @@ pub struct Views {
     pub(crate) met: Mutex<BTreeSet<crate::proto::PeerId>>,
     /// `(view, digest)` pairs of other definitions already logged.
     warned: Mutex<BTreeSet<(String, String)>>,
+    /// `(stream, source)` → events of ingest batches queued and not yet committed.
+    inflight: Mutex<BTreeMap<(String, String), usize>>,
     /// Serializes maintenance rounds (a horizon is acted on only after its own announcement
     /// committed, which a concurrent round could otherwise skip).
     pub(crate) maintenance: tokio::sync::Mutex<()>,
 }
+
+/// The `(stream, source)` pairs of a batch in flight and its events per pair.
+pub(crate) type InFlight = Vec<((String, String), usize)>;
 
 /// What [`Views::admit`] decided for a batch.
 #[derive(Debug, Default)]
@@ -167,6 +173,7 @@ impl Views {
             counters,
             met: Mutex::new(BTreeSet::new()),
             warned: Mutex::new(BTreeSet::new()),
+            inflight: Mutex::new(BTreeMap::new()),
             maintenance: tokio::sync::Mutex::new(()),
         })
     }
@@ -317,6 +324,70 @@ impl Views {
             .collect()
     }
 
+    /// Registers a batch's events as in flight (until [`Views::end_batch`] with the returned
+    /// keys) and says whether its view mutations may be coalesced into one per cell: only when
+    /// no event of the batch can turn out a duplicate or be refused when it commits — none is
+    /// repeated in the batch or already marked, no other batch of its sources is in flight,
+    /// and none would open a dedup range beyond `ranges_max` (the store's rule, replayed on the
+    /// committed marks). Otherwise every event keeps its own view mutations.
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub(crate) fn begin_batch(
+        &self,
+        stream: &str,
+        events: &[StreamEvent],
+        reader: &crate::store::Reader,
+        ranges_max: usize,
+    ) -> Result<(bool, InFlight), Error> {
+        let mut inflight = self.inflight.lock().map_err(|_| Error::Closed)?;
+        let mut per_source: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+        for e in events {
+            per_source.entry(&e.source).or_default().push(e.seq);
+        }
+        let mut fast = true;
+        for (source, seqs) in &per_source {
+            if !fast {
+                break;
+            }
+            if inflight.contains_key(&(stream.to_owned(), (*source).to_owned())) {
+                fast = false;
+                break;
+            }
+            let mut seen = reader.dedup_marks_of(stream, source)?;
+            for &seq in seqs {
+                let below = seq.checked_sub(1).is_some_and(|s| seen.contains(s));
+                let above = seq.checked_add(1).is_some_and(|s| seen.contains(s));
+                if seen.contains(seq) || (!below && !above && seen.ranges().len() >= ranges_max) {
+                    fast = false;
+                    break;
+                }
+                seen.insert(seq);
+            }
+        }
+        let mut keys = Vec::with_capacity(per_source.len());
+        for (source, seqs) in per_source {
+            let k = (stream.to_owned(), source.to_owned());
+            *inflight.entry(k.clone()).or_default() += seqs.len();
+            keys.push((k, seqs.len()));
+        }
+        Ok((fast, keys))
+    }
+
+    /// The batch registered as `keys` by [`Views::begin_batch`] is committed (or failed).
+    pub(crate) fn end_batch(&self, keys: &[((String, String), usize)]) {
+        if let Ok(mut inflight) = self.inflight.lock() {
+            for (k, n) in keys {
+                if let Some(c) = inflight.get_mut(k) {
+                    *c = c.saturating_sub(*n);
+                    if *c == 0 {
+                        inflight.remove(k);
+                    }
+                }
+            }
+        }
+    }
+
     /// The announcement write of `stream`: watermark `wm`, horizon `horizon`.
     pub(crate) fn announcement(
         &self,
@@ -349,7 +420,9 @@ impl Views {
         writes: &mut Vec<LocalWrite>,
         folded: Vec<FoldedEvent>,
         me: ReplicaId,
+        coalesce: bool,
     ) -> Admitted {
+        let mut merged = Vec::new();
         let wm = marks.wm;
         let horizon = self.horizon(stream);
         let ooo = self.ooo.get(stream).copied().unwrap_or(0);
@@ -366,13 +439,23 @@ impl Views {
                     list.push(op.view);
                 }
                 if !is_late {
-                    w.ops.push((op.key, op.mutation));
+                    if coalesce {
+                        merged.push((op.key, op.mutation));
+                    } else {
+                        w.ops.push((op.key, op.mutation));
+                    }
                 }
             }
             out.late.push(late);
             out.applied.push(applied);
             let t = f.time_ms.saturating_sub(ooo);
             max_wm = Some(max_wm.map_or(t, |m| m.max(t)));
+        }
+        if !merged.is_empty() {
+            writes.push(LocalWrite {
+                ops: coalesce::coalesce(merged),
+                event: None,
+            });
         }
         if let Some(m) = max_wm {
             if wm.is_none_or(|wm| m > wm) {
