@@ -102,6 +102,11 @@ pub(crate) enum Input {
     Status {
         reply: oneshot::Sender<ReplicationStatus>,
     },
+    /// Stream-view retention: remove the rows of expired windows (context kept).
+    PurgeRows {
+        keys: Vec<Key>,
+        reply: oneshot::Sender<Result<usize, Error>>,
+    },
 }
 
 /// What replication has done and where it stands.
@@ -547,6 +552,10 @@ impl Driver {
                     .durable
                     .sync(&mut self.store)
                     .and_then(|()| self.store.deltas_since(&remote, bytes_max));
+                let _ = reply.send(r.map_err(Error::from));
+            }
+            Input::PurgeRows { keys, reply } => {
+                let r = self.store.purge_rows(&keys);
                 let _ = reply.send(r.map_err(Error::from));
             }
             Input::Compact { below, reply } => {
