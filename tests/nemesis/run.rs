@@ -175,6 +175,24 @@ impl Nemesis<'_> {
                 &format!("nemesis: probe {key} unverified ({outcome:?})"),
             );
         }
+        // Sometimes a crash inside the partition: the node restarts into a cut network.
+        if self.rng.random_bool(0.3) {
+            let i = self.rng.random_range(0..n);
+            self.cluster.kill9(i);
+            self.faults.kills += 1;
+            log(
+                self.tag,
+                self.start,
+                &format!("nemesis: kill -9 n{i} (partitioned)"),
+            );
+            std::thread::sleep(Duration::from_millis(hold_ms / 2));
+            self.cluster.restart(i);
+            log(
+                self.tag,
+                self.start,
+                &format!("nemesis: restarted n{i} (partitioned)"),
+            );
+        }
         std::thread::sleep(Duration::from_millis(hold_ms));
         nft.heal().expect("heal");
         log(self.tag, self.start, "nemesis: healed");
@@ -195,7 +213,8 @@ impl Nemesis<'_> {
         self.cluster.pause(i);
         self.faults.pauses += 1;
         log(self.tag, self.start, &format!("nemesis: SIGSTOP n{i}"));
-        self.sleep_ms(500, 3_000);
+        // Up to 5 s: past the peers' QUIC idle timeout (3 s), so their connections drop.
+        self.sleep_ms(500, 5_000);
         self.cluster.resume(i);
         log(self.tag, self.start, &format!("nemesis: SIGCONT n{i}"));
     }
@@ -306,6 +325,9 @@ pub fn run(cfg: &RunConfig) {
         "converged (or gave up); checking the history",
     );
     let history = history.lock().expect("history").clone();
+    // Kept with the node logs when the check fails.
+    let dump: String = history.iter().map(|op| format!("{op:?}\n")).collect();
+    let _ = std::fs::write(cluster.dir.join("history.txt"), dump);
     match history::check(&history, &finals) {
         Ok(s) => eprintln!(
             "nemesis {}: SEED={} OK: {} ops ({} ok, {} failed, {} indeterminate); {} set elements present, {} removed; \
