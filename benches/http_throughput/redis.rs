@@ -95,35 +95,48 @@ fn timed(port: u16, w: Workload) -> Option<f64> {
     bench(port, w, n)
 }
 
-/// Measures every workload against Redis (always, everysec) and prints the comparison table.
-pub(crate) fn compare(tidemark: &[(Workload, f64)]) {
-    let found = |bin: &str| {
-        Command::new(bin)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !found("redis-server") || !found("redis-benchmark") {
-        println!(
-            "skipped: redis-server not found (install the Debian packages redis-server and redis-tools for the Redis comparison)"
-        );
-        return;
-    }
-    let mut columns = Vec::new();
-    for fsync in ["always", "everysec"] {
-        let Some(server) = Server::start(fsync) else {
-            println!("skipped: redis-server did not start");
-            return;
+/// Both Redis servers (`appendfsync always` and `everysec`), running side by side so each
+/// workload is measured on Tidemark and both Redis setups back to back (the machine's load
+/// drifts; adjacent runs see the same disk).
+pub(crate) struct Servers {
+    always: Server,
+    everysec: Server,
+}
+
+impl Servers {
+    /// Starts both, or prints why the Redis comparison is skipped.
+    pub(crate) fn start() -> Option<Self> {
+        let found = |bin: &str| {
+            Command::new(bin)
+                .arg("--version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
         };
-        let rates: Vec<Option<f64>> = tidemark
-            .iter()
-            .map(|(w, _)| timed(server.port, *w))
-            .collect();
-        drop(server);
-        columns.push(rates);
+        if !found("redis-server") || !found("redis-benchmark") {
+            println!(
+                "skipped: redis-server not found (install the Debian packages redis-server and redis-tools for the Redis comparison)"
+            );
+            return None;
+        }
+        match (Server::start("always"), Server::start("everysec")) {
+            (Some(always), Some(everysec)) => Some(Self { always, everysec }),
+            _ => {
+                println!("skipped: redis-server did not start");
+                None
+            }
+        }
     }
+
+    /// Requests/s of `w` on (always, everysec).
+    pub(crate) fn measure(&self, w: Workload) -> (Option<f64>, Option<f64>) {
+        (timed(self.always.port, w), timed(self.everysec.port, w))
+    }
+}
+
+/// Prints the comparison table (Markdown).
+pub(crate) fn table(rows: &[(Workload, f64, Option<f64>, Option<f64>)]) {
     let fmt = |r: Option<f64>| r.map_or("n/a".to_owned(), |r| format!("{r:.0}"));
     let ratio = |t: f64, r: Option<f64>| r.map_or("n/a".to_owned(), |r| format!("{:.2}×", t / r));
     println!();
@@ -131,15 +144,15 @@ pub(crate) fn compare(tidemark: &[(Workload, f64)]) {
         "| workload (ops/s) | clients | Tidemark HTTP (durable ack) | Redis always | Redis everysec | Tidemark / always | Tidemark / everysec |"
     );
     println!("|---|---|---|---|---|---|---|");
-    for (i, (w, t)) in tidemark.iter().enumerate() {
+    for (w, t, always, everysec) in rows {
         println!(
             "| {} | {} | {t:.0} | {} | {} | {} | {} |",
             w.name,
             w.clients,
-            fmt(columns[0][i]),
-            fmt(columns[1][i]),
-            ratio(*t, columns[0][i]),
-            ratio(*t, columns[1][i])
+            fmt(*always),
+            fmt(*everysec),
+            ratio(*t, *always),
+            ratio(*t, *everysec)
         );
     }
 }
