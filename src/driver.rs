@@ -353,11 +353,17 @@ impl Driver {
         }
         let started = Instant::now();
         let result = self.store.commit_local(&all, wall_ms());
-        let latency_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let elapsed = started.elapsed();
+        let latency_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         self.queued_ops.fetch_sub(group_ops, Ordering::AcqRel);
         match result {
             Ok(commit) => {
                 let m = &self.metrics;
+                m.observe_commit(crate::metrics::CommitSample {
+                    ops: group_ops as u64,
+                    elapsed,
+                    durable: !self.durable.relaxed,
+                });
                 Metrics::add(&m.commits, 1);
                 Metrics::add(&m.commit_groups_ops, all.len() as u64);
                 Metrics::max(&m.commit_group_max, all.len() as u64);

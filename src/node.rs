@@ -780,6 +780,11 @@ impl Node {
         self.shared.metrics.snapshot()
     }
 
+    /// Histograms of local commit groups (group size, commit and fsync latency), live.
+    pub fn commit_histograms(&self) -> crate::metrics::CommitHistograms {
+        self.shared.metrics.commit_histograms()
+    }
+
     /// Stops the writer after the writes already queued, and closes the database.
     ///
     /// # Errors

@@ -108,6 +108,7 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
     let scrape = metrics::Scrape {
         net: state.node.net_status().map(|n| n.stats),
         node: state.node.metrics(),
+        commits: state.node.commit_histograms(),
         replication,
         store_bytes: metrics::dir_bytes(&state.node.config().data_dir),
         http: &state.metrics,
