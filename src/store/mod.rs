@@ -14,6 +14,7 @@ mod local;
 mod read;
 mod replicate;
 mod rows;
+pub mod snapshot;
 mod split;
 pub(crate) mod tables;
 
@@ -21,6 +22,7 @@ pub use error::StoreError;
 pub use local::{DedupRefusal, EventId, LocalCommit, LocalWrite};
 pub use read::Reader;
 pub use replicate::DeltasSince;
+pub use snapshot::{SNAPSHOT_FORMAT, SnapshotInfo, restore_snapshot, verify_snapshot};
 pub(crate) use split::marks_bytes;
 pub use split::write_bytes_estimate;
 pub use tables::LogRecord;
@@ -93,6 +95,8 @@ pub struct RedbStore {
     /// True when a relaxed (not durable) write transaction was begun since the last durable
     /// commit: a crash now could lose commits ([`RedbStore::unsynced`]).
     unsynced: AtomicBool,
+    /// Restored from a snapshot: `(source log id, source log end)` (see [`snapshot`]).
+    seed: Option<(ReplicaId, u64)>,
 }
 
 impl std::fmt::Debug for RedbStore {
@@ -234,6 +238,7 @@ impl RedbStore {
             )));
         }
         let truncated: CausalContext = meta_get(&txn, META_TRUNCATED, max)?.unwrap_or_default();
+        let seed: Option<(ReplicaId, u64)> = meta_get(&txn, snapshot::META_SEED_CURSOR, max)?;
         let mut cursors = BTreeMap::new();
         {
             let table = txn.open_table(CURSORS).map_err(StoreError::redb)?;
@@ -270,6 +275,7 @@ impl RedbStore {
             halted: None,
             stats: StoreStats::default(),
             unsynced: AtomicBool::new(false),
+            seed,
         })
     }
 
