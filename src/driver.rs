@@ -569,6 +569,8 @@ impl Driver {
         let Some(evidence) = self.replica.take_restored_copy() else {
             return;
         };
+        // The old core's pending outputs first (a refusal disconnects a hostile peer).
+        self.drive_outputs();
         let old = self.store.replica_id();
         let mut peers: Vec<PeerId> = self.store.known_peers();
         match self.store.reidentify() {
