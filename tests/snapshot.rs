@@ -531,3 +531,68 @@ fn kill9_during_snapshots_leaves_no_file_that_claims_success() {
          interrupted temporaries left (none under a final name)"
     );
 }
+
+/// Figures, not assertions (run with `SOAK=1`; `KEYS=n`, default 200,000): snapshot time and
+/// size, and single-writer throughput while a snapshot runs as a ratio of the throughput just
+/// before it, measured in the same run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_cost_report() {
+    if !common::soak() {
+        return;
+    }
+    let keys = common::env_usize("KEYS", 200_000) as u64;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let node = open(&tmp.path().join("a")).await;
+    for chunk in (0..keys).collect::<Vec<_>>().chunks(1_000) {
+        let batch = chunk
+            .iter()
+            .map(|i| Op::set_lww(&format!("key-{i:08}"), "v".repeat(100)))
+            .collect();
+        node.apply_batch(batch).await.expect("load");
+    }
+    let writes_during = |node: Node, stop: std::sync::Arc<std::sync::atomic::AtomicBool>| {
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let batch = (0..100)
+                    .map(|j| Op::inc_gcounter(&format!("w{j}"), 1))
+                    .collect();
+                node.apply_batch(batch).await.expect("write");
+                n += 100;
+            }
+            n
+        })
+    };
+    // Baseline: the same writer for the same duration the snapshot takes, just before it.
+    let probe = tmp.path().join("probe.redb");
+    let t = Instant::now();
+    node.snapshot(&probe).await.expect("probe snapshot");
+    let quiet_ms = t.elapsed().as_secs_f64() * 1e3;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let w = writes_during(node.clone(), stop.clone());
+    let t = Instant::now();
+    tokio::time::sleep(Duration::from_secs_f64(quiet_ms / 1e3)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let base = w.await.expect("writer") as f64 / t.elapsed().as_secs_f64();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let w = writes_during(node.clone(), stop.clone());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let path = tmp.path().join("snap.redb");
+    let t = Instant::now();
+    node.snapshot(&path).await.expect("snapshot");
+    let busy_ms = t.elapsed().as_secs_f64() * 1e3;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let during = w.await.expect("writer") as f64 / (t.elapsed().as_secs_f64() + 0.05);
+    let bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
+    let t = Instant::now();
+    Node::restore(&path, tmp.path().join("r")).expect("restore");
+    let restore_ms = t.elapsed().as_secs_f64() * 1e3;
+    eprintln!(
+        "snapshot of {keys} keys: {quiet_ms:.0} ms idle, {busy_ms:.0} ms under writes, {:.1} MiB; \
+         restore {restore_ms:.0} ms; writer during snapshot {during:.0} ops/s vs {base:.0} \
+         before = {:.2}x",
+        bytes as f64 / 1048576.0,
+        during / base
+    );
+    node.shutdown().await.expect("shutdown");
+}
