@@ -98,6 +98,11 @@ pub(crate) enum Input {
         msg: Box<Message>,
         permit: tokio::sync::OwnedSemaphorePermit,
     },
+    /// A read transaction at a durable point, for a snapshot (relaxed commits are made
+    /// durable first, so a snapshot never holds what a crash could lose).
+    SnapshotRead {
+        reply: oneshot::Sender<Result<redb::ReadTransaction, Error>>,
+    },
     /// Replication counters.
     Status {
         reply: oneshot::Sender<ReplicationStatus>,
@@ -480,6 +485,7 @@ impl Driver {
                     if let Err(e) = self.replica.handle_message(now, from, *msg, &mut served) {
                         tracing::error!(error = %e, "replication storage failure");
                     }
+                    self.reidentify_if_restored();
                     // Act on a refusal before the next message of this peer is handled.
                     self.drive_outputs();
                 }
@@ -502,6 +508,7 @@ impl Driver {
                         if let Err(e) = self.replica.handle_message(now, from, msg, &mut served) {
                             tracing::error!(error = %e, "replication storage failure");
                         }
+                        self.reidentify_if_restored();
                     }
                     Err(e) => {
                         self.frames_rejected += 1;
@@ -509,6 +516,13 @@ impl Driver {
                         tracing::warn!(?from, error = %e, "undecodable frame dropped");
                     }
                 }
+            }
+            Input::SnapshotRead { reply } => {
+                let r = self
+                    .durable
+                    .sync(&mut self.store)
+                    .and_then(|()| self.store.begin_snapshot_read());
+                let _ = reply.send(r.map_err(Error::from));
             }
             Input::Status { reply } => {
                 let peers: Vec<PeerId> = self
@@ -582,6 +596,63 @@ impl Driver {
                     }
                 });
                 let _ = reply.send(r.map_err(Error::from));
+            }
+        }
+    }
+
+    /// Acts on the core's evidence that our store is a copy restored under its old replica id
+    /// (DESIGN.md D1 c): switches the store to a fresh id and epoch durably — before the next
+    /// local write takes a dot, since this runs right after the message that showed it — and
+    /// restarts the replication core under the new epoch, greeting every connected peer again.
+    fn reidentify_if_restored(&mut self) {
+        let Some(evidence) = self.replica.take_restored_copy() else {
+            return;
+        };
+        // The old core's pending outputs first (a refusal disconnects a hostile peer).
+        self.drive_outputs();
+        let old = self.store.replica_id();
+        let mut peers: Vec<PeerId> = self.store.known_peers();
+        match self.store.reidentify() {
+            Ok(new) => {
+                Metrics::add(&self.metrics.reidentified, 1);
+                tracing::error!(
+                    %old,
+                    %new,
+                    from = ?evidence.from,
+                    evidence = evidence.evidence,
+                    claimed = evidence.claimed,
+                    local = evidence.local,
+                    "this data directory is a copy restored under its old replica id (a peer \
+                     holds more of it than we do): continuing under a new replica id so that no \
+                     dot is ever reissued"
+                );
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "re-identification failed; writes halted");
+                return;
+            }
+        }
+        let config = self.replica.config().clone();
+        peers.extend(self.outboxes.keys().chain(self.links.keys()).copied());
+        peers.sort();
+        peers.dedup();
+        let seed = u64::from_le_bytes(
+            uuid::Uuid::new_v4().as_bytes()[..8]
+                .try_into()
+                .unwrap_or([5; 8]),
+        );
+        self.replica = Replica::new(config, self.store.epoch(), seed, peers);
+        let up: Vec<PeerId> = self
+            .outboxes
+            .keys()
+            .chain(self.links.keys())
+            .copied()
+            .collect();
+        let now = self.now();
+        for peer in up {
+            let mut served = Served::new(&mut self.store, &mut self.durable);
+            if let Err(e) = self.replica.peer_up(now, peer, &mut served) {
+                tracing::error!(error = %e, "replication storage failure");
             }
         }
     }

@@ -41,6 +41,9 @@ enum Command {
     /// Cluster certificates: `certs init --out DIR`, `certs issue --ca DIR --name NODE --out DIR`.
     #[command(subcommand)]
     Certs(cli::certs::CertsCommand),
+    /// Snapshot a stopped node: `snapshot --data DIR --out FILE` (verified, atomic), or
+    /// `snapshot --verify FILE`. Restore with `serve --restore FILE`.
+    Snapshot(cli::snapshot::SnapshotArgs),
     /// Increment a counter: `inc gcounter/visits 3` (a negative BY decrements a pncounter).
     Inc {
         #[arg(value_parser = parse_key)]
@@ -150,11 +153,18 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             return Ok(true);
         }
         cli::serve::init_logging(config.log.format);
+        if let Some(file) = &args.restore {
+            cli::serve::restore(&config, file)?;
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .thread_name("tidemark")
             .build()?;
         runtime.block_on(cli::serve::run(config))?;
+        return Ok(true);
+    }
+    if let Command::Snapshot(args) = &cli.command {
+        cli::snapshot::run(args, cli.json)?;
         return Ok(true);
     }
     if let Command::Certs(cmd) = &cli.command {
@@ -170,7 +180,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         o
     };
     match &cli.command {
-        Command::Serve(_) | Command::Certs(_) => {}
+        Command::Serve(_) | Command::Certs(_) | Command::Snapshot(_) => {}
         Command::Inc { key, by } => {
             client::write_ops(&c, &out, &[client::counter_op(key, "inc", *by)?])?
         }

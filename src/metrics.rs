@@ -21,6 +21,7 @@ pub struct Metrics {
     pub(crate) remote_rejected: AtomicU64,
     pub(crate) hlc_rejected: AtomicU64,
     pub(crate) frames_oversize: AtomicU64,
+    pub(crate) reidentified: AtomicU64,
     pub(crate) commit_histograms: CommitHistograms,
 }
 
@@ -95,6 +96,11 @@ pub struct MetricsSnapshot {
     /// `limits.frame_bytes_max` (or not at all). Always 0 while the size invariants hold
     /// (ARCHITECTURE.md); nonzero is a bug: replication to that peer is stalled.
     pub frames_oversize: u64,
+    /// Times this node found its data directory to be a copy restored under its old replica id
+    /// (a peer held more of that id than the store) and switched to a new replica id and epoch
+    /// (DESIGN.md D1 c). Nonzero means a backup was copied back in place: prefer
+    /// `tidemark serve --restore`.
+    pub reidentified: u64,
 }
 
 impl Metrics {
@@ -143,6 +149,7 @@ impl Metrics {
             remote_rejected: g(&self.remote_rejected),
             hlc_rejected: g(&self.hlc_rejected),
             frames_oversize: g(&self.frames_oversize),
+            reidentified: g(&self.reidentified),
         }
     }
 }

@@ -775,6 +775,56 @@ impl Node {
         rx.await.map_err(|_| Error::Closed)?
     }
 
+    /// Writes a consistent point-in-time snapshot of this node's state to the file `out`
+    /// (rows, dot index, context, dedup marks, HLC mark and every other table; not the delta
+    /// log, not the replication cursors) while writes continue. The state is that of ONE redb
+    /// read transaction taken by the writer at a durable point (in relaxed durability pending
+    /// commits are made durable first). The copy is written to a temporary file next to `out`,
+    /// fsynced, reopened and verified, then renamed to `out` and the directory fsynced: when
+    /// this returns `Ok`, `out` is a complete verified snapshot; on any failure or crash
+    /// nothing is left under `out`.
+    ///
+    /// # Errors
+    /// [`Error::Store`] ([`crate::store::StoreError::Snapshot`] when `out` exists, storage and
+    /// filesystem failures); [`Error::Closed`].
+    pub async fn snapshot(
+        &self,
+        out: impl AsRef<std::path::Path>,
+    ) -> Result<crate::store::SnapshotInfo, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Input::SnapshotRead { reply })?;
+        let rtxn = rx.await.map_err(|_| Error::Closed)??;
+        let out = out.as_ref().to_path_buf();
+        let limits = self.shared.config.limits.clone();
+        tokio::task::spawn_blocking(move || {
+            crate::store::snapshot::write_snapshot(&rtxn, &out, &limits, crate::driver::wall_ms())
+        })
+        .await
+        .map_err(|_| Error::Closed)?
+        .map_err(Error::from)
+    }
+
+    /// Creates the data directory `dir` from a snapshot file, under a NEW replica id (and an
+    /// epoch above the source's), so the restored node never reissues a dot of the node the
+    /// snapshot was taken from (DESIGN.md D1, the kv679 bug class); then open it with
+    /// [`Node::open`]. Refuses a non-empty `dir`. A node restored from a snapshot of X and
+    /// connected to X catches up by deltas from X's log (no state transfer to it), as long as X
+    /// still retains its log from the snapshot's point.
+    ///
+    /// # Errors
+    /// [`Error::Store`]: an invalid snapshot, a non-empty `dir`, storage and filesystem failures.
+    pub fn restore(
+        snapshot: impl AsRef<std::path::Path>,
+        dir: impl AsRef<std::path::Path>,
+    ) -> Result<crate::store::SnapshotInfo, Error> {
+        Ok(crate::store::restore_snapshot(
+            snapshot.as_ref(),
+            dir.as_ref(),
+            None,
+            &crate::config::Limits::default(),
+        )?)
+    }
+
     /// Current metrics.
     pub fn metrics(&self) -> MetricsSnapshot {
         self.shared.metrics.snapshot()

@@ -6,3 +6,4 @@ pub mod config;
 pub mod ingest;
 pub mod output;
 pub mod serve;
+pub mod snapshot;

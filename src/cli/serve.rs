@@ -48,6 +48,10 @@ pub struct ServeArgs {
     /// Print the effective config and exit.
     #[arg(long)]
     pub print_config: bool,
+    /// Create the data directory from this snapshot file first (it must not exist or be
+    /// empty), under a NEW replica id, then serve it.
+    #[arg(long, value_name = "FILE")]
+    pub restore: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -98,6 +102,25 @@ impl ServeArgs {
         }
         Config::from_table(table)
     }
+}
+
+/// Creates the configured data directory from the snapshot `file` under a new replica id
+/// (`serve --restore`); refuses a non-empty data directory.
+pub fn restore(config: &Config, file: &std::path::Path) -> anyhow::Result<()> {
+    let info = tidemark::store::restore_snapshot(file, &config.data_dir, None, &config.limits)
+        .with_context(|| {
+            format!(
+                "cannot restore {} into {}",
+                file.display(),
+                config.data_dir.display()
+            )
+        })?;
+    tracing::info!(
+        source = %info.source_replica,
+        dir = %config.data_dir.display(),
+        "restored the snapshot under a new replica id"
+    );
+    Ok(())
 }
 
 /// Logs to stderr through `tracing` (`RUST_LOG`, default `info`).

@@ -154,6 +154,11 @@ pub(crate) fn render(s: &Scrape<'_>) -> Result<String, std::fmt::Error> {
         "Remote timestamps too far ahead of the local clock",
         ConstCounter::new(n.hlc_rejected),
     );
+    r.register(
+        "reidentified",
+        "Times the data directory was found to be a restored copy and took a new replica id",
+        ConstCounter::new(n.reidentified),
+    );
     r.register_with_unit(
         "store",
         "Size of the data directory",

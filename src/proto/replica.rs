@@ -163,6 +163,26 @@ pub struct ReplicaStats {
     pub intervals_filtered: u64,
 }
 
+/// Evidence that this node's store is a copy restored under its old replica id (DESIGN.md
+/// D1 c): a peer holds more of this replica id than the store does — dots above our counter,
+/// or a cursor beyond our log end. The host must switch the store to a fresh replica id and
+/// epoch before it assigns another dot ([`Replica::take_restored_copy`]).
+///
+/// A hostile peer can fake this evidence; the worst it can force is what the host does about
+/// it: one replica-id change (peers then get a state transfer, and contexts carry one more id).
+/// It can never make us reuse a dot or drop data: the old id's dots stay in the context.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestoredCopy {
+    /// The peer whose message showed it.
+    pub from: PeerId,
+    /// What showed it: `"context"` (a `Have`), `"cursor"` (a `Hello`) or `"delta"`/`"chunk"`.
+    pub evidence: &'static str,
+    /// The seq the peer holds of us (a dot seq, or a log seq for `"cursor"`).
+    pub claimed: u64,
+    /// What we hold: our max own dot seq, or our log end for `"cursor"`.
+    pub local: u64,
+}
+
 /// Why a peer's message was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RejectReason {
@@ -283,6 +303,8 @@ pub struct Replica {
     overlay: Vec<PeerId>,
     next_reshuffle: u64,
     next_anti_entropy: u64,
+    /// The first evidence that our store is a copy restored under its old id, until taken.
+    restored: Option<RestoredCopy>,
 }
 
 impl Replica {
@@ -313,6 +335,26 @@ impl Replica {
             overlay: Vec::new(),
             next_reshuffle: 0,
             next_anti_entropy: 0,
+            restored: None,
+        }
+    }
+
+    /// Takes the evidence, if any message so far showed it, that our store is a copy restored
+    /// under its old replica id ([`RestoredCopy`]). Check after every handled message: the
+    /// host must re-identify the store before it commits another local write (and then start
+    /// a new `Replica` with the new epoch).
+    pub fn take_restored_copy(&mut self) -> Option<RestoredCopy> {
+        self.restored.take()
+    }
+
+    fn note_restored(&mut self, from: PeerId, evidence: &'static str, claimed: u64, local: u64) {
+        if self.restored.is_none() {
+            self.restored = Some(RestoredCopy {
+                from,
+                evidence,
+                claimed,
+                local,
+            });
         }
     }
 
@@ -549,6 +591,11 @@ impl Replica {
                 self.on_chunk_nack(now, from, epoch, transfer, store)
             }
             Message::Have { replica, ctx } => {
+                let me = store.replica_id();
+                let (claimed, local) = (ctx.max_seq(me), store.context().max_seq(me));
+                if replica != me && claimed > local {
+                    self.note_restored(from, "context", claimed, local);
+                }
                 self.on_have(now.mono_ms, from, replica, ctx, store);
                 Ok(())
             }
@@ -949,6 +996,11 @@ impl Replica {
         store: &mut S,
     ) -> Result<(), S::Error> {
         let me = store.replica_id();
+        let log_end = store.log_bounds().1;
+        if let Some((_, seq)) = resume.filter(|(log, seq)| *log == me && *seq > log_end) {
+            // The peer joined our log beyond its end: our log was rolled back.
+            self.note_restored(from, "cursor", seq, log_end);
+        }
         let quiet = self.config.retransmit_timeout_ms;
         let t = now.mono_ms;
         let p = self.peer_mut(from);
@@ -1380,6 +1432,10 @@ impl Replica {
     }
 
     fn reject(&mut self, from: PeerId, kind: &'static str, reason: RejectReason) {
+        if let RejectReason::Invalid(Rejected::ForgedOwnDot { claimed, local }) = &reason {
+            // Refused (never joined under our id), and evidence we may be a restored copy.
+            self.note_restored(from, kind, *claimed, *local);
+        }
         self.stats.rejected += 1;
         self.events
             .push_back(Event::Rejected { from, kind, reason });

@@ -61,6 +61,10 @@ pub enum StoreError {
         /// The first retained log seq.
         start: u64,
     },
+    /// A snapshot cannot be taken, verified or restored (the message says why); nothing was
+    /// left under the snapshot's or the data directory's final name.
+    #[error("snapshot: {0}")]
+    Snapshot(String),
     /// Filesystem error around the database (creating the data directory).
     #[error("i/o error on {path}: {source}")]
     Io {

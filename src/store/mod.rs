@@ -15,6 +15,7 @@ mod purge;
 mod read;
 mod replicate;
 mod rows;
+pub mod snapshot;
 mod split;
 pub(crate) mod tables;
 
@@ -23,6 +24,7 @@ pub use local::{DedupRefusal, EventId, LocalCommit, LocalWrite};
 pub use purge::RemoteFilter;
 pub use read::Reader;
 pub use replicate::DeltasSince;
+pub use snapshot::{SNAPSHOT_FORMAT, SnapshotInfo, restore_snapshot, verify_snapshot};
 pub(crate) use split::marks_bytes;
 pub use split::write_bytes_estimate;
 pub use tables::LogRecord;
@@ -97,6 +99,8 @@ pub struct RedbStore {
     unsynced: AtomicBool,
     /// Stream-view retention: drops entries of expired windows from remote input (`purge.rs`).
     remote_filter: Option<purge::RemoteFilter>,
+    /// Restored from a snapshot: `(source log id, source log end)` (see [`snapshot`]).
+    seed: Option<(ReplicaId, u64)>,
 }
 
 impl std::fmt::Debug for RedbStore {
@@ -238,6 +242,7 @@ impl RedbStore {
             )));
         }
         let truncated: CausalContext = meta_get(&txn, META_TRUNCATED, max)?.unwrap_or_default();
+        let seed: Option<(ReplicaId, u64)> = meta_get(&txn, snapshot::META_SEED_CURSOR, max)?;
         let mut cursors = BTreeMap::new();
         {
             let table = txn.open_table(CURSORS).map_err(StoreError::redb)?;
@@ -275,6 +280,7 @@ impl RedbStore {
             stats: StoreStats::default(),
             unsynced: AtomicBool::new(false),
             remote_filter: None,
+            seed,
         })
     }
 

@@ -364,7 +364,10 @@ impl StateStore for RedbStore {
     }
 
     fn peer_cursor(&self, peer: PeerId) -> Option<(ReplicaId, u64)> {
-        self.cursors.get(&peer).copied()
+        // A store restored from a snapshot holds its source's log below the seed's end: offered
+        // to every peer without a cursor, it is a cursor only for the source (the only peer
+        // whose log id it names), so the source resumes with deltas instead of a transfer.
+        self.cursors.get(&peer).copied().or(self.seed)
     }
 
     fn read_chunk(
