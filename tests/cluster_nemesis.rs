@@ -8,7 +8,10 @@
 //!
 //! Two 60 s runs with fixed seeds (run in parallel); `SEED=n` replays a schedule, `SOAK=1` runs
 //! each for an hour. Partitions need root and `nft`; without them they are skipped with a loud
-//! message, unless `TIDEMARK_REQUIRE_NFT=1` (CI) makes that a failure.
+//! message, unless `TIDEMARK_REQUIRE_NFT=1` (CI) makes that a failure. `NEMESIS_SECS=n` sets
+//! the run length; `NEMESIS_SERVE_ARGS="--durability relaxed"` passes flags to every node (in
+//! that mode a kill -9 loses acknowledged writes, and the checker reports them: the check has
+//! teeth).
 
 mod nemesis;
 
