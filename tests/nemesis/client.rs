@@ -11,8 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Counter keys (`gcounter/...`) the workload uses.
-pub const COUNTERS: [&str; 3] = ["c0", "c1", "c2"];
+/// Counter keys (`gcounter/...`) the workload uses (several, so each has few indeterminate
+/// increments and the subset-sum check stays sharp).
+pub const COUNTERS: [&str; 6] = ["c0", "c1", "c2", "c3", "c4", "c5"];
 /// Set keys (`orset/...`) the workload uses.
 pub const SETS: [&str; 3] = ["s0", "s1", "s2"];
 

@@ -330,7 +330,7 @@ pub fn run(cfg: &RunConfig) {
     let _ = std::fs::write(cluster.dir.join("history.txt"), dump);
     match history::check(&history, &finals) {
         Ok(s) => eprintln!(
-            "nemesis {}: SEED={} OK: {} ops ({} ok, {} failed, {} indeterminate); {} set elements present, {} removed; \
+            "nemesis {}: SEED={} OK: {} ops ({} ok, {} failed, {} indeterminate); {} set elements present, {} removed; counter check slack {:.4}; \
              faults: {} partitions ({} verified), {} kill -9, {} SIGSTOP; counters {:?}",
             cfg.tag,
             cfg.seed,
@@ -340,6 +340,7 @@ pub fn run(cfg: &RunConfig) {
             s.info,
             s.present,
             s.removed,
+            s.counter_slack,
             faults.partitions,
             faults.partitions_verified,
             faults.kills,
