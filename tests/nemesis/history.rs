@@ -84,9 +84,9 @@ pub struct Summary {
     pub present: usize,
     /// Acknowledged adds later removed.
     pub removed: usize,
-    /// Over the counters, the largest fraction of the values in `[acknowledged sum, + all
-    /// indeterminate]` the check would accept (how sharp the subset-sum check was; 0 = exact).
-    pub counter_slack: f64,
+    /// Over the counters, the most final values the check would accept for one counter (the
+    /// distinct subset sums of its indeterminate increments; 1 = exactly the acknowledged sum).
+    pub counter_accepted_max: usize,
 }
 
 /// Checks the history against the final states of every node; returns every violation found.
@@ -133,10 +133,8 @@ pub fn check(history: &[Op], finals: &[NodeState]) -> Result<Summary, Vec<String
         let base = acked.get(key).copied().unwrap_or(0);
         let maybe = unknown.get(key).cloned().unwrap_or_default();
         let sums = subset_sums(&maybe);
-        if sums.len() > 1 {
-            let accepted = sums.iter().filter(|r| **r).count() as f64;
-            summary.counter_slack = summary.counter_slack.max(accepted / sums.len() as f64);
-        }
+        let accepted = sums.iter().filter(|r| **r).count();
+        summary.counter_accepted_max = summary.counter_accepted_max.max(accepted);
         let fine = got
             .checked_sub(base)
             .and_then(|excess| usize::try_from(excess).ok())
