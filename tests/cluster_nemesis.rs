@@ -1,14 +1,19 @@
 //! Jepsen-style test of `tidemark serve` processes: 5 nodes with issued certificates, client
 //! tasks recording a history of counter increments and set adds/removes through HTTP, while a
 //! seeded nemesis partitions nodes with nftables rules on their loopback UDP peer ports (each
-//! partition proven to cut traffic with a probe write), kill -9s and restarts them, and pauses
-//! them with SIGSTOP/SIGCONT. After healing and a quiet period the history is checked offline:
-//! every acknowledged add present unless an acknowledged remove observed it, every counter the
-//! acknowledged sum plus a subset of the indeterminate increments, every node the same values.
+//! partition proven to cut traffic with a probe write; "bridge" partitions where one node links
+//! the two sides, a probe write having to cross through it), kill -9s and restarts one or two
+//! at a time (also inside partitions), and pauses them with SIGSTOP/SIGCONT. After healing and
+//! a quiet period the history is checked offline: every acknowledged add present unless an
+//! acknowledged remove observed it, every counter the acknowledged sum plus a subset of the
+//! indeterminate increments, every node the same values.
 //!
 //! Two 60 s runs with fixed seeds (run in parallel); `SEED=n` replays a schedule, `SOAK=1` runs
 //! each for an hour. Partitions need root and `nft`; without them they are skipped with a loud
-//! message, unless `TIDEMARK_REQUIRE_NFT=1` (CI) makes that a failure.
+//! message, unless `TIDEMARK_REQUIRE_NFT=1` (CI) makes that a failure. `NEMESIS_SECS=n` sets
+//! the run length; `NEMESIS_SERVE_ARGS="--durability relaxed"` passes flags to every node (in
+//! that mode a kill -9 loses acknowledged writes, and the checker reports them: the check has
+//! teeth).
 
 mod nemesis;
 

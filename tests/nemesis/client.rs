@@ -11,10 +11,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Counter keys (`gcounter/...`) the workload uses.
-pub const COUNTERS: [&str; 3] = ["c0", "c1", "c2"];
+/// Counter keys (`gcounter/...`) the workload uses (several, so each has few indeterminate
+/// increments and the subset-sum check stays sharp).
+pub const COUNTERS: [&str; 6] = ["c0", "c1", "c2", "c3", "c4", "c5"];
 /// Set keys (`orset/...`) the workload uses.
 pub const SETS: [&str; 3] = ["s0", "s1", "s2"];
+/// Every key is suffixed with the run's current epoch of this many seconds (`c0-e3`), so a key
+/// collects a bounded number of ops however long the run (`SOAK=1`): sets stay small and each
+/// counter sees few indeterminate increments, which keeps the subset-sum check sharp.
+pub const EPOCH_SECS: u64 = 20;
 
 /// A blocking HTTP client without connection reuse (a request on a pooled connection to a
 /// killed node would turn a definite failure into an indeterminate one).
@@ -78,26 +83,23 @@ pub fn read(
     }
 }
 
-/// The workload keys of one node (plus `extra` counters), or why it cannot answer.
+/// The values of `counters` and `sets` on one node, or why it cannot answer.
 pub fn node_state(
     agent: &ureq::Agent,
     http: SocketAddr,
-    extra_counters: &[String],
+    counters: &BTreeSet<String>,
+    sets: &BTreeSet<String>,
 ) -> Result<NodeState, String> {
     let mut st = NodeState::default();
-    for key in COUNTERS
-        .iter()
-        .map(|s| (*s).to_owned())
-        .chain(extra_counters.iter().cloned())
-    {
-        let v = read(agent, http, "gcounter", &key)?;
+    for key in counters {
+        let v = read(agent, http, "gcounter", key)?;
         let n = match v {
             None => 0,
             Some(v) => v.as_u64().ok_or_else(|| format!("gcounter/{key} = {v}"))?,
         };
-        st.counters.insert(key, n);
+        st.counters.insert(key.clone(), n);
     }
-    for key in SETS {
+    for key in sets {
         let v = read(agent, http, "orset", key)?;
         let mut set = BTreeSet::new();
         if let Some(v) = v {
@@ -105,7 +107,7 @@ pub fn node_state(
                 set.insert(e.as_str().ok_or_else(|| format!("element {e}"))?.to_owned());
             }
         }
-        st.sets.insert(key.to_owned(), set);
+        st.sets.insert(key.clone(), set);
     }
     Ok(st)
 }
@@ -127,20 +129,21 @@ pub fn run_client(
         let node = rng.random_range(0..nodes.len());
         let http = nodes[node];
         let dice = rng.random_range(0..100);
+        let epoch = start.elapsed().as_secs() / EPOCH_SECS;
         let (kind, body) = if dice < 40 {
-            let key = COUNTERS[rng.random_range(0..COUNTERS.len())].to_owned();
+            let key = format!("{}-e{epoch}", COUNTERS[rng.random_range(0..COUNTERS.len())]);
             let by = rng.random_range(1..=1000u64);
             let body = json!({"type":"gcounter","key":key,"op":"inc","by":by});
             (OpKind::Inc { key, by }, body)
         } else if dice < 75 {
-            let key = SETS[rng.random_range(0..SETS.len())].to_owned();
+            let key = format!("{}-e{epoch}", SETS[rng.random_range(0..SETS.len())]);
             n += 1;
             let elem = format!("k{id}-{n}");
             let body = json!({"type":"orset","key":key,"op":"add","value":elem});
             (OpKind::Add { key, elem }, body)
         } else {
             // Read the set at this node, then remove one element it showed, at the same node.
-            let key = SETS[rng.random_range(0..SETS.len())].to_owned();
+            let key = format!("{}-e{epoch}", SETS[rng.random_range(0..SETS.len())]);
             let Ok(Some(J::Array(elems))) = read(&agent, http, "orset", &key) else {
                 continue;
             };

@@ -171,6 +171,11 @@ impl Cluster {
         for j in &joins {
             cmd.arg("--join").arg(j);
         }
+        // Extra `serve` flags, e.g. `--durability relaxed` to see the checker catch the writes
+        // a crash loses in that mode.
+        if let Ok(extra) = std::env::var("NEMESIS_SERVE_ARGS") {
+            cmd.args(extra.split_whitespace());
+        }
         let child = cmd
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())

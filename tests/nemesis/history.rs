@@ -80,10 +80,13 @@ pub struct Summary {
     pub fail: usize,
     /// Indeterminate.
     pub info: usize,
-    /// Set elements present at the end / acknowledged adds removed by acknowledged removes.
+    /// Set elements present at the end.
     pub present: usize,
     /// Acknowledged adds later removed.
     pub removed: usize,
+    /// Over the counters, the most final values the check would accept for one counter (the
+    /// distinct subset sums of its indeterminate increments; 1 = exactly the acknowledged sum).
+    pub counter_accepted_max: usize,
 }
 
 /// Checks the history against the final states of every node; returns every violation found.
@@ -130,6 +133,8 @@ pub fn check(history: &[Op], finals: &[NodeState]) -> Result<Summary, Vec<String
         let base = acked.get(key).copied().unwrap_or(0);
         let maybe = unknown.get(key).cloned().unwrap_or_default();
         let sums = subset_sums(&maybe);
+        let accepted = sums.iter().filter(|r| **r).count();
+        summary.counter_accepted_max = summary.counter_accepted_max.max(accepted);
         let fine = got
             .checked_sub(base)
             .and_then(|excess| usize::try_from(excess).ok())

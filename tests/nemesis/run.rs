@@ -1,7 +1,7 @@
 //! One nemesis run: cluster up, clients recording a history, a seeded nemesis (partitions,
 //! kill -9 + restart, SIGSTOP/SIGCONT), heal, quiet period until every node agrees, check.
 
-use super::client::{self, COUNTERS};
+use super::client;
 use super::cluster::Cluster;
 use super::history::{self, NodeState, Op, OpKind, Outcome};
 use super::nft::{self, NftTable};
@@ -9,6 +9,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -59,6 +60,8 @@ impl RunConfig {
 struct Faults {
     partitions: usize,
     partitions_verified: usize,
+    bridges: usize,
+    bridges_crossed: usize,
     kills: usize,
     pauses: usize,
 }
@@ -124,23 +127,8 @@ impl Nemesis<'_> {
         );
         // Probe: write on the big side; a node of the big side sees it; no node of the small
         // side does while the partition holds.
-        let key = format!("probe{}", self.probes.len());
-        self.probes.push(key.clone());
         let at = big[0];
-        let op = json!({"type":"gcounter","key":key,"op":"inc","by":1});
-        let invoke = self.start.elapsed();
-        let outcome = client::post_op(&self.agent, self.cluster.nodes[at].http, &op);
-        self.history.lock().expect("history").push(Op {
-            client: usize::MAX,
-            node: at,
-            kind: OpKind::Inc {
-                key: key.clone(),
-                by: 1,
-            },
-            invoke,
-            complete: self.start.elapsed(),
-            outcome,
-        });
+        let (key, outcome) = self.probe_write(at);
         let hold_ms = self.rng.random_range(1_000..5_000);
         let control = big[1];
         if outcome == Outcome::Ok
@@ -198,14 +186,106 @@ impl Nemesis<'_> {
         log(self.tag, self.start, "nemesis: healed");
     }
 
+    /// Writes a fresh probe counter (`probeN` += 1) at node `at`, recorded in the history.
+    fn probe_write(&mut self, at: usize) -> (String, Outcome) {
+        let key = format!("probe{}", self.probes.len());
+        self.probes.push(key.clone());
+        let op = json!({"type":"gcounter","key":key,"op":"inc","by":1});
+        let invoke = self.start.elapsed();
+        let outcome = client::post_op(&self.agent, self.cluster.nodes[at].http, &op);
+        self.history.lock().expect("history").push(Op {
+            client: usize::MAX,
+            node: at,
+            kind: OpKind::Inc {
+                key: key.clone(),
+                by: 1,
+            },
+            invoke,
+            complete: self.start.elapsed(),
+            outcome,
+        });
+        (key, outcome)
+    }
+
+    /// Bridge: two sides cut from each other, one node connected to both. An acknowledged write
+    /// on one side must reach the other through the bridge node (deltas are forwarded).
+    fn bridge(&mut self, nft: &NftTable) {
+        let n = self.cluster.nodes.len();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.shuffle(&mut self.rng);
+        let bridge = order[0];
+        let half = 1 + (n - 1) / 2;
+        let (a, b) = (order[1..half].to_vec(), order[half..].to_vec());
+        let ports = |s: &[usize]| {
+            s.iter()
+                .map(|&i| self.cluster.peer_port(i))
+                .collect::<Vec<_>>()
+        };
+        nft.partition(&ports(&a), &ports(&b))
+            .expect("install bridge");
+        self.faults.bridges += 1;
+        log(
+            self.tag,
+            self.start,
+            &format!("nemesis: bridge {a:?} | n{bridge} | {b:?}"),
+        );
+        let (key, outcome) = self.probe_write(a[0]);
+        if outcome == Outcome::Ok {
+            let through = visible(
+                &self.agent,
+                self.cluster.nodes[b[0]].http,
+                &key,
+                1,
+                Duration::from_secs(15),
+            );
+            log(
+                self.tag,
+                self.start,
+                &format!(
+                    "nemesis: {key} from n{} reached n{} through the bridge: {through}",
+                    a[0], b[0]
+                ),
+            );
+            assert!(
+                through,
+                "{key} written on n{} did not reach n{} in 15 s through the bridge n{bridge}: deltas are not forwarded;\nrules:\n{}",
+                a[0],
+                b[0],
+                nft.rules()
+            );
+            self.faults.bridges_crossed += 1;
+        }
+        self.sleep_ms(500, 3_000);
+        nft.heal().expect("heal");
+        log(self.tag, self.start, "nemesis: healed");
+    }
+
+    /// kill -9 one node (sometimes two at once), restart them after a while.
     fn kill(&mut self) {
-        let i = self.rng.random_range(0..self.cluster.nodes.len());
-        self.cluster.kill9(i);
-        self.faults.kills += 1;
-        log(self.tag, self.start, &format!("nemesis: kill -9 n{i}"));
+        let n = self.cluster.nodes.len();
+        let mut victims = vec![self.rng.random_range(0..n)];
+        if self.rng.random_bool(0.25) {
+            let other = (victims[0] + self.rng.random_range(1..n)) % n;
+            victims.push(other);
+        }
+        for &i in &victims {
+            self.cluster.kill9(i);
+            self.faults.kills += 1;
+        }
+        log(
+            self.tag,
+            self.start,
+            &format!("nemesis: kill -9 {victims:?}"),
+        );
         self.sleep_ms(200, 3_000);
-        self.cluster.restart(i);
-        log(self.tag, self.start, &format!("nemesis: restarted n{i}"));
+        for &i in &victims {
+            self.cluster.restart(i);
+        }
+        log(
+            self.tag,
+            self.start,
+            &format!("nemesis: restarted {victims:?}"),
+        );
     }
 
     fn pause(&mut self) {
@@ -271,17 +351,14 @@ pub fn run(cfg: &RunConfig) {
     while start.elapsed() < cfg.duration {
         nemesis.sleep_ms(300, 1_500);
         let first = if nemesis.nft.is_some() { 0 } else { 1 };
-        match nemesis.rng.random_range(first..3) {
-            0 => {
-                if let Some(t) = nemesis.nft {
-                    nemesis.partition(t);
-                }
-            }
-            1 => nemesis.kill(),
+        match (nemesis.rng.random_range(first..4), nemesis.nft) {
+            (0, Some(t)) => nemesis.partition(t),
+            (3, Some(t)) => nemesis.bridge(t),
+            (1, _) => nemesis.kill(),
             _ => nemesis.pause(),
         }
     }
-    let Nemesis { probes, faults, .. } = nemesis;
+    let Nemesis { faults, .. } = nemesis;
     stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.join().expect("client thread");
@@ -295,12 +372,21 @@ pub fn run(cfg: &RunConfig) {
         start,
         "healed; quiet period until every node agrees",
     );
+    let history = history.lock().expect("history").clone();
+    let mut counter_keys = BTreeSet::new();
+    let mut set_keys = BTreeSet::new();
+    for op in &history {
+        match &op.kind {
+            OpKind::Inc { key, .. } => counter_keys.insert(key.clone()),
+            OpKind::Add { key, .. } | OpKind::Remove { key, .. } => set_keys.insert(key.clone()),
+        };
+    }
     let agent = client::agent(Duration::from_secs(5));
     let deadline = Instant::now() + Duration::from_secs(120);
     let finals: Vec<NodeState> = loop {
         let states: Result<Vec<_>, _> = addrs
             .iter()
-            .map(|&a| client::node_state(&agent, a, &probes))
+            .map(|&a| client::node_state(&agent, a, &counter_keys, &set_keys))
             .collect();
         if let Ok(states) = &states
             && states.iter().all(|s| s == &states[0])
@@ -324,14 +410,13 @@ pub fn run(cfg: &RunConfig) {
         start,
         "converged (or gave up); checking the history",
     );
-    let history = history.lock().expect("history").clone();
     // Kept with the node logs when the check fails.
     let dump: String = history.iter().map(|op| format!("{op:?}\n")).collect();
     let _ = std::fs::write(cluster.dir.join("history.txt"), dump);
     match history::check(&history, &finals) {
         Ok(s) => eprintln!(
-            "nemesis {}: SEED={} OK: {} ops ({} ok, {} failed, {} indeterminate); {} set elements present, {} removed; \
-             faults: {} partitions ({} verified), {} kill -9, {} SIGSTOP; counters {:?}",
+            "nemesis {}: SEED={} OK: {} ops ({} ok, {} failed, {} indeterminate); {} set elements present, {} removed; at most {} values accepted per counter; \
+             faults: {} partitions ({} verified), {} bridges ({} crossed), {} kill -9, {} SIGSTOP; {} counter keys summing to {}",
             cfg.tag,
             cfg.seed,
             history.len(),
@@ -340,14 +425,15 @@ pub fn run(cfg: &RunConfig) {
             s.info,
             s.present,
             s.removed,
+            s.counter_accepted_max,
             faults.partitions,
             faults.partitions_verified,
+            faults.bridges,
+            faults.bridges_crossed,
             faults.kills,
             faults.pauses,
-            COUNTERS
-                .iter()
-                .map(|k| finals[0].counters.get(*k).copied().unwrap_or(0))
-                .collect::<Vec<_>>()
+            finals[0].counters.len(),
+            finals[0].counters.values().sum::<u64>()
         ),
         Err(errors) => panic!(
             "nemesis {} SEED={}: {} violations:\n{}\n\nnode logs:\n{}",
