@@ -1,7 +1,7 @@
 //! Local commit groups: many callers' writes in one durable transaction (DESIGN.md A5, A8, D2).
 
 use super::error::StoreError;
-use super::rows::{TxnRows, decode_entry};
+use super::rows::{TxnRows, decode_entry, indexed};
 use super::split::{split_delta, write_bytes_estimate};
 use super::tables::{
     DEDUP, DOTS, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, ROWS, dedup_key,
@@ -58,8 +58,11 @@ pub struct DedupRefusal {
 pub struct LocalCommit {
     /// Per write, in order: true when it was skipped as a duplicate.
     pub duplicate: Vec<bool>,
-    /// Changed keys with their new values (for watchers), ascending by key.
+    /// Changed keys with their new values (for watchers), ascending by key; empty when the
+    /// store was told not to compute them ([`RedbStore::set_change_values`]).
     pub changes: Vec<(Key, Value)>,
+    /// The keys the group changed, ascending (always filled).
+    pub changed: Vec<Key>,
     /// The log sequence number of the group's first log record (`None` when nothing was
     /// applied). A group is logged as one or more consecutive records, each within
     /// `limits.message_bytes_target`; they end at the log end when the commit returns.
@@ -186,6 +189,14 @@ pub(crate) fn append_log(
 }
 
 impl RedbStore {
+    /// Whether [`RedbStore::commit_local`] computes each changed key's new value into
+    /// [`LocalCommit::changes`] (on by default). The writer turns it off and reads the values
+    /// after the commit only when someone watches, so an unwatched commit never materialises
+    /// (and clones) whole values.
+    pub fn set_change_values(&mut self, on: bool) {
+        self.change_values = on;
+    }
+
     /// Applies a commit group in one durable transaction and returns what it did. Returns only
     /// after the commit is durable (in `Immediate` mode); nothing is visible to readers before.
     ///
@@ -246,8 +257,11 @@ impl RedbStore {
                 if let Some(ev) = &w.event {
                     let mk = (ev.stream.clone(), ev.source.clone());
                     if !marks.contains_key(&mk) {
-                        let seen =
-                            match dedup_t
+                        // The writer's copy of the committed marks; the table is read only
+                        // for a source this writer has not seen since open.
+                        let seen = match self.dedup_cache.get(&mk) {
+                            Some(seen) => seen.clone(),
+                            None => match dedup_t
                                 .get(dedup_key(&ev.stream, &ev.source).as_slice())
                                 .map_err(StoreError::redb)?
                             {
@@ -258,7 +272,8 @@ impl RedbStore {
                                     },
                                 )?,
                                 None => IntervalSet::new(),
-                            };
+                            },
+                        };
                         marks.insert(mk.clone(), seen);
                     }
                     let seen = marks.entry(mk).or_default();
@@ -324,10 +339,12 @@ impl RedbStore {
             records.extend(rec.finish(&mut rows, me, target)?);
             changed.sort();
             changed.dedup();
-            for key in &changed {
-                let entry = rows.entry(key)?;
-                let v = entry.map_or_else(|| Value::empty(key.kind), Entry::value);
-                values.push((key.clone(), v));
+            if self.change_values {
+                for key in &changed {
+                    let entry = rows.entry(key)?;
+                    let v = entry.map_or_else(|| Value::empty(key.kind), Entry::value);
+                    values.push((key.clone(), v));
+                }
             }
             for ((stream, source), seqs) in &marks {
                 let bytes =
@@ -365,14 +382,24 @@ impl RedbStore {
         self.ctx = ctx;
         self.hlc = hlc;
         self.log_end = log_end;
+        // The marks just committed become the writer's copy (bounded: it starts over when
+        // full, and a miss only costs a table read).
+        if self.dedup_cache.len().saturating_add(marks.len()) > DEDUP_CACHE_SOURCES_MAX {
+            self.dedup_cache.clear();
+        }
+        self.dedup_cache.extend(marks);
         Ok(LocalCommit {
             duplicate,
             changes: values,
+            changed,
             log_seq,
             refused,
         })
     }
 }
+
+/// Sources whose committed dedup marks the writer keeps in memory before it starts over.
+pub(crate) const DEDUP_CACHE_SOURCES_MAX: usize = 65_536;
 
 /// Bytes of decoded entries a commit group keeps cached before it starts over (the cache is
 /// write-through, so dropping it loses nothing).
@@ -512,19 +539,26 @@ impl Rows for GroupRows<'_, '_> {
                 (None, None) => break,
             }
         }
+        // Counter dots have no index rows ([`indexed`]); the group still tracks them, so the
+        // join's search for the keys holding an overwritten counter dot needs no index scan.
+        let index = indexed(key.kind);
         for d in &removed {
-            self.inner
-                .dots
-                .remove(dot_bytes(*d).as_slice())
-                .map_err(StoreError::redb)?;
+            if index {
+                self.inner
+                    .dots
+                    .remove(dot_bytes(*d).as_slice())
+                    .map_err(StoreError::redb)?;
+            }
             self.owner.remove(d);
             self.removed.insert(*d);
         }
         for d in &added {
-            self.inner
-                .dots
-                .insert(dot_bytes(*d).as_slice(), kb.as_slice())
-                .map_err(StoreError::redb)?;
+            if index {
+                self.inner
+                    .dots
+                    .insert(dot_bytes(*d).as_slice(), kb.as_slice())
+                    .map_err(StoreError::redb)?;
+            }
             self.removed.remove(d);
         }
         let len = match new {
