@@ -11,7 +11,12 @@
 //! - (b) single-event `ingest` calls from 1, 16 and 64 writers (tokio tasks);
 //! - (c) (a) and (b) again with `Durability::Relaxed` (no fsync), the upper bound;
 //! - (d) open-loop single-event load at about half of the peak of (b): p99 ack vs fsync p99;
-//! - (e) bytes on disk per key (N distinct keys, then file and table sizes / N) for each type.
+//! - (e) bytes on disk per key (N distinct keys, then file and table sizes / N) for each type;
+//! - (f) the cost of adding one element to a set of `BENCH_BIG_SET` elements against adding
+//!   one to an empty set: writer CPU and bytes written (`pwrite`d, from `/proc/self/io`) per
+//!   durable commit of one add. The default is 10,000, not the issue's 1,000,000: while a set
+//!   is one row, filling it costs O(N²) (every add clones, diffs and rewrites the whole set),
+//!   about 3 minutes for 10,000 elements on the reference machine.
 //!
 //! Every run also reports the node's group-commit figures (`Node::metrics`) and, on Linux, the
 //! writer thread's CPU time and the time our threads spent runnable but waiting for a CPU
@@ -41,6 +46,7 @@ struct Settings {
     only: Option<Vec<String>>,
     kinds: Vec<Kind>,
     writers: Option<Vec<usize>>,
+    big_set: u64,
 }
 
 impl Settings {
@@ -68,6 +74,7 @@ impl Settings {
                         .collect()
                 },
             ),
+            big_set: num("BENCH_BIG_SET", 10_000.0) as u64,
             writers: std::env::var("BENCH_WRITERS")
                 .ok()
                 .map(|v| v.split(',').filter_map(|w| w.trim().parse().ok()).collect()),
@@ -678,6 +685,105 @@ async fn disk_use(kind: Kind, keys: u64) -> DiskUse {
 }
 
 // ---------------------------------------------------------------------------------------------
+// (f) One add to a big set vs one add to an empty set.
+
+/// Bytes this process passed to `write`-family syscalls so far (`wchar` of `/proc/self/io`).
+fn bytes_written() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("wchar:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Per-commit cost of one durable add to a set of `size` elements.
+struct SetAdd {
+    size: u64,
+    fill_secs: f64,
+    commits: u64,
+    writer_cpu_us: Option<f64>,
+    bytes: Option<f64>,
+    ack_ms: f64,
+}
+
+/// Fills set key `big` with `size` elements (calls of 20,000 adds), then times 50 calls of
+/// one add each (each its own durable group commit).
+async fn set_add_cost(size: u64) -> SetAdd {
+    const ADDS: u64 = 50;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = open_node(dir.path(), Durability::Immediate).await;
+    // Let the writer thread name itself before its CPU time is sampled.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let fill = Instant::now();
+    let mut u = 0;
+    while u < size {
+        let n = (size - u).min(20_000);
+        let batch: Vec<Op> = (u..u + n)
+            .map(|i| Op::add("big", format!("e{i}")))
+            .collect();
+        node.apply_batch(batch).await.expect("fill");
+        u += n;
+    }
+    let fill_secs = fill.elapsed().as_secs_f64();
+    let commits0 = node.metrics().commits;
+    let cpu0 = thread_times(WRITER_THREAD);
+    let io0 = bytes_written();
+    let t = Instant::now();
+    for i in 0..ADDS {
+        node.apply_batch(vec![Op::add("big", format!("new{i}"))])
+            .await
+            .expect("add");
+    }
+    let ack = t.elapsed();
+    let io = bytes_written().zip(io0).map(|(b, a)| b.saturating_sub(a));
+    let cpu = thread_times(WRITER_THREAD)
+        .zip(cpu0)
+        .map(|((b, _), (a, _))| b.saturating_sub(a));
+    let commits = node.metrics().commits - commits0;
+    node.shutdown().await.expect("shutdown");
+    let per = commits.max(1) as f64;
+    SetAdd {
+        size,
+        fill_secs,
+        commits,
+        writer_cpu_us: cpu.map(|c| c.as_secs_f64() * 1e6 / per),
+        bytes: io.map(|b| b as f64 / per),
+        ack_ms: ack.as_secs_f64() * 1e3 / ADDS as f64,
+    }
+}
+
+fn big_set_section(rt: &tokio::runtime::Runtime, size: u64) {
+    let empty = rt.block_on(set_add_cost(0));
+    let big = rt.block_on(set_add_cost(size));
+    println!(
+        "## (f) One add to a set of {} elements vs to an empty set\n",
+        thousands(size as f64)
+    );
+    println!(
+        "| set size | fill s | commits | writer CPU µs/commit | bytes written/commit | ack ms (mean) |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|");
+    let opt = |v: Option<f64>, d: usize| v.map_or_else(|| "-".into(), |v| format!("{v:.d$}"));
+    for r in [&empty, &big] {
+        println!(
+            "| {} | {:.1} | {} | {} | {} | {:.2} |",
+            thousands(r.size as f64),
+            r.fill_secs,
+            r.commits,
+            opt(r.writer_cpu_us, 1),
+            opt(r.bytes, 0),
+            r.ack_ms
+        );
+    }
+    let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b.max(1e-9));
+    println!(
+        "
+big / empty: writer CPU **{}×**, bytes written **{}×**, ack latency **{:.1}×** (goal: CPU and bytes ≤ 2×).\n",
+        opt(ratio(big.writer_cpu_us, empty.writer_cpu_us), 1),
+        opt(ratio(big.bytes, empty.bytes), 1),
+        big.ack_ms / empty.ack_ms.max(1e-9)
+    );
+}
+// ---------------------------------------------------------------------------------------------
 
 fn goal_row(name: &str, value: String, goal: &str, met: bool) {
     println!(
@@ -885,6 +991,10 @@ fn main() {
             println!("| {} | {} |", d.kind.label(), cols.join(" | "));
         }
         println!();
+    }
+
+    if s.wants("f") {
+        big_set_section(&rt, s.big_set);
     }
 
     // Goals.

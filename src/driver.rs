@@ -169,6 +169,8 @@ pub(crate) fn wall_ms() -> u64 {
 impl Driver {
     /// Runs until shutdown or until every sender is gone.
     pub(crate) fn run(mut self) {
+        // Watchers get values read after each commit, and only when someone watches.
+        self.store.set_change_values(false);
         let mut next_tick = Instant::now() + self.tick;
         loop {
             let now = Instant::now();
@@ -404,6 +406,7 @@ impl Driver {
                     let part = LocalCommit {
                         duplicate: commit.duplicate[range].to_vec(),
                         changes: Vec::new(),
+                        changed: Vec::new(),
                         log_seq: commit.log_seq,
                         refused: Vec::new(),
                     };
@@ -413,6 +416,7 @@ impl Driver {
                 for (key, value) in commit.changes {
                     let _ = self.changes.send(Arc::new(Change { key, value }));
                 }
+                self.publish(&commit.changed);
             }
             Err(e) => {
                 // Not acknowledged: every caller of the group gets the failure.

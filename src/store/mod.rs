@@ -38,8 +38,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tables::{
-    CURSORS, DEDUP, DOTS, LOG, META, META_CONTEXT, META_EPOCH, META_HLC, META_LOG_BOUNDS,
-    META_REPLICA, META_TRUNCATED, ROWS,
+    CURSORS, DEDUP, DOTS, LOG, META, META_CONTEXT, META_EPOCH, META_FORMAT, META_HLC,
+    META_LOG_BOUNDS, META_REPLICA, META_TRUNCATED, ROWS, STORE_FORMAT,
 };
 use tidemark_crdts::{CausalContext, Hlc, ReplicaId};
 
@@ -101,6 +101,13 @@ pub struct RedbStore {
     remote_filter: Option<purge::RemoteFilter>,
     /// Restored from a snapshot: `(source log id, source log end)` (see [`snapshot`]).
     seed: Option<(ReplicaId, u64)>,
+    /// The committed dedup marks of the sources local commits touched, so a commit group does
+    /// not re-read and decode each source's row (bounded by
+    /// `local::DEDUP_CACHE_SOURCES_MAX`; a remote join that changes a source's row drops its
+    /// copy). Always equal to the table's row for every source it holds.
+    dedup_cache: std::collections::HashMap<(String, String), tidemark_crdts::IntervalSet>,
+    /// Whether local commits compute the changed keys' values ([`RedbStore::set_change_values`]).
+    change_values: bool,
 }
 
 impl std::fmt::Debug for RedbStore {
@@ -219,6 +226,18 @@ impl RedbStore {
         txn.open_table(LOG).map_err(StoreError::redb)?;
         txn.open_table(CURSORS).map_err(StoreError::redb)?;
         let existing: Option<ReplicaId> = meta_get(&txn, META_REPLICA, max)?;
+        let format: Option<u32> = meta_get(&txn, META_FORMAT, max)?;
+        match (existing, format) {
+            (None, _) => {}
+            (Some(_), Some(STORE_FORMAT)) => {}
+            (Some(_), found) => {
+                return Err(StoreError::Corrupt(format!(
+                    "store format {} (this build reads format {STORE_FORMAT}; no migration: \
+                     start from an empty data directory)",
+                    found.unwrap_or(1)
+                )));
+            }
+        }
         let ctx: CausalContext = meta_get(&txn, META_CONTEXT, max)?.unwrap_or_default();
         let mut replica = match existing {
             Some(r) => r,
@@ -258,6 +277,7 @@ impl RedbStore {
                 cursors.insert(PeerId(k.value()), cursor);
             }
         }
+        meta_put(&txn, META_FORMAT, &STORE_FORMAT)?;
         meta_put(&txn, META_REPLICA, &replica)?;
         meta_put(&txn, META_EPOCH, &epoch)?;
         meta_put(&txn, META_CONTEXT, &ctx)?;
@@ -281,6 +301,8 @@ impl RedbStore {
             unsynced: AtomicBool::new(false),
             remote_filter: None,
             seed,
+            dedup_cache: std::collections::HashMap::new(),
+            change_values: true,
         })
     }
 
@@ -409,7 +431,7 @@ impl RedbStore {
     }
 
     /// Checks the store's invariants against its tables: every live dot is in the context and
-    /// indexed to its key, every index entry points at a row holding that dot, and the context
+    /// (except counter dots, which have no index rows) indexed to its key, every index entry points at a row holding that dot, and the context
     /// committed equals the one in memory (TESTING.md G7 5 and #22). Cost O(store).
     ///
     /// # Errors

@@ -159,7 +159,9 @@ impl Reader {
         Ok(out)
     }
 
-    /// Checks the committed tables against `expected_ctx` (see [`super::RedbStore::verify`]).
+    /// Checks the committed tables against `expected_ctx` (see [`super::RedbStore::verify`]):
+    /// every live dot is in the context, every dot of an indexed kind (all but counters:
+    /// `rows::indexed`) is indexed to its key, and the index holds nothing else.
     ///
     /// # Errors
     /// [`StoreError::Corrupt`] naming the first violation.
@@ -175,14 +177,18 @@ impl Reader {
         let mut live = 0u64;
         for (key, entry) in self.entries()? {
             let mut problem = None;
+            let counts = super::rows::indexed(key.kind);
             entry.for_each_dot(&mut |d| {
-                live += 1;
+                live += u64::from(counts);
                 if problem.is_none() && !ctx.contains(&d) {
                     problem = Some(format!("{key} holds {d:?} outside the context"));
                 }
             });
             if let Some(p) = problem {
                 return Err(StoreError::Corrupt(p));
+            }
+            if !super::rows::indexed(key.kind) {
+                continue;
             }
             let mut missing = None;
             entry.for_each_dot(&mut |d| {

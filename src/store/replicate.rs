@@ -92,7 +92,7 @@ impl RedbStore {
     }
 
     fn write_marks(
-        &self,
+        &mut self,
         txn: &WriteTransaction,
         marks: &DedupMarks,
     ) -> Result<DedupMarks, StoreError> {
@@ -112,6 +112,9 @@ impl RedbStore {
                 continue;
             }
             mine.union_with(&new);
+            // The row changes: drop the writer's copy (re-read on next use; dropping it even
+            // if this transaction is then aborted only costs that read).
+            self.dedup_cache.remove(&(stream.clone(), source.clone()));
             let bytes = codec::encode("dedup marks", &mine).map_err(codec_err("dedup"))?;
             table
                 .insert(k.as_slice(), bytes.as_slice())

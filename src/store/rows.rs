@@ -7,7 +7,7 @@ use crate::apply::KeyRange;
 use crate::codec;
 use redb::{ReadableTable, Table};
 use std::ops::Bound;
-use tidemark_crdts::{CausalContext, DotStore, Entry, Key, Rows};
+use tidemark_crdts::{CausalContext, DotStore, Entry, Key, KeyKind, Rows};
 
 /// The `rows` and `dots` tables of one write transaction.
 pub(crate) struct TxnRows<'a, 't> {
@@ -21,6 +21,16 @@ pub(crate) fn decode_entry(bytes: &[u8], max: usize) -> Result<Entry, StoreError
         table: "rows",
         source,
     })
+}
+
+/// Whether the dots of `kind`'s entries have dot → key index rows. Counter dots have none:
+/// a counter is never deleted, and a counter dot is only ever removed by a later dot of the
+/// same replica on the same key, which every delta carries together with that removal (the
+/// log's pieces keep them together: [`super::split::split_delta`]), so the join reaches the
+/// key through the delta's own entry and never needs the index to find it. That saves a
+/// B-tree delete and insert per counter increment.
+pub(crate) fn indexed(kind: KeyKind) -> bool {
+    kind.deletable()
 }
 
 impl Rows for TxnRows<'_, '_> {
@@ -54,7 +64,11 @@ impl Rows for TxnRows<'_, '_> {
             dots.sort_unstable();
             dots
         };
-        let (before, after) = (sorted(old), sorted(new));
+        let (before, after) = if indexed(key.kind) {
+            (sorted(old), sorted(new))
+        } else {
+            (Vec::new(), Vec::new())
+        };
         for d in &before {
             if after.binary_search(d).is_err() {
                 self.dots

@@ -117,6 +117,26 @@ impl<'a> Pieces<'a> {
         self.bytes = 0;
     }
 
+    /// For a counter entry just added to the current piece: the removals of the delta that a
+    /// counter dot of the entry supersedes (the same replica's lower dots) travel in the same
+    /// piece. Counter dots have no dot-index rows (`rows::indexed`), so a receiver can only
+    /// remove an overwritten counter dot while joining the counter's own entry.
+    fn counter_removals(&mut self, key: &Key, entry: &Entry, removed: &CausalContext) {
+        if key.kind.deletable() || removed.is_empty() {
+            return;
+        }
+        entry.for_each_dot(&mut |d| {
+            if d.seq > 1 {
+                let lower =
+                    removed.intersection(&CausalContext::from_range(d.replica, 1, d.seq - 1));
+                if !lower.is_empty() {
+                    self.bytes = self.bytes.saturating_add(RANGE_BYTES);
+                    self.cur.state.ctx.join(&lower);
+                }
+            }
+        });
+    }
+
     fn entry(&mut self, key: &Key, entry: Entry, size: usize) {
         self.room(size);
         self.cur.state.ctx.join(&entry.dots());
@@ -161,19 +181,21 @@ pub(crate) fn split_delta(
     let budget = (target / 2).max(1);
     let Delta { state, marks } = delta;
     let stored = state.store.dots();
+    let removed = state.ctx.diff(&stored);
     let mut pieces = Pieces::new(budget, keep);
     for (key, entry) in state.store.iter() {
         let size = codec::encoded_len("entry", &(key, entry))?;
         if size <= budget {
             pieces.entry(key, entry.clone(), size);
+            pieces.counter_removals(key, entry, &removed);
         } else {
             for (part, _) in split_entry(entry, size, budget) {
                 let part_size = codec::encoded_len("entry", &(key, &part))?;
-                pieces.entry(key, part, part_size);
+                pieces.entry(key, part.clone(), part_size);
+                pieces.counter_removals(key, &part, &removed);
             }
         }
     }
-    let removed = state.ctx.diff(&stored);
     for (replica, set) in removed.entries() {
         for &(lo, hi) in set.ranges() {
             pieces.room(RANGE_BYTES);
@@ -280,5 +302,41 @@ mod tests {
             union(parts.into_iter().map(|(e, _)| e).collect()),
             Some(entry)
         );
+    }
+
+    #[test]
+    fn a_counter_entry_travels_with_the_removal_of_its_replicas_older_dot() {
+        // Counter dots have no index rows, so the piece carrying a counter's new dot must
+        // also remove the same replica's older dot of that counter.
+        let (set_key, set_entry, mut ctx) = big_set(20_000);
+        let counter = Key::new(KeyKind::GCounter, "hits");
+        let r = ReplicaId(3);
+        let counter_entry = Entry::GCounter(tidemark_crdts::DotFun::single(Dot::new(r, 90), 12));
+        ctx.insert_range(r, 1, 90);
+        let mut store = DotMap::default();
+        store.set(counter.clone(), counter_entry);
+        store.set(set_key, set_entry);
+        let delta = Delta {
+            state: tidemark_crdts::Causal { store, ctx },
+            marks: DedupMarks::new(),
+        };
+        let pieces = split_delta(delta.clone(), 64 * 1024, &CausalContext::new()).expect("splits");
+        assert!(pieces.len() > 2, "{} pieces", pieces.len());
+        let with_counter: Vec<&Delta> = pieces
+            .iter()
+            .filter(|p| p.state.store.get(&counter).is_some())
+            .collect();
+        assert_eq!(with_counter.len(), 1);
+        for seq in 1..90 {
+            assert!(
+                with_counter[0].state.ctx.contains(&Dot::new(r, seq)),
+                "r:{seq}"
+            );
+        }
+        let mut joined = Delta::default();
+        for p in pieces {
+            joined.join(p);
+        }
+        assert_eq!(joined, delta);
     }
 }

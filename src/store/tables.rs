@@ -2,9 +2,9 @@
 //!
 //! | table | key | value |
 //! |---|---|---|
-//! | `meta` | name | replica id, epoch, HLC mark, log bounds, truncated-log context |
+//! | `meta` | name | store format, replica id, epoch, HLC mark, log bounds, truncated-log context |
 //! | `rows` | kind byte + key name | encoded [`tidemark_crdts::Entry`] |
-//! | `dots` | replica (16 B BE) + seq (8 B BE) | row key: the dot → key index |
+//! | `dots` | replica (16 B BE) + seq (8 B BE) | row key: the dot → key index (no counter dots) |
 //! | `log` | log seq | encoded [`LogRecord`] (origin + delta) |
 //! | `cursors` | peer id | `(peer log id, first seq not joined)` |
 //! | `dedup` | encoded `(stream, source)` | encoded `IntervalSet` of seen seqs |
@@ -29,6 +29,12 @@ pub(crate) const META_HLC: &str = "hlc";
 pub(crate) const META_CONTEXT: &str = "context";
 pub(crate) const META_LOG_BOUNDS: &str = "log_bounds";
 pub(crate) const META_TRUNCATED: &str = "truncated_context";
+pub(crate) const META_FORMAT: &str = "store_format";
+
+/// The layout of the tables this build writes and reads, stored under `meta/store_format`.
+/// 2: counter dots have no dot-index rows (`rows::indexed`). A store without the marker was
+/// written by format 1 (no deployed data: it is refused, not migrated).
+pub(crate) const STORE_FORMAT: u32 = 2;
 
 /// One delta-log entry: where the delta came from (`None`: a local commit) and the delta.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
