@@ -2,11 +2,96 @@
 //! batched NDJSON ingest (1,000 events per request, several clients) and single-op
 //! `POST /v1/ops` requests from 1 and 16 clients, every answer after the durable commit.
 //!
+//! Beside it, in the same run, **Redis** (`redis-server` started here on a free port,
+//! `appendonly yes` with `appendfsync always` and `everysec`, no RDB) driven by
+//! `redis-benchmark` with the same counter increments (`INCRBY` over 100 keys) and set adds
+//! (`SADD` of random elements to random keys): pipelined (`-P 1000`, 4 clients) against
+//! Tidemark's batches of 1,000, and unpipelined single ops with 1 and 16 clients against
+//! single-op requests. Prints a table with the ratios. Without `redis-server` and
+//! `redis-benchmark` on PATH it prints `skipped: redis-server not found` for that part.
+//!
 //! `cargo bench --bench http_throughput` (`BENCH_SECS=N` per workload, default 5).
 
 use std::time::{Duration, Instant};
 use tidemark::http::{HttpConfig, HttpServer};
 use tidemark::{Node, NodeConfig};
+
+#[path = "http_throughput/redis.rs"]
+mod redis;
+
+/// Which op a workload repeats.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    /// Counter increment by 1 over 100 keys (`INCRBY page:N 1`).
+    Incr,
+    /// Set add of a random element to a random key (`SADD members:N eM`).
+    Sadd,
+}
+
+/// One row of the comparison.
+#[derive(Clone, Copy, Debug)]
+struct Workload {
+    name: &'static str,
+    op: Kind,
+    /// 1,000 ops per request / `-P 1000`, else one op per request.
+    batched: bool,
+    clients: usize,
+}
+
+/// Random key and element range of the set adds (Redis: `-r`).
+const SADD_RANGE: u64 = 1_000_000;
+
+const WORKLOADS: [Workload; 6] = [
+    Workload {
+        name: "counter inc, batches of 1000",
+        op: Kind::Incr,
+        batched: true,
+        clients: 4,
+    },
+    Workload {
+        name: "set add, batches of 1000",
+        op: Kind::Sadd,
+        batched: true,
+        clients: 4,
+    },
+    Workload {
+        name: "counter inc, single op",
+        op: Kind::Incr,
+        batched: false,
+        clients: 1,
+    },
+    Workload {
+        name: "counter inc, single op",
+        op: Kind::Incr,
+        batched: false,
+        clients: 16,
+    },
+    Workload {
+        name: "set add, single op",
+        op: Kind::Sadd,
+        batched: false,
+        clients: 1,
+    },
+    Workload {
+        name: "set add, single op",
+        op: Kind::Sadd,
+        batched: false,
+        clients: 16,
+    },
+];
+
+/// A tiny deterministic generator for keys and elements.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+}
 
 fn secs() -> u64 {
     std::env::var("BENCH_SECS")
@@ -125,23 +210,42 @@ fn main() {
             pct(&mut lat, 0.99)
         );
     }
-    for clients in [1usize, 16] {
+    let redis = redis::Servers::start();
+    let mut table = Vec::new();
+    for w in WORKLOADS {
         let url = format!("{base}/v1/ops");
-        let (items, mut lat, elapsed) = drive(clients, 1, move |a, c, i| {
-            let body = format!(
-                "[{{\"type\":\"orset\",\"key\":\"members-{c}\",\"op\":\"add\",\"value\":\"u{i}\"}}]"
-            );
+        let per_request = if w.batched { 1000 } else { 1 };
+        let (items, mut lat, elapsed) = drive(w.clients, per_request, move |a, c, i| {
+            let mut rng = Lcg(((c as u64) << 40) ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 1);
+            let mut body = String::with_capacity(per_request as usize * 80);
+            for _ in 0..per_request {
+                match w.op {
+                    Kind::Incr => body.push_str(&format!(
+                        "{{\"type\":\"gcounter\",\"key\":\"page-{}\",\"op\":\"inc\",\"by\":1}}\n",
+                        rng.below(100)
+                    )),
+                    Kind::Sadd => body.push_str(&format!(
+                        "{{\"type\":\"orset\",\"key\":\"members-{}\",\"op\":\"add\",\"value\":\"e{}\"}}\n",
+                        rng.below(SADD_RANGE),
+                        rng.below(SADD_RANGE)
+                    )),
+                }
+            }
             a.post(&url)
-                .content_type("application/json")
+                .content_type("application/x-ndjson")
                 .send(body.as_bytes())
                 .map_or(0, |r| r.status().as_u16())
         });
+        let rate = items as f64 / elapsed.as_secs_f64();
         println!(
-            "single-op POST /v1/ops | {clients} | {:.0} requests/s | {:.2} | {:.2}",
-            items as f64 / elapsed.as_secs_f64(),
+            "{} (POST /v1/ops) | {} | {rate:.0} ops/s | {:.2} | {:.2}",
+            w.name,
+            w.clients,
             pct(&mut lat, 0.5),
             pct(&mut lat, 0.99)
         );
+        let (always, everysec) = redis.as_ref().map_or((None, None), |r| r.measure(w));
+        table.push((w, rate, always, everysec));
     }
     let m = node.metrics();
     println!(
@@ -154,4 +258,8 @@ fn main() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let _ = node.shutdown().await;
     });
+    drop(redis);
+    if table.iter().any(|r| r.2.is_some()) {
+        redis::table(&table);
+    }
 }

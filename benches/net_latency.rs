@@ -8,6 +8,9 @@
 //! bytes on the wire per replicated op per receiving node (UDP payload, so QUIC and TLS overhead
 //! included; and the frame bytes the protocol wrote).
 //!
+//! Then the bootstrap time of a new node joining a cluster holding `BENCH_BOOTSTRAP_KEYS` keys
+//! (comma-separated, default 100,000; empty to skip).
+//!
 //! Environment: `BENCH_SECS` (seconds per rate, default 3), `BENCH_RATES` (comma-separated
 //! writes/s). Output: Markdown on stdout.
 
@@ -66,11 +69,17 @@ async fn run(rate: f64, secs: f64) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
-    // Wait for the full mesh.
+    // Wait for the full mesh, every member alive in SWIM (only those replicate).
     let started = Instant::now();
+    let alive = |s: &tidemark::net::NetStatus| {
+        s.members
+            .iter()
+            .filter(|m| m.state == tidemark::net::MemberState::Alive)
+            .count()
+    };
     while nodes
         .iter()
-        .any(|n| n.net_status().map_or(0, |s| s.peers.len()) < NODES - 1)
+        .any(|n| n.net_status().map_or(0, |s| s.peers.len().min(alive(&s))) < NODES - 1)
     {
         if started.elapsed() > Duration::from_secs(20) {
             return Err("the mesh did not form".into());
@@ -201,8 +210,88 @@ async fn run(rate: f64, secs: f64) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// Bootstrap: a 2-node cluster holding `keys` keys (written on n0 in calls of 1,000, replicated
+/// to n1); a new node seeded with n0 joins; the time from `join_peer` until its context equals
+/// the cluster's, and how many transfers it received (and from how many senders).
+async fn bootstrap(keys: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let root = tempfile::tempdir()?;
+    let ca = ClusterCa::generate()?;
+    let mut nodes = Vec::new();
+    let mut addrs = Vec::new();
+    for i in 0..3 {
+        let node = Node::open(NodeConfig::new(root.path().join(format!("b{i}")))).await?;
+        let addr = node
+            .listen(
+                SocketAddr::from(([127, 0, 0, 1], 0)),
+                ca.issue(&format!("b{i}"))?,
+            )
+            .await?;
+        nodes.push(node);
+        addrs.push(addr);
+    }
+    let written = Instant::now();
+    for start in (0..keys).step_by(1000) {
+        let ops = (start..(start + 1000).min(keys))
+            .map(|k| Op::inc_gcounter(&format!("key-{k:08}"), 1))
+            .collect();
+        nodes[0].apply_batch(ops).await?;
+    }
+    let write_time = written.elapsed();
+    nodes[1].join_peer(addrs[0])?;
+    let synced = Instant::now();
+    while nodes[1].context()? != nodes[0].context()? {
+        if synced.elapsed() > Duration::from_secs(1800) {
+            return Err("the second node did not sync".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let second = synced.elapsed();
+    let target = nodes[0].context()?;
+    let mut started_before = Vec::new();
+    for n in &nodes[..2] {
+        started_before.push(n.replication_status().await?.stats.transfers_started);
+    }
+    let joined = Instant::now();
+    nodes[2].join_peer(addrs[0])?;
+    while nodes[2].context()? != target {
+        if joined.elapsed() > Duration::from_secs(1800) {
+            return Err("the new node did not sync".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = joined.elapsed();
+    // Let deferred senders decide (they must not start a second transfer).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let got = nodes[2]
+        .replication_status()
+        .await?
+        .stats
+        .transfers_received;
+    let mut senders = 0;
+    for (n, before) in nodes[..2].iter().zip(&started_before) {
+        if n.replication_status().await?.stats.transfers_started > *before {
+            senders += 1;
+        }
+    }
+    println!(
+        "| {keys} | {:.2} s | {:.2} s | {:.2} s | {got} | {senders} |",
+        write_time.as_secs_f64(),
+        second.as_secs_f64(),
+        took.as_secs_f64()
+    );
+    for n in &nodes {
+        n.shutdown().await?;
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let bootstrap_keys: Vec<usize> = std::env::var("BENCH_BOOTSTRAP_KEYS")
+        .unwrap_or_else(|_| "100000".into())
+        .split(',')
+        .filter_map(|r| r.trim().parse().ok())
+        .collect();
     let secs = env_f64("BENCH_SECS", 3.0);
     let rates: Vec<f64> = std::env::var("BENCH_RATES")
         .unwrap_or_else(|_| "10,1000,10000".into())
@@ -219,6 +308,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("|---|---|---|---|---|---|---|---|");
     for rate in rates {
         run(rate, secs).await?;
+    }
+    if !bootstrap_keys.is_empty() {
+        println!(
+            "\n### Bootstrap of a new node (3rd) seeded with one member of a 2-node cluster\n"
+        );
+        println!(
+            "| keys | write on n0 | n1 joins (one transfer) | new node joins, until same context | transfers received by the new node | nodes that started a transfer (of all) |"
+        );
+        println!("|---|---|---|---|---|---|");
+        for keys in bootstrap_keys {
+            bootstrap(keys).await?;
+        }
     }
     Ok(())
 }

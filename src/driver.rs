@@ -85,6 +85,12 @@ pub(crate) enum Input {
         peer: PeerId,
         link: u64,
     },
+    /// SWIM reports the network peer alive (given to the replica as up once its link is
+    /// connected too) or down (taken down, evicted after the replica's grace period).
+    NetAlive {
+        peer: PeerId,
+        alive: bool,
+    },
     /// A decoded message from a network peer; `permit` returns its bytes to the connection's
     /// inbound budget once handled (bounded apply queue).
     NetMessage {
@@ -100,6 +106,11 @@ pub(crate) enum Input {
     /// Replication counters.
     Status {
         reply: oneshot::Sender<ReplicationStatus>,
+    },
+    /// Stream-view retention: remove the rows of expired windows (context kept).
+    PurgeRows {
+        keys: Vec<Key>,
+        reply: oneshot::Sender<Result<usize, Error>>,
     },
 }
 
@@ -145,6 +156,8 @@ pub(crate) struct Driver {
     pub(crate) frame_bytes_max: usize,
     /// Network peers: where their frames go.
     pub(crate) links: BTreeMap<PeerId, crate::net::transport::PeerLink>,
+    /// Network peers SWIM reports alive: only these are up in the replica (with a link).
+    pub(crate) net_alive: std::collections::BTreeSet<PeerId>,
 }
 
 pub(crate) fn wall_ms() -> u64 {
@@ -345,11 +358,17 @@ impl Driver {
         }
         let started = Instant::now();
         let result = self.store.commit_local(&all, wall_ms());
-        let latency_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let elapsed = started.elapsed();
+        let latency_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         self.queued_ops.fetch_sub(group_ops, Ordering::AcqRel);
         match result {
             Ok(commit) => {
                 let m = &self.metrics;
+                m.observe_commit(crate::metrics::CommitSample {
+                    ops: group_ops as u64,
+                    elapsed,
+                    durable: !self.durable.relaxed,
+                });
                 Metrics::add(&m.commits, 1);
                 Metrics::add(&m.commit_groups_ops, all.len() as u64);
                 Metrics::max(&m.commit_group_max, all.len() as u64);
@@ -430,10 +449,13 @@ impl Driver {
             }
             Input::NetUp { peer, link } => {
                 self.links.insert(peer, link);
-                let now = self.now();
-                let mut served = Served::new(&mut self.store, &mut self.durable);
-                if let Err(e) = self.replica.peer_up(now, peer, &mut served) {
-                    tracing::error!(error = %e, "replication storage failure");
+                // Authenticated, but up in the replica only once SWIM reports it alive.
+                if self.net_alive.contains(&peer) {
+                    let now = self.now();
+                    let mut served = Served::new(&mut self.store, &mut self.durable);
+                    if let Err(e) = self.replica.peer_up(now, peer, &mut served) {
+                        tracing::error!(error = %e, "replication storage failure");
+                    }
                 }
             }
             Input::NetDown { peer, link } => {
@@ -441,6 +463,19 @@ impl Driver {
                     self.links.remove(&peer);
                     let now = self.now();
                     self.replica.peer_down(now, peer);
+                }
+            }
+            Input::NetAlive { peer, alive } => {
+                let now = self.now();
+                if alive {
+                    if self.net_alive.insert(peer) && self.links.contains_key(&peer) {
+                        let mut served = Served::new(&mut self.store, &mut self.durable);
+                        if let Err(e) = self.replica.peer_up(now, peer, &mut served) {
+                            tracing::error!(error = %e, "replication storage failure");
+                        }
+                    }
+                } else if self.net_alive.remove(&peer) {
+                    self.replica.member_down(now, peer);
                 }
             }
             Input::NetMessage { from, msg, permit } => {
@@ -537,6 +572,10 @@ impl Driver {
                     .durable
                     .sync(&mut self.store)
                     .and_then(|()| self.store.deltas_since(&remote, bytes_max));
+                let _ = reply.send(r.map_err(Error::from));
+            }
+            Input::PurgeRows { keys, reply } => {
+                let r = self.store.purge_rows(&keys);
                 let _ = reply.send(r.map_err(Error::from));
             }
             Input::Compact { below, reply } => {

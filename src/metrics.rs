@@ -1,6 +1,8 @@
 //! Metrics-ready counters of a node (exported as Prometheus text by the HTTP API later).
 
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 /// Live counters, updated by the writer and read by anyone.
 #[derive(Debug, Default)]
@@ -20,6 +22,44 @@ pub struct Metrics {
     pub(crate) hlc_rejected: AtomicU64,
     pub(crate) frames_oversize: AtomicU64,
     pub(crate) reidentified: AtomicU64,
+    pub(crate) commit_histograms: CommitHistograms,
+}
+
+/// One local commit group as the writer saw it: what the driver reports after each successful
+/// commit (the commit hook).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommitSample {
+    /// Ops carried by the group (an event or an op-less write counts as one).
+    pub ops: u64,
+    /// Time of the redb commit of the group (transaction and, when durable, its fsync).
+    pub elapsed: Duration,
+    /// Whether the commit was durable (fsync before return: `Durability::Immediate`).
+    pub durable: bool,
+}
+
+/// Histograms of local commit groups, shared by every clone: each successful group adds
+/// exactly one observation to `group_ops` and `commit_seconds`, and, when it was durable, one to
+/// `fsync_seconds`.
+#[derive(Clone, Debug)]
+pub struct CommitHistograms {
+    /// Ops per commit group (buckets 1, 2, 4, .. 65536).
+    pub group_ops: Histogram,
+    /// Seconds per commit group (buckets 50 µs .. ~26 s).
+    pub commit_seconds: Histogram,
+    /// Seconds per durable commit group, fsync included (`Durability::Immediate` only; relaxed
+    /// groups are not durable when they commit).
+    pub fsync_seconds: Histogram,
+}
+
+impl Default for CommitHistograms {
+    fn default() -> Self {
+        let seconds = || Histogram::new(exponential_buckets(0.000_05, 2.0, 20));
+        Self {
+            group_ops: Histogram::new(exponential_buckets(1.0, 2.0, 17)),
+            commit_seconds: seconds(),
+            fsync_seconds: seconds(),
+        }
+    }
 }
 
 /// A point-in-time copy of [`Metrics`].
@@ -74,6 +114,21 @@ impl Metrics {
 
     pub(crate) fn set(counter: &AtomicU64, n: u64) {
         counter.store(n, Ordering::Relaxed);
+    }
+
+    /// Records one successful local commit group (called by the writer after the commit).
+    pub(crate) fn observe_commit(&self, sample: CommitSample) {
+        let h = &self.commit_histograms;
+        h.group_ops.observe(sample.ops as f64);
+        h.commit_seconds.observe(sample.elapsed.as_secs_f64());
+        if sample.durable {
+            h.fsync_seconds.observe(sample.elapsed.as_secs_f64());
+        }
+    }
+
+    /// The commit histograms (sharing the live data).
+    pub fn commit_histograms(&self) -> CommitHistograms {
+        self.commit_histograms.clone()
     }
 
     /// Copies every counter.

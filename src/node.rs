@@ -179,7 +179,7 @@ impl Node {
     pub fn open_blocking(config: NodeConfig) -> Result<Node, Error> {
         config.limits.validate().map_err(Error::Config)?;
         let views = Arc::new(crate::views::Views::new(&config.views)?);
-        let store = RedbStore::open(
+        let mut store = RedbStore::open(
             &config.data_dir,
             OpenOptions {
                 limits: config.limits.clone(),
@@ -194,6 +194,11 @@ impl Node {
         let reader = store.reader();
         let replica = store.replica();
         views.restore(&reader, replica)?;
+        {
+            // Stream-view retention: entries of removed windows are dropped on receipt.
+            let views = Arc::clone(&views);
+            store.set_remote_filter(Arc::new(move |key: &Key| views.keep_remote(key)));
+        }
         let epoch = store.epoch();
         let me = peer_id_of(replica);
         let mut replication = config.replication.clone();
@@ -228,13 +233,14 @@ impl Node {
             frames_rejected: 0,
             frame_bytes_max: config.limits.frame_bytes_max,
             links: std::collections::BTreeMap::new(),
+            net_alive: std::collections::BTreeSet::new(),
         };
         let thread = std::thread::Builder::new()
             .name("tidemark-writer".into())
             .spawn(move || driver.run())
             .map_err(|e| Error::Config(format!("cannot start the writer thread: {e}")))?;
         tracing::info!(%replica, epoch, dir = %config.data_dir.display(), "node open");
-        Ok(Node {
+        let node = Node {
             shared: Arc::new(Shared {
                 inputs: Mutex::new(Some(tx)),
                 queued_ops,
@@ -248,7 +254,19 @@ impl Node {
                 views,
                 net: Mutex::new(None),
             }),
-        })
+        };
+        if node.shared.views.needs_maintenance() {
+            // Idle watermarks and retention run in the background while the node lives.
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(views_maintenance(Arc::downgrade(&node.shared)));
+                }
+                Err(_) => tracing::warn!(
+                    "no async runtime at open: view retention and idle watermarks stay off"
+                ),
+            }
+        }
+        Ok(node)
     }
 
     /// This node's replica id.
@@ -349,7 +367,8 @@ impl Node {
                 .try_into()
                 .unwrap_or([9; 8]),
         );
-        let net = Net::start(addr, &tls, opts, inputs, seed)?;
+        let member = (self.shared.replica.0, self.shared.epoch);
+        let net = Net::start(addr, &tls, opts, inputs, seed, member)?;
         let local = net.local_addr();
         *guard = Some(net);
         Ok(local)
@@ -377,9 +396,11 @@ impl Node {
         self.listen(addr, tls).await
     }
 
-    /// Keeps a connection to the peer at `addr` for as long as this node listens: dials it now,
-    /// and again with backoff (`redial_min`..`redial_max`) whenever the connection is lost or
-    /// cannot be made. Returns at once; replication starts when the connection is up.
+    /// Joins the cluster through the seed at `addr` (repeatable): dials it now, and again with
+    /// backoff (`redial_min`..`redial_max`) until one authenticated connection to it was made
+    /// or SWIM reports a live member; then stops (it never redials forever). Afterwards SWIM
+    /// membership decides whom this node probes, connects to and replicates with. Returns at
+    /// once; replication starts when the seed's node (and the members it tells of) are alive.
     ///
     /// # Errors
     /// [`Error::Net`] ([`NetError::NotListening`]) before [`Node::listen`]; [`Error::Closed`].
@@ -531,22 +552,39 @@ impl Node {
             return self.submit(writes).await;
         }
         let n = writes.len();
-        let (rx, admitted) = {
+        views.touch(stream);
+        // Events that cannot turn out duplicates or be refused at commit get their view
+        // mutations coalesced into one per cell (issue 9, cost).
+        let (coalesce, inflight) =
+            views.begin_batch(stream, &events, &self.reader()?, limits.dedup_ranges_max)?;
+        let mut guard = BatchGuard {
+            views: Arc::clone(views),
+            inflight,
+            pending: None,
+        };
+        let admitted = {
             let mut wms = views.watermarks.lock().map_err(|_| Error::Closed)?;
             let admitted = views.admit(
-                wms.get(stream).copied(),
+                wms.get(stream).copied().unwrap_or_default(),
                 stream,
                 &mut writes,
                 folded,
                 self.shared.replica,
+                coalesce,
             );
-            let rx = self.enqueue(writes)?;
+            guard.pending = Some(self.enqueue(writes)?);
             if let Some(wm) = admitted.new_wm {
-                wms.insert(stream.to_owned(), wm);
+                wms.entry(stream.to_owned()).or_default().wm = Some(wm);
             }
-            (rx, admitted)
+            admitted
         };
-        let commit: LocalCommit = rx.await.map_err(|_| Error::Closed)??;
+        let done = match guard.pending.as_mut() {
+            Some(rx) => rx.await,
+            None => return Err(Error::Closed),
+        };
+        guard.pending = None;
+        drop(guard);
+        let commit: LocalCommit = done.map_err(|_| Error::Closed)??;
         let dup = &commit.duplicate[..n.min(commit.duplicate.len())];
         let effective: Vec<bool> = dup
             .iter()
@@ -572,12 +610,7 @@ impl Node {
         name: &str,
         query: &crate::views::ViewQuery,
     ) -> Result<crate::views::ViewPage, Error> {
-        let status = self.replication_status().await?;
-        let known: Vec<PeerId> = {
-            let mut met = self.shared.views.met.lock().map_err(|_| Error::Closed)?;
-            met.extend(status.peers_connected.iter().copied());
-            met.iter().copied().collect()
-        };
+        let known = self.view_members().await?;
         self.shared.views.read(
             &self.reader()?,
             name,
@@ -586,6 +619,62 @@ impl Node {
             &known,
             peer_id_of,
         )
+    }
+
+    /// Peers that count as members for view finality: every peer met since open.
+    async fn view_members(&self) -> Result<Vec<PeerId>, Error> {
+        let status = self.replication_status().await?;
+        let mut met = self.shared.views.met.lock().map_err(|_| Error::Closed)?;
+        met.extend(status.peers_connected.iter().copied());
+        Ok(met.iter().copied().collect())
+    }
+
+    /// One round of view maintenance (`views/maintain.rs`): idle watermarks, the retention
+    /// horizon (announced, committed, then acted on), and purging the rows of removed
+    /// windows. Returns the number of rows purged.
+    ///
+    /// # Errors
+    /// Storage failures; [`Error::Closed`].
+    pub async fn maintain_views(&self) -> Result<usize, Error> {
+        use crate::views::maintain;
+        let views = &self.shared.views;
+        let _round = views.maintenance.lock().await;
+        let me = self.shared.replica;
+        let known = self.view_members().await?;
+        let plans = maintain::plan(
+            views,
+            &self.reader()?,
+            me,
+            &known,
+            peer_id_of,
+            crate::driver::wall_ms(),
+        )?;
+        let mut purged = 0;
+        for plan in plans {
+            let rx = {
+                let mut wms = views.watermarks.lock().map_err(|_| Error::Closed)?;
+                match views.stage(&mut wms, &plan, me) {
+                    Some(w) => Some(self.enqueue(vec![w])?),
+                    None => None,
+                }
+            };
+            if let Some(rx) = rx {
+                rx.await.map_err(|_| Error::Closed)??;
+            }
+            views.raise_horizon(&plan.stream)?;
+            let keys = maintain::expired_keys(
+                views,
+                &self.reader()?,
+                &plan.stream,
+                maintain::PURGE_BATCH,
+            )?;
+            if !keys.is_empty() {
+                let (reply, rx) = oneshot::channel();
+                self.send(Input::PurgeRows { keys, reply })?;
+                purged += rx.await.map_err(|_| Error::Closed)??;
+            }
+        }
+        Ok(purged)
     }
 
     /// The configured views.
@@ -741,6 +830,11 @@ impl Node {
         self.shared.metrics.snapshot()
     }
 
+    /// Histograms of local commit groups (group size, commit and fsync latency), live.
+    pub fn commit_histograms(&self) -> crate::metrics::CommitHistograms {
+        self.shared.metrics.commit_histograms()
+    }
+
     /// Stops the writer after the writes already queued, and closes the database.
     ///
     /// # Errors
@@ -768,5 +862,51 @@ impl Node {
                 .map_err(|_| Error::Closed)?;
         }
         Ok(())
+    }
+}
+
+/// Runs [`Node::maintain_views`] every [`crate::views::maintain::TICK`] while the node is
+/// open (holding it only during a round).
+async fn views_maintenance(shared: std::sync::Weak<Shared>) {
+    let mut tick = tokio::time::interval(crate::views::maintain::TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let node = Node { shared };
+        match node.maintain_views().await {
+            Ok(_) => {}
+            Err(Error::Closed) => return,
+            Err(e) => tracing::warn!(error = %e, "view maintenance failed"),
+        }
+    }
+}
+
+/// Keeps an ingest batch's events registered as in flight until its commit is known, even if
+/// the caller stops waiting (then a task waits for the commit).
+struct BatchGuard {
+    views: Arc<crate::views::Views>,
+    inflight: Vec<((String, String), usize)>,
+    pending: Option<oneshot::Receiver<Result<LocalCommit, Error>>>,
+}
+
+impl Drop for BatchGuard {
+    fn drop(&mut self) {
+        let inflight = std::mem::take(&mut self.inflight);
+        match (self.pending.take(), tokio::runtime::Handle::try_current()) {
+            (None, _) => self.views.end_batch(&inflight),
+            (Some(rx), Ok(rt)) => {
+                let views = Arc::clone(&self.views);
+                rt.spawn(async move {
+                    let _ = rx.await;
+                    views.end_batch(&inflight);
+                });
+            }
+            // No runtime to wait on: the sources stay registered, so their later batches keep
+            // per-event view mutations (correct, only slower).
+            (Some(_), Err(_)) => {}
+        }
     }
 }

@@ -154,7 +154,7 @@ fn ingest_folds_into_views_exactly_once_and_late_events_are_reported() {
     assert_eq!(sum["cluster_watermark"], json!(T + 200_000));
     assert_eq!(
         sum["counters"],
-        json!({"folded":4,"late":1,"rejected":0}),
+        json!({"folded":4,"late":1,"rejected":0,"expired_dropped":0,"foreign_cells":0}),
         "{sum}"
     );
     assert_eq!(

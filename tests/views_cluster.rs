@@ -367,7 +367,17 @@ async fn nodes_with_different_definitions_report_the_conflict_and_nothing_final(
         );
         assert_eq!(page.cluster_watermark, None);
         assert!(page.rows.iter().all(|r| !r.is_final));
+        // Their states are never merged: each node's cells hold only the events folded under
+        // its own definition (one per window), and the other's arrive as foreign cells.
+        let values: Vec<_> = page.rows.iter().map(|r| r.value.clone()).collect();
+        assert_eq!(values, vec![json!(1), json!(1)]);
+        assert!(page.counters.foreign_cells > 0);
     }
+    // A view both run with the same definition ("last") still merges: both read the same
+    // latest user, whichever node folded it.
+    let (la, lb) = (read(&a, "last").await.rows, read(&b, "last").await.rows);
+    assert_eq!(la.len(), 1);
+    assert_eq!(la, lb);
     a.shutdown().await.expect("shutdown");
     b.shutdown().await.expect("shutdown");
 }

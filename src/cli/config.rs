@@ -20,6 +20,9 @@ pub struct PeerConfig {
     pub tls: Option<PathBuf>,
     /// Peers to join at start.
     pub join: Vec<String>,
+    /// A member SWIM declared down is evicted from replication this many ms later (so it stops
+    /// pinning compaction) unless it comes back first (default 30,000).
+    pub down_grace_ms: u64,
 }
 
 impl Default for PeerConfig {
@@ -28,6 +31,7 @@ impl Default for PeerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7701)),
             tls: None,
             join: Vec::new(),
+            down_grace_ms: 30_000,
         }
     }
 }
@@ -247,6 +251,7 @@ impl Config {
         node.relaxed_sync_interval =
             std::time::Duration::from_millis(self.relaxed_sync_interval_ms);
         node.log_retain_entries = self.log_retain_entries;
+        node.replication.member_down_grace_ms = self.peer.down_grace_ms;
         node.views = self.views.clone();
         node
     }

@@ -25,9 +25,14 @@ pub struct ServeArgs {
     /// Directory written by `tidemark certs issue` (CA cert, node cert and key).
     #[arg(long, value_name = "DIR")]
     pub tls: Option<PathBuf>,
-    /// A peer to join (repeatable).
+    /// A peer to join (repeatable): a seed for joining the cluster; afterwards SWIM membership
+    /// decides whom to connect to.
     #[arg(long, value_name = "ADDR")]
     pub join: Vec<String>,
+    /// Evict a member SWIM declared down from replication after this many ms (`peer.down_grace_ms`,
+    /// default 30,000).
+    #[arg(long, value_name = "MS")]
+    pub down_grace_ms: Option<u64>,
     /// Bearer token required by the HTTP API (also TIDEMARK_TOKEN).
     #[arg(long, env = "TIDEMARK_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -65,6 +70,13 @@ impl ServeArgs {
         }
         if let Some(t) = &self.tls {
             set_key(&mut table, "peer.tls", s(&t.display()))?;
+        }
+        if let Some(ms) = self.down_grace_ms {
+            set_key(
+                &mut table,
+                "peer.down_grace_ms",
+                toml::Value::Integer(i64::try_from(ms).unwrap_or(i64::MAX)),
+            )?;
         }
         if !self.join.is_empty() {
             let peers = self.join.iter().map(|j| s(j)).collect();

@@ -68,6 +68,7 @@ fn labelled(pairs: &[(&'static str, &str, u64)]) -> Family<Labels, Counter> {
 /// Everything a scrape reports, gathered before encoding.
 pub(crate) struct Scrape<'a> {
     pub(crate) node: MetricsSnapshot,
+    pub(crate) commits: crate::metrics::CommitHistograms,
     pub(crate) replication: Option<ReplicationStatus>,
     pub(crate) store_bytes: u64,
     pub(crate) net: Option<crate::net::NetStatsSnapshot>,
@@ -114,6 +115,23 @@ pub(crate) fn render(s: &Scrape<'_>) -> Result<String, std::fmt::Error> {
         "Longest durable commit so far",
         Unit::Seconds,
         ConstGauge::new(n.commit_latency_us_max as f64 / 1e6),
+    );
+    r.register(
+        "commit_group_ops",
+        "Ops per local commit group (one observation per group)",
+        s.commits.group_ops.clone(),
+    );
+    r.register_with_unit(
+        "commit",
+        "Latency of each local commit group (redb transaction, fsync included when durable)",
+        Unit::Seconds,
+        s.commits.commit_seconds.clone(),
+    );
+    r.register_with_unit(
+        "fsync",
+        "Latency of each durable local commit group, fsync included (immediate durability)",
+        Unit::Seconds,
+        s.commits.fsync_seconds.clone(),
     );
     r.register(
         "log_entries",

@@ -67,8 +67,27 @@ async fn healthz() -> impl IntoResponse {
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
-    let writer_alive = state.node.replication_status().await.is_ok();
-    if writer_alive && state.cluster.ready() {
+    let status = state.node.replication_status().await;
+    let writer_alive = status.is_ok();
+    // In a cluster (SWIM knows other members), ready once one live member acknowledged our
+    // Hello or we joined something from a peer (the first successful sync).
+    let live: Vec<crate::proto::PeerId> = state.node.net_status().map_or(Vec::new(), |n| {
+        n.members
+            .iter()
+            .filter(|m| m.state != crate::net::MemberState::Down)
+            .map(|m| crate::net::peer_id_of_name(&m.name))
+            .collect()
+    });
+    let synced = match &status {
+        Ok(rep) if !live.is_empty() => {
+            rep.peer_acked
+                .iter()
+                .any(|(p, a)| a.is_some() && live.contains(p))
+                || rep.stats.deltas_applied + rep.stats.transfers_received > 0
+        }
+        _ => true,
+    };
+    if writer_alive && synced && state.cluster.ready() {
         axum::Json(json!({"status": "ready"})).into_response()
     } else {
         ApiError::new(
@@ -89,6 +108,7 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
     let scrape = metrics::Scrape {
         net: state.node.net_status().map(|n| n.stats),
         node: state.node.metrics(),
+        commits: state.node.commit_histograms(),
         replication,
         store_bytes: metrics::dir_bytes(&state.node.config().data_dir),
         http: &state.metrics,
@@ -556,6 +576,7 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
             "name": net.as_ref().map(|n| n.name.clone()),
             "peer_listen": net.as_ref().map(|n| n.local_addr.to_string()),
         },
+        "swim": net.as_ref().map(|n| &n.members),
         "members": members,
         "peers": peers,
     }))

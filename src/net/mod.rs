@@ -13,11 +13,13 @@
 
 pub mod certs;
 mod faults;
+mod membership;
 mod tls;
 pub(crate) mod transport;
 
 pub use certs::{ClusterCa, TlsDir};
 pub use faults::Faults;
+pub use membership::{MemberState, MemberStatus, SwimOptions};
 pub use transport::NetOptions;
 
 use crate::proto::PeerId;
@@ -87,6 +89,8 @@ pub(crate) struct NetStats {
     pub(crate) frame_bytes_received: AtomicU64,
     pub(crate) udp_bytes_sent_closed: AtomicU64,
     pub(crate) udp_bytes_received_closed: AtomicU64,
+    pub(crate) swim_bytes_sent: AtomicU64,
+    pub(crate) swim_bytes_received: AtomicU64,
 }
 
 impl NetStats {
@@ -106,6 +110,8 @@ impl NetStats {
             frame_bytes_received: g(&self.frame_bytes_received),
             udp_bytes_sent: g(&self.udp_bytes_sent_closed),
             udp_bytes_received: g(&self.udp_bytes_received_closed),
+            swim_bytes_sent: g(&self.swim_bytes_sent),
+            swim_bytes_received: g(&self.swim_bytes_received),
         }
     }
 }
@@ -133,6 +139,10 @@ pub struct NetStatsSnapshot {
     pub udp_bytes_sent: u64,
     /// UDP payload bytes received on peer connections.
     pub udp_bytes_received: u64,
+    /// SWIM datagram payload bytes sent (membership traffic, inside `udp_bytes_sent`).
+    pub swim_bytes_sent: u64,
+    /// SWIM datagram payload bytes received.
+    pub swim_bytes_received: u64,
 }
 
 /// Where a node's network stands.
@@ -144,6 +154,8 @@ pub struct NetStatus {
     pub local_addr: SocketAddr,
     /// Names of the peers connected now.
     pub peers: Vec<String>,
+    /// The cluster members as SWIM sees them (name, address, state, incarnation).
+    pub members: Vec<MemberStatus>,
     /// Counters.
     pub stats: NetStatsSnapshot,
 }

@@ -20,15 +20,17 @@
 
 use super::certs::TlsDir;
 use super::faults::{Faults, FaultySocket};
+use super::membership::{MemberId, MemberStatus, Membership, SwimOptions};
 use super::tls::{self, DIAL_NAME};
 use super::{NetError, NetStats, NetStatsSnapshot, NetStatus, peer_id_of_name};
 use crate::driver::Input;
 use crate::proto::{Message, PeerId};
+use bytes::Bytes;
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 
@@ -70,6 +72,8 @@ pub struct NetOptions {
     pub redial_max: Duration,
     /// Fault injection under QUIC (tests and examples; `None` in production).
     pub faults: Option<Faults>,
+    /// SWIM membership timing (failure detection).
+    pub swim: SwimOptions,
 }
 
 impl NetOptions {
@@ -86,6 +90,7 @@ impl NetOptions {
             redial_min: Duration::from_millis(100),
             redial_max: Duration::from_secs(2),
             faults: None,
+            swim: SwimOptions::default(),
         }
     }
 }
@@ -100,6 +105,10 @@ pub(crate) struct NetHello {
 }
 
 const HELLO_BYTES_MAX: usize = 1024;
+/// Receive and send buffer of SWIM datagrams per connection.
+const DATAGRAM_BUFFER_BYTES: usize = 64 * 1024;
+/// SWIM datagrams kept per member while a connection to it is being dialled.
+const PENDING_DATAGRAMS_MAX: usize = 16;
 
 /// The writer thread's handle on one peer connection: a bounded queue of encoded frames and
 /// the means to close the connection. What the driver holds instead of an in-process outbox.
@@ -147,8 +156,13 @@ pub(crate) struct Net {
     client: quinn::ClientConfig,
     name: String,
     instance: u64,
-    inputs: std::sync::mpsc::Sender<Input>,
+    pub(crate) inputs: std::sync::mpsc::Sender<Input>,
     opts: NetOptions,
+    membership: OnceLock<Membership>,
+    /// Addresses being dialled now (one attempt each).
+    dialing: Mutex<BTreeSet<SocketAddr>>,
+    /// SWIM datagrams waiting for a connection to their member.
+    pending: Mutex<BTreeMap<String, Vec<Bytes>>>,
     links: Mutex<BTreeMap<String, LinkEntry>>,
     next_link: AtomicU64,
     pub(crate) stats: Arc<NetStats>,
@@ -175,18 +189,22 @@ fn transport_config(opts: &NetOptions) -> Result<Arc<quinn::TransportConfig>, Ne
             quinn::IdleTimeout::try_from(opts.idle_timeout)
                 .map_err(|e| NetError::Config(format!("idle_timeout: {e}")))?,
         ))
-        .datagram_receive_buffer_size(None);
+        // SWIM's datagrams: a small bounded buffer (a full one drops, which SWIM tolerates).
+        .datagram_receive_buffer_size(Some(DATAGRAM_BUFFER_BYTES))
+        .datagram_send_buffer_size(DATAGRAM_BUFFER_BYTES);
     Ok(Arc::new(t))
 }
 
 impl Net {
-    /// Binds `addr` and starts accepting peers. Must run inside a tokio runtime.
+    /// Binds `addr`, starts accepting peers and joins SWIM as `(replica, epoch)`. Must run
+    /// inside a tokio runtime.
     pub(crate) fn start(
         addr: SocketAddr,
         tls: &TlsDir,
         mut opts: NetOptions,
         inputs: std::sync::mpsc::Sender<Input>,
         seed: u64,
+        (replica, epoch): (u128, u64),
     ) -> Result<Arc<Net>, NetError> {
         opts.inbound_bytes_max = opts.inbound_bytes_max.max(opts.frame_bytes_max);
         if u32::try_from(opts.inbound_bytes_max).is_err() {
@@ -220,6 +238,9 @@ impl Net {
             instance: seed,
             inputs,
             opts,
+            membership: OnceLock::new(),
+            dialing: Mutex::new(BTreeSet::new()),
+            pending: Mutex::new(BTreeMap::new()),
             links: Mutex::new(BTreeMap::new()),
             next_link: AtomicU64::new(1),
             stats: Arc::new(NetStats::default()),
@@ -227,6 +248,16 @@ impl Net {
             closed: Notify::new(),
             local_addr,
         });
+        let me = MemberId {
+            name: net.name.clone(),
+            addr: local_addr,
+            replica,
+            epoch,
+            boot_ms: crate::driver::wall_ms(),
+            bump: 0,
+        };
+        let membership = Membership::start(&net, me, &net.opts.swim, seed);
+        let _ = net.membership.set(membership);
         tokio::spawn(Arc::clone(&net).accept_loop());
         tracing::info!(name = %net.name, %local_addr, "peer endpoint listening");
         Ok(net)
@@ -240,8 +271,14 @@ impl Net {
         self.closing.load(Ordering::Acquire)
     }
 
-    /// Closes every connection and the endpoint; dial loops stop.
+    /// Announces our leave to the cluster (SWIM), then closes every connection and the
+    /// endpoint; dial loops stop.
     pub(crate) async fn shutdown(&self) {
+        if let Some(m) = self.membership.get() {
+            m.leave().await;
+            // Let the leave datagrams go out before the connections close.
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
         self.closing.store(true, Ordering::Release);
         self.closed.notify_waiters();
         self.endpoint
@@ -267,8 +304,77 @@ impl Net {
             name: self.name.clone(),
             local_addr: self.local_addr,
             peers: links.into_iter().map(|(n, _)| n).collect(),
+            members: self.members(),
             stats,
         }
+    }
+
+    /// The cluster members as SWIM sees them.
+    pub(crate) fn members(&self) -> Vec<MemberStatus> {
+        self.membership
+            .get()
+            .map(Membership::members)
+            .unwrap_or_default()
+    }
+
+    fn live_conn(&self, name: &str) -> Option<Connection> {
+        self.links
+            .lock()
+            .ok()?
+            .get(name)
+            .map(|e| e.conn.clone())
+            .filter(|c| c.close_reason().is_none())
+    }
+
+    /// Sends a SWIM datagram to member `name` (at `addr`): on its connection, or once a
+    /// connection to it is made (bounded; the oldest is dropped).
+    pub(crate) fn send_swim(self: &Arc<Self>, name: &str, addr: SocketAddr, bytes: Bytes) {
+        if let Some(conn) = self.live_conn(name) {
+            NetStats::add(&self.stats.swim_bytes_sent, bytes.len() as u64);
+            let _ = conn.send_datagram(bytes);
+            return;
+        }
+        if let Ok(mut p) = self.pending.lock() {
+            let q = p.entry(name.to_owned()).or_default();
+            if q.len() >= PENDING_DATAGRAMS_MAX {
+                q.remove(0);
+            }
+            q.push(bytes);
+        }
+        self.ensure_link(name, addr);
+    }
+
+    /// Dials member `name` at `addr` once unless a connection to it is live or being made.
+    pub(crate) fn ensure_link(self: &Arc<Self>, name: &str, addr: SocketAddr) {
+        if self.is_closing() || self.live_conn(name).is_some() || addr == self.local_addr {
+            return;
+        }
+        let fresh = self.dialing.lock().is_ok_and(|mut d| d.insert(addr));
+        if !fresh {
+            return;
+        }
+        let net = Arc::clone(self);
+        tokio::spawn(async move {
+            let outcome = net.dial(addr).await;
+            if let Ok(mut d) = net.dialing.lock() {
+                d.remove(&addr);
+            }
+            if let Err(e) = outcome {
+                tracing::debug!(%addr, error = %e, "member dial failed");
+            }
+        });
+    }
+
+    /// One dial to `addr`, running the connection to its end if it is made.
+    async fn dial(self: &Arc<Self>, addr: SocketAddr) -> Result<String, NetError> {
+        let connecting = self
+            .endpoint
+            .connect_with(self.client.clone(), addr, DIAL_NAME)
+            .map_err(|e| NetError::Connect(e.to_string()))?;
+        let conn = connecting
+            .await
+            .map_err(|e| NetError::Connect(e.to_string()))?;
+        self.run_connection(conn, true).await
     }
 
     async fn accept_loop(self: Arc<Self>) {
@@ -298,9 +404,62 @@ impl Net {
         }
     }
 
-    /// Keeps a connection to `addr` up for as long as the endpoint runs: dials, runs the
-    /// connection, and redials with backoff when it ends.
+    /// Joins the cluster through the seed at `addr`: dials it with backoff until one
+    /// authenticated connection to it was made (and announced to SWIM) or SWIM already knows a
+    /// live member; then stops. Afterwards SWIM decides whom to keep connected.
     pub(crate) fn spawn_dial_loop(self: &Arc<Self>, addr: SocketAddr) {
+        let net = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut backoff = net.opts.redial_min;
+            while !net.is_closing() {
+                if net.membership.get().is_some_and(Membership::joined) {
+                    return;
+                }
+                let fresh = net.dialing.lock().is_ok_and(|mut d| d.insert(addr));
+                let outcome = if fresh {
+                    let connecting = net
+                        .endpoint
+                        .connect_with(net.client.clone(), addr, DIAL_NAME);
+                    let r = match connecting {
+                        Ok(c) => match c.await {
+                            Ok(conn) => {
+                                // Authenticated and announced: the seed did its job; the
+                                // connection lives on its own task.
+                                let net2 = Arc::clone(&net);
+                                tokio::spawn(async move {
+                                    let _ = net2.run_connection(conn, true).await;
+                                });
+                                Ok(())
+                            }
+                            Err(e) => Err(NetError::Connect(e.to_string())),
+                        },
+                        Err(e) => Err(NetError::Connect(e.to_string())),
+                    };
+                    if let Ok(mut d) = net.dialing.lock() {
+                        d.remove(&addr);
+                    }
+                    r
+                } else {
+                    Err(NetError::Connect("already dialling".into()))
+                };
+                match outcome {
+                    Ok(()) => return,
+                    Err(e) => {
+                        tracing::debug!(%addr, error = %e, "seed dial failed");
+                        backoff = (backoff * 2).min(net.opts.redial_max);
+                    }
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = net.closed.notified() => break,
+                }
+            }
+        });
+    }
+
+    /// The old dial loop (kept a connection to one address forever); replaced by SWIM.
+    #[allow(dead_code)]
+    fn spawn_dial_loop_forever(self: &Arc<Self>, addr: SocketAddr) {
         let net = Arc::clone(self);
         tokio::spawn(async move {
             let mut known: Option<String> = None;
@@ -382,7 +541,36 @@ impl Net {
             return Ok(peer_name);
         }
         let writer = tokio::spawn(write_frames(send, rx, Arc::clone(&self.stats)));
+        let datagrams = {
+            let (net, conn, name) = (Arc::clone(self), conn.clone(), peer_name.clone());
+            tokio::spawn(async move {
+                while let Ok(bytes) = conn.read_datagram().await {
+                    NetStats::add(&net.stats.swim_bytes_received, bytes.len() as u64);
+                    if let Some(m) = net.membership.get() {
+                        m.datagram(&name, bytes);
+                    }
+                }
+            })
+        };
+        let queued = self
+            .pending
+            .lock()
+            .ok()
+            .and_then(|mut p| p.remove(&peer_name))
+            .unwrap_or_default();
+        for bytes in queued {
+            let _ = conn.send_datagram(bytes);
+        }
+        if let Some(m) = self.membership.get() {
+            if !m.is_alive(&peer_name) {
+                let _ = m.tx.try_send(super::membership::SwimInput::Linked {
+                    name: peer_name.clone(),
+                    addr: conn.remote_address(),
+                });
+            }
+        }
         let why = self.read_frames(recv, peer).await;
+        datagrams.abort();
         if let Some(why) = why {
             NetStats::add(&self.stats.peers_disconnected, 1);
             tracing::warn!(peer = %peer_name, why, "disconnecting a peer");

@@ -85,6 +85,19 @@ pub enum Message {
         /// Its durable context.
         ctx: CausalContext,
     },
+    /// The receiver's announced context (`Have`) covers everything the sender holds up to
+    /// `end` of its log `log`: record `(log, end)` as the cursor into the sender's log (as if
+    /// the interval `[.., end)` had been joined: it would change nothing) and `Ack` it. How a
+    /// peer bootstrapped by ONE other sender gets deltas, not a second transfer, from the rest.
+    /// A false claim only withholds the claimant's own log from the receiver.
+    Covered {
+        /// The sender's epoch (echoed in the ack).
+        epoch: u64,
+        /// The sender's log id.
+        log: ReplicaId,
+        /// Its log end the claim holds for.
+        end: u64,
+    },
 }
 
 impl Message {
@@ -98,6 +111,7 @@ impl Message {
             Message::ChunkAck { .. } => "chunk_ack",
             Message::ChunkNack { .. } => "chunk_nack",
             Message::Have { .. } => "have",
+            Message::Covered { .. } => "covered",
         }
     }
 }

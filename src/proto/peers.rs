@@ -54,6 +54,10 @@ pub(crate) struct Peer {
     pub known: Option<(ReplicaId, CausalContext)>,
     /// After a reconnect, do not serve the peer before this time (catch-up stagger).
     pub serve_after: Option<u64>,
+    /// When the membership layer declared the peer down (eviction after the grace period).
+    pub down_since: Option<u64>,
+    /// Our rank among the senders of a peer that needs a bootstrap (0: we transfer at once).
+    pub bootstrap_rank: u64,
 }
 
 impl Peer {
@@ -72,6 +76,8 @@ impl Peer {
             more: false,
             known: None,
             serve_after: None,
+            down_since: None,
+            bootstrap_rank: 0,
         }
     }
 

@@ -74,6 +74,17 @@ pub struct ReplicaConfig {
     pub overlay_reshuffle_ms: u64,
     /// How often peers outside the overlay are served. Default 2,000.
     pub anti_entropy_interval_ms: u64,
+    /// A peer the membership layer declared down ([`Replica::member_down`], SWIM) is evicted
+    /// from the ack map this long afterwards unless it comes back first, so a dead peer pins
+    /// the log (and compaction) for at most this grace period. Default 30,000.
+    pub member_down_grace_ms: u64,
+    /// A peer that needs a state transfer (new or wiped: no cursor into our log) is bootstrapped
+    /// by ONE sender: its senders rank themselves by replica id (as for the catch-up stagger);
+    /// rank 0 starts the transfer at once, rank k waits k times this long, and gives up the
+    /// transfer if meanwhile the peer's announced context (`Have`, sent by the peer after it
+    /// completes a transfer) covers everything we hold — it then gets only deltas from us.
+    /// Default 3,000; 0 lets every sender transfer at once (the old behaviour).
+    pub bootstrap_stagger_ms: u64,
 }
 
 impl Default for ReplicaConfig {
@@ -92,6 +103,8 @@ impl Default for ReplicaConfig {
             gossip_fanout: 0,
             overlay_reshuffle_ms: 5_000,
             anti_entropy_interval_ms: 2_000,
+            member_down_grace_ms: 30_000,
+            bootstrap_stagger_ms: 3_000,
         }
     }
 }
@@ -121,6 +134,9 @@ pub struct ReplicaStats {
     /// Of the transfers started, those because the peer's cursor was below the retained log
     /// start (the log was compacted past it, DESIGN.md C2).
     pub transfers_behind_log: u64,
+    /// Transfers not started because the peer's announced context already covered our state
+    /// (another sender bootstrapped it).
+    pub transfers_avoided: u64,
     /// Outgoing state transfers completed (final chunk acknowledged).
     pub transfers_completed: u64,
     /// Incoming state transfers completed (final chunk applied).
@@ -406,6 +422,7 @@ impl Replica {
         self.start(now.mono_ms);
         let p = self.peer_mut(peer);
         p.up = true;
+        p.down_since = None;
         p.reset_link();
         self.send_hello(now.mono_ms, peer, store);
         Ok(())
@@ -417,6 +434,17 @@ impl Replica {
         let p = self.peer_mut(peer);
         p.up = false;
         p.reset_link();
+    }
+
+    /// The membership layer (SWIM) declared `peer` down: it is taken down like
+    /// [`Replica::peer_down`], and evicted from the ack map (so it stops pinning the log)
+    /// `member_down_grace_ms` later unless [`Replica::peer_up`] brings it back first.
+    pub fn member_down(&mut self, now: Now, peer: PeerId) {
+        self.peer_down(now, peer);
+        let p = self.peer_mut(peer);
+        if p.down_since.is_none() {
+            p.down_since = Some(now.mono_ms);
+        }
     }
 
     /// The host durably committed local writes (the log grew). They go out at the next tick,
@@ -568,8 +596,11 @@ impl Replica {
                 if replica != me && claimed > local {
                     self.note_restored(from, "context", claimed, local);
                 }
-                self.on_have(from, replica, ctx);
+                self.on_have(now.mono_ms, from, replica, ctx, store);
                 Ok(())
+            }
+            Message::Covered { epoch, log, end } => {
+                self.on_covered(now, from, epoch, log, end, store)
             }
         }
     }
@@ -705,9 +736,16 @@ impl Replica {
                 now.saturating_add(self.config.anti_entropy_interval_ms.max(1));
         }
         for id in ids {
+            let grace = self.config.member_down_grace_ms;
             let p = self.peer_mut(id);
             let silent = now.saturating_sub(p.last_heard.unwrap_or(boot));
-            if p.tracked && silent > evict_after {
+            let declared_down = p
+                .down_since
+                .is_some_and(|t| !p.up && now >= t.saturating_add(grace));
+            if declared_down {
+                p.down_since = None;
+            }
+            if p.tracked && (silent > evict_after || declared_down) {
                 p.tracked = false;
                 p.cursor = PeerCursor::Unknown;
                 p.hellos_unanswered = 0;
@@ -785,6 +823,9 @@ impl Replica {
                 self.start_transfer(now, id, store)
             }
             PeerCursor::At(_) | PeerCursor::NoCursor | PeerCursor::Unknown => {
+                if self.skip_covered_bootstrap(now, id, store) {
+                    return Ok(());
+                }
                 self.start_transfer(now, id, store)
             }
         }
@@ -976,9 +1017,25 @@ impl Replica {
             _ => PeerCursor::NoCursor,
         };
         p.hellos_unanswered = 0;
+        p.bootstrap_rank = 0;
         let backlog = matches!(p.cursor, PeerCursor::At(a) if a < store.log_bounds().1);
+        let bootstrap = p.cursor == PeerCursor::NoCursor;
         let reply = p.hello_sent_at.is_none_or(|s| t >= s.saturating_add(quiet));
-        if backlog && self.config.catch_up_stagger_ms > 0 {
+        if bootstrap && self.config.bootstrap_stagger_ms > 0 {
+            // ONE sender bootstraps a new or wiped peer: rank 0 (by replica id among its up
+            // senders we know of) now, the others later and only if still needed.
+            let rank = self
+                .peers
+                .iter()
+                .filter(|(id, q)| {
+                    **id != from && q.up && q.incarnation.is_some_and(|(r, _)| r < me)
+                })
+                .count() as u64;
+            let stagger = self.config.bootstrap_stagger_ms;
+            let p = self.peer_mut(from);
+            p.bootstrap_rank = rank;
+            p.serve_after = Some(t.saturating_add(rank.saturating_mul(stagger)));
+        } else if backlog && self.config.catch_up_stagger_ms > 0 {
             // Our rank among the peer's other senders we know of (by replica id, which every
             // node orders the same way): rank k serves it k staggers after the reconnect.
             let rank = self
@@ -1000,7 +1057,14 @@ impl Replica {
         Ok(())
     }
 
-    fn on_have(&mut self, from: PeerId, replica: ReplicaId, ctx: tidemark_crdts::CausalContext) {
+    fn on_have<S: StateStore>(
+        &mut self,
+        now: u64,
+        from: PeerId,
+        replica: ReplicaId,
+        ctx: tidemark_crdts::CausalContext,
+        store: &S,
+    ) {
         let p = self.peer_mut(from);
         match &mut p.known {
             Some((r, known)) if *r == replica => {
@@ -1008,6 +1072,73 @@ impl Replica {
             }
             _ => p.known = Some((replica, ctx)),
         }
+        self.skip_covered_bootstrap(now, from, store);
+    }
+
+    /// A peer waiting for a deferred bootstrap (rank > 0) whose announced context covers our
+    /// whole state was bootstrapped by another sender: it gets deltas from our log end on, no
+    /// transfer. (Joining our state into its own would change nothing: every dot we hold or
+    /// removed, it has seen.) Returns whether it was skipped.
+    fn skip_covered_bootstrap<S: StateStore>(&mut self, _now: u64, id: PeerId, store: &S) -> bool {
+        let (_, end) = store.log_bounds();
+        let Some(p) = self.peers.get_mut(&id) else {
+            return false;
+        };
+        let waiting = p.cursor == PeerCursor::NoCursor
+            && p.bootstrap_rank > 0
+            && p.transfer.is_none()
+            && p.inflight.is_none();
+        if !waiting {
+            return false;
+        }
+        let covered = p
+            .known_context()
+            .is_some_and(|k| store.context().diff(k).is_empty());
+        if covered {
+            p.cursor = PeerCursor::At(end);
+            p.serve_after = None;
+            p.bootstrap_rank = 0;
+            self.stats.transfers_avoided += 1;
+            let log = store.replica_id();
+            let epoch = self.epoch;
+            self.send(id, Message::Covered { epoch, log, end });
+        }
+        covered
+    }
+
+    /// A sender says our context covers its state up to `end`: record the cursor (an empty
+    /// join, which records it durably) and acknowledge.
+    fn on_covered<S: StateStore>(
+        &mut self,
+        now: Now,
+        from: PeerId,
+        epoch: u64,
+        log: ReplicaId,
+        end: u64,
+        store: &mut S,
+    ) -> Result<(), S::Error> {
+        let current = self
+            .peers
+            .get(&from)
+            .and_then(|p| p.incarnation)
+            .is_none_or(|(r, _)| r == log);
+        if !current {
+            return Ok(());
+        }
+        let have = store
+            .peer_cursor(from)
+            .filter(|(l, _)| *l == log)
+            .map(|(_, c)| c);
+        if have.is_none_or(|c| c < end) {
+            let empty = crate::model::Delta::default();
+            if let Err(reason) = store.apply_remote(from, empty, Some((log, end)), now.wall_ms)? {
+                self.reject(from, "covered", RejectReason::Invalid(reason));
+                return Ok(());
+            }
+        }
+        let upto = have.map_or(end, |c| c.max(end));
+        self.send(from, Message::Ack { epoch, log, upto });
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1201,6 +1332,17 @@ impl Replica {
                     });
                 }
                 self.completed_transfer.insert(from, (log, epoch, transfer));
+                // Tell our other senders what we now hold, so a deferred bootstrap from them
+                // is given up (one transfer, then deltas).
+                let others: Vec<PeerId> = self
+                    .peers
+                    .iter()
+                    .filter(|(id, p)| **id != from && p.up)
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in others {
+                    self.send_have(id, store);
+                }
                 self.stats.transfers_received += 1;
                 self.events.push_back(Event::TransferReceived { from });
                 self.ack_chunk(from, epoch, transfer, index);

@@ -788,3 +788,94 @@ fn hostile_messages_do_not_break_a_replica() {
         Some((b_log, b.store.log_bounds().1))
     );
 }
+
+/// Three settled nodes with compacted logs; a new node joins all three at once. It is
+/// bootstrapped by exactly ONE state transfer, from ONE sender (the others, deferred by rank,
+/// see its announced context covers their state and send `Covered`), and converges; later
+/// writes reach it as deltas from everyone.
+#[test]
+fn a_new_node_is_bootstrapped_by_one_transfer_from_one_peer() {
+    let cfg = ReplicaConfig {
+        bootstrap_stagger_ms: 2_000,
+        ..config()
+    };
+    let mut a = Node::new(0, &[1, 2], cfg.clone());
+    let mut b = Node::new(1, &[0, 2], cfg.clone());
+    let mut c = Node::new(2, &[0, 1], cfg.clone());
+    for (x, y) in [(0usize, 1usize), (0, 2), (1, 2)] {
+        [&mut a, &mut b, &mut c][x].up(0, y as u64);
+        [&mut a, &mut b, &mut c][y].up(0, x as u64);
+    }
+    for i in 0..30 {
+        [&mut a, &mut b, &mut c][i % 3].write(10, &format!("k{i}"), "v");
+    }
+    run(&mut [&mut a, &mut b, &mut c], 0, 4_000);
+    assert!(
+        a.store.log_bounds().0 > 0,
+        "logs compacted: a transfer is needed"
+    );
+    let started =
+        |n: &[&Node]| -> u64 { n.iter().map(|n| n.replica.stats().transfers_started).sum() };
+    let before = started(&[&a, &b, &c]);
+    let mut d = Node::new(3, &[], cfg);
+    for x in 0..3usize {
+        [&mut a, &mut b, &mut c][x].up(4_000, 3);
+        d.up(4_000, x as u64);
+    }
+    run(&mut [&mut a, &mut b, &mut c, &mut d], 4_000, 12_000);
+    assert_eq!(d.store.state(), a.store.state());
+    assert_eq!(
+        d.replica.stats().transfers_received,
+        1,
+        "one transfer received"
+    );
+    assert_eq!(started(&[&a, &b, &c]) - before, 1, "started by one sender");
+    assert!(b.replica.stats().transfers_avoided + c.replica.stats().transfers_avoided >= 2);
+    // Afterwards every sender serves it deltas (it has a cursor into each log).
+    b.write(12_000, "late-b", "v");
+    c.write(12_000, "late-c", "v");
+    run(&mut [&mut a, &mut b, &mut c, &mut d], 12_000, 14_000);
+    assert_eq!(d.store.state(), b.store.state());
+    assert_eq!(d.replica.stats().transfers_received, 1);
+}
+
+/// A peer the membership layer declared down stops pinning the log after the grace period:
+/// the survivors evict it and compact past entries it never acknowledged; it is not evicted
+/// before the grace period.
+#[test]
+fn a_member_declared_down_is_evicted_after_the_grace_period() {
+    let cfg = ReplicaConfig {
+        member_down_grace_ms: 3_000,
+        peer_evict_after_ms: 600_000,
+        ..config()
+    };
+    let mut a = Node::new(0, &[1, 2], cfg.clone());
+    let mut b = Node::new(1, &[0, 2], cfg.clone());
+    let mut c = Node::new(2, &[0, 1], cfg);
+    for (x, y) in [(0usize, 1usize), (0, 2), (1, 2)] {
+        [&mut a, &mut b, &mut c][x].up(0, y as u64);
+        [&mut a, &mut b, &mut c][y].up(0, x as u64);
+    }
+    run(&mut [&mut a, &mut b, &mut c], 0, 2_000);
+    // c dies silently; SWIM declares it down at 2,000.
+    a.replica.member_down(now(2_000), c.id);
+    b.replica.member_down(now(2_000), c.id);
+    for i in 0..10 {
+        a.write(2_000, &format!("after{i}"), "v");
+    }
+    let end = a.store.log_bounds().1;
+    run(&mut [&mut a, &mut b], 2_000, 4_500);
+    assert_eq!(
+        a.replica.stats().evictions,
+        0,
+        "not before the grace period"
+    );
+    assert!(a.store.log_bounds().0 < end, "c pins the log meanwhile");
+    run(&mut [&mut a, &mut b], 4_500, 6_000);
+    assert_eq!(a.replica.stats().evictions, 1);
+    assert_eq!(
+        a.store.log_bounds().0,
+        end,
+        "compacted past what c never acked"
+    );
+}

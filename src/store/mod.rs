@@ -11,6 +11,7 @@
 
 mod error;
 mod local;
+mod purge;
 mod read;
 mod replicate;
 mod rows;
@@ -20,6 +21,7 @@ pub(crate) mod tables;
 
 pub use error::StoreError;
 pub use local::{DedupRefusal, EventId, LocalCommit, LocalWrite};
+pub use purge::RemoteFilter;
 pub use read::Reader;
 pub use replicate::DeltasSince;
 pub use snapshot::{SNAPSHOT_FORMAT, SnapshotInfo, restore_snapshot, verify_snapshot};
@@ -95,6 +97,8 @@ pub struct RedbStore {
     /// True when a relaxed (not durable) write transaction was begun since the last durable
     /// commit: a crash now could lose commits ([`RedbStore::unsynced`]).
     unsynced: AtomicBool,
+    /// Stream-view retention: drops entries of expired windows from remote input (`purge.rs`).
+    remote_filter: Option<purge::RemoteFilter>,
     /// Restored from a snapshot: `(source log id, source log end)` (see [`snapshot`]).
     seed: Option<(ReplicaId, u64)>,
 }
@@ -275,6 +279,7 @@ impl RedbStore {
             halted: None,
             stats: StoreStats::default(),
             unsynced: AtomicBool::new(false),
+            remote_filter: None,
             seed,
         })
     }

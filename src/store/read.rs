@@ -118,6 +118,30 @@ impl Reader {
         }
     }
 
+    /// The committed dedup marks of `(stream, source)`: the seqs already ingested.
+    ///
+    /// # Errors
+    /// Storage failures and corrupt records.
+    pub fn dedup_marks_of(
+        &self,
+        stream: &str,
+        source: &str,
+    ) -> Result<tidemark_crdts::IntervalSet, StoreError> {
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let t = rtxn
+            .open_table(super::tables::DEDUP)
+            .map_err(StoreError::redb)?;
+        let k = super::tables::dedup_key(stream, source);
+        match t.get(k.as_slice()).map_err(StoreError::redb)? {
+            Some(g) => codec::decode("dedup marks", g.value(), self.limits.record_bytes_max)
+                .map_err(|source| StoreError::Codec {
+                    table: "dedup",
+                    source,
+                }),
+            None => Ok(tidemark_crdts::IntervalSet::new()),
+        }
+    }
+
     /// Every committed entry, ascending by key (tests, digests; O(store)).
     ///
     /// # Errors

@@ -345,6 +345,8 @@ impl StateStore for RedbStore {
             self.stats.rejected += 1;
             return Ok(Err(r));
         }
+        let mut delta = delta;
+        self.filter_remote_delta(&mut delta);
         let Delta { state, marks } = delta;
         // For the same sender log the cursor only moves forward (a late, shorter interval must
         // not move it back); another log id (a wiped sender) replaces it.
@@ -485,6 +487,8 @@ impl StateStore for RedbStore {
             self.stats.rejected += 1;
             return Ok(Err(r));
         }
+        let mut chunk = chunk;
+        self.filter_remote_chunk(&mut chunk);
         self.guarded(|s| {
             let observed = s.observe_remote_time(chunk.entries.iter().map(|(_, e)| e), now_ms);
             // Marks come in pages after the rows (issue 11, 2c): every chunk's are joined.

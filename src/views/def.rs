@@ -62,6 +62,12 @@ pub struct WindowDef {
     /// seen by this much (default `0s`; a stream uses the largest of its views').
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub out_of_orderness: Option<String>,
+    /// After this long without an event of the stream on a node, the node advances its
+    /// watermark of the stream from its clock (to now − `idle_timeout`) and announces it, so an
+    /// idle member does not hold windows open forever (default: never; a stream uses the
+    /// smallest of its views'). Events for windows behind the advanced watermark are late.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<String>,
 }
 
 /// One view, as declared in the node config:
@@ -112,6 +118,8 @@ pub struct Window {
     pub retention_ms: Option<u64>,
     /// Allowed out-of-orderness.
     pub out_of_orderness_ms: u64,
+    /// Idle timeout of the stream's watermark (`None`: never advanced by the clock).
+    pub idle_timeout_ms: Option<u64>,
 }
 
 impl Window {
@@ -153,6 +161,9 @@ pub struct CompiledView {
     pub def: ViewDef,
     /// The validated window.
     pub window: Option<Window>,
+    /// Digest of the definition (16 hex digits): the view's cells are keyed by it, so state of
+    /// a differing definition of the same name lives under other keys and is never merged.
+    pub digest: String,
 }
 
 /// Parses a duration: `<integer><unit>`, unit `ms`, `s`, `m`, `h` or `d`.
@@ -225,12 +236,26 @@ fn compile_window(name: &str, w: &WindowDef) -> Result<Window, String> {
     let opt = |field: &str, text: &Option<String>| -> Result<Option<u64>, String> {
         text.as_deref().map(|t| dur(field, t)).transpose()
     };
+    let lateness_ms = opt("lateness", &w.lateness)?.unwrap_or(0);
+    let retention_ms = opt("retention", &w.retention)?;
+    if retention_ms.is_some_and(|r| r < lateness_ms) {
+        return Err(err(
+            name,
+            "window.retention",
+            "must be at least `lateness` (a window is removed only once it is final)",
+        ));
+    }
+    let idle_timeout_ms = opt("idle_timeout", &w.idle_timeout)?;
+    if idle_timeout_ms == Some(0) {
+        return Err(err(name, "window.idle_timeout", "must be positive"));
+    }
     Ok(Window {
         size_ms,
         every_ms,
-        lateness_ms: opt("lateness", &w.lateness)?.unwrap_or(0),
-        retention_ms: opt("retention", &w.retention)?,
+        lateness_ms,
+        retention_ms,
         out_of_orderness_ms: opt("out_of_orderness", &w.out_of_orderness)?.unwrap_or(0),
+        idle_timeout_ms,
     })
 }
 
@@ -326,6 +351,7 @@ pub fn compile(defs: &[ViewDef]) -> Result<Vec<CompiledView>, String> {
         out.push(CompiledView {
             def: d.clone(),
             window,
+            digest: super::keys::defs_digest(&[d]),
         });
     }
     Ok(out)
@@ -343,6 +369,7 @@ mod tests {
             lateness_ms: 0,
             retention_ms: None,
             out_of_orderness_ms: 0,
+            idle_timeout_ms: None,
         };
         assert_eq!(tumbling.starts(0), vec![0]);
         assert_eq!(tumbling.starts(59_999), vec![0]);

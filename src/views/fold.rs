@@ -175,8 +175,10 @@ pub fn event_time(ev: &StreamEvent, index: usize, now_ms: u64) -> Result<u64, Er
 pub struct ViewOp {
     /// Index of the view (in the node's view list).
     pub view: usize,
-    /// The view key (view, window start, group).
+    /// The view key (view, definition digest, window start, group).
     pub key: Key,
+    /// The window's start (`None`: unwindowed).
+    pub start: Option<u64>,
     /// The mutation.
     pub mutation: Mutation,
     /// Late once the watermark is strictly greater than this (`None`: unwindowed, never late).
@@ -305,7 +307,7 @@ pub fn fold_event(
                 .collect(),
         };
         for (start, deadline) in windows {
-            let name = keys::view_key(&d.name, start, &group);
+            let name = keys::view_key(&d.name, &view.digest, start, &group);
             if name.len() > limits.key_bytes_max {
                 let f = d.group_by.first().map_or("group_by", String::as_str);
                 return Err(fail(
@@ -321,6 +323,7 @@ pub fn fold_event(
             ops.push(ViewOp {
                 view: vi,
                 key: Key::new(kind, name),
+                start,
                 mutation: mutation.clone(),
                 deadline,
             });

@@ -1,10 +1,11 @@
 //! The deterministic encoding of view state into store keys, shared by every node:
 //!
-//! - view cells: `~view/{view}/{window start, 20 digits | "-"}/{group values as a JSON array}`
-//!   (so a view's cells sort by window start, then group);
+//! - view cells: `~view/{view}/{definition digest, 16 hex}/{window start, 20 digits | "-"}/
+//!   {group values as a JSON array}` (so a view's cells sort by window start, then group, and
+//!   cells of a differing definition of the same view name are other keys, never merged);
 //! - watermark announcements: `lww/~wm/{stream}/{replica id, 32 hex digits}`, written only by
-//!   that replica, holding `{"defs": digest of its view definitions of the stream, "wm": its
-//!   local watermark of the stream in ms}`.
+//!   that replica, holding `{"defs": digest of its view definitions of the stream, "h": its
+//!   retention horizon of the stream in ms (optional), "wm": its local watermark in ms}`.
 //!
 //! Client ops may not name keys under these prefixes ([`is_reserved`]).
 
@@ -20,22 +21,46 @@ pub fn is_reserved(name: &str) -> bool {
     name.starts_with(VIEW_PREFIX) || name.starts_with(WM_PREFIX)
 }
 
-/// The key name of a view cell.
-pub fn view_key(view: &str, window_start: Option<u64>, group_json: &str) -> String {
+/// The key name of a view cell of the definition with `digest`.
+pub fn view_key(view: &str, digest: &str, window_start: Option<u64>, group_json: &str) -> String {
     match window_start {
-        Some(s) => format!("{VIEW_PREFIX}{view}/{s:020}/{group_json}"),
-        None => format!("{VIEW_PREFIX}{view}/-/{group_json}"),
+        Some(s) => format!("{VIEW_PREFIX}{view}/{digest}/{s:020}/{group_json}"),
+        None => format!("{VIEW_PREFIX}{view}/{digest}/-/{group_json}"),
     }
 }
 
-/// Prefix of every cell of `view`.
-pub fn view_prefix(view: &str) -> String {
-    format!("{VIEW_PREFIX}{view}/")
+/// Prefix of every cell of `view` under the definition with `digest`.
+pub fn view_prefix(view: &str, digest: &str) -> String {
+    format!("{VIEW_PREFIX}{view}/{digest}/")
 }
 
-/// Splits a cell name of `view` into `(window start, group values)`.
-pub fn parse_view_key(view: &str, name: &str) -> Option<(Option<u64>, Vec<serde_json::Value>)> {
-    let rest = name.strip_prefix(&view_prefix(view))?;
+/// Prefix of the cells of `view`'s windows starting at `start`.
+pub fn window_prefix(view: &str, digest: &str, start: u64) -> String {
+    format!("{VIEW_PREFIX}{view}/{digest}/{start:020}/")
+}
+
+/// `(view, definition digest, window start)` of any view cell name (`None` start: an
+/// unwindowed cell); `None` for other names.
+pub fn cell_of(name: &str) -> Option<(&str, &str, Option<u64>)> {
+    let rest = name.strip_prefix(VIEW_PREFIX)?;
+    let mut parts = rest.splitn(4, '/');
+    let (view, digest, start) = (parts.next()?, parts.next()?, parts.next()?);
+    parts.next()?;
+    let start = if start == "-" {
+        None
+    } else {
+        Some(start.parse().ok()?)
+    };
+    Some((view, digest, start))
+}
+
+/// Splits a cell name of `view` (definition `digest`) into `(window start, group values)`.
+pub fn parse_view_key(
+    view: &str,
+    digest: &str,
+    name: &str,
+) -> Option<(Option<u64>, Vec<serde_json::Value>)> {
+    let rest = name.strip_prefix(&view_prefix(view, digest))?;
     let (start, group) = rest.split_once('/')?;
     let start = if start == "-" {
         None
@@ -75,18 +100,38 @@ pub fn latest_record(time_ms: u64, source: &str, seq: u64, value: &serde_json::V
     serde_json::Value::Object(m).to_string()
 }
 
+/// A decoded watermark announcement.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Announcement {
+    /// The announcer's local watermark of the stream: it refuses events for windows whose
+    /// deadline is below it.
+    pub wm: u64,
+    /// Digest of the announcer's view definitions of the stream.
+    pub defs: String,
+    /// The announcer's retention horizon of the stream (windows whose end plus retention is
+    /// below it are removed on every node that learns it).
+    pub horizon: Option<u64>,
+}
+
 /// The text of a watermark announcement.
-pub fn announcement_text(wm: u64, defs_digest: &str) -> String {
+pub fn announcement_text(wm: u64, defs_digest: &str, horizon: Option<u64>) -> String {
     let mut m = serde_json::Map::new();
     m.insert("defs".into(), defs_digest.into());
+    if let Some(h) = horizon {
+        m.insert("h".into(), h.into());
+    }
     m.insert("wm".into(), wm.into());
     serde_json::Value::Object(m).to_string()
 }
 
-/// `(watermark, definitions digest)` of an announcement's text.
-pub fn parse_announcement(text: &str) -> Option<(u64, String)> {
+/// The announcement in `text` (`None` when malformed).
+pub fn parse_announcement(text: &str) -> Option<Announcement> {
     let v: serde_json::Value = serde_json::from_str(text).ok()?;
-    Some((v.get("wm")?.as_u64()?, v.get("defs")?.as_str()?.to_owned()))
+    Some(Announcement {
+        wm: v.get("wm")?.as_u64()?,
+        defs: v.get("defs")?.as_str()?.to_owned(),
+        horizon: v.get("h").and_then(serde_json::Value::as_u64),
+    })
 }
 
 /// The digest of a stream's view definitions (sorted by name), the same on every node that

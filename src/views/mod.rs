@@ -23,12 +23,27 @@
 //! member's digest differs from ours, nothing is final and the page names the conflicting
 //! replicas (their states still merge: the definitions must be made equal).
 //! The caveat is membership: a node whose writes `Y` has never seen and that is not connected
-//! now is not counted; a lone node is final by its own watermark. A member that never ingests
-//! into the stream holds its windows open (no idle timeout yet).
+//! now is not counted; a lone node is final by its own watermark. A member that ingests
+//! nothing holds the stream's windows open unless the stream has an `idle_timeout`: then,
+//! after that long without events, the node advances its watermark to `now − idle_timeout`
+//! and announces it — the same promise as any announcement (events for windows whose deadline
+//! is below it are refused as late), so the argument above is unchanged.
+//!
+//! **Retention** ([`maintain`]): a window of a view with `retention` is removed once
+//! `end + retention < H`, where `H` is the stream's *horizon*: the largest cluster watermark
+//! any node vouched for (see above), announced in the watermark keys and adopted by every node
+//! as the maximum it holds — monotone and replicated, so every node reaches the same removals.
+//! A node raises the horizon it acts on only after an announcement carrying it is committed in
+//! its own state (so its log holds the announcement before anything it drops for it), then
+//! refuses local events for removed windows (late), drops remote entries for them on receipt
+//! and purges their rows; the context keeps their dots, which to the join is a removal, so
+//! nothing resurrects. `retention ≥ lateness` is enforced: only final windows are removed.
 
+pub mod coalesce;
 pub mod def;
 pub mod fold;
 pub mod keys;
+pub mod maintain;
 pub mod read;
 
 pub use def::{CompiledView, FieldEquals, Hopping, ViewDef, ViewKind, Window, WindowDef};
@@ -38,10 +53,11 @@ pub use read::{ViewCounters, ViewPage, ViewQuery, ViewRow};
 use crate::config::Limits;
 use crate::error::Error;
 use crate::store::LocalWrite;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use tidemark_crdts::{Mutation, ReplicaId};
+use std::time::Instant;
+use tidemark_crdts::{Key, Mutation, ReplicaId};
 
 /// Per-view counters since the node opened.
 #[derive(Debug, Default)]
@@ -49,9 +65,27 @@ pub(crate) struct Counters {
     pub(crate) folded: AtomicU64,
     pub(crate) late: AtomicU64,
     pub(crate) rejected: AtomicU64,
+    /// Remote entries of removed (expired) windows dropped on receipt.
+    pub(crate) expired_dropped: AtomicU64,
+    /// Remote cells of another definition of this view name (kept apart, never read).
+    pub(crate) foreign_cells: AtomicU64,
 }
 
-/// The node's views: definitions, per-stream watermarks, counters.
+/// What this node has decided and announced for one stream. Guarded by
+/// [`Views::watermarks`].
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct StreamMarks {
+    /// This node's local watermark (monotone).
+    pub(crate) wm: Option<u64>,
+    /// The last horizon this node queued in an announcement (monotone).
+    pub(crate) horizon: Option<u64>,
+    /// When the stream last ingested an event here (or the node opened).
+    pub(crate) active: Option<Instant>,
+    /// When the watermark was last advanced for idleness.
+    pub(crate) idle_advanced: Option<Instant>,
+}
+
+/// The node's views: definitions, per-stream watermarks, horizons, counters.
 #[derive(Debug)]
 pub struct Views {
     views: Vec<CompiledView>,
@@ -59,15 +93,33 @@ pub struct Views {
     by_stream: BTreeMap<String, Vec<usize>>,
     /// Stream → allowed out-of-orderness (largest of its views').
     ooo: BTreeMap<String, u64>,
+    /// Stream → idle timeout (smallest of its views'), for streams that have one.
+    idle: BTreeMap<String, u64>,
     /// Stream → digest of its view definitions (announced with the watermark).
     pub(crate) digests: BTreeMap<String, String>,
-    /// Stream → this node's local watermark. Locked from the lateness decision of an ingest
-    /// until its writes are queued, so writes reach the writer in watermark order.
-    pub(crate) watermarks: Mutex<BTreeMap<String, u64>>,
+    /// Stream → this node's marks. Locked from the lateness decision of an ingest until its
+    /// writes are queued, so writes reach the writer in watermark order.
+    pub(crate) watermarks: Mutex<BTreeMap<String, StreamMarks>>,
+    /// Stream → the horizon this node acts on (refuses, drops on receipt, purges): raised
+    /// under the watermark lock, only once an announcement carrying it is committed here.
+    pub(crate) horizons: Mutex<BTreeMap<String, u64>>,
+    /// Stream → the largest horizon reads have hidden windows by (monotone, so a window
+    /// hidden once is never shown again).
+    pub(crate) read_horizons: Mutex<BTreeMap<String, u64>>,
     pub(crate) counters: Vec<Counters>,
     /// Peers connected at some time since open: members for finality even while away.
-    pub(crate) met: Mutex<std::collections::BTreeSet<crate::proto::PeerId>>,
+    pub(crate) met: Mutex<BTreeSet<crate::proto::PeerId>>,
+    /// `(view, digest)` pairs of other definitions already logged.
+    warned: Mutex<BTreeSet<(String, String)>>,
+    /// `(stream, source)` → events of ingest batches queued and not yet committed.
+    inflight: Mutex<BTreeMap<(String, String), usize>>,
+    /// Serializes maintenance rounds (a horizon is acted on only after its own announcement
+    /// committed, which a concurrent round could otherwise skip).
+    pub(crate) maintenance: tokio::sync::Mutex<()>,
 }
+
+/// The `(stream, source)` pairs of a batch in flight and its events per pair.
+pub(crate) type InFlight = Vec<((String, String), usize)>;
 
 /// What [`Views::admit`] decided for a batch.
 #[derive(Debug, Default)]
@@ -90,11 +142,16 @@ impl Views {
         let views = def::compile(defs).map_err(Error::Config)?;
         let mut by_stream: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         let mut ooo: BTreeMap<String, u64> = BTreeMap::new();
+        let mut idle: BTreeMap<String, u64> = BTreeMap::new();
         for (i, v) in views.iter().enumerate() {
             by_stream.entry(v.def.stream.clone()).or_default().push(i);
             let o = v.window.map_or(0, |w| w.out_of_orderness_ms);
             let e = ooo.entry(v.def.stream.clone()).or_default();
             *e = (*e).max(o);
+            if let Some(t) = v.window.and_then(|w| w.idle_timeout_ms) {
+                let e = idle.entry(v.def.stream.clone()).or_insert(t);
+                *e = (*e).min(t);
+            }
         }
         let counters = views.iter().map(|_| Counters::default()).collect();
         let digests = by_stream
@@ -108,10 +165,16 @@ impl Views {
             views,
             by_stream,
             ooo,
+            idle,
             digests,
             watermarks: Mutex::new(BTreeMap::new()),
+            horizons: Mutex::new(BTreeMap::new()),
+            read_horizons: Mutex::new(BTreeMap::new()),
             counters,
-            met: Mutex::new(std::collections::BTreeSet::new()),
+            met: Mutex::new(BTreeSet::new()),
+            warned: Mutex::new(BTreeSet::new()),
+            inflight: Mutex::new(BTreeMap::new()),
+            maintenance: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -138,7 +201,32 @@ impl Views {
         self.by_stream.keys()
     }
 
-    /// Restores this node's watermarks from its announcements (at open).
+    /// True when some view needs the periodic maintenance of [`maintain`] (retention or an
+    /// idle timeout).
+    pub fn needs_maintenance(&self) -> bool {
+        !self.idle.is_empty()
+            || self
+                .views
+                .iter()
+                .any(|v| v.window.is_some_and(|w| w.retention_ms.is_some()))
+    }
+
+    /// True when the window of view `vi` starting at `start` is removed under `horizon`
+    /// (`end + retention < horizon`). The same rule on every node.
+    pub fn expired(&self, vi: usize, start: u64, horizon: u64) -> bool {
+        let Some(w) = self.views.get(vi).and_then(|v| v.window) else {
+            return false;
+        };
+        w.retention_ms
+            .is_some_and(|r| start.saturating_add(w.size_ms).saturating_add(r) < horizon)
+    }
+
+    /// The horizon this node acts on for `stream`.
+    pub(crate) fn horizon(&self, stream: &str) -> Option<u64> {
+        self.horizons.lock().ok()?.get(stream).copied()
+    }
+
+    /// Restores this node's watermarks and horizons from its announcements (at open).
     ///
     /// # Errors
     /// Storage failures.
@@ -148,12 +236,61 @@ impl Views {
         me: ReplicaId,
     ) -> Result<(), Error> {
         let mut wms = self.watermarks.lock().map_err(|_| Error::Closed)?;
+        let mut hs = self.horizons.lock().map_err(|_| Error::Closed)?;
+        let now = Instant::now();
         for stream in self.by_stream.keys() {
-            if let Some(wm) = read::announced(reader, &keys::wm_key(stream, me))? {
-                wms.insert(stream.clone(), wm);
+            let a = read::announcement_of(reader, &keys::wm_key(stream, me))?;
+            let m = wms.entry(stream.clone()).or_default();
+            m.active = Some(now);
+            if let Some(a) = a {
+                m.wm = Some(a.wm);
+                m.horizon = a.horizon;
+                if let Some(h) = a.horizon {
+                    hs.insert(stream.clone(), h);
+                }
             }
         }
         Ok(())
+    }
+
+    /// Whether the entry under `key`, arriving from a peer, is joined: `false` for a cell of
+    /// a window this node removed (retention), which is dropped on receipt so it never
+    /// resurrects. Cells of another definition of a view name are kept (under their own keys,
+    /// never read or merged with ours) and logged once per definition.
+    pub fn keep_remote(&self, key: &Key) -> bool {
+        let Some((name, digest, start)) = keys::cell_of(&key.name) else {
+            return true;
+        };
+        let Some((vi, view)) = self.find(name) else {
+            return true;
+        };
+        if digest != view.digest {
+            self.counters[vi]
+                .foreign_cells
+                .fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut w) = self.warned.lock() {
+                if w.insert((name.to_owned(), digest.to_owned())) {
+                    tracing::warn!(
+                        view = name,
+                        theirs = digest,
+                        ours = %view.digest,
+                        "a peer runs another definition of this view: its state is kept apart \
+                         and never merged with ours"
+                    );
+                }
+            }
+            return true;
+        }
+        let (Some(start), Some(h)) = (start, self.horizon(&view.def.stream)) else {
+            return true;
+        };
+        if self.expired(vi, start, h) {
+            self.counters[vi]
+                .expired_dropped
+                .fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        true
     }
 
     /// Folds a validated batch of `stream` into candidate view mutations (nothing decided yet).
@@ -187,18 +324,107 @@ impl Views {
             .collect()
     }
 
-    /// Decides lateness against the stream's watermark `wm` and adds the on-time view
-    /// mutations to each event's write; appends the watermark announcement when the batch
-    /// moves the watermark. Call with the watermark lock held, and queue the writes before
-    /// releasing it.
+    /// Registers a batch's events as in flight (until [`Views::end_batch`] with the returned
+    /// keys) and says whether its view mutations may be coalesced into one per cell: only when
+    /// no event of the batch can turn out a duplicate or be refused when it commits — none is
+    /// repeated in the batch or already marked, no other batch of its sources is in flight,
+    /// and none would open a dedup range beyond `ranges_max` (the store's rule, replayed on the
+    /// committed marks). Otherwise every event keeps its own view mutations.
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub(crate) fn begin_batch(
+        &self,
+        stream: &str,
+        events: &[StreamEvent],
+        reader: &crate::store::Reader,
+        ranges_max: usize,
+    ) -> Result<(bool, InFlight), Error> {
+        let mut inflight = self.inflight.lock().map_err(|_| Error::Closed)?;
+        let mut per_source: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+        for e in events {
+            per_source.entry(&e.source).or_default().push(e.seq);
+        }
+        let mut fast = true;
+        for (source, seqs) in &per_source {
+            if !fast {
+                break;
+            }
+            if inflight.contains_key(&(stream.to_owned(), (*source).to_owned())) {
+                fast = false;
+                break;
+            }
+            let mut seen = reader.dedup_marks_of(stream, source)?;
+            for &seq in seqs {
+                let below = seq.checked_sub(1).is_some_and(|s| seen.contains(s));
+                let above = seq.checked_add(1).is_some_and(|s| seen.contains(s));
+                if seen.contains(seq) || (!below && !above && seen.ranges().len() >= ranges_max) {
+                    fast = false;
+                    break;
+                }
+                seen.insert(seq);
+            }
+        }
+        let mut keys = Vec::with_capacity(per_source.len());
+        for (source, seqs) in per_source {
+            let k = (stream.to_owned(), source.to_owned());
+            *inflight.entry(k.clone()).or_default() += seqs.len();
+            keys.push((k, seqs.len()));
+        }
+        Ok((fast, keys))
+    }
+
+    /// The batch registered as `keys` by [`Views::begin_batch`] is committed (or failed).
+    pub(crate) fn end_batch(&self, keys: &[((String, String), usize)]) {
+        if let Ok(mut inflight) = self.inflight.lock() {
+            for (k, n) in keys {
+                if let Some(c) = inflight.get_mut(k) {
+                    *c = c.saturating_sub(*n);
+                    if *c == 0 {
+                        inflight.remove(k);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The announcement write of `stream`: watermark `wm`, horizon `horizon`.
+    pub(crate) fn announcement(
+        &self,
+        stream: &str,
+        wm: u64,
+        horizon: Option<u64>,
+        me: ReplicaId,
+    ) -> LocalWrite {
+        LocalWrite {
+            ops: vec![(
+                keys::wm_key(stream, me),
+                Mutation::Set(keys::announcement_text(
+                    wm,
+                    self.digests.get(stream).map_or("", String::as_str),
+                    horizon,
+                )),
+            )],
+            event: None,
+        }
+    }
+
+    /// Decides lateness against the stream's marks (watermark and horizon) and adds the
+    /// on-time view mutations to each event's write; appends the watermark announcement when
+    /// the batch moves the watermark. Call with the watermark lock held, and queue the writes
+    /// before releasing it.
     pub(crate) fn admit(
         &self,
-        wm: Option<u64>,
+        marks: StreamMarks,
         stream: &str,
         writes: &mut Vec<LocalWrite>,
         folded: Vec<FoldedEvent>,
         me: ReplicaId,
+        coalesce: bool,
     ) -> Admitted {
+        let mut merged = Vec::new();
+        let wm = marks.wm;
+        let horizon = self.horizon(stream);
         let ooo = self.ooo.get(stream).copied().unwrap_or(0);
         let mut out = Admitted::default();
         let mut max_wm = None::<u64>;
@@ -206,13 +432,18 @@ impl Views {
             let mut late = Vec::new();
             let mut applied = Vec::new();
             for op in f.ops {
-                let is_late = matches!((op.deadline, wm), (Some(d), Some(wm)) if d < wm);
+                let removed = matches!((op.start, horizon), (Some(s), Some(h)) if self.expired(op.view, s, h));
+                let is_late = removed || matches!((op.deadline, wm), (Some(d), Some(wm)) if d < wm);
                 let list = if is_late { &mut late } else { &mut applied };
                 if list.last() != Some(&op.view) {
                     list.push(op.view);
                 }
                 if !is_late {
-                    w.ops.push((op.key, op.mutation));
+                    if coalesce {
+                        merged.push((op.key, op.mutation));
+                    } else {
+                        w.ops.push((op.key, op.mutation));
+                    }
                 }
             }
             out.late.push(late);
@@ -220,19 +451,16 @@ impl Views {
             let t = f.time_ms.saturating_sub(ooo);
             max_wm = Some(max_wm.map_or(t, |m| m.max(t)));
         }
+        if !merged.is_empty() {
+            writes.push(LocalWrite {
+                ops: coalesce::coalesce(merged),
+                event: None,
+            });
+        }
         if let Some(m) = max_wm {
             if wm.is_none_or(|wm| m > wm) {
                 out.new_wm = Some(m);
-                writes.push(LocalWrite {
-                    ops: vec![(
-                        keys::wm_key(stream, me),
-                        Mutation::Set(keys::announcement_text(
-                            m,
-                            self.digests.get(stream).map_or("", String::as_str),
-                        )),
-                    )],
-                    event: None,
-                });
+                writes.push(self.announcement(stream, m, marks.horizon, me));
             }
         }
         out

@@ -55,6 +55,13 @@ pub struct ViewCounters {
     pub late: u64,
     /// Events rejected (invalid for this view; their batch applied nothing).
     pub rejected: u64,
+    /// Entries of removed windows that arrived from peers and were dropped on receipt.
+    #[serde(default)]
+    pub expired_dropped: u64,
+    /// Cells of another definition of this view name that arrived from peers: kept under
+    /// their own keys, never merged with this node's cells nor read.
+    #[serde(default)]
+    pub foreign_cells: u64,
 }
 
 /// A page of view rows.
@@ -73,45 +80,64 @@ pub struct ViewPage {
     /// plus lateness is below it are final.
     pub cluster_watermark: Option<u64>,
     /// Replicas that announced different view definitions for the stream: while any is
-    /// listed, no window is final (every node must run the same definitions).
+    /// listed, no window is final (every node must run the same definitions), and their cells
+    /// of this view are kept apart (keyed by their definition's digest), never merged.
     pub definition_conflicts: Vec<String>,
+    /// The stream's retention horizon as this node knows it: windows whose end plus the
+    /// view's retention is below it are removed (and not listed).
+    #[serde(default)]
+    pub horizon: Option<u64>,
 }
 
-/// The announcement in `key`: watermark, definitions digest, and the announcement's dot.
+/// The announcement in `key` and its dot.
 fn announcement(
     reader: &Reader,
     key: &Key,
-) -> Result<Option<(u64, String, tidemark_crdts::Dot)>, Error> {
+) -> Result<Option<(keys::Announcement, tidemark_crdts::Dot)>, Error> {
     let Some(Entry::Lww(f)) = reader.entry(key)? else {
         return Ok(None);
     };
     let best = f.iter().max_by_key(|(_, (ts, _))| *ts);
-    Ok(best.and_then(|(dot, (_, v))| {
-        keys::parse_announcement(v).map(|(wm, digest)| (wm, digest, *dot))
-    }))
+    Ok(best.and_then(|(dot, (_, v))| keys::parse_announcement(v).map(|a| (a, *dot))))
 }
 
-/// The watermark announced in `key`.
-pub(crate) fn announced(reader: &Reader, key: &Key) -> Result<Option<u64>, Error> {
-    Ok(announcement(reader, key)?.map(|(wm, _, _)| wm))
+/// The announcement in `key`.
+pub(crate) fn announcement_of(
+    reader: &Reader,
+    key: &Key,
+) -> Result<Option<keys::Announcement>, Error> {
+    Ok(announcement(reader, key)?.map(|(a, _)| a))
+}
+
+/// What the announcements of a stream say, as this node can vouch for it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Cluster {
+    /// The cluster watermark (see [`cluster_watermark`]).
+    pub(crate) wm: Option<u64>,
+    /// Replicas that announced other definitions.
+    pub(crate) conflicts: Vec<String>,
+    /// The largest horizon announced by any replica.
+    pub(crate) horizon: Option<u64>,
 }
 
 /// The cluster watermark of `stream` as this node can vouch for it: the minimum over every
 /// announcement it holds (its own included), provided every member announced — every replica
 /// in its context (whose writes it has seen) and every peer met since open — with the same
 /// definitions digest as ours, and its context holds every dot of each announcer up to the
-/// announcement's dot. Also returns the replicas whose definitions differ.
-fn cluster_watermark(
+/// announcement's dot. Also returns the replicas whose definitions differ and the largest
+/// announced horizon.
+pub(crate) fn cluster_watermark(
     reader: &Reader,
     stream: &str,
     digest: &str,
     me: ReplicaId,
     known: &[PeerId],
     peer_of: fn(ReplicaId) -> PeerId,
-) -> Result<(Option<u64>, Vec<String>), Error> {
+) -> Result<Cluster, Error> {
     let ctx: CausalContext = reader.context()?;
     let prefix = keys::wm_prefix(stream);
     let mut min = None::<u64>;
+    let mut horizon = None::<u64>;
     let mut unsure = false;
     let mut announcers = Vec::new();
     let mut conflicts = Vec::new();
@@ -120,19 +146,20 @@ fn cluster_watermark(
         let page = reader.list(KeyKind::Lww, &prefix, after.as_deref(), 256)?;
         let done = page.len() < 256;
         for (key, _) in &page {
-            let (Some(replica), Some((wm, theirs, dot))) = (
+            let (Some(replica), Some((a, dot))) = (
                 keys::wm_replica(stream, &key.name),
                 announcement(reader, key)?,
             ) else {
                 unsure = true;
                 continue;
             };
-            if theirs != digest {
+            if a.defs != digest {
                 conflicts.push(replica.to_string());
             }
+            horizon = horizon.max(a.horizon);
             unsure |= !CausalContext::from_range(dot.replica, 1, dot.seq).is_subset(&ctx);
             announcers.push(replica);
-            min = Some(min.map_or(wm, |m| m.min(wm)));
+            min = Some(min.map_or(a.wm, |m| m.min(a.wm)));
         }
         after = page.last().map(|(k, _)| k.name.clone());
         if done {
@@ -147,9 +174,23 @@ fn cluster_watermark(
         || known.iter().any(|p| !peers.contains(p))
         || ctx.replicas().any(|r| !announcers.contains(r))
     {
-        return Ok((None, conflicts));
+        min = None;
     }
-    Ok((min, conflicts))
+    Ok(Cluster {
+        wm: min,
+        conflicts,
+        horizon,
+    })
+}
+
+/// The store key kind of a view kind's cells.
+pub(crate) fn key_kind(kind: ViewKind) -> KeyKind {
+    match kind {
+        ViewKind::Count => KeyKind::GCounter,
+        ViewKind::Sum => KeyKind::PNCounter,
+        ViewKind::Distinct | ViewKind::Members => KeyKind::ORSet,
+        ViewKind::Latest => KeyKind::Lww,
+    }
 }
 
 fn to_json(kind: ViewKind, v: &Value) -> serde_json::Value {
@@ -181,16 +222,33 @@ impl Views {
         let stream = d.stream.as_str();
         // Finality inputs first: rows read afterwards can only be newer, never older.
         let digest = self.digests.get(stream).map_or("", String::as_str);
-        let (cluster, conflicts) = cluster_watermark(reader, stream, digest, me, known, peer_of)?;
-        let watermark = announced(reader, &keys::wm_key(stream, me))?;
-        let kind = match d.kind {
-            ViewKind::Count => KeyKind::GCounter,
-            ViewKind::Sum => KeyKind::PNCounter,
-            ViewKind::Distinct | ViewKind::Members => KeyKind::ORSet,
-            ViewKind::Latest => KeyKind::Lww,
+        let Cluster {
+            wm: cluster,
+            conflicts,
+            horizon: announced_h,
+        } = cluster_watermark(reader, stream, digest, me, known, peer_of)?;
+        let watermark = announcement_of(reader, &keys::wm_key(stream, me))?.map(|a| a.wm);
+        // Windows are hidden by a monotone horizon: the largest ever seen by reads, the one
+        // this node acts on, any announced, and the cluster watermark now.
+        let horizon = {
+            let mut rh = self.read_horizons.lock().map_err(|_| Error::Closed)?;
+            let h = [
+                rh.get(stream).copied(),
+                self.horizon(stream),
+                announced_h,
+                cluster,
+            ]
+            .into_iter()
+            .flatten()
+            .max();
+            if let Some(h) = h {
+                rh.insert(stream.to_owned(), h);
+            }
+            h
         };
+        let kind = key_kind(d.kind);
         let limit = if query.limit == 0 { 1000 } else { query.limit };
-        let prefix = keys::view_prefix(&d.name);
+        let prefix = keys::view_prefix(&d.name, &view.digest);
         let mut after = query.after.clone();
         let mut rows = Vec::new();
         let mut next = None;
@@ -200,7 +258,8 @@ impl Views {
             let done = page.len() < 256;
             for (key, value) in &page {
                 after = Some(key.name.clone());
-                let Some((start, group)) = keys::parse_view_key(&d.name, &key.name) else {
+                let Some((start, group)) = keys::parse_view_key(&d.name, &view.digest, &key.name)
+                else {
                     continue;
                 };
                 if let Some(s) = start {
@@ -216,9 +275,9 @@ impl Views {
                 let window = view.window;
                 let end = start.zip(window).map(|(s, w)| s.saturating_add(w.size_ms));
                 let deadline = start.zip(window).map(|(s, w)| w.deadline(s));
-                if let (Some(e), Some(w), Some(c)) = (end, window, cluster) {
-                    if w.retention_ms.is_some_and(|r| e.saturating_add(r) < c) {
-                        continue; // past retention: removed from reads on every node alike
+                if let (Some(s), Some(h)) = (start, horizon) {
+                    if self.expired(vi, s, h) {
+                        continue; // past retention: removed on every node alike
                     }
                 }
                 if rows.len() == limit {
@@ -246,7 +305,10 @@ impl Views {
                 folded: c.folded.load(Ordering::Relaxed),
                 late: c.late.load(Ordering::Relaxed),
                 rejected: c.rejected.load(Ordering::Relaxed),
+                expired_dropped: c.expired_dropped.load(Ordering::Relaxed),
+                foreign_cells: c.foreign_cells.load(Ordering::Relaxed),
             },
+            horizon,
             watermark,
             cluster_watermark: cluster,
             definition_conflicts: conflicts,

@@ -42,6 +42,9 @@ pub fn test_options(faults: &Faults) -> NetOptions {
     o.redial_min = Duration::from_millis(50);
     o.redial_max = Duration::from_millis(400);
     o.faults = Some(faults.clone());
+    o.swim.probe_period = Duration::from_millis(200);
+    o.swim.probe_rtt = Duration::from_millis(100);
+    o.swim.suspect_to_down = Duration::from_millis(800);
     o
 }
 

@@ -1,0 +1,155 @@
+//! Cost of stream views on durable ingest (issue 9): the same events through `ingest_events`
+//! into a stream with 0 (raw), 1, 3 and 10 windowed views, in durable batches of 1,000 from
+//! one writer, each run on a fresh node in a temp directory, all in one process so the
+//! ratios compare runs under the same machine load.
+//!
+//! `cargo bench --bench views_ingest`; environment: `BENCH_EVENTS` (events per run, default
+//! 50,000), `BENCH_ROUNDS` (rounds of the four runs, interleaved, default 2; the best round
+//! per configuration is reported). Output: a Markdown table with events/s, the ratio of raw
+//! ingest's rate to each configuration's (the cost factor), and the bytes on disk per view
+//! cell (a group's value in one window) above the raw run.
+
+use serde_json::json;
+use std::time::Instant;
+use tidemark::views::{StreamEvent, ViewDef};
+use tidemark::{Node, NodeConfig};
+
+const BATCH: usize = 1_000;
+
+fn defs(n: usize) -> Vec<ViewDef> {
+    let w1 = json!({"tumbling": "1m", "lateness": "10s"});
+    let all = json!([
+        {"name": "clicks", "stream": "s", "kind": "count", "group_by": ["page"], "window": w1},
+        {"name": "spend", "stream": "s", "kind": "sum", "group_by": ["page"], "field": "amount",
+         "window": w1},
+        {"name": "users", "stream": "s", "kind": "distinct", "group_by": ["page"],
+         "field": "user", "window": w1},
+        {"name": "last", "stream": "s", "kind": "latest", "group_by": ["page"], "field": "user",
+         "window": w1},
+        {"name": "clicks5", "stream": "s", "kind": "count", "group_by": ["page"],
+         "window": {"tumbling": "5m"}},
+        {"name": "total", "stream": "s", "kind": "count", "window": w1},
+        {"name": "spend_total", "stream": "s", "kind": "sum", "field": "amount", "window": w1},
+        {"name": "per_user", "stream": "s", "kind": "count", "group_by": ["user"], "window": w1},
+        {"name": "pages_of_user", "stream": "s", "kind": "distinct", "group_by": ["user"],
+         "field": "page", "window": w1},
+        {"name": "clicks_h", "stream": "s", "kind": "count", "group_by": ["page"],
+         "window": {"tumbling": "10m"}},
+    ]);
+    let mut v: Vec<ViewDef> = serde_json::from_value(all).unwrap_or_default();
+    v.truncate(n);
+    v
+}
+
+fn events(n: usize) -> Vec<StreamEvent> {
+    (0..n)
+        .map(|i| {
+            let i = i as u64;
+            StreamEvent::new(
+                &format!("src{}", i % 10),
+                i / 10 + 1,
+                json!({
+                    "page": format!("/p{}", (i * 7) % 20),
+                    "user": format!("u{}", (i * 13) % 1_000),
+                    "amount": (i % 9) as i64 - 2,
+                }),
+            )
+            .at(i * 10) // 6,000 events per one-minute window
+        })
+        .collect()
+}
+
+fn dir_bytes(path: &std::path::Path) -> u64 {
+    std::fs::read_dir(path)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// One run: events/s, bytes on disk, view cells.
+async fn run(views: usize, evs: &[StreamEvent]) -> Result<(f64, u64, usize), tidemark::Error> {
+    let dir = tempfile::tempdir().map_err(|e| tidemark::Error::Config(e.to_string()))?;
+    let mut cfg = NodeConfig::new(dir.path());
+    cfg.views = defs(views);
+    let node = Node::open(cfg).await?;
+    let started = Instant::now();
+    for chunk in evs.chunks(BATCH) {
+        node.ingest_events("s", chunk.to_vec()).await?;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let mut cells = 0;
+    for v in node.views() {
+        let mut q = tidemark::views::ViewQuery {
+            limit: 10_000,
+            ..Default::default()
+        };
+        loop {
+            let page = node.view(&v.def.name, &q).await?;
+            cells += page.rows.len();
+            match page.next {
+                Some(n) => q.after = Some(n),
+                None => break,
+            }
+        }
+    }
+    node.shutdown().await?;
+    Ok((evs.len() as f64 / secs, dir_bytes(dir.path()), cells))
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), tidemark::Error> {
+    let num = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|v| *v > 0)
+            .unwrap_or(default)
+    };
+    let n = num("BENCH_EVENTS", 50_000);
+    let rounds = num("BENCH_ROUNDS", 2);
+    let evs = events(n);
+    let configs = [0usize, 1, 3, 10];
+    let mut best = [(0f64, 0u64, 0usize); 4];
+    for round in 0..rounds {
+        for (i, &v) in configs.iter().enumerate() {
+            let r = run(v, &evs).await?;
+            eprintln!("round {round}: {v} views: {:.0} events/s", r.0);
+            if r.0 > best[i].0 {
+                best[i] = r;
+            }
+        }
+    }
+    println!("{n} events in durable batches of {BATCH}, one writer, best of {rounds} rounds\n");
+    println!(
+        "| views | events/s | cost (raw rate / rate) | view cells | bytes on disk | bytes per cell above raw |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let (raw, raw_bytes, _) = best[0];
+    for (i, &v) in configs.iter().enumerate() {
+        let (rate, bytes, cells) = best[i];
+        let per_cell = if cells > 0 {
+            format!(
+                "{:.0}",
+                bytes.saturating_sub(raw_bytes) as f64 / cells as f64
+            )
+        } else {
+            "–".to_owned()
+        };
+        println!(
+            "| {} | {:.0} | {:.2}× | {cells} | {bytes} | {per_cell} |",
+            if v == 0 {
+                "raw".to_owned()
+            } else {
+                v.to_string()
+            },
+            rate,
+            raw / rate,
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,483 @@
+//! SWIM membership and failure detection through the `foca` crate, carried as QUIC datagrams
+//! on the same authenticated peer connections as the replication stream.
+//!
+//! # Why datagrams
+//! SWIM is built on unreliable, unordered probes: a lost ping is exactly what it must notice.
+//! QUIC datagrams give that on the connection that is already mutually authenticated (no second
+//! port, no second handshake), without head-of-line blocking behind a large state transfer on
+//! the replication stream, and without retransmissions that would hide a dead peer.
+//!
+//! # Identity and authentication
+//! A member is [`MemberId`]: the node name its certificate names, its peer address, replica id,
+//! epoch and boot time. A restart (same replica id, new epoch) and a wipe (new replica id) are
+//! new identities with the same name; foca keeps the newer (later boot) one, so both rejoin at
+//! once. A datagram is handed to foca only if the header's sender name is the authenticated
+//! name of the connection it came on; anything else is dropped and counted.
+//!
+//! # What SWIM decides
+//! Only members SWIM reports alive (and connected) are given to the replica as up peers
+//! ([`crate::driver::Input::NetAlive`]); a member declared down is taken down at once and
+//! evicted from the replica after `member_down_grace_ms`. Seeds (`join_peer`) are only for
+//! joining: every new authenticated connection is announced to, and SWIM keeps dialing the
+//! members it probes.
+//!
+//! Every message goes through [`crate::codec`] (version byte + bincode, size-limited) behind a
+//! 2-byte length, which is what foca's `Codec` needs (one item read per call).
+
+use super::NetStats;
+use super::transport::Net;
+use crate::driver::Input;
+use bytes::{Buf, BufMut, Bytes};
+use foca::{AccumulatingRuntime, Foca, Header, Identity, Member, OwnedNotification, State, Timer};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+/// A cluster member's SWIM identity.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct MemberId {
+    /// The node name (as its certificate names it).
+    pub(crate) name: String,
+    /// Where its peer endpoint listens.
+    pub(crate) addr: SocketAddr,
+    /// Its replica id (a wiped node has a new one).
+    pub(crate) replica: u128,
+    /// Its epoch (bumped at every open of its store).
+    pub(crate) epoch: u64,
+    /// Wall-clock ms when its endpoint started: the later boot wins a name conflict.
+    pub(crate) boot_ms: u64,
+    /// Bumped when it renews itself after being declared down.
+    pub(crate) bump: u16,
+}
+
+impl MemberId {
+    fn rank(&self) -> (u64, u16, u64, u128) {
+        (self.boot_ms, self.bump, self.epoch, self.replica)
+    }
+}
+
+impl Identity for MemberId {
+    type Addr = String;
+
+    fn renew(&self) -> Option<Self> {
+        Some(Self {
+            bump: self.bump.wrapping_add(1),
+            ..self.clone()
+        })
+    }
+
+    fn addr(&self) -> String {
+        self.name.clone()
+    }
+
+    fn win_addr_conflict(&self, adversary: &Self) -> bool {
+        self.rank() > adversary.rank()
+    }
+}
+
+/// foca's codec through [`crate::codec`]: each item is a 2-byte big-endian length followed by
+/// the codec's bytes (at most `limit`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SwimCodec {
+    pub(crate) limit: usize,
+}
+
+/// Why a SWIM item could not be encoded or decoded.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SwimCodecError {
+    /// The codec refused it.
+    #[error(transparent)]
+    Codec(#[from] crate::codec::CodecError),
+    /// The item is over the size limit.
+    #[error("SWIM item of {0} bytes is over the limit")]
+    TooLarge(usize),
+    /// No room left in the packet (foca then sends what it has).
+    #[error("no room left in the packet")]
+    NoRoom,
+    /// The packet ends inside an item.
+    #[error("truncated SWIM packet")]
+    Truncated,
+}
+
+impl SwimCodec {
+    fn put<T: Serialize>(
+        &self,
+        what: &'static str,
+        value: &T,
+        mut buf: impl BufMut,
+    ) -> Result<(), SwimCodecError> {
+        let bytes = crate::codec::encode(what, value)?;
+        let len = u16::try_from(bytes.len())
+            .ok()
+            .filter(|l| usize::from(*l) <= self.limit)
+            .ok_or(SwimCodecError::TooLarge(bytes.len()))?;
+        if buf.remaining_mut() < bytes.len() + 2 {
+            return Err(SwimCodecError::NoRoom);
+        }
+        buf.put_u16(len);
+        buf.put_slice(&bytes);
+        Ok(())
+    }
+
+    fn take<T: serde::de::DeserializeOwned + Serialize>(
+        &self,
+        what: &'static str,
+        mut buf: impl Buf,
+    ) -> Result<T, SwimCodecError> {
+        if buf.remaining() < 2 {
+            return Err(SwimCodecError::Truncated);
+        }
+        let len = usize::from(buf.get_u16());
+        if len > self.limit {
+            return Err(SwimCodecError::TooLarge(len));
+        }
+        if buf.remaining() < len {
+            return Err(SwimCodecError::Truncated);
+        }
+        let mut bytes = vec![0u8; len];
+        buf.copy_to_slice(&mut bytes);
+        Ok(crate::codec::decode(what, &bytes, self.limit)?)
+    }
+}
+
+impl foca::Codec<MemberId> for SwimCodec {
+    type Error = SwimCodecError;
+
+    fn encode_header(
+        &mut self,
+        header: &Header<MemberId>,
+        buf: impl BufMut,
+    ) -> Result<(), Self::Error> {
+        self.put("swim header", header, buf)
+    }
+
+    fn decode_header(&mut self, buf: impl Buf) -> Result<Header<MemberId>, Self::Error> {
+        self.take("swim header", buf)
+    }
+
+    fn encode_member(
+        &mut self,
+        member: &Member<MemberId>,
+        buf: impl BufMut,
+    ) -> Result<(), Self::Error> {
+        self.put("swim member", member, buf)
+    }
+
+    fn decode_member(&mut self, buf: impl Buf) -> Result<Member<MemberId>, Self::Error> {
+        self.take("swim member", buf)
+    }
+}
+
+/// SWIM timing of a node (part of [`super::NetOptions`]).
+#[derive(Clone, Debug)]
+pub struct SwimOptions {
+    /// How often a random member is probed (default 1 s).
+    pub probe_period: Duration,
+    /// How long a direct probe waits for its ack before indirect probes (default 300 ms).
+    pub probe_rtt: Duration,
+    /// A suspect member not refuting in this time is declared down (default 3 s). A member
+    /// killed without goodbye is declared down within about `probe_period × members +
+    /// probe_period + suspect_to_down` (the SWIM timeout).
+    pub suspect_to_down: Duration,
+    /// Largest SWIM datagram (default 1,100 bytes: under QUIC's minimum datagram room).
+    pub packet_bytes_max: usize,
+}
+
+impl Default for SwimOptions {
+    fn default() -> Self {
+        Self {
+            probe_period: Duration::from_secs(1),
+            probe_rtt: Duration::from_millis(300),
+            suspect_to_down: Duration::from_secs(3),
+            packet_bytes_max: 1100,
+        }
+    }
+}
+
+/// A member's SWIM state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemberState {
+    /// Answering probes.
+    Alive,
+    /// Suspected by some member; still treated as alive until declared down.
+    Suspect,
+    /// Declared down (or left): not a replication peer; evicted after the grace period.
+    Down,
+}
+
+/// One member as this node's SWIM sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MemberStatus {
+    /// The node name (authenticated by its certificate when it talks to us).
+    pub name: String,
+    /// Its peer endpoint address.
+    pub addr: SocketAddr,
+    /// SWIM state.
+    pub state: MemberState,
+    /// SWIM incarnation (bumped when it refutes a suspicion).
+    pub incarnation: u16,
+    /// Its replica id (hex).
+    pub replica: String,
+    /// Its store epoch (bumped at every restart).
+    pub epoch: u64,
+}
+
+/// Inputs of the membership task.
+pub(crate) enum SwimInput {
+    /// A datagram from the authenticated peer `from`.
+    Data { from: String, bytes: Bytes },
+    /// A foca timer is due.
+    Timer(Timer<MemberId>),
+    /// A connection to `name` (listening at `addr`) was authenticated: announce to it.
+    Linked { name: String, addr: SocketAddr },
+    /// Leave the cluster (clean shutdown) and stop.
+    Leave { done: oneshot::Sender<()> },
+}
+
+/// The handle the endpoint keeps on its membership task.
+#[derive(Debug)]
+pub(crate) struct Membership {
+    pub(crate) tx: mpsc::Sender<SwimInput>,
+    pub(crate) view: Arc<Mutex<Vec<MemberStatus>>>,
+    pub(crate) alive: Arc<Mutex<BTreeMap<String, MemberId>>>,
+}
+
+const INPUT_QUEUE: usize = 1024;
+
+impl Membership {
+    /// Starts the membership task of `net` as `me`.
+    pub(crate) fn start(net: &Arc<Net>, me: MemberId, opts: &SwimOptions, seed: u64) -> Self {
+        let (tx, rx) = mpsc::channel(INPUT_QUEUE);
+        let view = Arc::new(Mutex::new(Vec::new()));
+        let alive = Arc::new(Mutex::new(BTreeMap::new()));
+        let mut config = foca::Config::simple();
+        config.probe_period = opts.probe_period;
+        config.probe_rtt = opts.probe_rtt;
+        config.suspect_to_down_after = opts.suspect_to_down;
+        config.max_packet_size = std::num::NonZeroUsize::new(opts.packet_bytes_max.max(256))
+            .unwrap_or(config.max_packet_size);
+        config.notify_down_members = true;
+        // Partitions heal: members declared down are re-announced to (and remembered long
+        // enough for it), and a few random members are re-announced to periodically.
+        config.remove_down_after = Duration::from_secs(24 * 3600);
+        config.periodic_announce_to_down_members = Some(foca::PeriodicParams {
+            frequency: opts.probe_period * 2,
+            num_members: std::num::NonZeroUsize::MIN.saturating_add(1),
+        });
+        config.periodic_announce = Some(foca::PeriodicParams {
+            frequency: opts.probe_period * 5,
+            num_members: std::num::NonZeroUsize::MIN,
+        });
+        config.periodic_gossip = Some(foca::PeriodicParams {
+            frequency: opts.probe_period / 2,
+            num_members: std::num::NonZeroUsize::MIN.saturating_add(2),
+        });
+        let codec = SwimCodec {
+            limit: opts.packet_bytes_max.max(256),
+        };
+        let foca = Foca::new(me, config, ChaCha8Rng::seed_from_u64(seed), codec);
+        let task = Task {
+            net: Arc::downgrade(net),
+            foca,
+            codec,
+            rt: AccumulatingRuntime::new(),
+            tx: tx.clone(),
+            view: Arc::clone(&view),
+            alive: Arc::clone(&alive),
+            inputs: net.inputs.clone(),
+            stats: Arc::clone(&net.stats),
+        };
+        tokio::spawn(task.run(rx));
+        Self { tx, view, alive }
+    }
+
+    /// Hands a received datagram to the task (dropped when its queue is full: SWIM tolerates
+    /// loss).
+    pub(crate) fn datagram(&self, from: &str, bytes: Bytes) {
+        let _ = self.tx.try_send(SwimInput::Data {
+            from: from.to_owned(),
+            bytes,
+        });
+    }
+
+    /// True when at least one other member is alive.
+    pub(crate) fn joined(&self) -> bool {
+        self.alive.lock().is_ok_and(|a| !a.is_empty())
+    }
+
+    /// True when `name` is an alive member.
+    pub(crate) fn is_alive(&self, name: &str) -> bool {
+        self.alive.lock().is_ok_and(|a| a.contains_key(name))
+    }
+
+    /// The members as SWIM sees them now.
+    pub(crate) fn members(&self) -> Vec<MemberStatus> {
+        self.view.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// Announces our leave and stops the task (bounded wait).
+    pub(crate) async fn leave(&self) {
+        let (done, rx) = oneshot::channel();
+        if self.tx.send(SwimInput::Leave { done }).await.is_ok() {
+            let _ = tokio::time::timeout(Duration::from_millis(200), rx).await;
+        }
+    }
+}
+
+type SwimFoca = Foca<MemberId, SwimCodec, ChaCha8Rng, foca::NoCustomBroadcast>;
+
+struct Task {
+    net: std::sync::Weak<Net>,
+    foca: SwimFoca,
+    codec: SwimCodec,
+    rt: AccumulatingRuntime<MemberId>,
+    tx: mpsc::Sender<SwimInput>,
+    view: Arc<Mutex<Vec<MemberStatus>>>,
+    alive: Arc<Mutex<BTreeMap<String, MemberId>>>,
+    inputs: std::sync::mpsc::Sender<Input>,
+    stats: Arc<NetStats>,
+}
+
+impl Task {
+    async fn run(mut self, mut rx: mpsc::Receiver<SwimInput>) {
+        while let Some(input) = rx.recv().await {
+            let result = match input {
+                SwimInput::Data { from, bytes } => self.on_data(&from, &bytes),
+                SwimInput::Timer(t) => self.foca.handle_timer(t, &mut self.rt),
+                SwimInput::Linked { name, addr } => {
+                    let known = self
+                        .alive
+                        .lock()
+                        .is_ok_and(|a| a.get(&name).is_some_and(|m| m.addr == addr));
+                    if known {
+                        Ok(())
+                    } else {
+                        // The destination's full identity is unknown yet: foca accepts an
+                        // announce addressed to any identity with the receiver's name.
+                        let dst = MemberId {
+                            name,
+                            addr,
+                            replica: 0,
+                            epoch: 0,
+                            boot_ms: 0,
+                            bump: 0,
+                        };
+                        self.foca.announce(dst, &mut self.rt)
+                    }
+                }
+                SwimInput::Leave { done } => {
+                    let r = self.foca.leave_cluster(&mut self.rt);
+                    self.drain();
+                    let _ = done.send(());
+                    if let Err(e) = r {
+                        tracing::debug!(error = %e, "swim: leave");
+                    }
+                    return;
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "swim input refused");
+            }
+            self.drain();
+        }
+    }
+
+    /// Hands a datagram to foca only if its sender is the connection's authenticated name.
+    fn on_data(&mut self, from: &str, bytes: &[u8]) -> Result<(), foca::Error> {
+        let mut peek = bytes;
+        let claimed = foca::Codec::decode_header(&mut self.codec, &mut peek);
+        match claimed {
+            Ok(h) if h.src.name == from => self.foca.handle_data(bytes, &mut self.rt),
+            _ => {
+                NetStats::add(&self.stats.frames_rejected, 1);
+                tracing::warn!(
+                    peer = from,
+                    "SWIM datagram refused (undecodable or not its sender)"
+                );
+                Ok(())
+            }
+        }
+    }
+
+    fn drain(&mut self) {
+        let Some(net) = self.net.upgrade() else {
+            return;
+        };
+        while let Some((to, bytes)) = self.rt.to_send() {
+            net.send_swim(&to.name, to.addr, bytes);
+        }
+        while let Some((after, timer)) = self.rt.to_schedule() {
+            let tx = self.tx.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let _ = tx.send(SwimInput::Timer(timer)).await;
+            });
+        }
+        while let Some(n) = self.rt.to_notify() {
+            match n {
+                OwnedNotification::MemberUp(id) => self.set_alive(&net, id, true),
+                OwnedNotification::MemberDown(id) => self.set_alive(&net, id, false),
+                OwnedNotification::Rename(old, new) => {
+                    let was = self
+                        .alive
+                        .lock()
+                        .is_ok_and(|a| a.get(&old.name) == Some(&old));
+                    if was {
+                        self.set_alive(&net, new, true);
+                    }
+                }
+                other => tracing::debug!(?other, "swim notification"),
+            }
+        }
+        let view: Vec<MemberStatus> = self
+            .foca
+            .iter_membership_state()
+            .map(|m| MemberStatus {
+                name: m.id().name.clone(),
+                addr: m.id().addr,
+                state: match m.state() {
+                    State::Alive => MemberState::Alive,
+                    State::Suspect => MemberState::Suspect,
+                    State::Down => MemberState::Down,
+                },
+                incarnation: m.incarnation(),
+                replica: format!("{:032x}", m.id().replica),
+                epoch: m.id().epoch,
+            })
+            .collect();
+        if let Ok(mut v) = self.view.lock() {
+            *v = view;
+        }
+    }
+
+    fn set_alive(&mut self, net: &Arc<Net>, id: MemberId, alive: bool) {
+        let peer = super::peer_id_of_name(&id.name);
+        let changed = match self.alive.lock() {
+            Ok(mut a) if alive => a.insert(id.name.clone(), id.clone()).is_none(),
+            Ok(mut a) => {
+                if a.get(&id.name) == Some(&id) {
+                    a.remove(&id.name);
+                    true
+                } else {
+                    false
+                }
+            }
+            Err(_) => false,
+        };
+        if alive {
+            tracing::info!(member = %id.name, addr = %id.addr, "member alive");
+            net.ensure_link(&id.name, id.addr);
+        } else if changed {
+            tracing::info!(member = %id.name, "member down");
+        }
+        if changed {
+            let _ = self.inputs.send(Input::NetAlive { peer, alive });
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! Periodic view maintenance (the node runs it every [`TICK`] while some view has retention
+//! or an idle timeout): idle watermarks, the retention horizon, and purging removed windows.
+//!
+//! Per stream, one round:
+//! 1. **plan** ([`plan`]): the horizon target `max(cluster watermark this node vouches for,
+//!    largest horizon announced by anyone)` (streams with retention), and, when the stream
+//!    has been idle here for `idle_timeout` (since its last event or the node's open, and
+//!    since the last idle advance), the watermark `now − idle_timeout`;
+//! 2. **announce** ([`Views::stage`]): under the watermark lock, if either moves this node's
+//!    marks, queue one announcement carrying both — the writer commits it after every write
+//!    queued before (whose lateness was decided under the older watermark), so the promise
+//!    "events for windows whose deadline is below `wm` are refused" holds from the commit on;
+//! 3. once that announcement is committed, **raise** the horizon this node acts on
+//!    ([`Views::raise_horizon`]): from then on local events for removed windows are late and
+//!    remote entries for them are dropped on receipt;
+//! 4. **purge** ([`expired_keys`]): the rows of removed windows are deleted (context kept).
+
+use super::keys;
+use super::read::cluster_watermark;
+use super::{StreamMarks, Views};
+use crate::error::Error;
+use crate::proto::PeerId;
+use crate::store::{LocalWrite, Reader};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use tidemark_crdts::{Key, ReplicaId};
+
+/// How often maintenance runs.
+pub const TICK: Duration = Duration::from_millis(200);
+
+/// Most rows purged per stream and round.
+pub const PURGE_BATCH: usize = 4_096;
+
+/// What one round wants for a stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The stream.
+    pub stream: String,
+    /// The horizon to announce and act on, if it has retention.
+    pub horizon: Option<u64>,
+    /// The watermark an idle stream advances to.
+    pub idle_wm: Option<u64>,
+}
+
+/// The round's plan for every stream.
+///
+/// # Errors
+/// Storage failures.
+pub fn plan(
+    views: &Views,
+    reader: &Reader,
+    me: ReplicaId,
+    known: &[PeerId],
+    peer_of: fn(ReplicaId) -> PeerId,
+    now_ms: u64,
+) -> Result<Vec<Plan>, Error> {
+    let marks: BTreeMap<String, StreamMarks> =
+        views.watermarks.lock().map_err(|_| Error::Closed)?.clone();
+    let now = Instant::now();
+    let mut out = Vec::new();
+    for (stream, idx) in &views.by_stream {
+        let retains = idx.iter().any(|&i| {
+            views.views[i]
+                .window
+                .is_some_and(|w| w.retention_ms.is_some())
+        });
+        let horizon = if retains {
+            let digest = views.digests.get(stream).map_or("", String::as_str);
+            let c = cluster_watermark(reader, stream, digest, me, known, peer_of)?;
+            c.wm.max(c.horizon)
+        } else {
+            None
+        };
+        let m = marks.get(stream).copied().unwrap_or_default();
+        let idle_wm = views.idle.get(stream).and_then(|&idle| {
+            let idle_d = Duration::from_millis(idle);
+            let quiet = m
+                .active
+                .is_none_or(|t| now.saturating_duration_since(t) >= idle_d);
+            let due = m
+                .idle_advanced
+                .is_none_or(|t| now.saturating_duration_since(t) >= idle_d);
+            let target = now_ms.saturating_sub(idle);
+            (quiet && due && m.wm.is_none_or(|w| target > w)).then_some(target)
+        });
+        if horizon.is_some() || idle_wm.is_some() {
+            out.push(Plan {
+                stream: stream.clone(),
+                horizon,
+                idle_wm,
+            });
+        }
+    }
+    Ok(out)
+}
+
+impl Views {
+    /// Step 2: under the watermark lock `wms`, the announcement `plan` needs (if it moves
+    /// anything), with the marks updated as queued. Queue the write before releasing the lock.
+    pub(crate) fn stage(
+        &self,
+        wms: &mut BTreeMap<String, StreamMarks>,
+        plan: &Plan,
+        me: ReplicaId,
+    ) -> Option<LocalWrite> {
+        let m = wms.entry(plan.stream.clone()).or_default();
+        let new_wm = plan.idle_wm.filter(|w| m.wm.is_none_or(|x| *w > x));
+        let new_h = plan.horizon.filter(|h| m.horizon.is_none_or(|x| *h > x));
+        if new_wm.is_none() && new_h.is_none() {
+            return None;
+        }
+        if new_wm.is_some() {
+            m.idle_advanced = Some(Instant::now());
+            m.wm = new_wm;
+        }
+        if new_h.is_some() {
+            m.horizon = new_h;
+        }
+        Some(self.announcement(&plan.stream, m.wm.unwrap_or(0), m.horizon, me))
+    }
+
+    /// Step 3: the horizon this node acts on becomes the one it announced, once that
+    /// announcement is committed (the caller awaited it).
+    ///
+    /// # Errors
+    /// [`Error::Closed`] on a poisoned lock.
+    pub(crate) fn raise_horizon(&self, stream: &str) -> Result<Option<u64>, Error> {
+        let wms = self.watermarks.lock().map_err(|_| Error::Closed)?;
+        let Some(h) = wms.get(stream).and_then(|m| m.horizon) else {
+            return Ok(None);
+        };
+        let mut hs = self.horizons.lock().map_err(|_| Error::Closed)?;
+        let e = hs.entry(stream.to_owned()).or_insert(h);
+        *e = (*e).max(h);
+        Ok(Some(*e))
+    }
+
+    /// Marks `stream` active now (an ingest): it is not idle.
+    pub(crate) fn touch(&self, stream: &str) {
+        if let Ok(mut wms) = self.watermarks.lock() {
+            wms.entry(stream.to_owned()).or_default().active = Some(Instant::now());
+        }
+    }
+}
+
+/// Step 4: up to `max` keys of rows of `stream`'s views whose windows are removed under the
+/// horizon this node acts on (its views' own cells only; cells sort by window start, so the
+/// scan stops at the first window that is kept).
+///
+/// # Errors
+/// Storage failures.
+pub fn expired_keys(
+    views: &Views,
+    reader: &Reader,
+    stream: &str,
+    max: usize,
+) -> Result<Vec<Key>, Error> {
+    let Some(h) = views.horizon(stream) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for &vi in views.by_stream.get(stream).map_or(&[][..], Vec::as_slice) {
+        let view = &views.views[vi];
+        if !view.window.is_some_and(|w| w.retention_ms.is_some()) {
+            continue;
+        }
+        let kind = super::read::key_kind(view.def.kind);
+        let prefix = keys::view_prefix(&view.def.name, &view.digest);
+        let mut after: Option<String> = None;
+        'scan: loop {
+            let page = reader.list(kind, &prefix, after.as_deref(), 256)?;
+            let done = page.len() < 256;
+            for (key, _) in &page {
+                after = Some(key.name.clone());
+                let start = keys::cell_of(&key.name).and_then(|(_, _, s)| s);
+                match start {
+                    Some(s) if views.expired(vi, s, h) => out.push(key.clone()),
+                    _ => break 'scan,
+                }
+                if out.len() >= max {
+                    return Ok(out);
+                }
+            }
+            if done {
+                break;
+            }
+        }
+    }
+    Ok(out)
+}
