@@ -646,10 +646,12 @@ impl Driver {
                 .unwrap_or([5; 8]),
         );
         self.replica = Replica::new(config, self.store.epoch(), seed, peers);
+        // Up again: in-process peers, and network peers with a link that SWIM reports alive
+        // (as `NetUp`/`NetAlive` do).
         let up: Vec<PeerId> = self
             .outboxes
             .keys()
-            .chain(self.links.keys())
+            .chain(self.links.keys().filter(|p| self.net_alive.contains(p)))
             .copied()
             .collect();
         let now = self.now();

@@ -596,3 +596,86 @@ async fn snapshot_cost_report() {
     );
     node.shutdown().await.expect("shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_of_a_relaxed_node_holds_every_acknowledged_write() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut config = NodeConfig::new(tmp.path().join("a"));
+    config.durability = tidemark::Durability::Relaxed;
+    config.relaxed_sync_interval = Duration::from_secs(3600); // no timer sync during the test
+    let node = Node::open(config).await.expect("open");
+    for i in 1..=120u64 {
+        node.apply(op(i)).await.expect("write");
+    }
+    // The writer makes everything durable before it opens the snapshot's read transaction
+    // (so the snapshot holds nothing a crash could still lose; by construction, not observed
+    // here): the snapshot holds every write acknowledged before it.
+    let snap = tmp.path().join("snap.redb");
+    let info = node.snapshot(&snap).await.expect("snapshot");
+    assert_eq!(info.context, node.context().expect("ctx"));
+    assert_eq!(info.context.max_seq(node.replica_id()), 120);
+    Node::restore(&snap, tmp.path().join("r")).expect("restore");
+    let restored = open(&tmp.path().join("r")).await;
+    assert_eq!(all_keys(&restored), all_keys(&node));
+    for n in [node, restored] {
+        n.shutdown().await.expect("shutdown");
+    }
+}
+
+/// The sans-IO core's evidence (DESIGN.md D1 c), message by message: only a peer holding MORE
+/// of our id than we do — dots above our counter, a cursor beyond our log end — is evidence.
+#[test]
+fn the_core_reports_a_peer_holding_more_of_our_id_than_we_do() {
+    use tidemark::crdts::CausalContext;
+    use tidemark::proto::{Message, Now, PeerId, Replica, ReplicaConfig, StateStore};
+    use tidemark::store::{OpenOptions, RedbStore};
+    let mut store = RedbStore::open_with_backend(
+        redb::backends::InMemoryBackend::new(),
+        OpenOptions::default(),
+    )
+    .expect("open");
+    let writes = tidemark::ops::validate_ops(&[op(1), op(2)], &limits()).expect("ops");
+    store.commit_local(&writes, 1).expect("commit");
+    let me = store.replica();
+    let end = store.log_bounds().1;
+    let other = ReplicaId(0xabc);
+    let mut core = Replica::new(ReplicaConfig::default(), store.epoch(), 1, [PeerId(9)]);
+    let now = Now {
+        mono_ms: 1,
+        wall_ms: 1,
+    };
+    let feed = |core: &mut Replica, store: &mut RedbStore, msg| {
+        core.handle_message(now, PeerId(9), msg, store)
+            .expect("handle");
+        core.take_restored_copy()
+    };
+    let have = |lo_me: u64| {
+        let mut ctx = CausalContext::new();
+        ctx.insert_range(me, 1, lo_me);
+        ctx.insert_range(other, 1, 50);
+        Message::Have {
+            replica: other,
+            ctx,
+        }
+    };
+    let hello = |resume| Message::Hello {
+        replica: other,
+        epoch: 1,
+        resume,
+    };
+    assert_eq!(feed(&mut core, &mut store, have(2)), None, "what we hold");
+    assert_eq!(feed(&mut core, &mut store, hello(Some((me, end)))), None);
+    assert_eq!(feed(&mut core, &mut store, hello(Some((other, 99)))), None);
+    assert_eq!(feed(&mut core, &mut store, hello(None)), None);
+    let ev = feed(&mut core, &mut store, have(7)).expect("dots above our counter");
+    assert_eq!(
+        (ev.from, ev.evidence, ev.claimed, ev.local),
+        (PeerId(9), "context", 7, 2)
+    );
+    assert_eq!(core.take_restored_copy(), None, "taken once");
+    let ev = feed(&mut core, &mut store, hello(Some((me, end + 5)))).expect("cursor");
+    assert_eq!(
+        (ev.evidence, ev.claimed, ev.local),
+        ("cursor", end + 5, end)
+    );
+}

@@ -157,6 +157,8 @@ pub trait StateStore {
     ) -> Result<Result<ApplyOutcome, Rejected>, Self::Error>;
 
     /// The durable cursor into `peer`'s log: `(peer's log id, first seq not yet joined)`.
+    /// With no cursor recorded for `peer`, a store restored from a snapshot returns its seed
+    /// cursor into its source's log: callers must compare the log id with the peer's.
     fn peer_cursor(&self, peer: PeerId) -> Option<(ReplicaId, u64)>;
 
     /// Reads the entries of keys after `after`, up to about `bytes_max` encoded bytes (at least

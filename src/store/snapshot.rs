@@ -13,9 +13,10 @@
 //!
 //! Writing is crash-safe: the copy goes to a temporary file in the target directory, is committed
 //! durably (fsync), reopened and [verified](verify_snapshot) (redb integrity check, header, row
-//! counts, the store's own invariant check), and only then renamed into place, and the directory
-//! is fsynced. A crash at any point leaves either no file under the final name or a complete,
-//! verified snapshot.
+//! counts, the store's own invariant check), and only then published under its final name (a
+//! hard link, so an existing file is never replaced; a rename where links are unsupported), and
+//! the directory is fsynced. A crash at any point leaves either no file under the final name or
+//! a complete, verified snapshot.
 //!
 //! **Restore** ([`restore_snapshot`]) creates a data directory from a snapshot under a NEW
 //! replica id: the snapshot's context includes the dots of the replica it was taken from, which
@@ -299,8 +300,22 @@ pub(crate) fn write_snapshot(
             "the written snapshot reads back differently".into(),
         ));
     }
-    std::fs::rename(&tmp, out).map_err(io_err(out))?;
-    guard.0 = None;
+    // No-clobber publish: a hard link fails if `out` appeared meanwhile (rename would replace
+    // it); filesystems without hard links fall back to a rename.
+    match std::fs::hard_link(&tmp, out) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(StoreError::Snapshot(format!(
+                "{} already exists; refusing to overwrite it",
+                out.display()
+            )));
+        }
+        Err(_) => {
+            std::fs::rename(&tmp, out).map_err(io_err(out))?;
+            guard.0 = None;
+        }
+    }
+    drop(guard); // removes the temporary name if it is still there
     fsync_dir(&dir)?;
     Ok(info)
 }

@@ -340,6 +340,13 @@ impl Sim {
         while let Some(t) = self.nodes[i].replica.poll_transmit() {
             self.send(i, t.to.0 as usize, t.msg);
         }
+        // No correct peer ever shows a node more of its own id than it holds (DESIGN.md D1 c):
+        // crashes, crash images and wipes must never look like a data dir copied back.
+        let restored = self.nodes[i].replica.take_restored_copy();
+        assert!(
+            restored.is_none(),
+            "node {i} falsely detected as a restored copy: {restored:?}"
+        );
         while let Some(e) = self.nodes[i].replica.poll_event() {
             self.mix(format!("{i}:{e:?}").as_bytes());
             if let Event::Compact { below } = e {
