@@ -1,7 +1,9 @@
 //! Cost of stream views on durable ingest (issue 9): the same events through `ingest_events`
 //! into a stream with 0 (raw), 1, 3 and 10 windowed views, in durable batches of 1,000 from
 //! one writer, each run on a fresh node in a temp directory, all in one process so the
-//! ratios compare runs under the same machine load.
+//! ratios compare runs under the same machine load. Then, on 3 in-process nodes connected
+//! in a full mesh, the delay from a window's end + lateness (wall clock; events carry the
+//! wall-clock time) to the moment it is `final` on all three nodes.
 //!
 //! `cargo bench --bench views_ingest`; environment: `BENCH_EVENTS` (events per run, default
 //! 50,000), `BENCH_ROUNDS` (rounds of the four runs, interleaved, default 2; the best round
@@ -101,6 +103,81 @@ async fn run(views: usize, evs: &[StreamEvent]) -> Result<(f64, u64, usize), tid
     Ok((evs.len() as f64 / secs, dir_bytes(dir.path()), cells))
 }
 
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Delay (ms) from end + lateness to final on all of 3 nodes, per window.
+async fn finality_delays(secs: u64) -> Result<Vec<u64>, tidemark::Error> {
+    const SIZE: u64 = 1_000;
+    const LATENESS: u64 = 200;
+    let dir = tempfile::tempdir().map_err(|e| tidemark::Error::Config(e.to_string()))?;
+    let defs: Vec<ViewDef> = serde_json::from_value(json!([{
+        "name": "c", "stream": "s", "kind": "count", "group_by": ["page"],
+        "window": {"tumbling": "1s", "lateness": "200ms"},
+    }]))
+    .unwrap_or_default();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let mut cfg = NodeConfig::new(dir.path().join(format!("n{i}")));
+        cfg.views = defs.clone();
+        nodes.push(Node::open(cfg).await?);
+    }
+    for (i, j) in [(0, 1), (0, 2), (1, 2)] {
+        nodes[i].connect(&nodes[j])?;
+    }
+    let stop = wall_ms() + secs * 1_000;
+    let producers: Vec<_> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let n = n.clone();
+            tokio::spawn(async move {
+                let mut seq = 0;
+                while wall_ms() < stop + 2 * SIZE {
+                    seq += 1;
+                    let e =
+                        StreamEvent::new(&format!("n{i}"), seq, json!({"page": "/"})).at(wall_ms());
+                    if n.ingest_events("s", vec![e]).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+            })
+        })
+        .collect();
+    let mut final_on: std::collections::BTreeMap<u64, [Option<u64>; 3]> = Default::default();
+    while wall_ms() < stop + 2 * SIZE {
+        for (i, n) in nodes.iter().enumerate() {
+            let page = n.view("c", &tidemark::views::ViewQuery::default()).await?;
+            let now = wall_ms();
+            for r in page.rows.iter().filter(|r| r.is_final) {
+                let slot = final_on.entry(r.window_start.unwrap_or(0)).or_default();
+                slot[i].get_or_insert(now);
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    for p in producers {
+        let _ = p.await;
+    }
+    for n in &nodes {
+        n.shutdown().await?;
+    }
+    let first = final_on.keys().next().copied().unwrap_or(0);
+    Ok(final_on
+        .into_iter()
+        .filter(|(start, _)| *start > first) // the first window started before the producers
+        .filter_map(|(start, on)| {
+            let all = on.iter().copied().collect::<Option<Vec<u64>>>()?;
+            let at = all.into_iter().max()?;
+            Some(at.saturating_sub(start + SIZE + LATENESS))
+        })
+        .collect())
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), tidemark::Error> {
     let num = |name: &str, default: usize| {
@@ -149,6 +226,18 @@ async fn main() -> Result<(), tidemark::Error> {
             },
             rate,
             raw / rate,
+        );
+    }
+    let mut d = finality_delays(num("BENCH_FINAL_SECS", 8) as u64).await?;
+    d.sort_unstable();
+    if !d.is_empty() {
+        println!(
+            "\n3 in-process nodes, 1 s tumbling windows, 200 ms lateness, each node ingesting one \
+             event per 20 ms: delay from window end + lateness to final on all 3 nodes over {} \
+             windows: median {} ms, max {} ms",
+            d.len(),
+            d[d.len() / 2],
+            d[d.len() - 1]
         );
     }
     Ok(())

@@ -558,6 +558,7 @@ impl Node {
             inflight,
             pending: None,
         };
+        let reader = self.reader()?;
         let admitted = {
             let mut wms = views.watermarks.lock().map_err(|_| Error::Closed)?;
             let admitted = views.admit(
@@ -567,6 +568,7 @@ impl Node {
                 folded,
                 self.shared.replica,
                 coalesce,
+                Some(&reader),
             );
             guard.pending = Some(self.enqueue(writes)?);
             if let Some(wm) = admitted.new_wm {
