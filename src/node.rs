@@ -567,8 +567,7 @@ impl Node {
                 &mut writes,
                 folded,
                 self.shared.replica,
-                coalesce,
-                Some(&reader),
+                coalesce.then_some(&reader),
             );
             guard.pending = Some(self.enqueue(writes)?);
             if let Some(wm) = admitted.new_wm {

@@ -411,8 +411,10 @@ impl Views {
 
     /// Decides lateness against the stream's marks (watermark and horizon) and adds the
     /// on-time view mutations to each event's write; appends the watermark announcement when
-    /// the batch moves the watermark. Call with the watermark lock held, and queue the writes
-    /// before releasing it.
+    /// the batch moves the watermark. With `coalesce` (a reader of the committed state; only
+    /// for batches [`Views::begin_batch`] cleared), the on-time mutations go into one extra
+    /// write, one per cell. Call with the watermark lock held, and queue the writes before
+    /// releasing it.
     pub(crate) fn admit(
         &self,
         marks: StreamMarks,
@@ -420,8 +422,7 @@ impl Views {
         writes: &mut Vec<LocalWrite>,
         folded: Vec<FoldedEvent>,
         me: ReplicaId,
-        coalesce: bool,
-        reader: Option<&crate::store::Reader>,
+        coalesce: Option<&crate::store::Reader>,
     ) -> Admitted {
         let mut merged = Vec::new();
         let wm = marks.wm;
@@ -440,7 +441,7 @@ impl Views {
                     list.push(op.view);
                 }
                 if !is_late {
-                    if coalesce {
+                    if coalesce.is_some() {
                         merged.push((op.key, op.mutation));
                     } else {
                         w.ops.push((op.key, op.mutation));
@@ -454,7 +455,7 @@ impl Views {
         }
         if !merged.is_empty() {
             let mut ops = coalesce::coalesce(merged);
-            if let Some(r) = reader {
+            if let Some(r) = coalesce {
                 self.skip_present(&mut ops, r);
             }
             if !ops.is_empty() {
