@@ -6,9 +6,10 @@
 //! wall-clock time) to the moment it is `final` on all three nodes.
 //!
 //! `cargo bench --bench views_ingest`; environment: `BENCH_EVENTS` (events per run, default
-//! 50,000), `BENCH_ROUNDS` (rounds of the four runs, interleaved, default 2; the best round
-//! per configuration is reported). Output: a Markdown table with events/s, the ratio of raw
-//! ingest's rate to each configuration's (the cost factor), and the bytes on disk per view
+//! 50,000), `BENCH_ROUNDS` (rounds of the four runs back to back, default 3), `BENCH_FINAL_SECS`
+//! (seconds of the finality-delay run, default 8). Output: a Markdown table with the median
+//! events/s, the median over rounds of the ratio of raw ingest's rate to each configuration's
+//! within the round (the cost factor) and each round's ratio, and the bytes on disk per view
 //! cell (a group's value in one window) above the raw run.
 
 use serde_json::json;
@@ -188,27 +189,42 @@ async fn main() -> Result<(), tidemark::Error> {
             .unwrap_or(default)
     };
     let n = num("BENCH_EVENTS", 50_000);
-    let rounds = num("BENCH_ROUNDS", 2);
+    let rounds = num("BENCH_ROUNDS", 3);
     let evs = events(n);
     let configs = [0usize, 1, 3, 10];
-    let mut best = [(0f64, 0u64, 0usize); 4];
+    // Per round: (rate, bytes, cells) of each configuration, run back to back.
+    let mut rounds_out: Vec<[(f64, u64, usize); 4]> = Vec::new();
     for round in 0..rounds {
+        let mut r = [(0f64, 0u64, 0usize); 4];
         for (i, &v) in configs.iter().enumerate() {
-            let r = run(v, &evs).await?;
-            eprintln!("round {round}: {v} views: {:.0} events/s", r.0);
-            if r.0 > best[i].0 {
-                best[i] = r;
-            }
+            r[i] = run(v, &evs).await?;
+            eprintln!("round {round}: {v} views: {:.0} events/s", r[i].0);
         }
+        rounds_out.push(r);
     }
-    println!("{n} events in durable batches of {BATCH}, one writer, best of {rounds} rounds\n");
+    let median = |mut xs: Vec<f64>| {
+        xs.sort_by(f64::total_cmp);
+        xs[xs.len() / 2]
+    };
     println!(
-        "| views | events/s | cost (raw rate / rate) | view cells | bytes on disk | bytes per cell above raw |"
+        "{n} events in durable batches of {BATCH}, one writer; medians over {rounds} rounds \
+         (each round runs the four configurations back to back; cost = raw rate / rate within \
+         a round)\n"
     );
-    println!("|---|---|---|---|---|---|");
-    let (raw, raw_bytes, _) = best[0];
+    println!(
+        "| views | events/s | cost (raw rate / rate) | cost per round | view cells | bytes on disk | bytes per cell above raw |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let raw_bytes = rounds_out[0][0].1;
     for (i, &v) in configs.iter().enumerate() {
-        let (rate, bytes, cells) = best[i];
+        let rate = median(rounds_out.iter().map(|r| r[i].0).collect());
+        let ratios: Vec<f64> = rounds_out.iter().map(|r| r[0].0 / r[i].0).collect();
+        let per_round = ratios
+            .iter()
+            .map(|x| format!("{x:.2}"))
+            .collect::<Vec<_>>()
+            .join(" / ");
+        let (_, bytes, cells) = rounds_out[0][i];
         let per_cell = if cells > 0 {
             format!(
                 "{:.0}",
@@ -218,14 +234,14 @@ async fn main() -> Result<(), tidemark::Error> {
             "–".to_owned()
         };
         println!(
-            "| {} | {:.0} | {:.2}× | {cells} | {bytes} | {per_cell} |",
+            "| {} | {:.0} | {:.2}× | {per_round} | {cells} | {bytes} | {per_cell} |",
             if v == 0 {
                 "raw".to_owned()
             } else {
                 v.to_string()
             },
             rate,
-            raw / rate,
+            median(ratios.clone()),
         );
     }
     let mut d = finality_delays(num("BENCH_FINAL_SECS", 8) as u64).await?;
