@@ -562,6 +562,7 @@ impl Node {
             inflight,
             pending: None,
         };
+        let reader = self.reader()?;
         let admitted = {
             let mut wms = views.watermarks.lock().map_err(|_| Error::Closed)?;
             let admitted = views.admit(
@@ -570,7 +571,7 @@ impl Node {
                 &mut writes,
                 folded,
                 self.shared.replica,
-                coalesce,
+                coalesce.then_some(&reader),
             );
             guard.pending = Some(self.enqueue(writes)?);
             if let Some(wm) = admitted.new_wm {

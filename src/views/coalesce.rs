@@ -6,7 +6,7 @@
 //! value of every cell is the one the per-event mutations would give.
 
 use super::keys;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use tidemark_crdts::{Key, KeyKind, Mutation};
 
 enum Acc {
@@ -22,13 +22,13 @@ enum Acc {
 
 /// `ops` with one mutation per cell and set element, in first-seen key order.
 pub fn coalesce(ops: Vec<(Key, Mutation)>) -> Vec<(Key, Mutation)> {
-    let mut order: Vec<Key> = Vec::new();
-    let mut acc: BTreeMap<Key, Acc> = BTreeMap::new();
+    let mut at: HashMap<Key, usize> = HashMap::new();
+    let mut acc: Vec<(Key, Acc)> = Vec::new();
     for (key, m) in ops {
-        let slot = match acc.get_mut(&key) {
-            Some(s) => s,
+        let slot = match at.get(&key) {
+            Some(&i) => &mut acc[i].1,
             None => {
-                order.push(key.clone());
+                at.insert(key.clone(), acc.len());
                 let fresh = match (&key.kind, &m) {
                     (
                         KeyKind::GCounter | KeyKind::PNCounter,
@@ -42,7 +42,9 @@ pub fn coalesce(ops: Vec<(Key, Mutation)>) -> Vec<(Key, Mutation)> {
                     }
                     _ => Acc::Raw(Vec::new()),
                 };
-                acc.entry(key.clone()).or_insert(fresh)
+                acc.push((key.clone(), fresh));
+                let last = acc.len() - 1;
+                &mut acc[last].1
             }
         };
         match (slot, m) {
@@ -81,11 +83,9 @@ pub fn coalesce(ops: Vec<(Key, Mutation)>) -> Vec<(Key, Mutation)> {
             }
         }
     }
-    let mut out = Vec::with_capacity(order.len());
-    for key in order {
-        if let Some(a) = acc.remove(&key) {
-            out.extend(flush(&key, a).into_iter().map(|m| (key.clone(), m)));
-        }
+    let mut out = Vec::with_capacity(acc.len());
+    for (key, a) in acc {
+        out.extend(flush(&key, a).into_iter().map(|m| (key.clone(), m)));
     }
     out
 }

@@ -213,17 +213,30 @@ pub fn fold_event(
 ) -> Result<FoldedEvent, (Option<usize>, Error)> {
     let time_ms = event_time(ev, index, now_ms).map_err(|e| (None, e))?;
     let mut ops = Vec::new();
+    // The group text of each distinct `group_by` list, computed once per event.
+    let mut groups: Vec<(&[String], String)> = Vec::new();
     for &(vi, view) in views {
         let d = &view.def;
         let fail = |field: &str, msg: String| (Some(vi), bad(index, field, msg));
-        let mut group = Vec::with_capacity(d.group_by.len());
-        for g in &d.group_by {
-            let v = ev.fields.get(g).ok_or_else(|| {
-                fail(g, format!("missing group field {g:?} of view {:?}", d.name))
-            })?;
-            group.push(v.clone());
-        }
-        let group = serde_json::Value::Array(group).to_string();
+        let known = groups
+            .iter()
+            .find(|(by, _)| *by == d.group_by.as_slice())
+            .map(|(_, g)| g.clone());
+        let group = match known {
+            Some(g) => g,
+            None => {
+                let mut group = Vec::with_capacity(d.group_by.len());
+                for g in &d.group_by {
+                    let v = ev.fields.get(g).ok_or_else(|| {
+                        fail(g, format!("missing group field {g:?} of view {:?}", d.name))
+                    })?;
+                    group.push(v.clone());
+                }
+                let text = serde_json::Value::Array(group).to_string();
+                groups.push((d.group_by.as_slice(), text.clone()));
+                text
+            }
+        };
         let value = |field: &str| {
             ev.fields.get(field).ok_or_else(|| {
                 fail(

@@ -161,7 +161,7 @@ pub fn expired_keys(
     let mut out = Vec::new();
     for &vi in views.by_stream.get(stream).map_or(&[][..], Vec::as_slice) {
         let view = &views.views[vi];
-        if !view.window.is_some_and(|w| w.retention_ms.is_some()) {
+        if view.window.is_none_or(|w| w.retention_ms.is_none()) {
             continue;
         }
         let kind = super::read::key_kind(view.def.kind);

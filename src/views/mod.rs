@@ -411,8 +411,10 @@ impl Views {
 
     /// Decides lateness against the stream's marks (watermark and horizon) and adds the
     /// on-time view mutations to each event's write; appends the watermark announcement when
-    /// the batch moves the watermark. Call with the watermark lock held, and queue the writes
-    /// before releasing it.
+    /// the batch moves the watermark. With `coalesce` (a reader of the committed state; only
+    /// for batches [`Views::begin_batch`] cleared), the on-time mutations go into one extra
+    /// write, one per cell. Call with the watermark lock held, and queue the writes before
+    /// releasing it.
     pub(crate) fn admit(
         &self,
         marks: StreamMarks,
@@ -420,7 +422,7 @@ impl Views {
         writes: &mut Vec<LocalWrite>,
         folded: Vec<FoldedEvent>,
         me: ReplicaId,
-        coalesce: bool,
+        coalesce: Option<&crate::store::Reader>,
     ) -> Admitted {
         let mut merged = Vec::new();
         let wm = marks.wm;
@@ -439,7 +441,7 @@ impl Views {
                     list.push(op.view);
                 }
                 if !is_late {
-                    if coalesce {
+                    if coalesce.is_some() {
                         merged.push((op.key, op.mutation));
                     } else {
                         w.ops.push((op.key, op.mutation));
@@ -452,10 +454,13 @@ impl Views {
             max_wm = Some(max_wm.map_or(t, |m| m.max(t)));
         }
         if !merged.is_empty() {
-            writes.push(LocalWrite {
-                ops: coalesce::coalesce(merged),
-                event: None,
-            });
+            let mut ops = coalesce::coalesce(merged);
+            if let Some(r) = coalesce {
+                self.skip_present(&mut ops, r);
+            }
+            if !ops.is_empty() {
+                writes.push(LocalWrite { ops, event: None });
+            }
         }
         if let Some(m) = max_wm {
             if wm.is_none_or(|wm| m > wm) {
@@ -464,6 +469,27 @@ impl Views {
             }
         }
         out
+    }
+
+    /// Drops the adds of `distinct` views whose element the committed cell already holds: a
+    /// `distinct` set never removes, so re-adding changes no value (it would only take a dot
+    /// and rewrite the row). Cells that cannot be read are left alone.
+    fn skip_present(&self, ops: &mut Vec<(Key, Mutation)>, reader: &crate::store::Reader) {
+        let mut cells: BTreeMap<Key, Option<tidemark_crdts::Entry>> = BTreeMap::new();
+        ops.retain(|(key, m)| {
+            let Mutation::Add(elem) = m else { return true };
+            let distinct = keys::cell_of(&key.name).is_some_and(|(name, digest, _)| {
+                self.find(name)
+                    .is_some_and(|(_, v)| v.digest == digest && v.def.kind == ViewKind::Distinct)
+            });
+            if !distinct {
+                return true;
+            }
+            let entry = cells
+                .entry(key.clone())
+                .or_insert_with(|| reader.entry(key).ok().flatten());
+            !matches!(entry, Some(tidemark_crdts::Entry::ORSet(m)) if m.get(elem).is_some())
+        });
     }
 
     /// Counts a committed batch: `effective[i]` is true for event writes that were applied
