@@ -7,6 +7,8 @@
 //!   protocol frames through [`crate::codec`] on the connection's one QUIC stream, bounded
 //!   both ways.
 //! * [`Faults`]: a fault-injecting UDP socket under quinn for tests and examples.
+//! * `membership`: SWIM (foca) over QUIC datagrams on the same connections; decides which
+//!   authenticated peers are replication peers ([`MemberStatus`] in [`NetStatus::members`]).
 //!
 //! The writer thread (`driver`) sees a peer connection only as a bounded outbox it never waits
 //! on: a local commit never waits for the network.

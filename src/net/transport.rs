@@ -17,6 +17,12 @@
 //! Incoming: at most `inbound_bytes_max` decoded bytes per connection wait for the writer; the
 //! reader stops reading until they are applied, so QUIC flow control pushes back on the sender.
 //! One stream per connection (the peer may not open more), at most `peers_max` connections.
+//!
+//! # Membership
+//! SWIM datagrams (`membership`) ride the same authenticated connection (QUIC datagrams, a
+//! bounded buffer each way). A connection registers its peer with the writer, but the replica
+//! treats it as up only while SWIM reports the member alive. Seeds are dialled until joined;
+//! afterwards connections are made to the members SWIM probes.
 
 use super::certs::TlsDir;
 use super::faults::{Faults, FaultySocket};
@@ -446,56 +452,6 @@ impl Net {
                     Ok(()) => return,
                     Err(e) => {
                         tracing::debug!(%addr, error = %e, "seed dial failed");
-                        backoff = (backoff * 2).min(net.opts.redial_max);
-                    }
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = net.closed.notified() => break,
-                }
-            }
-        });
-    }
-
-    /// The old dial loop (kept a connection to one address forever); replaced by SWIM.
-    #[allow(dead_code)]
-    fn spawn_dial_loop_forever(self: &Arc<Self>, addr: SocketAddr) {
-        let net = Arc::clone(self);
-        tokio::spawn(async move {
-            let mut known: Option<String> = None;
-            let mut backoff = net.opts.redial_min;
-            while !net.is_closing() {
-                // Another live connection to this peer (e.g. it dialled us): wait for its end.
-                let live = known.as_ref().and_then(|n| {
-                    net.links
-                        .lock()
-                        .ok()
-                        .and_then(|l| l.get(n).map(|e| e.conn.clone()))
-                });
-                if let Some(conn) = live.filter(|c| c.close_reason().is_none()) {
-                    tokio::select! {
-                        _ = conn.closed() => {}
-                        _ = net.closed.notified() => break,
-                    }
-                    continue;
-                }
-                let connecting = net
-                    .endpoint
-                    .connect_with(net.client.clone(), addr, DIAL_NAME);
-                let outcome = match connecting {
-                    Ok(c) => match c.await {
-                        Ok(conn) => net.run_connection(conn, true).await,
-                        Err(e) => Err(NetError::Connect(e.to_string())),
-                    },
-                    Err(e) => Err(NetError::Connect(e.to_string())),
-                };
-                match outcome {
-                    Ok(name) => {
-                        known = Some(name);
-                        backoff = net.opts.redial_min;
-                    }
-                    Err(e) => {
-                        tracing::debug!(%addr, error = %e, "dial failed");
                         backoff = (backoff * 2).min(net.opts.redial_max);
                     }
                 }

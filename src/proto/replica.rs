@@ -431,6 +431,9 @@ impl Replica {
     /// The connection to `peer` is lost: whatever was in flight to it is forgotten.
     pub fn peer_down(&mut self, now: Now, peer: PeerId) {
         self.start(now.mono_ms);
+        // Its transfer to us (if any) restarts from scratch when it is back; do not let it
+        // hold back other senders' transfers meanwhile.
+        self.incoming.remove(&peer);
         let p = self.peer_mut(peer);
         p.up = false;
         p.reset_link();
@@ -1286,7 +1289,10 @@ impl Replica {
             Some(next) => index == next,
             None => index == 0,
         };
-        if !expected {
+        // One bootstrap at a time: while another sender's transfer is under way, a new one is
+        // refused at its first chunk (the sender retries later, by when ours may cover it).
+        let busy = same.is_none() && self.incoming.keys().any(|p| *p != from);
+        if !expected || busy {
             self.stats.chunk_nacks_sent += 1;
             self.send(from, Message::ChunkNack { epoch, transfer });
             return Ok(());
@@ -1411,10 +1417,23 @@ impl Replica {
             return Ok(());
         }
         self.stats.chunk_nacks_received += 1;
+        let stagger = self.config.bootstrap_stagger_ms.max(1);
         let p = self.peer_mut(from);
         if p.transfer.as_ref().is_some_and(|t| t.id == transfer) {
+            // Refused at its first chunk: the peer is being bootstrapped by another sender.
+            // Retry after the stagger (by then its `Have` may cover us: no transfer at all).
+            let first = p
+                .transfer
+                .as_ref()
+                .and_then(|t| t.sent.as_ref())
+                .is_some_and(|s| s.index == 0);
             p.transfer = None;
             p.inflight = None;
+            if first {
+                p.serve_after = Some(now.mono_ms.saturating_add(stagger));
+                p.bootstrap_rank = p.bootstrap_rank.max(1);
+                return Ok(());
+            }
             return self.pump(now.mono_ms, from, store);
         }
         Ok(())
