@@ -4,14 +4,32 @@
 //! representation is canonical: two sets with the same members have the same ranges, so
 //! equality, hashing and encoded bytes do not depend on insertion order.
 
+use smallvec::SmallVec;
+
+/// The ranges of a set: one range is kept inline (no heap allocation), which is the usual
+/// shape of a context entry (a version-vector prefix `1..=n`) and of a delta's single dot.
+type Ranges = SmallVec<[(u64, u64); 1]>;
+
 /// A canonical set of `u64` values stored as ranges.
 ///
 /// Invariant: `ranges` is sorted, each `(lo, hi)` has `lo <= hi`, and consecutive ranges are
-/// separated by at least one missing value (`prev.hi + 1 < next.lo`).
+/// separated by at least one missing value (`prev.hi + 1 < next.lo`). A set of at most one
+/// range lives inline, without a heap allocation.
 #[derive(Clone, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct IntervalSet {
-    ranges: Vec<(u64, u64)>,
+    ranges: Ranges,
+}
+
+/// Encoded exactly as the former derive over `ranges: Vec<(u64, u64)>`: a struct with one
+/// field holding the sequence of ranges.
+#[cfg(feature = "serde")]
+impl serde::Serialize for IntervalSet {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("IntervalSet", 1)?;
+        st.serialize_field("ranges", self.ranges.as_slice())?;
+        st.end()
+    }
 }
 
 impl core::fmt::Debug for IntervalSet {
@@ -37,8 +55,10 @@ impl<'de> serde::Deserialize<'de> for IntervalSet {
 
 impl IntervalSet {
     /// The empty set.
-    pub const fn new() -> Self {
-        Self { ranges: Vec::new() }
+    pub fn new() -> Self {
+        Self {
+            ranges: SmallVec::new(),
+        }
     }
 
     /// Builds a set from ranges that must already be canonical; `None` if they are not
@@ -55,7 +75,9 @@ impl IntervalSet {
                 }
             }
         }
-        Some(Self { ranges })
+        Some(Self {
+            ranges: Ranges::from_vec(ranges),
+        })
     }
 
     /// The set `{lo..=hi}` (empty when `lo > hi`).
@@ -64,7 +86,7 @@ impl IntervalSet {
             Self::new()
         } else {
             Self {
-                ranges: vec![(lo, hi)],
+                ranges: smallvec::smallvec![(lo, hi)],
             }
         }
     }
@@ -159,7 +181,12 @@ impl IntervalSet {
             new_hi = new_hi.max(self.ranges[end].1);
             end += 1;
         }
-        self.ranges.splice(start..end, [(new_lo, new_hi)]);
+        if start == end {
+            self.ranges.insert(start, (new_lo, new_hi));
+        } else {
+            self.ranges[start] = (new_lo, new_hi);
+            self.ranges.drain(start + 1..end);
+        }
         true
     }
 
@@ -172,7 +199,17 @@ impl IntervalSet {
             self.ranges = other.ranges.clone();
             return true;
         }
-        let mut out: Vec<(u64, u64)> = Vec::with_capacity(self.ranges.len() + other.ranges.len());
+        // Common single-range case (two version-vector prefixes, or a prefix and the next
+        // dots): merge in place when the ranges touch.
+        if let ([mine], [theirs]) = (self.ranges.as_mut_slice(), other.ranges.as_slice()) {
+            if mine.1.saturating_add(1) >= theirs.0 && theirs.1.saturating_add(1) >= mine.0 {
+                let merged = (mine.0.min(theirs.0), mine.1.max(theirs.1));
+                let grew = merged != *mine;
+                *mine = merged;
+                return grew;
+            }
+        }
+        let mut out = Ranges::with_capacity(self.ranges.len() + other.ranges.len());
         let (mut i, mut j) = (0, 0);
         let a = &self.ranges;
         let b = &other.ranges;
@@ -196,7 +233,7 @@ impl IntervalSet {
 
     /// `self \ other` as a new set.
     pub fn difference(&self, other: &IntervalSet) -> IntervalSet {
-        let mut out = Vec::new();
+        let mut out = Ranges::new();
         let b = &other.ranges;
         let mut j = 0;
         for &(lo, hi) in &self.ranges {
@@ -226,7 +263,7 @@ impl IntervalSet {
 
     /// `self ∩ other` as a new set.
     pub fn intersection(&self, other: &IntervalSet) -> IntervalSet {
-        let mut out = Vec::new();
+        let mut out = Ranges::new();
         let (a, b) = (&self.ranges, &other.ranges);
         let (mut i, mut j) = (0, 0);
         while i < a.len() && j < b.len() {
