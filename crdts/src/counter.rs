@@ -76,6 +76,15 @@ impl GCounter {
 
     /// Delta-mutator: adds `by` at `replica` (saturating) and returns the delta `{replica ↦ total}`.
     pub fn inc(&mut self, replica: ReplicaId, by: u64) -> GCounter {
+        // Fastest path: a counter only this replica has written (one inline entry, never 0).
+        if let [(r, n)] = self.entries.as_mut_slice() {
+            if *r == replica && *n > 0 {
+                *n = n.saturating_add(by);
+                return GCounter {
+                    entries: Entries::from_buf([(replica, *n)]),
+                };
+            }
+        }
         // One look at the slice (the inline/heap check once). Fast path: the counter's only
         // (or last) entry is this replica's.
         let slice = self.entries.as_mut_slice();
