@@ -144,9 +144,12 @@ impl CausalContext {
 
     /// A context holding exactly one dot (no heap allocation).
     pub fn from_dot(dot: Dot) -> Self {
-        let mut c = Self::new();
-        c.insert(dot);
-        c
+        if dot.seq == 0 {
+            return Self::new();
+        }
+        Self {
+            dots: Entries::from_buf([(dot.replica, IntervalSet::from_range(dot.seq, dot.seq))]),
+        }
     }
 
     /// A context holding the dots `(replica, lo..=hi)`.
@@ -165,6 +168,12 @@ impl CausalContext {
     pub fn insert(&mut self, dot: Dot) -> bool {
         if dot.seq == 0 {
             return false;
+        }
+        // Fast path: a one-replica context (a delta, a single-writer state) of that replica.
+        if let [(r, s)] = self.dots.as_mut_slice() {
+            if *r == dot.replica {
+                return s.insert(dot.seq);
+            }
         }
         self.entry(dot.replica).insert(dot.seq)
     }

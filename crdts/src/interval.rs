@@ -86,7 +86,7 @@ impl IntervalSet {
             Self::new()
         } else {
             Self {
-                ranges: smallvec::smallvec![(lo, hi)],
+                ranges: Ranges::from_buf([(lo, hi)]),
             }
         }
     }
@@ -156,6 +156,17 @@ impl IntervalSet {
         } else {
             self.ranges.push((v, v));
             return true;
+        }
+        // Fast path: just below the first range (an older dot joining a context of newer ones).
+        if let Some(first) = self.ranges.first_mut() {
+            if v < first.0 {
+                if v + 1 == first.0 {
+                    first.0 = v;
+                } else {
+                    self.ranges.insert(0, (v, v));
+                }
+                return true;
+            }
         }
         if self.contains(v) {
             return false;
