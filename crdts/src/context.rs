@@ -116,6 +116,7 @@ impl CausalContext {
     }
 
     /// The position of `replica`'s entry, or where it would be inserted.
+    #[inline]
     fn find(&self, replica: &ReplicaId) -> Result<usize, usize> {
         let slice = self.dots.as_slice();
         // One-entry fast path (deltas, single-replica stores).
@@ -143,6 +144,7 @@ impl CausalContext {
     }
 
     /// A context holding exactly one dot (no heap allocation).
+    #[inline]
     pub fn from_dot(dot: Dot) -> Self {
         if dot.seq == 0 {
             return Self::new();
@@ -160,11 +162,13 @@ impl CausalContext {
     }
 
     /// Does the context hold `dot`?
+    #[inline]
     pub fn contains(&self, dot: &Dot) -> bool {
         self.get(&dot.replica).is_some_and(|s| s.contains(dot.seq))
     }
 
     /// Adds one dot (seq 0 is not a dot and is ignored); returns true if it was new.
+    #[inline]
     pub fn insert(&mut self, dot: Dot) -> bool {
         if dot.seq == 0 {
             return false;
@@ -235,6 +239,7 @@ impl CausalContext {
     /// # Errors
     /// [`DotsExhausted`] when the context already holds `(replica, u64::MAX)`: the replica can
     /// issue no more dots (it must take a new replica id).
+    #[inline]
     pub fn next_dot(&self, replica: ReplicaId) -> Result<Dot, DotsExhausted> {
         let max = self.max_seq(replica);
         max.checked_add(1)
@@ -243,6 +248,7 @@ impl CausalContext {
     }
 
     /// The largest seq seen from `replica` (0 if none).
+    #[inline]
     pub fn max_seq(&self, replica: ReplicaId) -> u64 {
         self.get(&replica).and_then(IntervalSet::max).unwrap_or(0)
     }
@@ -349,6 +355,7 @@ impl CausalContext {
     }
 
     /// The interval set of one replica, if any dot of it is held.
+    #[inline]
     pub fn get(&self, replica: &ReplicaId) -> Option<&IntervalSet> {
         let i = self.find(replica).ok()?;
         self.dots.as_slice().get(i).map(|(_, s)| s)

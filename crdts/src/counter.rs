@@ -75,6 +75,7 @@ impl GCounter {
     }
 
     /// Delta-mutator: adds `by` at `replica` (saturating) and returns the delta `{replica ↦ total}`.
+    #[inline]
     pub fn inc(&mut self, replica: ReplicaId, by: u64) -> GCounter {
         // Fastest path: a counter only this replica has written (one inline entry, never 0).
         if let [(r, n)] = self.entries.as_mut_slice() {

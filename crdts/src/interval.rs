@@ -81,6 +81,7 @@ impl IntervalSet {
     }
 
     /// The set `{lo..=hi}` (empty when `lo > hi`).
+    #[inline]
     pub fn from_range(lo: u64, hi: u64) -> Self {
         if lo > hi {
             Self::new()
@@ -109,6 +110,7 @@ impl IntervalSet {
     }
 
     /// The largest value, if any.
+    #[inline]
     pub fn max(&self) -> Option<u64> {
         self.ranges.last().map(|r| r.1)
     }
@@ -122,11 +124,13 @@ impl IntervalSet {
     }
 
     /// Index of the first range whose `hi >= v`.
+    #[inline]
     fn search(&self, v: u64) -> usize {
         self.ranges.partition_point(|&(_, hi)| hi < v)
     }
 
     /// Is `v` in the set? O(log ranges).
+    #[inline]
     pub fn contains(&self, v: u64) -> bool {
         let i = self.search(v);
         i < self.ranges.len() && self.ranges[i].0 <= v
@@ -142,6 +146,7 @@ impl IntervalSet {
     }
 
     /// Adds one value; returns true if it was new.
+    #[inline]
     pub fn insert(&mut self, v: u64) -> bool {
         // Fast path: appending right after the last range (the common case for own dots).
         if let Some(last) = self.ranges.last_mut() {
