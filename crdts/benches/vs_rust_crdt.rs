@@ -1,6 +1,8 @@
 //! Side-by-side benchmarks of `tidemark-crdts` against rust-crdt (`crdts` 7.3.2), same workloads
 //! in the same run. Run with `cargo bench -p tidemark-crdts`.
 //!
+//! Workloads: set add / remove / merge, counter increment and merge, LWW write, MV write
+//! (rust-crdt: `MVReg` with `read_ctx().derive_add_ctx` + `write` + `apply`), set encode/decode.
 //! Both libraries use the same 128-bit replica ids (rust-crdt's actor type is `u128`), set
 //! elements are `u64`. Encoded sizes are not timings, so `encoded_sizes` prints them to stderr
 //! (bincode 2, serde, standard config) instead of measuring anything.
