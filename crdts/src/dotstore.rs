@@ -314,14 +314,15 @@ impl<K, K2: Ord, S> AdmitsChild<DotMap<K2, S>> for K {
 
 /// A map from keys to nested dot stores sharing one context. Empty children are dropped.
 ///
-/// A map of one key (a delta: one element added, one key written) keeps that entry inline,
-/// without allocating a tree; equality, hashing, ordering of iteration and encoding depend only
-/// on the entries, never on which form holds them.
+/// A map of one key (a delta: one element added, one key written) keeps that entry in one
+/// small box instead of a tree node (one allocation of the entry's size; the box keeps every
+/// `DotMap`, hence every delta, a few words wide); equality, hashing, ordering of iteration and
+/// encoding depend only on the entries, never on which form holds them.
 // serde: hand-written in `serde_impls` below (canonical-form checks) / `crate::codec`.
 pub struct DotMap<K: Ord, S> {
     /// The only entry of a one-key map built by `set`/`replace` on an empty map; when it is
     /// `Some`, `many` is empty.
-    one: Option<(K, S)>,
+    one: Option<Box<(K, S)>>,
     /// Every entry otherwise (any number, also 0 or 1).
     many: BTreeMap<K, S>,
 }
@@ -347,12 +348,16 @@ impl<K: Ord + Clone, S: Clone> Clone for DotMap<K, S> {
 impl<K: Ord, S> DotMap<K, S> {
     /// Entries ascending by key, whichever form holds them.
     fn entries(&self) -> impl Iterator<Item = (&K, &S)> {
-        self.one.iter().map(|(k, s)| (k, s)).chain(self.many.iter())
+        self.one
+            .iter()
+            .map(|b| (&b.0, &b.1))
+            .chain(self.many.iter())
     }
 
     /// The tree form, moving an inline entry into it first (general paths only).
     fn tree(&mut self) -> &mut BTreeMap<K, S> {
-        if let Some((k, s)) = self.one.take() {
+        if let Some(b) = self.one.take() {
+            let (k, s) = *b;
             self.many.insert(k, s);
         }
         &mut self.many
@@ -401,7 +406,7 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
     /// The child under `key`.
     pub fn get(&self, key: &K) -> Option<&S> {
         match &self.one {
-            Some((k, s)) => (k == key).then_some(s),
+            Some(b) => (b.0 == *key).then_some(&b.1),
             None => self.many.get(key),
         }
     }
@@ -430,14 +435,14 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
         }
     }
     /// Sets a non-bottom child in one tree walk, returning the previous one (mutators' fast path).
-    /// On an empty map the entry is kept inline (no allocation).
+    /// On an empty map the entry is kept in its own box (no tree node).
     pub(crate) fn replace(&mut self, key: K, child: S) -> Option<S> {
         debug_assert!(!child.is_bottom());
         match &mut self.one {
-            Some((k, s)) if *k == key => Some(core::mem::replace(s, child)),
+            Some(b) if b.0 == key => Some(core::mem::replace(&mut b.1, child)),
             Some(_) => self.tree().insert(key, child),
             None if self.many.is_empty() => {
-                self.one = Some((key, child));
+                self.one = Some(Box::new((key, child)));
                 None
             }
             None => self.many.insert(key, child),
@@ -446,7 +451,7 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
     /// Removes and returns a child.
     pub fn take(&mut self, key: &K) -> Option<S> {
         match &self.one {
-            Some((k, _)) if k == key => self.one.take().map(|(_, s)| s),
+            Some(b) if b.0 == *key => self.one.take().map(|b| b.1),
             Some(_) => None,
             None => self.many.remove(key),
         }
@@ -457,11 +462,12 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
     }
     /// The entries by value, ascending by key.
     fn into_entries(self) -> impl Iterator<Item = (K, S)> {
-        self.one.into_iter().chain(self.many)
+        self.one.map(|b| *b).into_iter().chain(self.many)
     }
     /// Keeps the children for which `keep` returns true (it may change them).
     fn retain(&mut self, mut keep: impl FnMut(&K, &mut S) -> bool) {
-        if let Some((k, s)) = &mut self.one {
+        if let Some(b) = &mut self.one {
+            let (k, s) = &mut **b;
             if !keep(k, s) {
                 self.one = None;
             }
