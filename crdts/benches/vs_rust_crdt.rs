@@ -1,6 +1,8 @@
 //! Side-by-side benchmarks of `tidemark-crdts` against rust-crdt (`crdts` 7.3.2), same workloads
 //! in the same run. Run with `cargo bench -p tidemark-crdts`.
 //!
+//! Workloads: set add / remove / merge, counter increment and merge, LWW write, MV write
+//! (rust-crdt: `MVReg` with `read_ctx().derive_add_ctx` + `write` + `apply`), set encode/decode.
 //! Both libraries use the same 128-bit replica ids (rust-crdt's actor type is `u128`), set
 //! elements are `u64`. Encoded sizes are not timings, so `encoded_sizes` prints them to stderr
 //! (bincode 2, serde, standard config) instead of measuring anything.
@@ -8,7 +10,7 @@
 use crdts::{CmRDT, CvRDT};
 use criterion::{BatchSize, Criterion, Throughput, black_box, criterion_group, criterion_main};
 use std::time::Duration;
-use tidemark_crdts::{GCounter, LWWRegister, Lattice, ORSet, ReplicaId, Timestamp};
+use tidemark_crdts::{GCounter, LWWRegister, Lattice, MVRegister, ORSet, ReplicaId, Timestamp};
 
 /// Elements per replica in the set workloads.
 const N: u64 = 100_000;
@@ -262,6 +264,38 @@ fn lww_write(c: &mut Criterion) {
     g.finish();
 }
 
+fn mv_write(c: &mut Criterion) {
+    let mut g = c.benchmark_group("mv_write_1m");
+    g.throughput(Throughput::Elements(OPS));
+    g.bench_function("tidemark", |b| {
+        b.iter_batched(
+            MVRegister::<u64>::new,
+            |mut reg| {
+                for i in 0..OPS {
+                    black_box(reg.write(ReplicaId(A), black_box(i)).expect("dots left"));
+                }
+                reg
+            },
+            BatchSize::PerIteration,
+        );
+    });
+    g.bench_function("rust-crdt", |b| {
+        b.iter_batched(
+            crdts::MVReg::<u64, u128>::new,
+            |mut reg| {
+                for i in 0..OPS {
+                    let ctx = reg.read_ctx().derive_add_ctx(A);
+                    let op = reg.write(black_box(i), ctx);
+                    reg.apply(op);
+                }
+                reg
+            },
+            BatchSize::PerIteration,
+        );
+    });
+    g.finish();
+}
+
 fn bincode_cfg() -> bincode::config::Configuration {
     bincode::config::standard()
 }
@@ -386,6 +420,6 @@ criterion_group! {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
     targets = encoded_sizes, set_add, set_remove, set_merge, counter_inc, counter_merge,
-        lww_write, set_codec
+        lww_write, mv_write, set_codec
 }
 criterion_main!(benches);

@@ -4,14 +4,29 @@
 
 use crate::Lattice;
 use crate::replica::ReplicaId;
+use smallvec::SmallVec;
+
+/// Per-replica totals, ascending by replica; one entry (an increment's delta, a counter only
+/// one replica writes) is kept inline, so `inc` allocates nothing.
+type Entries = SmallVec<[(ReplicaId, u64); 1]>;
 
 /// A grow-only counter: per replica, the total that replica added; join is the pointwise max.
 ///
 /// Entries are kept sorted by replica in a vector, so merges are a linear sorted merge.
 #[derive(Clone, PartialEq, Eq, Hash, Default, Debug)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct GCounter {
-    entries: Vec<(ReplicaId, u64)>,
+    entries: Entries,
+}
+
+/// Encoded exactly as the former derive over `entries: Vec<(ReplicaId, u64)>`.
+#[cfg(feature = "serde")]
+impl serde::Serialize for GCounter {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("GCounter", 1)?;
+        st.serialize_field("entries", self.entries.as_slice())?;
+        st.end()
+    }
 }
 
 /// Decoding accepts only the canonical form (replicas strictly ascending, no zero total): the
@@ -33,7 +48,9 @@ impl<'de> serde::Deserialize<'de> for GCounter {
         if entries.iter().any(|(_, n)| *n == 0) {
             return Err(serde::de::Error::custom("counter holds a zero entry"));
         }
-        Ok(Self { entries })
+        Ok(Self {
+            entries: Entries::from_vec(entries),
+        })
     }
 }
 
@@ -58,11 +75,29 @@ impl GCounter {
     }
 
     /// Delta-mutator: adds `by` at `replica` (saturating) and returns the delta `{replica ↦ total}`.
+    #[inline]
     pub fn inc(&mut self, replica: ReplicaId, by: u64) -> GCounter {
-        let total = match self.entries.binary_search_by(|(r, _)| r.cmp(&replica)) {
+        // Fastest path: a counter only this replica has written (one inline entry, never 0).
+        if let [(r, n)] = self.entries.as_mut_slice() {
+            if *r == replica && *n > 0 {
+                *n = n.saturating_add(by);
+                return GCounter {
+                    entries: Entries::from_buf([(replica, *n)]),
+                };
+            }
+        }
+        // One look at the slice (the inline/heap check once). Fast path: the counter's only
+        // (or last) entry is this replica's.
+        let slice = self.entries.as_mut_slice();
+        let pos = match slice.last() {
+            Some((r, _)) if *r == replica => Ok(slice.len() - 1),
+            _ => slice.binary_search_by(|(r, _)| r.cmp(&replica)),
+        };
+        let total = match pos {
             Ok(i) => {
-                self.entries[i].1 = self.entries[i].1.saturating_add(by);
-                self.entries[i].1
+                let n = &mut slice[i].1;
+                *n = n.saturating_add(by);
+                *n
             }
             Err(i) => {
                 // No zero entries: `{r ↦ 0}` and `{}` are the same counter (canonical form).
@@ -74,9 +109,9 @@ impl GCounter {
         };
         GCounter {
             entries: if total > 0 {
-                vec![(replica, total)]
+                Entries::from_buf([(replica, total)])
             } else {
-                Vec::new()
+                Entries::new()
             },
         }
     }
@@ -90,16 +125,16 @@ impl GCounter {
     pub fn from_entries(entries: impl IntoIterator<Item = (ReplicaId, u64)>) -> Self {
         let mut c = GCounter::new();
         for (r, n) in entries {
-            c.join(GCounter {
-                entries: vec![(r, n)],
-            });
+            let mut one = Entries::new();
+            one.push((r, n));
+            c.join(GCounter { entries: one });
         }
         c
     }
 
     /// Redundancy removal: the entries of `delta` larger than ours (`None` if none).
     pub fn inflation(&self, delta: &GCounter) -> Option<GCounter> {
-        let entries: Vec<_> = delta
+        let entries: Entries = delta
             .entries
             .iter()
             .filter(|(r, n)| *n > self.get(*r))
@@ -114,8 +149,18 @@ impl Lattice for GCounter {
         if other.entries.is_empty() {
             return;
         }
+        if let [(r, n)] = other.entries.as_slice() {
+            // One-entry delta (what `inc` returns): update in place, no new vector.
+            match self.entries.binary_search_by(|(x, _)| x.cmp(r)) {
+                Ok(i) => self.entries[i].1 = self.entries[i].1.max(*n),
+                // Canonical form: a zero entry is bottom and is not stored.
+                Err(i) if *n > 0 => self.entries.insert(i, (*r, *n)),
+                Err(_) => {}
+            }
+            return;
+        }
         let mine = core::mem::take(&mut self.entries);
-        let mut out = Vec::with_capacity(mine.len().max(other.entries.len()));
+        let mut out = Entries::with_capacity(mine.len().max(other.entries.len()));
         let (mut i, mut j) = (0, 0);
         let b = other.entries;
         while i < mine.len() && j < b.len() {

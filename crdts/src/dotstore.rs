@@ -8,6 +8,7 @@
 use crate::context::CausalContext;
 use crate::replica::Dot;
 use core::fmt::Debug;
+use smallvec::SmallVec;
 use std::collections::BTreeMap;
 
 /// A store of dots (possibly carrying values) that joins causally against contexts.
@@ -46,14 +47,17 @@ pub trait DotStore: Clone + Default + PartialEq + Debug {
 }
 
 /// A set of dots (the payload of an add-wins set element).
+///
+/// One dot (the usual case: an element added once, or re-added, which retires its older
+/// dots) is kept inline, without a heap allocation.
 #[derive(Clone, PartialEq, Eq, Hash, Default, Debug)]
 // serde: hand-written in `serde_impls` below (canonical-form checks) / `crate::codec`.
-pub struct DotSet(Vec<Dot>);
+pub struct DotSet(SmallVec<[Dot; 1]>);
 
 impl DotSet {
-    /// A set holding one dot.
+    /// A set holding one dot (no heap allocation).
     pub fn single(dot: Dot) -> Self {
-        Self(vec![dot])
+        Self(smallvec::smallvec![dot])
     }
     /// The dots, ascending.
     pub fn iter(&self) -> impl Iterator<Item = &Dot> {
@@ -75,7 +79,7 @@ impl DotSet {
     pub fn from_dots(mut dots: Vec<Dot>) -> Self {
         dots.sort_unstable();
         dots.dedup();
-        Self(dots)
+        Self(dots.into_iter().collect())
     }
     /// True when sorted and duplicate-free (decoders check this).
     pub fn is_canonical(&self) -> bool {
@@ -85,14 +89,23 @@ impl DotSet {
 
 /// Shared sorted-merge for the causal join of keyed dot collections.
 fn causal_merge<T, D: Fn(&T) -> Dot, M: Fn(T, T) -> T>(
-    mine: Vec<T>,
+    mine: SmallVec<[T; 1]>,
     ctx: &CausalContext,
-    theirs: Vec<T>,
+    theirs: SmallVec<[T; 1]>,
     other_ctx: &CausalContext,
     dot_of: D,
     merge_same: M,
-) -> Vec<T> {
-    let mut out = Vec::with_capacity(mine.len().max(theirs.len()));
+) -> SmallVec<[T; 1]> {
+    // One entry on each side under the same dot (a key both replicas hold unchanged, the
+    // bulk of a merge): keep it, no merge loop.
+    if mine.len() == 1 && theirs.len() == 1 && dot_of(&mine[0]) == dot_of(&theirs[0]) {
+        let mut out = SmallVec::new();
+        if let (Some(x), Some(y)) = (mine.into_iter().next(), theirs.into_iter().next()) {
+            out.push(merge_same(x, y));
+        }
+        return out;
+    }
+    let mut out = SmallVec::with_capacity(mine.len().max(theirs.len()));
     let mut a = mine.into_iter().peekable();
     let mut b = theirs.into_iter().peekable();
     loop {
@@ -168,20 +181,23 @@ impl DotStore for DotSet {
 ///
 /// Values under the same dot are identical for correct replicas; on conflicting input the
 /// join keeps the larger value so it stays commutative.
+///
+/// One entry (a counter's live dot, a register's value) is kept inline, without a heap
+/// allocation.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 // serde: hand-written in `serde_impls` below (canonical-form checks) / `crate::codec`.
-pub struct DotFun<V>(Vec<(Dot, V)>);
+pub struct DotFun<V>(SmallVec<[(Dot, V); 1]>);
 
 impl<V> Default for DotFun<V> {
     fn default() -> Self {
-        Self(Vec::new())
+        Self(SmallVec::new())
     }
 }
 
 impl<V: Clone + Ord + Debug> DotFun<V> {
-    /// A store holding one dot and its value.
+    /// A store holding one dot and its value (no heap allocation).
     pub fn single(dot: Dot, value: V) -> Self {
-        Self(vec![(dot, value)])
+        Self(smallvec::smallvec![(dot, value)])
     }
     /// The `(dot, value)` entries, ascending by dot.
     pub fn iter(&self) -> impl Iterator<Item = (&Dot, &V)> {
@@ -205,7 +221,7 @@ impl<V: Clone + Ord + Debug> DotFun<V> {
     /// Builds a store from entries in any order (for duplicate dots the larger value is kept).
     pub fn from_entries(mut entries: Vec<(Dot, V)>) -> Self {
         entries.sort();
-        let mut out: Vec<(Dot, V)> = Vec::with_capacity(entries.len());
+        let mut out: SmallVec<[(Dot, V); 1]> = SmallVec::with_capacity(entries.len());
         for (d, v) in entries {
             match out.last_mut() {
                 Some(last) if last.0 == d => last.1 = v,
@@ -297,66 +313,180 @@ impl<K, K2: Ord, S> AdmitsChild<DotMap<K2, S>> for K {
 }
 
 /// A map from keys to nested dot stores sharing one context. Empty children are dropped.
-#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+///
+/// A map of one key (a delta: one element added, one key written) keeps that entry in one
+/// small box instead of a tree node (one allocation of the entry's size; the box keeps every
+/// `DotMap`, hence every delta, a few words wide); equality, hashing, ordering of iteration and
+/// encoding depend only on the entries, never on which form holds them.
 // serde: hand-written in `serde_impls` below (canonical-form checks) / `crate::codec`.
-pub struct DotMap<K: Ord, S>(BTreeMap<K, S>);
+pub struct DotMap<K: Ord, S> {
+    /// The only entry of a one-key map built by `set`/`replace` on an empty map; when it is
+    /// `Some`, `many` is empty.
+    one: Option<Box<(K, S)>>,
+    /// Every entry otherwise (any number, also 0 or 1).
+    many: BTreeMap<K, S>,
+}
 
 impl<K: Ord, S> Default for DotMap<K, S> {
     fn default() -> Self {
-        Self(BTreeMap::new())
+        Self {
+            one: None,
+            many: BTreeMap::new(),
+        }
+    }
+}
+
+impl<K: Ord + Clone, S: Clone> Clone for DotMap<K, S> {
+    fn clone(&self) -> Self {
+        Self {
+            one: self.one.clone(),
+            many: self.many.clone(),
+        }
+    }
+}
+
+impl<K: Ord, S> DotMap<K, S> {
+    /// Entries ascending by key, whichever form holds them.
+    fn entries(&self) -> impl Iterator<Item = (&K, &S)> {
+        self.one
+            .iter()
+            .map(|b| (&b.0, &b.1))
+            .chain(self.many.iter())
+    }
+
+    /// The tree form, moving an inline entry into it first (general paths only).
+    fn tree(&mut self) -> &mut BTreeMap<K, S> {
+        if let Some(b) = self.one.take() {
+            let (k, s) = *b;
+            self.many.insert(k, s);
+        }
+        &mut self.many
+    }
+
+    /// Number of entries.
+    fn count(&self) -> usize {
+        usize::from(self.one.is_some()) + self.many.len()
+    }
+}
+
+impl<K: Ord, S: PartialEq> PartialEq for DotMap<K, S> {
+    fn eq(&self, other: &Self) -> bool {
+        self.count() == other.count() && self.entries().eq(other.entries())
+    }
+}
+
+impl<K: Ord, S: Eq> Eq for DotMap<K, S> {}
+
+impl<K: Ord + core::hash::Hash, S: core::hash::Hash> core::hash::Hash for DotMap<K, S> {
+    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+        state.write_usize(self.count());
+        for (k, s) in self.entries() {
+            k.hash(state);
+            s.hash(state);
+        }
+    }
+}
+
+impl<K: Ord + Debug, S: Debug> Debug for DotMap<K, S> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_tuple("DotMap").field(&DebugEntries(self)).finish()
+    }
+}
+
+/// `{k: v, ...}` for `DotMap`'s `Debug`, as the tree printed it.
+struct DebugEntries<'a, K: Ord, S>(&'a DotMap<K, S>);
+
+impl<K: Ord + Debug, S: Debug> Debug for DebugEntries<'_, K, S> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_map().entries(self.0.entries()).finish()
     }
 }
 
 impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
     /// The child under `key`.
     pub fn get(&self, key: &K) -> Option<&S> {
-        self.0.get(key)
+        match &self.one {
+            Some(b) => (b.0 == *key).then_some(&b.1),
+            None => self.many.get(key),
+        }
     }
     /// Entries ascending by key.
     pub fn iter(&self) -> impl Iterator<Item = (&K, &S)> {
-        self.0.iter()
+        self.entries()
     }
     /// Keys ascending.
     pub fn keys(&self) -> impl Iterator<Item = &K> {
-        self.0.keys()
+        self.entries().map(|(k, _)| k)
     }
     /// Number of (non-bottom) children.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.count()
     }
     /// True when there is no child.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.one.is_none() && self.many.is_empty()
     }
     /// Sets a child directly (a bottom child removes the key). For mutators and decoders.
     pub fn set(&mut self, key: K, child: S) {
         if child.is_bottom() {
-            self.0.remove(&key);
+            self.take(&key);
         } else {
-            self.0.insert(key, child);
+            self.replace(key, child);
         }
     }
     /// Sets a non-bottom child in one tree walk, returning the previous one (mutators' fast path).
+    /// On an empty map the entry is kept in its own box (no tree node).
     pub(crate) fn replace(&mut self, key: K, child: S) -> Option<S> {
         debug_assert!(!child.is_bottom());
-        self.0.insert(key, child)
+        match &mut self.one {
+            Some(b) if b.0 == key => Some(core::mem::replace(&mut b.1, child)),
+            Some(_) => self.tree().insert(key, child),
+            None if self.many.is_empty() => {
+                self.one = Some(Box::new((key, child)));
+                None
+            }
+            None => self.many.insert(key, child),
+        }
     }
     /// Removes and returns a child.
     pub fn take(&mut self, key: &K) -> Option<S> {
-        self.0.remove(key)
+        match &self.one {
+            Some(b) if b.0 == *key => self.one.take().map(|b| b.1),
+            Some(_) => None,
+            None => self.many.remove(key),
+        }
     }
     /// True when no child is bottom (decoders check this).
     pub fn is_canonical(&self) -> bool {
-        self.0.values().all(|c| !c.is_bottom())
+        self.entries().all(|(_, c)| !c.is_bottom())
+    }
+    /// The entries by value, ascending by key.
+    fn into_entries(self) -> impl Iterator<Item = (K, S)> {
+        self.one.map(|b| *b).into_iter().chain(self.many)
+    }
+    /// Keeps the children for which `keep` returns true (it may change them).
+    fn retain(&mut self, mut keep: impl FnMut(&K, &mut S) -> bool) {
+        if let Some(b) = &mut self.one {
+            let (k, s) = &mut **b;
+            if !keep(k, s) {
+                self.one = None;
+            }
+        } else {
+            self.many.retain(|k, s| keep(k, s));
+        }
+    }
+    /// A map from entries ascending by key (no bottom child).
+    fn from_tree(many: BTreeMap<K, S>) -> Self {
+        Self { one: None, many }
     }
 }
 
 impl<K: Ord + Clone + Debug, S: DotStore> DotStore for DotMap<K, S> {
     fn is_bottom(&self) -> bool {
-        self.0.is_empty()
+        self.is_empty()
     }
     fn for_each_dot(&self, f: &mut dyn FnMut(Dot)) {
-        self.0.values().for_each(|c| c.for_each_dot(f));
+        self.entries().for_each(|(_, c)| c.for_each_dot(f));
     }
     fn join(&mut self, ctx: &CausalContext, other: Self, other_ctx: &CausalContext) {
         // Dots the other side has seen, we have seen too, and the other side does not hold:
@@ -376,14 +506,15 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotStore for DotMap<K, S> {
         } else {
             let mut c = seen_by_both.diff(&other.dots());
             let bottom = S::default();
-            for (k, theirs) in &other.0 {
-                theirs.seen_elsewhere(self.0.get(k).unwrap_or(&bottom), ctx, &mut c);
+            for (k, theirs) in other.entries() {
+                theirs.seen_elsewhere(self.get(k).unwrap_or(&bottom), ctx, &mut c);
             }
             c
         };
         let mut found = 0u64;
-        for (k, theirs) in other.0 {
-            match self.0.entry(k) {
+        let tree = self.tree();
+        for (k, theirs) in other.into_entries() {
+            match tree.entry(k) {
                 std::collections::btree_map::Entry::Occupied(mut slot) => {
                     let child = slot.get_mut();
                     if !candidates.is_empty() {
@@ -407,7 +538,7 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotStore for DotMap<K, S> {
             // Children the other side named already lost every candidate dot in their join
             // (a candidate is in the other context and not in the other store), so removing
             // the candidates from every child touches only the ones it did not name.
-            self.0.retain(|_, child| {
+            self.retain(|_, child| {
                 child.remove_dots(&candidates);
                 !child.is_bottom()
             });
@@ -415,16 +546,15 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotStore for DotMap<K, S> {
     }
     fn remove_dots(&mut self, removed: &CausalContext) -> usize {
         let mut n = 0;
-        self.0.retain(|_, child| {
+        self.retain(|_, child| {
             n += child.remove_dots(removed);
             !child.is_bottom()
         });
         n
     }
     fn unseen_by(&self, ctx: &CausalContext) -> Self {
-        Self(
-            self.0
-                .iter()
+        Self::from_tree(
+            self.entries()
                 .filter_map(|(k, c)| {
                     let u = c.unseen_by(ctx);
                     (!u.is_bottom()).then(|| (k.clone(), u))
@@ -434,8 +564,8 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotStore for DotMap<K, S> {
     }
     fn overriding(&self, mine: &Self) -> Self {
         let mut out = DotMap::default();
-        for (k, theirs) in &self.0 {
-            if let Some(m) = mine.0.get(k) {
+        for (k, theirs) in self.entries() {
+            if let Some(m) = mine.get(k) {
                 out.set(k.clone(), theirs.overriding(m));
             }
         }
@@ -443,8 +573,8 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotStore for DotMap<K, S> {
     }
     fn seen_elsewhere(&self, mine: &Self, ctx: &CausalContext, out: &mut CausalContext) {
         let bottom = S::default();
-        for (k, theirs) in &self.0 {
-            theirs.seen_elsewhere(mine.0.get(k).unwrap_or(&bottom), ctx, out);
+        for (k, theirs) in self.entries() {
+            theirs.seen_elsewhere(mine.get(k).unwrap_or(&bottom), ctx, out);
         }
     }
 }
@@ -533,13 +663,13 @@ impl<S: DotStore> Causal<S> {
 /// or as an index into the enclosing [`Causal`]'s replica table) is decided by `crate::codec`.
 #[cfg(feature = "serde")]
 mod serde_impls {
-    use super::{AdmitsChild, BTreeMap, Dot, DotFun, DotMap, DotSet, DotStore};
+    use super::{AdmitsChild, BTreeMap, Dot, DotFun, DotMap, DotSet, DotStore, SmallVec};
     use serde::de::{self, Deserialize, Deserializer};
     use serde::ser::{Serialize, Serializer};
 
     impl Serialize for DotSet {
         fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-            s.serialize_newtype_struct("DotSet", &self.0)
+            s.serialize_newtype_struct("DotSet", self.0.as_slice())
         }
     }
 
@@ -548,7 +678,7 @@ mod serde_impls {
             #[derive(serde::Deserialize)]
             #[serde(rename = "DotSet")]
             struct Raw(Vec<Dot>);
-            let set = DotSet(Raw::deserialize(d)?.0);
+            let set = DotSet(SmallVec::from_vec(Raw::deserialize(d)?.0));
             if set.is_canonical() {
                 Ok(set)
             } else {
@@ -559,7 +689,7 @@ mod serde_impls {
 
     impl<V: Serialize> Serialize for DotFun<V> {
         fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-            s.serialize_newtype_struct("DotFun", &self.0)
+            s.serialize_newtype_struct("DotFun", self.0.as_slice())
         }
     }
 
@@ -571,7 +701,7 @@ mod serde_impls {
             let entries = Raw::<V>::deserialize(d)?.0;
             // Same test as `DotFun::is_canonical`, which needs more bounds on `V` than serde.
             if entries.windows(2).all(|w| w[0].0 < w[1].0) {
-                Ok(DotFun(entries))
+                Ok(DotFun(SmallVec::from_vec(entries)))
             } else {
                 Err(de::Error::custom(
                     "dot fun is not strictly ascending by dot",
@@ -580,9 +710,18 @@ mod serde_impls {
         }
     }
 
+    /// The entries as a serde map (what the `BTreeMap` inside wrote).
+    struct AsMap<'a, K: Ord, S>(&'a DotMap<K, S>);
+
+    impl<K: Ord + Serialize, S: Serialize> Serialize for AsMap<'_, K, S> {
+        fn serialize<Ser: Serializer>(&self, s: Ser) -> Result<Ser::Ok, Ser::Error> {
+            s.collect_map(self.0.entries())
+        }
+    }
+
     impl<K: Ord + Serialize, S: Serialize> Serialize for DotMap<K, S> {
         fn serialize<Ser: Serializer>(&self, s: Ser) -> Result<Ser::Ok, Ser::Error> {
-            s.serialize_newtype_struct("DotMap", &self.0)
+            s.serialize_newtype_struct("DotMap", &AsMap(self))
         }
     }
 
@@ -611,7 +750,10 @@ mod serde_impls {
                 }
             }
             // Sorted input: `collect` builds the tree in bulk.
-            Ok(DotMap(entries.into_iter().collect::<BTreeMap<K, S>>()))
+            Ok(DotMap {
+                one: None,
+                many: entries.into_iter().collect::<BTreeMap<K, S>>(),
+            })
         }
     }
 }

@@ -4,14 +4,32 @@
 //! representation is canonical: two sets with the same members have the same ranges, so
 //! equality, hashing and encoded bytes do not depend on insertion order.
 
+use smallvec::SmallVec;
+
+/// The ranges of a set: one range is kept inline (no heap allocation), which is the usual
+/// shape of a context entry (a version-vector prefix `1..=n`) and of a delta's single dot.
+type Ranges = SmallVec<[(u64, u64); 1]>;
+
 /// A canonical set of `u64` values stored as ranges.
 ///
 /// Invariant: `ranges` is sorted, each `(lo, hi)` has `lo <= hi`, and consecutive ranges are
-/// separated by at least one missing value (`prev.hi + 1 < next.lo`).
+/// separated by at least one missing value (`prev.hi + 1 < next.lo`). A set of at most one
+/// range lives inline, without a heap allocation.
 #[derive(Clone, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct IntervalSet {
-    ranges: Vec<(u64, u64)>,
+    ranges: Ranges,
+}
+
+/// Encoded exactly as the former derive over `ranges: Vec<(u64, u64)>`: a struct with one
+/// field holding the sequence of ranges.
+#[cfg(feature = "serde")]
+impl serde::Serialize for IntervalSet {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("IntervalSet", 1)?;
+        st.serialize_field("ranges", self.ranges.as_slice())?;
+        st.end()
+    }
 }
 
 impl core::fmt::Debug for IntervalSet {
@@ -37,8 +55,10 @@ impl<'de> serde::Deserialize<'de> for IntervalSet {
 
 impl IntervalSet {
     /// The empty set.
-    pub const fn new() -> Self {
-        Self { ranges: Vec::new() }
+    pub fn new() -> Self {
+        Self {
+            ranges: SmallVec::new(),
+        }
     }
 
     /// Builds a set from ranges that must already be canonical; `None` if they are not
@@ -55,16 +75,19 @@ impl IntervalSet {
                 }
             }
         }
-        Some(Self { ranges })
+        Some(Self {
+            ranges: Ranges::from_vec(ranges),
+        })
     }
 
     /// The set `{lo..=hi}` (empty when `lo > hi`).
+    #[inline]
     pub fn from_range(lo: u64, hi: u64) -> Self {
         if lo > hi {
             Self::new()
         } else {
             Self {
-                ranges: vec![(lo, hi)],
+                ranges: Ranges::from_buf([(lo, hi)]),
             }
         }
     }
@@ -87,6 +110,7 @@ impl IntervalSet {
     }
 
     /// The largest value, if any.
+    #[inline]
     pub fn max(&self) -> Option<u64> {
         self.ranges.last().map(|r| r.1)
     }
@@ -100,11 +124,13 @@ impl IntervalSet {
     }
 
     /// Index of the first range whose `hi >= v`.
+    #[inline]
     fn search(&self, v: u64) -> usize {
         self.ranges.partition_point(|&(_, hi)| hi < v)
     }
 
     /// Is `v` in the set? O(log ranges).
+    #[inline]
     pub fn contains(&self, v: u64) -> bool {
         let i = self.search(v);
         i < self.ranges.len() && self.ranges[i].0 <= v
@@ -120,6 +146,7 @@ impl IntervalSet {
     }
 
     /// Adds one value; returns true if it was new.
+    #[inline]
     pub fn insert(&mut self, v: u64) -> bool {
         // Fast path: appending right after the last range (the common case for own dots).
         if let Some(last) = self.ranges.last_mut() {
@@ -134,6 +161,17 @@ impl IntervalSet {
         } else {
             self.ranges.push((v, v));
             return true;
+        }
+        // Fast path: just below the first range (an older dot joining a context of newer ones).
+        if let Some(first) = self.ranges.first_mut() {
+            if v < first.0 {
+                if v + 1 == first.0 {
+                    first.0 = v;
+                } else {
+                    self.ranges.insert(0, (v, v));
+                }
+                return true;
+            }
         }
         if self.contains(v) {
             return false;
@@ -159,7 +197,12 @@ impl IntervalSet {
             new_hi = new_hi.max(self.ranges[end].1);
             end += 1;
         }
-        self.ranges.splice(start..end, [(new_lo, new_hi)]);
+        if start == end {
+            self.ranges.insert(start, (new_lo, new_hi));
+        } else {
+            self.ranges[start] = (new_lo, new_hi);
+            self.ranges.drain(start + 1..end);
+        }
         true
     }
 
@@ -172,7 +215,17 @@ impl IntervalSet {
             self.ranges = other.ranges.clone();
             return true;
         }
-        let mut out: Vec<(u64, u64)> = Vec::with_capacity(self.ranges.len() + other.ranges.len());
+        // Common single-range case (two version-vector prefixes, or a prefix and the next
+        // dots): merge in place when the ranges touch.
+        if let ([mine], [theirs]) = (self.ranges.as_mut_slice(), other.ranges.as_slice()) {
+            if mine.1.saturating_add(1) >= theirs.0 && theirs.1.saturating_add(1) >= mine.0 {
+                let merged = (mine.0.min(theirs.0), mine.1.max(theirs.1));
+                let grew = merged != *mine;
+                *mine = merged;
+                return grew;
+            }
+        }
+        let mut out = Ranges::with_capacity(self.ranges.len() + other.ranges.len());
         let (mut i, mut j) = (0, 0);
         let a = &self.ranges;
         let b = &other.ranges;
@@ -196,7 +249,7 @@ impl IntervalSet {
 
     /// `self \ other` as a new set.
     pub fn difference(&self, other: &IntervalSet) -> IntervalSet {
-        let mut out = Vec::new();
+        let mut out = Ranges::new();
         let b = &other.ranges;
         let mut j = 0;
         for &(lo, hi) in &self.ranges {
@@ -226,7 +279,7 @@ impl IntervalSet {
 
     /// `self ∩ other` as a new set.
     pub fn intersection(&self, other: &IntervalSet) -> IntervalSet {
-        let mut out = Vec::new();
+        let mut out = Ranges::new();
         let (a, b) = (&self.ranges, &other.ranges);
         let (mut i, mut j) = (0, 0);
         while i < a.len() && j < b.len() {

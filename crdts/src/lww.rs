@@ -28,11 +28,23 @@ impl<V: Clone + Ord> LWWRegister<V> {
 
     /// Delta-mutator: writes `value` at `ts` (from the local [`crate::Hlc::now`]); returns the delta.
     pub fn write(&mut self, ts: Timestamp, value: V) -> LWWRegister<V> {
-        let delta = LWWRegister {
-            entry: Some((ts, value)),
+        // Same result as `self.join(delta.clone())`, without building and matching a second
+        // register: the write replaces ours iff `(ts, value)` is larger.
+        // The usual case decides on the physical time alone (a later millisecond); only a tie
+        // there needs the full `(timestamp, value)` order.
+        let replaces = match &self.entry {
+            None => true,
+            Some((t, v)) => {
+                ts.physical_ms > t.physical_ms
+                    || (ts.physical_ms == t.physical_ms && (ts, &value) > (*t, v))
+            }
         };
-        self.join(delta.clone());
-        delta
+        if replaces {
+            self.entry = Some((ts, value.clone()));
+        }
+        LWWRegister {
+            entry: Some((ts, value)),
+        }
     }
 
     /// The current value.

@@ -55,14 +55,19 @@ impl<V: Clone + Ord + Debug> MVRegister<V> {
         value: V,
     ) -> Result<MVRegisterDelta<V>, DotsExhausted> {
         let dot = self.state.ctx.next_dot(replica)?;
-        let mut ctx = self.state.store.dots();
-        ctx.insert(dot);
-        let delta = Causal {
+        // The new dot plus every dot of our store (usually one earlier dot of this replica).
+        let mut ctx = CausalContext::from_dot(dot);
+        self.state.store.for_each_dot(&mut |d| {
+            ctx.insert(d);
+        });
+        // Same result as joining the delta, without the general join: the delta's context
+        // holds every dot of our store (all overwritten) and its one dot is new here.
+        self.state.store = DotFun::single(dot, value.clone());
+        self.state.ctx.insert(dot);
+        Ok(Causal {
             store: DotFun::single(dot, value),
             ctx,
-        };
-        self.state.join(delta.clone());
-        Ok(delta)
+        })
     }
 
     /// Delta-mutator `clear^δ = ({}, dom m)`.
