@@ -538,7 +538,23 @@ pub fn join_delta<R: Rows>(
         store: delta_store,
         ctx: mut delta_ctx,
     } = delta;
-    let delta_dots = delta_store.dots();
+    let mut delta_dots = delta_store.dots();
+    // A dot held twice in one delta (under two keys, or twice in one entry) is conflicting
+    // input no correct replica builds (the decoder refuses it). Apply the cross-key rule inside
+    // the delta too: such a dot is dropped from every entry and stays in the context only, i.e.
+    // it acts as a removal. Without this, which copy survives depends on the state the delta
+    // meets, and joining the same delta twice is not idempotent. One pass; no-op when the
+    // occurrence count equals the distinct count (every delta this crate builds).
+    let mut occurrences = 0u64;
+    delta_store.for_each_dot(&mut |_| occurrences += 1);
+    let delta_store = if occurrences == delta_dots.len() {
+        delta_store
+    } else {
+        let (store, dots) = drop_repeated_dots(delta_store);
+        delta_ctx.join(&delta_dots);
+        delta_dots = dots;
+        store
+    };
     // A delta's dots are in its context (I3). Enforce it for input that breaks it, so the
     // state keeps I3 and never holds a dot its context lacks (which `next_dot` could reissue).
     // A no-op for every delta this crate builds.
@@ -609,6 +625,27 @@ pub fn join_delta<R: Rows>(
         ctx: infl_ctx,
     });
     Ok(JoinOutcome { inflation, changed })
+}
+
+/// `store` without every dot it holds more than once, and the dots it then holds.
+fn drop_repeated_dots(store: DotMap<Key, Entry>) -> (DotMap<Key, Entry>, CausalContext) {
+    let mut seen = CausalContext::new();
+    let mut repeated = CausalContext::new();
+    store.for_each_dot(&mut |d| {
+        if !seen.insert(d) {
+            repeated.insert(d);
+        }
+    });
+    let mut out: DotMap<Key, Entry> = DotMap::default();
+    for (key, entry) in store.iter() {
+        let mut entry = entry.clone();
+        entry.remove_dots(&repeated);
+        if !entry.is_bottom() {
+            out.set(key.clone(), entry);
+        }
+    }
+    let dots = out.dots();
+    (out, dots)
 }
 
 /// An in-memory [`Rows`] backend: entries by key plus the dot → key index.
