@@ -68,7 +68,7 @@ fn a_dot_held_twice_in_one_delta_joins_idempotently() {
         // The repeated dot is seen (in the context) and held by no key.
         assert!(target.context().contains(&Dot::new(rid(2), 1)));
         let mut held = 0;
-        for (_, e) in target.entries() {
+        for e in target.entries().values() {
             e.for_each_dot(&mut |d| held += u32::from(d == Dot::new(rid(2), 1)));
         }
         assert_eq!(held, 0, "the repeated dot survived under a key");
