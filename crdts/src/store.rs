@@ -538,21 +538,25 @@ pub fn join_delta<R: Rows>(
         store: delta_store,
         ctx: mut delta_ctx,
     } = delta;
-    let mut delta_dots = delta_store.dots();
-    // A dot held twice in one delta (under two keys, or twice in one entry) is conflicting
-    // input no correct replica builds (the decoder refuses it). Apply the cross-key rule inside
-    // the delta too: such a dot is dropped from every entry and stays in the context only, i.e.
-    // it acts as a removal. Without this, which copy survives depends on the state the delta
-    // meets, and joining the same delta twice is not idempotent. One pass; no-op when the
-    // occurrence count equals the distinct count (every delta this crate builds).
-    let mut occurrences = 0u64;
-    delta_store.for_each_dot(&mut |_| occurrences += 1);
-    let delta_store = if occurrences == delta_dots.len() {
+    // Every dot of the delta, in the one pass that also notices a dot held twice (under two
+    // keys, or twice in one entry): conflicting input no correct replica builds (the decoder
+    // refuses it). The cross-key rule applies inside the delta too: such a dot is dropped from
+    // every entry and stays in the context only, i.e. it acts as a removal. Without this,
+    // which copy survives depends on the state the delta meets, and joining the same delta
+    // twice is not idempotent.
+    let mut delta_dots = CausalContext::new();
+    let mut repeated = CausalContext::new();
+    delta_store.for_each_dot(&mut |d| {
+        if !delta_dots.insert(d) {
+            repeated.insert(d);
+        }
+    });
+    let delta_store = if repeated.is_empty() {
         delta_store
     } else {
-        let (store, dots) = drop_repeated_dots(delta_store);
         delta_ctx.join(&delta_dots);
-        delta_dots = dots;
+        let store = drop_dots(delta_store, &repeated);
+        delta_dots = store.dots();
         store
     };
     // A delta's dots are in its context (I3). Enforce it for input that breaks it, so the
@@ -627,25 +631,17 @@ pub fn join_delta<R: Rows>(
     Ok(JoinOutcome { inflation, changed })
 }
 
-/// `store` without every dot it holds more than once, and the dots it then holds.
-fn drop_repeated_dots(store: DotMap<Key, Entry>) -> (DotMap<Key, Entry>, CausalContext) {
-    let mut seen = CausalContext::new();
-    let mut repeated = CausalContext::new();
-    store.for_each_dot(&mut |d| {
-        if !seen.insert(d) {
-            repeated.insert(d);
-        }
-    });
+/// `store` without the dots of `removed` (entries left empty are dropped).
+fn drop_dots(store: DotMap<Key, Entry>, removed: &CausalContext) -> DotMap<Key, Entry> {
     let mut out: DotMap<Key, Entry> = DotMap::default();
     for (key, entry) in store.iter() {
         let mut entry = entry.clone();
-        entry.remove_dots(&repeated);
+        entry.remove_dots(removed);
         if !entry.is_bottom() {
             out.set(key.clone(), entry);
         }
     }
-    let dots = out.dots();
-    (out, dots)
+    out
 }
 
 /// An in-memory [`Rows`] backend: entries by key plus the dot → key index.
