@@ -2,8 +2,11 @@
 //! command with its output and exit status (0 / 1 rejected / 2 usage), and `ingest` with
 //! rejected lines, duplicates and retries.
 
+mod daemon_support;
+
+use daemon_support::spawn_serve;
 use serde_json::{Value as J, json};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
@@ -17,29 +20,16 @@ struct Daemon {
 
 impl Daemon {
     fn start(data: &std::path::Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(BIN)
-            .args([
-                "serve",
-                "--http",
-                "127.0.0.1:0",
-                "--peer-listen",
-                "127.0.0.1:0",
-                "--data",
-            ])
-            .arg(data)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).expect("read");
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .to_owned();
+        let mut args: Vec<&std::ffi::OsStr> = vec![
+            "--http".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--peer-listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--data".as_ref(),
+            data.as_os_str(),
+        ];
+        args.extend(extra.iter().map(|a| std::ffi::OsStr::new(*a)));
+        let (child, url, _) = spawn_serve(&args);
         Self { child, url }
     }
 
@@ -436,36 +426,21 @@ fn two_daemons_with_issued_certificates_converge() {
         .expect("free port")
         .port();
     let alpha_peer = format!("127.0.0.1:{port}");
-    let mut alpha = Command::new(BIN)
-        .args([
-            "serve",
-            "--http",
-            "127.0.0.1:0",
-            "--peer-listen",
-            &alpha_peer,
-            "--tls",
-            &p("alpha-tls"),
-            "--data",
-            &p("alpha"),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("alpha");
-    let mut line = String::new();
-    BufReader::new(alpha.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read");
-    assert!(line.contains("node alpha"), "{line}");
-    let alpha_url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .expect("url")
-        .to_owned();
+    let (alpha, alpha_url, line) = spawn_serve(&[
+        "--http",
+        "127.0.0.1:0",
+        "--peer-listen",
+        &alpha_peer,
+        "--tls",
+        &p("alpha-tls"),
+        "--data",
+        &p("alpha"),
+    ]);
     let alpha = Daemon {
         child: alpha,
         url: alpha_url,
     };
+    assert!(line.contains("node alpha"), "{line}");
     let beta = Daemon::start(
         &dir.path().join("beta"),
         &["--tls", &p("beta-tls"), "--join", &alpha_peer],

@@ -4,11 +4,12 @@
 //! a bad line is refused (line and field named) with nothing applied. Then the `tidemark`
 //! binary: `serve --config` with views, `--print-config`, `tidemark view`.
 
+mod daemon_support;
 mod http_support;
 
+use daemon_support::spawn_serve;
 use http_support::{Served, get, post};
 use serde_json::{Value as J, json};
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
 use tidemark::views::ViewDef;
 
@@ -340,21 +341,8 @@ fn cli_serves_views_from_the_config_file() {
         "{err}"
     );
 
-    let mut child = Command::new(BIN)
-        .args(base)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn serve");
-    let stdout = child.stdout.take().expect("stdout");
+    let (child, url, _) = spawn_serve(&base[1..]);
     let daemon = Daemon(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).expect("read");
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_owned();
     let a = post(
         &format!("{url}/v1/streams/clicks/events"),
         ndjson(&[

@@ -3,8 +3,11 @@
 //! from the snapshot holds the same values under a new replica id; restoring into a non-empty
 //! directory fails with a clear message.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
+mod daemon_support;
+
+use daemon_support::spawn_serve;
+use std::ffi::OsStr;
+use std::process::{Child, Command, Output};
 use tidemark::{Key, KeyKind, Node, NodeConfig, Op, Value};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tidemark");
@@ -24,30 +27,17 @@ fn run(args: &[&std::ffi::OsStr]) -> Output {
 
 /// `serve --restore FILE` on free ports; returns the child and its HTTP URL.
 fn serve(data: &std::path::Path, restore: &std::path::Path) -> (Child, String) {
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--http",
-            "127.0.0.1:0",
-            "--peer-listen",
-            "127.0.0.1:0",
-            "--data",
-        ])
-        .arg(data)
-        .arg("--restore")
-        .arg(restore)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn serve");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).expect("read");
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_owned();
+    let http: &OsStr = "127.0.0.1:0".as_ref();
+    let (child, url, _) = spawn_serve(&[
+        "--http".as_ref(),
+        http,
+        "--peer-listen".as_ref(),
+        http,
+        "--data".as_ref(),
+        data.as_os_str(),
+        "--restore".as_ref(),
+        restore.as_os_str(),
+    ]);
     (child, url)
 }
 
