@@ -446,3 +446,27 @@ pub fn value_to_json(value: &tidemark_crdts::Value) -> serde_json::Value {
         tidemark_crdts::Value::Lww(v) => v.as_ref().map_or(J::Null, parse),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Canonical text must be a fixpoint: a value written as a long decimal and the canonical text
+    /// it was stored as must name the same element. serde_json's default float parser is off by
+    /// one ULP on long inputs (found by the `json_ops` fuzzer); `float_roundtrip` makes it exact.
+    #[test]
+    fn canonical_value_text_is_a_fixpoint_for_long_floats() {
+        let long = "1111111111111111111111111111111111111111111111111111111111110";
+        for text in [long, "2.0", "0.1", "1e308", "-4.9406564584124654e-324"] {
+            let v: serde_json::Value = serde_json::from_str(text).expect("valid JSON number");
+            let once = canonical(&v);
+            let again: serde_json::Value = serde_json::from_str(&once).expect("canonical parses");
+            assert_eq!(
+                canonical(&again),
+                once,
+                "canonical text of {text} is not stable"
+            );
+            assert_eq!(again, v, "{text} does not survive a JSON roundtrip");
+        }
+    }
+}
