@@ -1,11 +1,11 @@
 //! Local commit groups: many callers' writes in one durable transaction (DESIGN.md A5, A8, D2).
 
 use super::error::StoreError;
-use super::rows::{TxnRows, decode_entry, indexed};
+use super::rows::{TxnRows, indexed};
 use super::split::{split_delta, write_bytes_estimate};
 use super::tables::{
     DEDUP, DOTS, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, ROWS, dedup_key,
-    dot_bytes, key_bytes,
+    key_bytes,
 };
 use super::{RedbStore, meta_put};
 use crate::codec;
@@ -250,6 +250,7 @@ impl RedbStore {
             let mut rows = GroupRows::new(TxnRows {
                 rows: &mut rows_t,
                 dots: &mut dots_t,
+                ov: &mut self.overlay,
                 record_bytes_max: max,
             });
             let mut rec = RecordBuilder::new(&ctx, me);
@@ -365,7 +366,9 @@ impl RedbStore {
             meta_put(&txn, META_HLC, &hlc.mark())?;
             meta_put(&txn, META_LOG_BOUNDS, &(self.log_start, log_end))?;
         }
-        txn.commit().map_err(StoreError::redb)?;
+        // The rows stay in the overlay (folded every N groups, `checkpoint.rs`): what is
+        // durable now is the log record(s), context, marks and HLC mark.
+        self.commit_staged(txn, log_end, &ctx, false)?;
         // Only now, after the durable commit, does the in-memory mirror move.
         let skipped = duplicate.iter().filter(|d| **d).count() as u64;
         let mut applied_ops = 0u64;
@@ -476,17 +479,9 @@ impl<'r, 't> GroupRows<'r, 't> {
                             limit: self.inner.record_bytes_max,
                         });
                     }
-                    self.inner
-                        .rows
-                        .insert(kb.as_slice(), bytes.as_slice())
-                        .map_err(StoreError::redb)?;
+                    self.inner.put_row(kb.as_slice(), Some(bytes.as_slice()));
                 }
-                None => {
-                    self.inner
-                        .rows
-                        .remove(kb.as_slice())
-                        .map_err(StoreError::redb)?;
-                }
+                None => self.inner.put_row(kb.as_slice(), None),
             }
             c.dirty = false;
         }
@@ -536,21 +531,7 @@ impl<'r, 't> GroupRows<'r, 't> {
     /// The current entry of `key`, read from the table (and cached) on first use.
     fn entry(&mut self, key: &Key) -> Result<Option<&Entry>, StoreError> {
         if !self.cache.contains_key(key) {
-            let found = match self
-                .inner
-                .rows
-                .get(key_bytes(key).as_slice())
-                .map_err(StoreError::redb)?
-            {
-                Some(g) => {
-                    let bytes = g.value();
-                    Some((
-                        decode_entry(bytes, self.inner.record_bytes_max)?,
-                        bytes.len(),
-                    ))
-                }
-                None => None,
-            };
+            let found = self.inner.entry_at(key_bytes(key).as_slice())?;
             match found {
                 Some((e, len)) => self.remember(key, Some(e), len, &[], false)?,
                 None => self.remember(key, None, 0, &[], false)?,
@@ -617,20 +598,14 @@ impl Rows for GroupRows<'_, '_> {
         let index = indexed(key.kind);
         for d in &removed {
             if index {
-                self.inner
-                    .dots
-                    .remove(dot_bytes(*d).as_slice())
-                    .map_err(StoreError::redb)?;
+                self.inner.put_dot(*d, None);
             }
             self.owner.remove(d);
             self.removed.insert(*d);
         }
         for d in &added {
             if index {
-                self.inner
-                    .dots
-                    .insert(dot_bytes(*d).as_slice(), kb.as_slice())
-                    .map_err(StoreError::redb)?;
+                self.inner.put_dot(*d, Some(kb.as_slice()));
             }
             self.removed.remove(d);
         }

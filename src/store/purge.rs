@@ -57,7 +57,8 @@ impl RedbStore {
     }
 
     /// Removes the rows of `keys` and their dot-index entries in one transaction, keeping the
-    /// context (their dots stay seen). Returns the number of rows removed.
+    /// context (their dots stay seen), and folds the write-ahead overlay in that transaction
+    /// (a purge is not logged: replay must start after it). Returns the number of rows removed.
     ///
     /// # Errors
     /// Storage failures (the store halts).
@@ -74,6 +75,7 @@ impl RedbStore {
                 let mut rows = TxnRows {
                     rows: &mut rows_t,
                     dots: &mut dots_t,
+                    ov: &mut s.overlay,
                     record_bytes_max: s.options.limits.record_bytes_max,
                 };
                 for key in keys {
@@ -84,9 +86,14 @@ impl RedbStore {
                 }
             }
             if removed == 0 {
+                s.overlay.discard_pending();
                 txn.abort().map_err(StoreError::redb)?;
             } else {
-                txn.commit().map_err(StoreError::redb)?;
+                // A purge is not in the log, so replaying the log above an older fold would
+                // bring the rows back: the purge folds the overlay, its removals included, in
+                // its own transaction.
+                let ctx = s.ctx.clone();
+                s.commit_staged(txn, s.log_end, &ctx, true)?;
                 s.stats.commits += 1;
             }
             Ok(removed)

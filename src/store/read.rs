@@ -1,12 +1,18 @@
-//! Readers: MVCC read transactions over the store's tables. A reader sees the last committed
-//! state, never blocks the writer, and is cheap to clone and share across threads.
+//! Readers: MVCC read transactions over the store's tables, under the write-ahead overlay. A
+//! reader sees the last committed state (the overlay's published layers first, then the
+//! tables, taken together under the overlay lock so a fold is never seen half-way), never
+//! blocks the writer, and is cheap to clone and share across threads.
 
 use super::error::StoreError;
+use super::overlay::{self, Layers, Merged, View, table_items};
 use super::rows::decode_entry;
-use super::tables::{DOTS, META, META_CONTEXT, ROWS, dot_bytes, key_bytes, kind_prefix, parse_key};
+use super::tables::{
+    DOTS, DOTS_TABLE, META, META_CONTEXT, ROWS, ROWS_TABLE, dot_bytes, key_bytes, kind_prefix,
+    parse_key,
+};
 use crate::codec;
 use crate::config::Limits;
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use redb::{Database, ReadTransaction, ReadableDatabase};
 use std::ops::Bound;
 use std::sync::Arc;
 use tidemark_crdts::{CausalContext, DotStore, Entry, Key, KeyKind, Value};
@@ -16,6 +22,7 @@ use tidemark_crdts::{CausalContext, DotStore, Entry, Key, KeyKind, Value};
 pub struct Reader {
     db: Arc<Database>,
     limits: Limits,
+    overlay: overlay::Shared,
 }
 
 impl std::fmt::Debug for Reader {
@@ -25,21 +32,36 @@ impl std::fmt::Debug for Reader {
 }
 
 impl Reader {
-    pub(crate) fn new(db: Arc<Database>, limits: Limits) -> Self {
-        Self { db, limits }
+    pub(crate) fn new(db: Arc<Database>, limits: Limits, overlay: overlay::Shared) -> Self {
+        Self {
+            db,
+            limits,
+            overlay,
+        }
     }
 
-    /// The committed entry of `key`.
+    /// A read transaction and the overlay view of the same committed state.
+    fn begin(&self) -> Result<(ReadTransaction, Arc<View>), StoreError> {
+        let view = overlay::lock(&self.overlay);
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        Ok((rtxn, Arc::clone(&view)))
+    }
+
+    /// The committed entry of `key` (the overlay's, else the table's).
     ///
     /// # Errors
     /// Storage failures and corrupt rows.
     pub fn entry(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
-        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let (rtxn, view) = self.begin()?;
+        let kb = key_bytes(key);
+        if let Some(p) = view.get(ROWS_TABLE, &kb) {
+            return match p {
+                Some(bytes) => Ok(Some(decode_entry(&bytes, self.limits.record_bytes_max)?)),
+                None => Ok(None),
+            };
+        }
         let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
-        match rows
-            .get(key_bytes(key).as_slice())
-            .map_err(StoreError::redb)?
-        {
+        match rows.get(kb.as_slice()).map_err(StoreError::redb)? {
             Some(g) => Ok(Some(decode_entry(g.value(), self.limits.record_bytes_max)?)),
             None => Ok(None),
         }
@@ -65,7 +87,7 @@ impl Reader {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<(Key, Value)>, StoreError> {
-        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let (rtxn, view) = self.begin()?;
         let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
         let start = match after {
             Some(a) if a >= prefix => key_bytes(&Key::new(kind, a)),
@@ -79,24 +101,23 @@ impl Reader {
         };
         let kp = kind_prefix(kind);
         let mut out = Vec::new();
-        for item in rows
+        let tab = rows
             .range::<&[u8]>((lo, Bound::Unbounded))
-            .map_err(StoreError::redb)?
-        {
+            .map_err(StoreError::redb)?;
+        for item in Merged::new(
+            view.range(ROWS_TABLE, lo, Bound::Unbounded),
+            table_items(tab),
+        ) {
             if out.len() >= limit {
                 break;
             }
-            let (k, v) = item.map_err(StoreError::redb)?;
-            let kb = k.value();
+            let (kb, v) = item?;
             if kb.first() != kp.first() || !kb[1..].starts_with(prefix.as_bytes()) {
                 break;
             }
             let key =
-                parse_key(kb).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
-            out.push((
-                key,
-                decode_entry(v.value(), self.limits.record_bytes_max)?.value(),
-            ));
+                parse_key(&kb).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
+            out.push((key, decode_entry(&v, self.limits.record_bytes_max)?.value()));
         }
         Ok(out)
     }
@@ -147,14 +168,26 @@ impl Reader {
     /// # Errors
     /// Storage failures and corrupt rows.
     pub fn entries(&self) -> Result<Vec<(Key, Entry)>, StoreError> {
-        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let (rtxn, view) = self.begin()?;
+        self.entries_in(&rtxn, &view)
+    }
+
+    fn entries_in(
+        &self,
+        rtxn: &ReadTransaction,
+        view: &View,
+    ) -> Result<Vec<(Key, Entry)>, StoreError> {
         let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
         let mut out = Vec::new();
-        for item in rows.iter().map_err(StoreError::redb)? {
-            let (k, v) = item.map_err(StoreError::redb)?;
-            let key = parse_key(k.value())
-                .ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
-            out.push((key, decode_entry(v.value(), self.limits.record_bytes_max)?));
+        let tab = rows.range::<&[u8]>(..).map_err(StoreError::redb)?;
+        for item in Merged::new(
+            view.range(ROWS_TABLE, Bound::Unbounded, Bound::Unbounded),
+            table_items(tab),
+        ) {
+            let (k, v) = item?;
+            let key =
+                parse_key(&k).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
+            out.push((key, decode_entry(&v, self.limits.record_bytes_max)?));
         }
         Ok(out)
     }
@@ -172,10 +205,10 @@ impl Reader {
                 "committed context differs from the in-memory one".into(),
             ));
         }
-        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let (rtxn, view) = self.begin()?;
         let dots = rtxn.open_table(DOTS).map_err(StoreError::redb)?;
         let mut live = 0u64;
-        for (key, entry) in self.entries()? {
+        for (key, entry) in self.entries_in(&rtxn, &view)? {
             let mut problem = None;
             let counts = super::rows::indexed(key.kind);
             entry.for_each_dot(&mut |d| {
@@ -195,16 +228,31 @@ impl Reader {
                 if missing.is_some() {
                     return;
                 }
-                match dots.get(dot_bytes(d).as_slice()) {
-                    Ok(Some(g)) if g.value() == key_bytes(&key).as_slice() => {}
-                    _ => missing = Some(format!("{key}: {d:?} is not indexed to it")),
+                let db = dot_bytes(d);
+                let kb = key_bytes(&key);
+                let ok = match view.get(DOTS_TABLE, &db) {
+                    Some(p) => p.as_deref() == Some(kb.as_slice()),
+                    None => {
+                        matches!(dots.get(db.as_slice()), Ok(Some(g)) if g.value() == kb.as_slice())
+                    }
+                };
+                if !ok {
+                    missing = Some(format!("{key}: {d:?} is not indexed to it"));
                 }
             });
             if let Some(m) = missing {
                 return Err(StoreError::Corrupt(m));
             }
         }
-        let indexed = dots.len().map_err(StoreError::redb)?;
+        let mut indexed = 0u64;
+        let tab = dots.range::<&[u8]>(..).map_err(StoreError::redb)?;
+        for item in Merged::new(
+            view.range(DOTS_TABLE, Bound::Unbounded, Bound::Unbounded),
+            table_items(tab),
+        ) {
+            item?;
+            indexed += 1;
+        }
         if indexed != live {
             return Err(StoreError::Corrupt(format!(
                 "dot index holds {indexed} dots, rows hold {live}"

@@ -7,7 +7,7 @@ use super::rows::TxnRows;
 use super::split::{marks_bytes, split_delta};
 use super::tables::{
     CURSORS, DEDUP, DOTS, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, META_TRUNCATED,
-    ROWS, dedup_key,
+    ROWS, ROWS_TABLE, dedup_key,
 };
 use super::{RedbStore, meta_put};
 use crate::apply::{self, Rejected};
@@ -174,9 +174,10 @@ impl RedbStore {
             meta_put(&txn, META_HLC, &hlc.mark())?;
         }
         if inflated || cursor_changed || hlc != self.hlc {
-            txn.commit().map_err(StoreError::redb)?;
+            self.commit_staged(txn, log_end, &ctx, false)?;
             self.stats.commits += 1;
         } else {
+            self.overlay.discard_pending();
             txn.abort().map_err(StoreError::redb)?;
         }
         if inflated {
@@ -231,6 +232,7 @@ impl RedbStore {
             let mut rows = TxnRows {
                 rows: &mut rows_t,
                 dots: &mut dots_t,
+                ov: &mut self.overlay,
                 record_bytes_max: self.options.limits.record_bytes_max,
             };
             join(&mut rows, &mut ctx)?
@@ -247,6 +249,11 @@ impl RedbStore {
             let below = below.min(s.log_end);
             if below <= s.log_start {
                 return Ok(0);
+            }
+            // Records at or above the last fold are the only durable form of the rows the
+            // overlay holds: fold them into the tables before they may go.
+            if below > s.folded_seq && !s.overlay.is_empty() {
+                s.fold_now_inner()?;
             }
             let txn = s.begin()?;
             let mut truncated = s.truncated.clone();
@@ -267,7 +274,13 @@ impl RedbStore {
             }
             meta_put(&txn, META_TRUNCATED, &truncated)?;
             meta_put(&txn, META_LOG_BOUNDS, &(below, s.log_end))?;
-            txn.commit().map_err(StoreError::redb)?;
+            if below > s.folded_seq {
+                // The overlay is empty: the tables hold the whole log; say so.
+                let ctx = s.ctx.clone();
+                s.commit_staged(txn, s.log_end, &ctx, true)?;
+            } else {
+                txn.commit().map_err(StoreError::redb)?;
+            }
             s.stats.commits += 1;
             s.stats.compaction_reclaimed_bytes += reclaimed;
             s.truncated = truncated;
@@ -393,12 +406,14 @@ impl StateStore for RedbStore {
         let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
         if let Some((key, from)) = resume {
             // Continue a large row (or cover the rest of its dot space if it vanished).
-            let entry = match rows
-                .get(super::tables::key_bytes(key).as_slice())
-                .map_err(StoreError::redb)?
-            {
-                Some(g) => super::rows::decode_entry(g.value(), max)?,
-                None => Entry::bottom(key.kind),
+            let kb = super::tables::key_bytes(key);
+            let entry = match self.overlay.committed_get(ROWS_TABLE, &kb) {
+                Some(Some(bytes)) => super::rows::decode_entry(&bytes, max)?,
+                Some(None) => Entry::bottom(key.kind),
+                None => match rows.get(kb.as_slice()).map_err(StoreError::redb)? {
+                    Some(g) => super::rows::decode_entry(g.value(), max)?,
+                    None => Entry::bottom(key.kind),
+                },
             };
             return row_part(key.clone(), &entry, Some(*from), bytes_max);
         }
@@ -407,19 +422,23 @@ impl StateStore for RedbStore {
         let mut entries = Vec::new();
         let mut bytes = 0usize;
         let mut done = true;
-        for item in rows
+        let tab = rows
             .range::<&[u8]>((lo_b, Bound::Unbounded))
-            .map_err(StoreError::redb)?
-        {
-            let (k, v) = item.map_err(StoreError::redb)?;
-            let size = k.value().len() + v.value().len();
+            .map_err(StoreError::redb)?;
+        // The rows the overlay holds (not folded yet) over the table's.
+        let ov = self
+            .overlay
+            .committed_range(ROWS_TABLE, lo_b, Bound::Unbounded);
+        for item in super::overlay::Merged::new(ov, super::overlay::table_items(tab)) {
+            let (k, v) = item?;
+            let size = k.len() + v.len();
             if !entries.is_empty() && bytes.saturating_add(size) > bytes_max {
                 done = false;
                 break;
             }
-            let key = super::tables::parse_key(k.value())
+            let key = super::tables::parse_key(&k)
                 .ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
-            let entry = super::rows::decode_entry(v.value(), max)?;
+            let entry = super::rows::decode_entry(&v, max)?;
             if entries.is_empty() && size > bytes_max {
                 // A row too large for one message goes in parts (issue 11, 2d).
                 return row_part(key, &entry, None, bytes_max);

@@ -1,19 +1,62 @@
-//! [`Rows`] and [`KeyRange`] over the tables of one redb write transaction, so the lattice
-//! crate's join runs directly against durable rows and the dot → key index.
+//! [`Rows`] and [`KeyRange`] over the tables of one redb write transaction and the write-ahead
+//! overlay, so the lattice crate's join runs against the current rows and dot → key index:
+//! reads consult the overlay first ([`super::overlay`]), writes are staged in it and reach the
+//! tables at the next fold.
 
 use super::error::StoreError;
-use super::tables::{dot_bytes, dot_key, key_bytes, parse_key};
+use super::overlay::{Merged, Overlay, table_items};
+use super::tables::{DOTS_TABLE, ROWS_TABLE, dot_bytes, dot_key, key_bytes, parse_key};
 use crate::apply::KeyRange;
 use crate::codec;
 use redb::{ReadableTable, Table};
 use std::ops::Bound;
 use tidemark_crdts::{CausalContext, DotStore, Entry, Key, KeyKind, Rows};
 
-/// The `rows` and `dots` tables of one write transaction.
+/// The `rows` and `dots` tables of one write transaction (read only: the folded state) under
+/// the writer's overlay (staged and committed-unfolded writes).
 pub(crate) struct TxnRows<'a, 't> {
     pub(crate) rows: &'a mut Table<'t, &'static [u8], &'static [u8]>,
     pub(crate) dots: &'a mut Table<'t, &'static [u8], &'static [u8]>,
+    pub(crate) ov: &'a mut Overlay,
     pub(crate) record_bytes_max: usize,
+}
+
+impl TxnRows<'_, '_> {
+    /// The current entry under row key `kb` with its encoded length (overlay first).
+    ///
+    /// # Errors
+    /// Storage failures and corrupt rows.
+    pub(crate) fn entry_at(&self, kb: &[u8]) -> Result<Option<(Entry, usize)>, StoreError> {
+        if let Some(p) = self.ov.get(ROWS_TABLE, kb) {
+            return match p {
+                Some(bytes) => Ok(Some((
+                    decode_entry(&bytes, self.record_bytes_max)?,
+                    bytes.len(),
+                ))),
+                None => Ok(None),
+            };
+        }
+        match self.rows.get(kb).map_err(StoreError::redb)? {
+            Some(g) => {
+                let bytes = g.value();
+                Ok(Some((
+                    decode_entry(bytes, self.record_bytes_max)?,
+                    bytes.len(),
+                )))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Stages the row under `kb` (`None`: removed).
+    pub(crate) fn put_row(&mut self, kb: &[u8], bytes: Option<&[u8]>) {
+        self.ov.stage(ROWS_TABLE, kb, bytes);
+    }
+
+    /// Stages the dot-index entry of `dot` (`None`: removed).
+    pub(crate) fn put_dot(&mut self, dot: tidemark_crdts::Dot, kb: Option<&[u8]>) {
+        self.ov.stage(DOTS_TABLE, dot_bytes(dot).as_slice(), kb);
+    }
 }
 
 pub(crate) fn decode_entry(bytes: &[u8], max: usize) -> Result<Entry, StoreError> {
@@ -37,14 +80,7 @@ impl Rows for TxnRows<'_, '_> {
     type Error = StoreError;
 
     fn get(&mut self, key: &Key) -> Result<Option<Entry>, StoreError> {
-        match self
-            .rows
-            .get(key_bytes(key).as_slice())
-            .map_err(StoreError::redb)?
-        {
-            Some(g) => Ok(Some(decode_entry(g.value(), self.record_bytes_max)?)),
-            None => Ok(None),
-        }
+        Ok(self.entry_at(key_bytes(key).as_slice())?.map(|(e, _)| e))
     }
 
     fn put(
@@ -71,16 +107,12 @@ impl Rows for TxnRows<'_, '_> {
         };
         for d in &before {
             if after.binary_search(d).is_err() {
-                self.dots
-                    .remove(dot_bytes(*d).as_slice())
-                    .map_err(StoreError::redb)?;
+                self.put_dot(*d, None);
             }
         }
         for d in &after {
             if before.binary_search(d).is_err() {
-                self.dots
-                    .insert(dot_bytes(*d).as_slice(), kb.as_slice())
-                    .map_err(StoreError::redb)?;
+                self.put_dot(*d, Some(kb.as_slice()));
             }
         }
         match new {
@@ -89,13 +121,16 @@ impl Rows for TxnRows<'_, '_> {
                     table: "rows",
                     source,
                 })?;
-                self.rows
-                    .insert(kb.as_slice(), bytes.as_slice())
-                    .map_err(StoreError::redb)?;
+                if bytes.len() > self.record_bytes_max {
+                    return Err(StoreError::TooLarge {
+                        what: "state row",
+                        len: bytes.len(),
+                        limit: self.record_bytes_max,
+                    });
+                }
+                self.put_row(kb.as_slice(), Some(bytes.as_slice()));
             }
-            None => {
-                self.rows.remove(kb.as_slice()).map_err(StoreError::redb)?;
-            }
+            None => self.put_row(kb.as_slice(), None),
         }
         Ok(())
     }
@@ -106,13 +141,17 @@ impl Rows for TxnRows<'_, '_> {
             for &(lo, hi) in set.ranges() {
                 let lo_b = dot_key(*replica, lo);
                 let hi_b = dot_key(*replica, hi);
-                for item in self
+                let (lo, hi) = (
+                    Bound::Included(lo_b.as_slice()),
+                    Bound::Included(hi_b.as_slice()),
+                );
+                let tab = self
                     .dots
-                    .range(lo_b.as_slice()..=hi_b.as_slice())
-                    .map_err(StoreError::redb)?
-                {
-                    let (_, v) = item.map_err(StoreError::redb)?;
-                    let key = parse_key(v.value()).ok_or_else(|| {
+                    .range::<&[u8]>((lo, hi))
+                    .map_err(StoreError::redb)?;
+                for item in Merged::new(self.ov.range(DOTS_TABLE, lo, hi), table_items(tab)) {
+                    let (_, v) = item?;
+                    let key = parse_key(&v).ok_or_else(|| {
                         StoreError::Corrupt("dot index names an unreadable key".into())
                     })?;
                     keys.push(key);
@@ -141,15 +180,14 @@ impl KeyRange for TxnRows<'_, '_> {
         let lo_b: Bound<&[u8]> = lo.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
         let hi_b: Bound<&[u8]> = hi.as_deref().map_or(Bound::Unbounded, Bound::Included);
         let mut keys = Vec::new();
-        for item in self
+        let tab = self
             .rows
             .range::<&[u8]>((lo_b, hi_b))
-            .map_err(StoreError::redb)?
-        {
-            let (k, _) = item.map_err(StoreError::redb)?;
+            .map_err(StoreError::redb)?;
+        for item in Merged::new(self.ov.range(ROWS_TABLE, lo_b, hi_b), table_items(tab)) {
+            let (k, _) = item?;
             keys.push(
-                parse_key(k.value())
-                    .ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?,
+                parse_key(&k).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?,
             );
         }
         Ok(keys)

@@ -2,7 +2,7 @@
 //!
 //! | table | key | value |
 //! |---|---|---|
-//! | `meta` | name | store format, replica id, epoch, HLC mark, log bounds, truncated-log context |
+//! | `meta` | name | store format, replica id, epoch, HLC mark, log bounds, truncated-log context, folded log seq + context |
 //! | `rows` | kind byte + key name | encoded [`tidemark_crdts::Entry`] |
 //! | `dots` | replica (16 B BE) + seq (8 B BE) | row key: the dot → key index (no counter dots) |
 //! | `log` | log seq | encoded [`LogRecord`] (origin + delta) |
@@ -17,8 +17,12 @@ use redb::TableDefinition;
 use tidemark_crdts::{Dot, Key, KeyKind, ReplicaId};
 
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
-pub(crate) const ROWS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("rows");
-pub(crate) const DOTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("dots");
+/// Name of the `rows` table (the overlay keys pending writes by table name).
+pub(crate) const ROWS_TABLE: &str = "rows";
+/// Name of the `dots` table.
+pub(crate) const DOTS_TABLE: &str = "dots";
+pub(crate) const ROWS: TableDefinition<&[u8], &[u8]> = TableDefinition::new(ROWS_TABLE);
+pub(crate) const DOTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new(DOTS_TABLE);
 pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 pub(crate) const CURSORS: TableDefinition<u64, &[u8]> = TableDefinition::new("cursors");
 pub(crate) const DEDUP: TableDefinition<&[u8], &[u8]> = TableDefinition::new("dedup");
@@ -30,11 +34,16 @@ pub(crate) const META_CONTEXT: &str = "context";
 pub(crate) const META_LOG_BOUNDS: &str = "log_bounds";
 pub(crate) const META_TRUNCATED: &str = "truncated_context";
 pub(crate) const META_FORMAT: &str = "store_format";
+/// `(log seq, context)`: the tables hold exactly the log below that seq (the overlay's last
+/// fold, `overlay.rs`); open replays the log from there.
+pub(crate) const META_FOLDED: &str = "folded";
 
 /// The layout of the tables this build writes and reads, stored under `meta/store_format`.
 /// 2: counter dots have no dot-index rows (`rows::indexed`). A store without the marker was
 /// written by format 1 (no deployed data: it is refused, not migrated).
-pub(crate) const STORE_FORMAT: u32 = 2;
+/// 3: rows and dot-index entries reach their tables at folds; `meta/folded` says which log
+/// records the tables hold (a format-2 store, without it, holds them all and opens as is).
+pub(crate) const STORE_FORMAT: u32 = 3;
 
 /// One delta-log entry: where the delta came from (`None`: a local commit) and the delta.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
