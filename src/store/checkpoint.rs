@@ -9,9 +9,9 @@
 //! Log compaction never drops a record at or above the folded seq (it folds first).
 
 use super::error::StoreError;
-use super::overlay;
+use super::overlay::{self, OvTable};
 use super::rows::TxnRows;
-use super::tables::{DOTS, LOG, LogRecord, META_FOLDED, ROWS};
+use super::tables::{DOTS_TABLE, LOG, LogRecord, META_FOLDED, ROWS_TABLE};
 use super::{RedbStore, meta_get, meta_put};
 use crate::codec;
 use redb::{ReadableTable, WriteTransaction};
@@ -66,29 +66,32 @@ impl RedbStore {
         let fold = force
             || self
                 .overlay
+                .get_mut()
                 .wants_fold(limits.fold_groups_max, limits.fold_bytes_max);
-        self.checkpoint.overlay_bytes_max =
-            self.checkpoint.overlay_bytes_max.max(self.overlay.bytes());
+        self.checkpoint.overlay_bytes_max = self
+            .checkpoint
+            .overlay_bytes_max
+            .max(self.overlay.get_mut().bytes());
         self.checkpoint.group_bytes_max = self
             .checkpoint
             .group_bytes_max
-            .max(self.overlay.pending_bytes());
+            .max(self.overlay.get_mut().pending_bytes());
         if !fold {
             if let Err(e) = txn.commit() {
-                self.overlay.discard_pending();
+                self.overlay.get_mut().discard_pending();
                 return Err(StoreError::redb(e));
             }
-            self.overlay.publish();
-            self.checkpoint.overlay_bytes = self.overlay.bytes();
+            self.overlay.get_mut().publish();
+            self.checkpoint.overlay_bytes = self.overlay.get_mut().bytes();
             return Ok(());
         }
         let started = Instant::now();
-        self.overlay.write_into(&txn)?;
+        self.overlay.get_mut().write_into(&txn)?;
         meta_put(&txn, META_FOLDED, &(log_end, ctx))?;
-        let shared = self.overlay.shared();
+        let shared = self.overlay.get_mut().shared();
         let mut view = overlay::lock(&shared);
         txn.commit().map_err(StoreError::redb)?;
-        self.overlay.folded(&mut view);
+        self.overlay.get_mut().folded(&mut view);
         drop(view);
         self.folded_seq = log_end;
         let took = micros(started);
@@ -106,7 +109,7 @@ impl RedbStore {
     /// # Errors
     /// Storage failures (the store halts).
     pub fn fold_now(&mut self) -> Result<(), StoreError> {
-        if self.overlay.is_empty() {
+        if self.overlay.get_mut().is_empty() {
             return Ok(());
         }
         self.guarded(Self::fold_now_inner)
@@ -124,10 +127,25 @@ impl RedbStore {
         Ok(())
     }
 
+    /// A read transaction of the committed tables and the overlay view of the same state
+    /// (the writer's reads outside a write transaction: state-transfer chunks).
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub(crate) fn begin_overlay_read(
+        &self,
+    ) -> Result<(redb::ReadTransaction, std::sync::Arc<overlay::View>), StoreError> {
+        use redb::ReadableDatabase;
+        let shared = self.overlay.borrow().shared();
+        let view = overlay::lock(&shared);
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        Ok((rtxn, std::sync::Arc::clone(&view)))
+    }
+
     /// What the overlay and its folds did since open.
     pub fn checkpoint_stats(&self) -> CheckpointStats {
         let mut s = self.checkpoint.clone();
-        s.overlay_bytes = self.overlay.bytes();
+        s.overlay_bytes = self.overlay.borrow().bytes();
         s
     }
 
@@ -177,12 +195,11 @@ impl RedbStore {
         let mut records = 0u64;
         {
             let log = txn.open_table(LOG).map_err(StoreError::redb)?;
-            let mut rows_t = txn.open_table(ROWS).map_err(StoreError::redb)?;
-            let mut dots_t = txn.open_table(DOTS).map_err(StoreError::redb)?;
+            let mut rows_t = OvTable::open(&txn, ROWS_TABLE, &self.overlay)?;
+            let mut dots_t = OvTable::open(&txn, DOTS_TABLE, &self.overlay)?;
             let mut rows = TxnRows {
                 rows: &mut rows_t,
                 dots: &mut dots_t,
-                ov: &mut self.overlay,
                 record_bytes_max: max,
             };
             for item in log.range(from..self.log_end).map_err(StoreError::redb)? {
@@ -340,7 +357,7 @@ mod tests {
                         .expect("reopen a");
                     replayed += a.checkpoint_stats().replayed_records;
                     assert_eq!(a.reader().entries().expect("entries"), before, "{what}");
-                    assert!(a.overlay.is_empty(), "{what}: replay folds");
+                    assert!(a.overlay.borrow().is_empty(), "{what}: replay folds");
                 }
                 2 => {
                     let before = b.reader().entries().expect("entries");
@@ -400,7 +417,7 @@ mod tests {
             }
             assert_matches_model(&a, &model, &keys, &what);
             assert!(
-                a.overlay.groups() < a.options.limits.fold_groups_max,
+                a.overlay.borrow().groups() < a.options.limits.fold_groups_max,
                 "{what}: fold every N groups"
             );
             // State-transfer reads see the overlay's rows too.
@@ -460,10 +477,13 @@ mod tests {
             store.commit_local(&[w], 1_000 + i).expect("commit");
         }
         assert_eq!(store.folded_seq(), 0);
-        assert!(!store.overlay.is_empty());
+        assert!(!store.overlay.borrow().is_empty());
         let end = store.log_bounds().1;
         store.compact(end).expect("compact");
-        assert!(store.overlay.is_empty(), "compaction folded the overlay");
+        assert!(
+            store.overlay.borrow().is_empty(),
+            "compaction folded the overlay"
+        );
         assert!(store.folded_seq() >= end);
         drop(store);
         let store = RedbStore::open(dir.path(), options(me, 1_000)).expect("reopen");

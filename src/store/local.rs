@@ -1,11 +1,12 @@
 //! Local commit groups: many callers' writes in one durable transaction (DESIGN.md A5, A8, D2).
 
 use super::error::StoreError;
-use super::rows::{TxnRows, indexed};
+use super::overlay::{BytesTable, OvTable};
+use super::rows::{TxnRows, decode_entry, indexed};
 use super::split::{split_delta, write_bytes_estimate};
 use super::tables::{
-    DEDUP, DOTS, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, ROWS, dedup_key,
-    key_bytes,
+    DEDUP, DOTS_TABLE, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, ROWS_TABLE,
+    dedup_key, dot_bytes, key_bytes,
 };
 use super::{RedbStore, meta_put};
 use crate::codec;
@@ -244,13 +245,12 @@ impl RedbStore {
         let mut marks: BTreeMap<(String, String), IntervalSet> = BTreeMap::new();
         let mut values = Vec::new();
         {
-            let mut rows_t = txn.open_table(ROWS).map_err(StoreError::redb)?;
-            let mut dots_t = txn.open_table(DOTS).map_err(StoreError::redb)?;
+            let mut rows_t = OvTable::open(&txn, ROWS_TABLE, &self.overlay)?;
+            let mut dots_t = OvTable::open(&txn, DOTS_TABLE, &self.overlay)?;
             let mut dedup_t = txn.open_table(DEDUP).map_err(StoreError::redb)?;
             let mut rows = GroupRows::new(TxnRows {
                 rows: &mut rows_t,
                 dots: &mut dots_t,
-                ov: &mut self.overlay,
                 record_bytes_max: max,
             });
             let mut rec = RecordBuilder::new(&ctx, me);
@@ -479,9 +479,17 @@ impl<'r, 't> GroupRows<'r, 't> {
                             limit: self.inner.record_bytes_max,
                         });
                     }
-                    self.inner.put_row(kb.as_slice(), Some(bytes.as_slice()));
+                    self.inner
+                        .rows
+                        .insert(kb.as_slice(), bytes.as_slice())
+                        .map_err(StoreError::redb)?;
                 }
-                None => self.inner.put_row(kb.as_slice(), None),
+                None => {
+                    self.inner
+                        .rows
+                        .remove(kb.as_slice())
+                        .map_err(StoreError::redb)?;
+                }
             }
             c.dirty = false;
         }
@@ -531,7 +539,21 @@ impl<'r, 't> GroupRows<'r, 't> {
     /// The current entry of `key`, read from the table (and cached) on first use.
     fn entry(&mut self, key: &Key) -> Result<Option<&Entry>, StoreError> {
         if !self.cache.contains_key(key) {
-            let found = self.inner.entry_at(key_bytes(key).as_slice())?;
+            let found = match self
+                .inner
+                .rows
+                .get(key_bytes(key).as_slice())
+                .map_err(StoreError::redb)?
+            {
+                Some(g) => {
+                    let bytes = g.value();
+                    Some((
+                        decode_entry(bytes, self.inner.record_bytes_max)?,
+                        bytes.len(),
+                    ))
+                }
+                None => None,
+            };
             match found {
                 Some((e, len)) => self.remember(key, Some(e), len, &[], false)?,
                 None => self.remember(key, None, 0, &[], false)?,
@@ -598,14 +620,20 @@ impl Rows for GroupRows<'_, '_> {
         let index = indexed(key.kind);
         for d in &removed {
             if index {
-                self.inner.put_dot(*d, None);
+                self.inner
+                    .dots
+                    .remove(dot_bytes(*d).as_slice())
+                    .map_err(StoreError::redb)?;
             }
             self.owner.remove(d);
             self.removed.insert(*d);
         }
         for d in &added {
             if index {
-                self.inner.put_dot(*d, Some(kb.as_slice()));
+                self.inner
+                    .dots
+                    .insert(dot_bytes(*d).as_slice(), kb.as_slice())
+                    .map_err(StoreError::redb)?;
             }
             self.removed.remove(d);
         }

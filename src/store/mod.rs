@@ -116,7 +116,7 @@ pub struct RedbStore {
     change_values: bool,
     /// Row and dot-index writes committed (durable in the log) but not yet folded into their
     /// tables, plus the current transaction's staged ones (`overlay.rs`).
-    overlay: overlay::Overlay,
+    overlay: std::cell::RefCell<overlay::Overlay>,
     /// The tables hold exactly the log records below this seq (`meta/folded`).
     folded_seq: u64,
     /// Fold and replay figures since open.
@@ -317,7 +317,7 @@ impl RedbStore {
             seed,
             dedup_cache: std::collections::HashMap::new(),
             change_values: true,
-            overlay: overlay::Overlay::default(),
+            overlay: std::cell::RefCell::new(overlay::Overlay::default()),
             folded_seq: log_end,
             checkpoint: CheckpointStats::default(),
         };
@@ -367,7 +367,7 @@ impl RedbStore {
         Reader::new(
             Arc::clone(&self.db),
             self.options.limits.clone(),
-            self.overlay.shared(),
+            self.overlay.borrow().shared(),
         )
     }
 
@@ -396,7 +396,7 @@ impl RedbStore {
     ) -> Result<T, StoreError> {
         self.check_halted()?;
         // Writes staged by a transaction that did not commit (a refused group) never count.
-        self.overlay.discard_pending();
+        self.overlay.get_mut().discard_pending();
         let r = f(self);
         if let Err(e) = &r {
             if !matches!(e, StoreError::InvalidOp(_) | StoreError::TooLarge { .. }) {

@@ -4,9 +4,11 @@
 //! A commit group makes only its log record(s), context, dedup marks and HLC mark durable; the
 //! rows and dot-index entries it changed go here, keyed by `(table, key bytes)` → new value
 //! bytes (`None`: the row was removed). The overlay is generic over tables: any `&[u8] → &[u8]`
-//! table routes its writes through [`Overlay::stage`] and its reads through a [`Layers`] view
-//! merged over redb's ([`Merged`]), so point reads, key ranges, `list` and chunk reads see the
-//! overlay first and redb's rows only where the overlay holds nothing for a key.
+//! table is opened as an [`OvTable`] (write path) or [`OvRead`] (readers), both shaped like
+//! redb's tables ([`BytesTable`]: `get`, `range`, `len`; `insert`/`remove` stage), so point
+//! reads, key ranges, `list` and chunk reads see the overlay first and redb's rows only where
+//! the overlay holds nothing for a key, and a table joins the overlay by changing only which
+//! handle its code opens.
 //!
 //! Every `N` groups or `M` bytes ([`crate::config::Limits::fold_groups_max`],
 //! [`crate::config::Limits::fold_bytes_max`]) the store folds the whole overlay into the tables
@@ -206,25 +208,88 @@ impl<'a> Iterator for LayeredRange<'a> {
     }
 }
 
-/// Pending writes merged over a table's ascending `(key, value)` items: the overlay's value
-/// wins for a key it holds (a removal hides the table's row), in ascending key order.
-pub(crate) struct Merged<'a, T: Iterator<Item = Result<(Vec<u8>, Vec<u8>), StoreError>>> {
-    ov: std::iter::Peekable<LayeredRange<'a>>,
-    tab: std::iter::Peekable<T>,
+/// Bytes of a key or value read through the overlay: the overlay's (shared or borrowed), an
+/// owned copy, or redb's guard.
+pub(crate) enum Bytes<'a> {
+    /// A value the overlay holds.
+    Shared(Arc<[u8]>),
+    /// Bytes borrowed from a reader's overlay view.
+    Borrowed(&'a [u8]),
+    /// An owned copy.
+    Owned(Vec<u8>),
+    /// A row of the redb table.
+    Guard(redb::AccessGuard<'a, &'static [u8]>),
 }
 
-impl<'a, T: Iterator<Item = Result<(Vec<u8>, Vec<u8>), StoreError>>> Merged<'a, T> {
-    /// Merges `ov` (pending writes) over `tab` (the table's rows in the same range).
-    pub(crate) fn new(ov: LayeredRange<'a>, tab: T) -> Self {
-        Self {
-            ov: ov.peekable(),
-            tab: tab.peekable(),
+impl Bytes<'_> {
+    /// The bytes (named like redb's `AccessGuard::value`, so table code reads the same
+    /// whether or not the overlay is in between).
+    pub(crate) fn value(&self) -> &[u8] {
+        match self {
+            Bytes::Shared(a) => a,
+            Bytes::Borrowed(b) => b,
+            Bytes::Owned(v) => v,
+            Bytes::Guard(g) => g.value(),
         }
     }
 }
 
-impl<T: Iterator<Item = Result<(Vec<u8>, Vec<u8>), StoreError>>> Iterator for Merged<'_, T> {
-    type Item = Result<(Vec<u8>, Vec<u8>), StoreError>;
+/// One item of a [`BytesTable::range`].
+pub(crate) type BytesItem<'a> = Result<(Bytes<'a>, Bytes<'a>), redb::StorageError>;
+
+/// A boxed ascending iterator of [`BytesItem`]s.
+pub(crate) type BytesRange<'a> = Box<dyn Iterator<Item = BytesItem<'a>> + 'a>;
+
+/// A `&[u8] → &[u8]` table as the store reads it: the overlay's pending writes over redb's
+/// rows (shaped like redb's `ReadableTable`, so code over tables reads the same).
+pub(crate) trait BytesTable {
+    /// The current value of `key`.
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn get(&self, key: &[u8]) -> Result<Option<Bytes<'_>>, redb::StorageError>;
+
+    /// The current rows in `range`, ascending.
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn range<KR: AsRef<[u8]>>(
+        &self,
+        range: impl std::ops::RangeBounds<KR>,
+    ) -> Result<BytesRange<'_>, redb::StorageError>;
+
+    /// The number of current rows (O(overlay) plus redb's count walk: tests and verify).
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn len(&self) -> Result<u64, redb::StorageError> {
+        let mut n = 0u64;
+        for item in self.range::<&[u8]>(..)? {
+            item?;
+            n += 1;
+        }
+        Ok(n)
+    }
+}
+
+fn bounds<'a, KR: AsRef<[u8]> + 'a>(
+    range: &'a impl std::ops::RangeBounds<KR>,
+) -> (Bound<&'a [u8]>, Bound<&'a [u8]>) {
+    (
+        range.start_bound().map(AsRef::as_ref),
+        range.end_bound().map(AsRef::as_ref),
+    )
+}
+
+/// Merges overlay items (`(key, Some(value))` written, `(key, None)` removed) over a table's
+/// ascending items: the overlay's entry wins for a key it holds.
+struct MergeBytes<'a, O: Iterator<Item = (Bytes<'a>, Option<Bytes<'a>>)>> {
+    ov: std::iter::Peekable<O>,
+    tab: std::iter::Peekable<redb::Range<'a, &'static [u8], &'static [u8]>>,
+}
+
+impl<'a, O: Iterator<Item = (Bytes<'a>, Option<Bytes<'a>>)>> Iterator for MergeBytes<'a, O> {
+    type Item = BytesItem<'a>;
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
@@ -232,32 +297,159 @@ impl<T: Iterator<Item = Result<(Vec<u8>, Vec<u8>), StoreError>>> Iterator for Me
                 (None, None) => return None,
                 (Some(_), None) => std::cmp::Ordering::Less,
                 (None, Some(_)) | (_, Some(Err(_))) => std::cmp::Ordering::Greater,
-                (Some((ok, _)), Some(Ok((tk, _)))) => (*ok).cmp(tk.as_slice()),
+                (Some((ok, _)), Some(Ok((tk, _)))) => ok.value().cmp(tk.value()),
             };
             if order == std::cmp::Ordering::Equal {
-                // The overlay's write replaces the table's row.
                 self.tab.next();
             }
             if order != std::cmp::Ordering::Greater {
                 let (k, v) = self.ov.next()?;
                 match v {
-                    Some(v) => return Some(Ok((k.to_vec(), v.to_vec()))),
+                    Some(v) => return Some(Ok((k, v))),
                     None => continue,
                 }
             }
-            return self.tab.next();
+            return self
+                .tab
+                .next()
+                .map(|r| r.map(|(k, v)| (Bytes::Guard(k), Bytes::Guard(v))));
         }
     }
 }
 
-/// Items of a redb `&[u8] → &[u8]` table range, owned, for [`Merged`].
-pub(crate) fn table_items<'t>(
-    range: redb::Range<'t, &'static [u8], &'static [u8]>,
-) -> impl Iterator<Item = Result<(Vec<u8>, Vec<u8>), StoreError>> + 't {
-    range.map(|item| {
-        item.map(|(k, v)| (k.value().to_vec(), v.value().to_vec()))
-            .map_err(StoreError::redb)
-    })
+/// A table of a write transaction under the writer's overlay: reads see the staged and
+/// committed-unfolded writes first; `insert`/`remove` stage into the overlay (the table
+/// itself is written only by a fold).
+pub(crate) struct OvTable<'t> {
+    table: redb::Table<'t, &'static [u8], &'static [u8]>,
+    name: &'static str,
+    ov: &'t std::cell::RefCell<Overlay>,
+}
+
+impl<'t> OvTable<'t> {
+    /// Opens table `name` of `txn` under `ov`.
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub(crate) fn open(
+        txn: &'t redb::WriteTransaction,
+        name: &'static str,
+        ov: &'t std::cell::RefCell<Overlay>,
+    ) -> Result<Self, StoreError> {
+        let def: redb::TableDefinition<&[u8], &[u8]> = redb::TableDefinition::new(name);
+        Ok(Self {
+            table: txn.open_table(def).map_err(StoreError::redb)?,
+            name,
+            ov,
+        })
+    }
+
+    /// Stages `value` under `key` (shaped like redb's `insert`).
+    ///
+    /// # Errors
+    /// None today (the signature matches redb's).
+    pub(crate) fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<(), redb::StorageError> {
+        self.ov.borrow_mut().stage(self.name, key, Some(value));
+        Ok(())
+    }
+
+    /// Stages the removal of `key` (shaped like redb's `remove`).
+    ///
+    /// # Errors
+    /// None today (the signature matches redb's).
+    pub(crate) fn remove(&mut self, key: &[u8]) -> Result<(), redb::StorageError> {
+        self.ov.borrow_mut().stage(self.name, key, None);
+        Ok(())
+    }
+}
+
+impl BytesTable for OvTable<'_> {
+    fn get(&self, key: &[u8]) -> Result<Option<Bytes<'_>>, redb::StorageError> {
+        use redb::ReadableTable;
+        if let Some(p) = self.ov.borrow().get(self.name, key) {
+            return Ok(p.map(Bytes::Shared));
+        }
+        Ok(self.table.get(key)?.map(Bytes::Guard))
+    }
+
+    fn range<KR: AsRef<[u8]>>(
+        &self,
+        range: impl std::ops::RangeBounds<KR>,
+    ) -> Result<BytesRange<'_>, redb::StorageError> {
+        use redb::ReadableTable;
+        let (lo, hi) = bounds(&range);
+        // The overlay part is copied out: the writer may stage while the range is alive.
+        let ov: Vec<(Bytes<'_>, Option<Bytes<'_>>)> = self
+            .ov
+            .borrow()
+            .range(self.name, lo, hi)
+            .map(|(k, v)| (Bytes::Owned(k.to_vec()), v.clone().map(Bytes::Shared)))
+            .collect();
+        let tab = if valid_range(lo, hi) {
+            self.table.range::<&[u8]>((lo, hi))?
+        } else {
+            self.table.range::<&[u8]>(..&[][..])?
+        };
+        Ok(Box::new(MergeBytes {
+            ov: ov.into_iter().peekable(),
+            tab: tab.peekable(),
+        }))
+    }
+}
+
+/// A table of a read transaction under a reader's overlay view.
+pub(crate) struct OvRead<'v> {
+    table: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    name: &'static str,
+    view: &'v View,
+}
+
+impl<'v> OvRead<'v> {
+    /// Opens table `name` of `rtxn` under `view`.
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub(crate) fn open(
+        rtxn: &redb::ReadTransaction,
+        name: &'static str,
+        view: &'v View,
+    ) -> Result<Self, StoreError> {
+        let def: redb::TableDefinition<&[u8], &[u8]> = redb::TableDefinition::new(name);
+        Ok(Self {
+            table: rtxn.open_table(def).map_err(StoreError::redb)?,
+            name,
+            view,
+        })
+    }
+}
+
+impl BytesTable for OvRead<'_> {
+    fn get(&self, key: &[u8]) -> Result<Option<Bytes<'_>>, redb::StorageError> {
+        if let Some(p) = self.view.get(self.name, key) {
+            return Ok(p.map(Bytes::Shared));
+        }
+        Ok(self.table.get(key)?.map(Bytes::Guard))
+    }
+
+    fn range<KR: AsRef<[u8]>>(
+        &self,
+        range: impl std::ops::RangeBounds<KR>,
+    ) -> Result<BytesRange<'_>, redb::StorageError> {
+        let (lo, hi) = bounds(&range);
+        let ov = self
+            .view
+            .range(self.name, lo, hi)
+            .map(|(k, v)| (Bytes::Borrowed(k), v.as_deref().map(Bytes::Borrowed)));
+        let tab = if valid_range(lo, hi) {
+            self.table.range::<&[u8]>((lo, hi))?
+        } else {
+            self.table.range::<&[u8]>(..&[][..])?
+        };
+        Ok(Box::new(MergeBytes {
+            ov: ov.peekable(),
+            tab: tab.peekable(),
+        }))
+    }
 }
 
 /// The writer's overlay: committed-but-unfolded writes (`merged`, and the same writes as
@@ -319,29 +511,6 @@ impl Overlay {
             pending: &self.pending,
         }
         .range_owned(table, lo, hi)
-    }
-
-    /// Committed-unfolded writes only (what the tables plus this equal after the last commit):
-    /// for reads outside a write transaction.
-    pub(crate) fn committed_range<'a>(
-        &'a self,
-        table: &str,
-        lo: Bound<&[u8]>,
-        hi: Bound<&[u8]>,
-    ) -> LayeredRange<'a> {
-        LayeredRange {
-            iters: self
-                .merged
-                .range(table, lo, hi)
-                .map(Iterator::peekable)
-                .into_iter()
-                .collect(),
-        }
-    }
-
-    /// Committed-unfolded value of `key` (reads outside a write transaction).
-    pub(crate) fn committed_get(&self, table: &str, key: &[u8]) -> Option<Pending> {
-        self.merged.get(table, key).cloned()
     }
 
     /// Drops the staged writes of a transaction that did not commit.
@@ -435,12 +604,6 @@ impl<'a> WriterLayersRange<'a> {
 mod tests {
     use super::*;
 
-    fn items(v: &[(&[u8], &[u8])]) -> Vec<Result<(Vec<u8>, Vec<u8>), StoreError>> {
-        v.iter()
-            .map(|(k, v)| Ok((k.to_vec(), v.to_vec())))
-            .collect()
-    }
-
     /// Ranges merged over a table: newest layer wins, removals hide table rows, order kept.
     #[test]
     fn merged_ranges_prefer_the_newest_write_and_hide_removals() {
@@ -451,13 +614,43 @@ mod tests {
         ov.stage("t", b"b", Some(b"B2"));
         ov.stage("t", b"e", Some(b"E"));
         ov.stage("u", b"a", Some(b"other table"));
-        let table = items(&[(b"a", b"A"), (b"b", b"b0"), (b"c", b"C"), (b"d", b"D")]);
-        let got: Vec<_> = Merged::new(
-            ov.range("t", Bound::Unbounded, Bound::Unbounded),
-            table.into_iter(),
-        )
-        .map(|r| r.expect("ok"))
-        .collect();
+        let db = redb::Builder::new()
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .expect("db");
+        let txn = db.begin_write().expect("txn");
+        {
+            let def: redb::TableDefinition<&[u8], &[u8]> = redb::TableDefinition::new("t");
+            let mut t = txn.open_table(def).expect("table");
+            for (k, v) in [
+                (&b"a"[..], &b"A"[..]),
+                (b"b", b"b0"),
+                (b"c", b"C"),
+                (b"d", b"D"),
+            ] {
+                t.insert(k, v).expect("insert");
+            }
+        }
+        let cell = std::cell::RefCell::new(ov);
+        let got: Vec<(Vec<u8>, Vec<u8>)> = {
+            let t = OvTable::open(&txn, "t", &cell).expect("open");
+            assert_eq!(
+                t.get(b"b").expect("get").map(|b| b.value().to_vec()),
+                Some(b"B2".to_vec())
+            );
+            assert!(
+                t.get(b"d").expect("get").is_none(),
+                "removed in the overlay"
+            );
+            assert_eq!(t.len().expect("len"), 4);
+            t.range::<&[u8]>(..)
+                .expect("range")
+                .map(|r| {
+                    let (k, v) = r.expect("ok");
+                    (k.value().to_vec(), v.value().to_vec())
+                })
+                .collect()
+        };
+        let mut ov = cell.into_inner();
         let want: Vec<(Vec<u8>, Vec<u8>)> = [
             (&b"a"[..], &b"A"[..]),
             (b"b", b"B2"),

@@ -11,8 +11,9 @@
 
 use super::RedbStore;
 use super::error::StoreError;
+use super::overlay::OvTable;
 use super::rows::TxnRows;
-use super::tables::{DOTS, ROWS};
+use super::tables::{DOTS_TABLE, ROWS_TABLE};
 use crate::model::{Delta, StateChunk};
 use std::sync::Arc;
 use tidemark_crdts::{Key, Rows};
@@ -70,12 +71,11 @@ impl RedbStore {
             let txn = s.begin()?;
             let mut removed = 0;
             {
-                let mut rows_t = txn.open_table(ROWS).map_err(StoreError::redb)?;
-                let mut dots_t = txn.open_table(DOTS).map_err(StoreError::redb)?;
+                let mut rows_t = OvTable::open(&txn, ROWS_TABLE, &s.overlay)?;
+                let mut dots_t = OvTable::open(&txn, DOTS_TABLE, &s.overlay)?;
                 let mut rows = TxnRows {
                     rows: &mut rows_t,
                     dots: &mut dots_t,
-                    ov: &mut s.overlay,
                     record_bytes_max: s.options.limits.record_bytes_max,
                 };
                 for key in keys {
@@ -86,7 +86,7 @@ impl RedbStore {
                 }
             }
             if removed == 0 {
-                s.overlay.discard_pending();
+                s.overlay.get_mut().discard_pending();
                 txn.abort().map_err(StoreError::redb)?;
             } else {
                 // A purge is not in the log, so replaying the log above an older fold would

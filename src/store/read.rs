@@ -1,14 +1,13 @@
 //! Readers: MVCC read transactions over the store's tables, under the write-ahead overlay. A
 //! reader sees the last committed state (the overlay's published layers first, then the
-//! tables, taken together under the overlay lock so a fold is never seen half-way), never
-//! blocks the writer, and is cheap to clone and share across threads.
+//! tables, both taken under the overlay lock so a fold is never seen half-way), never blocks
+//! the writer, and is cheap to clone and share across threads.
 
 use super::error::StoreError;
-use super::overlay::{self, Layers, Merged, View, table_items};
+use super::overlay::{self, BytesTable, OvRead, View};
 use super::rows::decode_entry;
 use super::tables::{
-    DOTS, DOTS_TABLE, META, META_CONTEXT, ROWS, ROWS_TABLE, dot_bytes, key_bytes, kind_prefix,
-    parse_key,
+    DOTS_TABLE, META, META_CONTEXT, ROWS_TABLE, dot_bytes, key_bytes, kind_prefix, parse_key,
 };
 use crate::codec;
 use crate::config::Limits;
@@ -47,21 +46,17 @@ impl Reader {
         Ok((rtxn, Arc::clone(&view)))
     }
 
-    /// The committed entry of `key` (the overlay's, else the table's).
+    /// The committed entry of `key`.
     ///
     /// # Errors
     /// Storage failures and corrupt rows.
     pub fn entry(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
         let (rtxn, view) = self.begin()?;
-        let kb = key_bytes(key);
-        if let Some(p) = view.get(ROWS_TABLE, &kb) {
-            return match p {
-                Some(bytes) => Ok(Some(decode_entry(&bytes, self.limits.record_bytes_max)?)),
-                None => Ok(None),
-            };
-        }
-        let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
-        match rows.get(kb.as_slice()).map_err(StoreError::redb)? {
+        let rows = OvRead::open(&rtxn, ROWS_TABLE, &view)?;
+        match rows
+            .get(key_bytes(key).as_slice())
+            .map_err(StoreError::redb)?
+        {
             Some(g) => Ok(Some(decode_entry(g.value(), self.limits.record_bytes_max)?)),
             None => Ok(None),
         }
@@ -88,7 +83,7 @@ impl Reader {
         limit: usize,
     ) -> Result<Vec<(Key, Value)>, StoreError> {
         let (rtxn, view) = self.begin()?;
-        let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
+        let rows = OvRead::open(&rtxn, ROWS_TABLE, &view)?;
         let start = match after {
             Some(a) if a >= prefix => key_bytes(&Key::new(kind, a)),
             _ => key_bytes(&Key::new(kind, prefix)),
@@ -101,23 +96,24 @@ impl Reader {
         };
         let kp = kind_prefix(kind);
         let mut out = Vec::new();
-        let tab = rows
+        for item in rows
             .range::<&[u8]>((lo, Bound::Unbounded))
-            .map_err(StoreError::redb)?;
-        for item in Merged::new(
-            view.range(ROWS_TABLE, lo, Bound::Unbounded),
-            table_items(tab),
-        ) {
+            .map_err(StoreError::redb)?
+        {
             if out.len() >= limit {
                 break;
             }
-            let (kb, v) = item?;
+            let (k, v) = item.map_err(StoreError::redb)?;
+            let kb = k.value();
             if kb.first() != kp.first() || !kb[1..].starts_with(prefix.as_bytes()) {
                 break;
             }
             let key =
-                parse_key(&kb).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
-            out.push((key, decode_entry(&v, self.limits.record_bytes_max)?.value()));
+                parse_key(kb).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
+            out.push((
+                key,
+                decode_entry(v.value(), self.limits.record_bytes_max)?.value(),
+            ));
         }
         Ok(out)
     }
@@ -177,17 +173,13 @@ impl Reader {
         rtxn: &ReadTransaction,
         view: &View,
     ) -> Result<Vec<(Key, Entry)>, StoreError> {
-        let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
+        let rows = OvRead::open(rtxn, ROWS_TABLE, view)?;
         let mut out = Vec::new();
-        let tab = rows.range::<&[u8]>(..).map_err(StoreError::redb)?;
-        for item in Merged::new(
-            view.range(ROWS_TABLE, Bound::Unbounded, Bound::Unbounded),
-            table_items(tab),
-        ) {
-            let (k, v) = item?;
-            let key =
-                parse_key(&k).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
-            out.push((key, decode_entry(&v, self.limits.record_bytes_max)?));
+        for item in rows.range::<&[u8]>(..).map_err(StoreError::redb)? {
+            let (k, v) = item.map_err(StoreError::redb)?;
+            let key = parse_key(k.value())
+                .ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
+            out.push((key, decode_entry(v.value(), self.limits.record_bytes_max)?));
         }
         Ok(out)
     }
@@ -206,7 +198,7 @@ impl Reader {
             ));
         }
         let (rtxn, view) = self.begin()?;
-        let dots = rtxn.open_table(DOTS).map_err(StoreError::redb)?;
+        let dots = OvRead::open(&rtxn, DOTS_TABLE, &view)?;
         let mut live = 0u64;
         for (key, entry) in self.entries_in(&rtxn, &view)? {
             let mut problem = None;
@@ -228,31 +220,16 @@ impl Reader {
                 if missing.is_some() {
                     return;
                 }
-                let db = dot_bytes(d);
-                let kb = key_bytes(&key);
-                let ok = match view.get(DOTS_TABLE, &db) {
-                    Some(p) => p.as_deref() == Some(kb.as_slice()),
-                    None => {
-                        matches!(dots.get(db.as_slice()), Ok(Some(g)) if g.value() == kb.as_slice())
-                    }
-                };
-                if !ok {
-                    missing = Some(format!("{key}: {d:?} is not indexed to it"));
+                match dots.get(dot_bytes(d).as_slice()) {
+                    Ok(Some(g)) if g.value() == key_bytes(&key).as_slice() => {}
+                    _ => missing = Some(format!("{key}: {d:?} is not indexed to it")),
                 }
             });
             if let Some(m) = missing {
                 return Err(StoreError::Corrupt(m));
             }
         }
-        let mut indexed = 0u64;
-        let tab = dots.range::<&[u8]>(..).map_err(StoreError::redb)?;
-        for item in Merged::new(
-            view.range(DOTS_TABLE, Bound::Unbounded, Bound::Unbounded),
-            table_items(tab),
-        ) {
-            item?;
-            indexed += 1;
-        }
+        let indexed = dots.len().map_err(StoreError::redb)?;
         if indexed != live {
             return Err(StoreError::Corrupt(format!(
                 "dot index holds {indexed} dots, rows hold {live}"

@@ -3,11 +3,12 @@
 
 use super::error::StoreError;
 use super::local::append_log;
+use super::overlay::{BytesTable, OvRead, OvTable};
 use super::rows::TxnRows;
 use super::split::{marks_bytes, split_delta};
 use super::tables::{
-    CURSORS, DEDUP, DOTS, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, META_TRUNCATED,
-    ROWS, ROWS_TABLE, dedup_key,
+    CURSORS, DEDUP, DOTS_TABLE, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS,
+    META_TRUNCATED, ROWS_TABLE, dedup_key,
 };
 use super::{RedbStore, meta_put};
 use crate::apply::{self, Rejected};
@@ -177,7 +178,7 @@ impl RedbStore {
             self.commit_staged(txn, log_end, &ctx, false)?;
             self.stats.commits += 1;
         } else {
-            self.overlay.discard_pending();
+            self.overlay.get_mut().discard_pending();
             txn.abort().map_err(StoreError::redb)?;
         }
         if inflated {
@@ -227,12 +228,11 @@ impl RedbStore {
         let txn = self.begin()?;
         let mut ctx = self.ctx.clone();
         let outcome = {
-            let mut rows_t = txn.open_table(ROWS).map_err(StoreError::redb)?;
-            let mut dots_t = txn.open_table(DOTS).map_err(StoreError::redb)?;
+            let mut rows_t = OvTable::open(&txn, ROWS_TABLE, &self.overlay)?;
+            let mut dots_t = OvTable::open(&txn, DOTS_TABLE, &self.overlay)?;
             let mut rows = TxnRows {
                 rows: &mut rows_t,
                 dots: &mut dots_t,
-                ov: &mut self.overlay,
                 record_bytes_max: self.options.limits.record_bytes_max,
             };
             join(&mut rows, &mut ctx)?
@@ -251,8 +251,8 @@ impl RedbStore {
                 return Ok(0);
             }
             // Records at or above the last fold are the only durable form of the rows the
-            // overlay holds: fold them into the tables before they may go.
-            if below > s.folded_seq && !s.overlay.is_empty() {
+            // overlay holds: they are folded into the tables before they may go.
+            if below > s.folded_seq && !s.overlay.get_mut().is_empty() {
                 s.fold_now_inner()?;
             }
             let txn = s.begin()?;
@@ -402,18 +402,17 @@ impl StateStore for RedbStore {
     ) -> Result<ChunkRead, StoreError> {
         use std::ops::Bound;
         let max = self.options.limits.record_bytes_max;
-        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
-        let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
+        // The writer's committed state: the tables under the overlay readers see.
+        let (rtxn, view) = self.begin_overlay_read()?;
+        let rows = OvRead::open(&rtxn, ROWS_TABLE, &view)?;
         if let Some((key, from)) = resume {
             // Continue a large row (or cover the rest of its dot space if it vanished).
-            let kb = super::tables::key_bytes(key);
-            let entry = match self.overlay.committed_get(ROWS_TABLE, &kb) {
-                Some(Some(bytes)) => super::rows::decode_entry(&bytes, max)?,
-                Some(None) => Entry::bottom(key.kind),
-                None => match rows.get(kb.as_slice()).map_err(StoreError::redb)? {
-                    Some(g) => super::rows::decode_entry(g.value(), max)?,
-                    None => Entry::bottom(key.kind),
-                },
+            let entry = match rows
+                .get(super::tables::key_bytes(key).as_slice())
+                .map_err(StoreError::redb)?
+            {
+                Some(g) => super::rows::decode_entry(g.value(), max)?,
+                None => Entry::bottom(key.kind),
             };
             return row_part(key.clone(), &entry, Some(*from), bytes_max);
         }
@@ -422,23 +421,19 @@ impl StateStore for RedbStore {
         let mut entries = Vec::new();
         let mut bytes = 0usize;
         let mut done = true;
-        let tab = rows
+        for item in rows
             .range::<&[u8]>((lo_b, Bound::Unbounded))
-            .map_err(StoreError::redb)?;
-        // The rows the overlay holds (not folded yet) over the table's.
-        let ov = self
-            .overlay
-            .committed_range(ROWS_TABLE, lo_b, Bound::Unbounded);
-        for item in super::overlay::Merged::new(ov, super::overlay::table_items(tab)) {
-            let (k, v) = item?;
-            let size = k.len() + v.len();
+            .map_err(StoreError::redb)?
+        {
+            let (k, v) = item.map_err(StoreError::redb)?;
+            let size = k.value().len() + v.value().len();
             if !entries.is_empty() && bytes.saturating_add(size) > bytes_max {
                 done = false;
                 break;
             }
-            let key = super::tables::parse_key(&k)
+            let key = super::tables::parse_key(k.value())
                 .ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
-            let entry = super::rows::decode_entry(&v, max)?;
+            let entry = super::rows::decode_entry(v.value(), max)?;
             if entries.is_empty() && size > bytes_max {
                 // A row too large for one message goes in parts (issue 11, 2d).
                 return row_part(key, &entry, None, bytes_max);

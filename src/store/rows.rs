@@ -1,62 +1,21 @@
-//! [`Rows`] and [`KeyRange`] over the tables of one redb write transaction and the write-ahead
-//! overlay, so the lattice crate's join runs against the current rows and dot → key index:
-//! reads consult the overlay first ([`super::overlay`]), writes are staged in it and reach the
-//! tables at the next fold.
+//! [`Rows`] and [`KeyRange`] over the tables of one redb write transaction under the
+//! write-ahead overlay ([`OvTable`]: reads see the overlay first, writes are staged in it and
+//! reach the tables at the next fold), so the lattice crate's join runs against the current
+//! rows and dot → key index.
 
 use super::error::StoreError;
-use super::overlay::{Merged, Overlay, table_items};
-use super::tables::{DOTS_TABLE, ROWS_TABLE, dot_bytes, dot_key, key_bytes, parse_key};
+use super::overlay::{BytesTable, OvTable};
+use super::tables::{dot_bytes, dot_key, key_bytes, parse_key};
 use crate::apply::KeyRange;
 use crate::codec;
-use redb::{ReadableTable, Table};
 use std::ops::Bound;
 use tidemark_crdts::{CausalContext, DotStore, Entry, Key, KeyKind, Rows};
 
-/// The `rows` and `dots` tables of one write transaction (read only: the folded state) under
-/// the writer's overlay (staged and committed-unfolded writes).
+/// The `rows` and `dots` tables of one write transaction, under the overlay.
 pub(crate) struct TxnRows<'a, 't> {
-    pub(crate) rows: &'a mut Table<'t, &'static [u8], &'static [u8]>,
-    pub(crate) dots: &'a mut Table<'t, &'static [u8], &'static [u8]>,
-    pub(crate) ov: &'a mut Overlay,
+    pub(crate) rows: &'a mut OvTable<'t>,
+    pub(crate) dots: &'a mut OvTable<'t>,
     pub(crate) record_bytes_max: usize,
-}
-
-impl TxnRows<'_, '_> {
-    /// The current entry under row key `kb` with its encoded length (overlay first).
-    ///
-    /// # Errors
-    /// Storage failures and corrupt rows.
-    pub(crate) fn entry_at(&self, kb: &[u8]) -> Result<Option<(Entry, usize)>, StoreError> {
-        if let Some(p) = self.ov.get(ROWS_TABLE, kb) {
-            return match p {
-                Some(bytes) => Ok(Some((
-                    decode_entry(&bytes, self.record_bytes_max)?,
-                    bytes.len(),
-                ))),
-                None => Ok(None),
-            };
-        }
-        match self.rows.get(kb).map_err(StoreError::redb)? {
-            Some(g) => {
-                let bytes = g.value();
-                Ok(Some((
-                    decode_entry(bytes, self.record_bytes_max)?,
-                    bytes.len(),
-                )))
-            }
-            None => Ok(None),
-        }
-    }
-
-    /// Stages the row under `kb` (`None`: removed).
-    pub(crate) fn put_row(&mut self, kb: &[u8], bytes: Option<&[u8]>) {
-        self.ov.stage(ROWS_TABLE, kb, bytes);
-    }
-
-    /// Stages the dot-index entry of `dot` (`None`: removed).
-    pub(crate) fn put_dot(&mut self, dot: tidemark_crdts::Dot, kb: Option<&[u8]>) {
-        self.ov.stage(DOTS_TABLE, dot_bytes(dot).as_slice(), kb);
-    }
 }
 
 pub(crate) fn decode_entry(bytes: &[u8], max: usize) -> Result<Entry, StoreError> {
@@ -80,7 +39,14 @@ impl Rows for TxnRows<'_, '_> {
     type Error = StoreError;
 
     fn get(&mut self, key: &Key) -> Result<Option<Entry>, StoreError> {
-        Ok(self.entry_at(key_bytes(key).as_slice())?.map(|(e, _)| e))
+        match self
+            .rows
+            .get(key_bytes(key).as_slice())
+            .map_err(StoreError::redb)?
+        {
+            Some(g) => Ok(Some(decode_entry(g.value(), self.record_bytes_max)?)),
+            None => Ok(None),
+        }
     }
 
     fn put(
@@ -107,12 +73,16 @@ impl Rows for TxnRows<'_, '_> {
         };
         for d in &before {
             if after.binary_search(d).is_err() {
-                self.put_dot(*d, None);
+                self.dots
+                    .remove(dot_bytes(*d).as_slice())
+                    .map_err(StoreError::redb)?;
             }
         }
         for d in &after {
             if before.binary_search(d).is_err() {
-                self.put_dot(*d, Some(kb.as_slice()));
+                self.dots
+                    .insert(dot_bytes(*d).as_slice(), kb.as_slice())
+                    .map_err(StoreError::redb)?;
             }
         }
         match new {
@@ -121,16 +91,13 @@ impl Rows for TxnRows<'_, '_> {
                     table: "rows",
                     source,
                 })?;
-                if bytes.len() > self.record_bytes_max {
-                    return Err(StoreError::TooLarge {
-                        what: "state row",
-                        len: bytes.len(),
-                        limit: self.record_bytes_max,
-                    });
-                }
-                self.put_row(kb.as_slice(), Some(bytes.as_slice()));
+                self.rows
+                    .insert(kb.as_slice(), bytes.as_slice())
+                    .map_err(StoreError::redb)?;
             }
-            None => self.put_row(kb.as_slice(), None),
+            None => {
+                self.rows.remove(kb.as_slice()).map_err(StoreError::redb)?;
+            }
         }
         Ok(())
     }
@@ -141,17 +108,13 @@ impl Rows for TxnRows<'_, '_> {
             for &(lo, hi) in set.ranges() {
                 let lo_b = dot_key(*replica, lo);
                 let hi_b = dot_key(*replica, hi);
-                let (lo, hi) = (
-                    Bound::Included(lo_b.as_slice()),
-                    Bound::Included(hi_b.as_slice()),
-                );
-                let tab = self
+                for item in self
                     .dots
-                    .range::<&[u8]>((lo, hi))
-                    .map_err(StoreError::redb)?;
-                for item in Merged::new(self.ov.range(DOTS_TABLE, lo, hi), table_items(tab)) {
-                    let (_, v) = item?;
-                    let key = parse_key(&v).ok_or_else(|| {
+                    .range(lo_b.as_slice()..=hi_b.as_slice())
+                    .map_err(StoreError::redb)?
+                {
+                    let (_, v) = item.map_err(StoreError::redb)?;
+                    let key = parse_key(v.value()).ok_or_else(|| {
                         StoreError::Corrupt("dot index names an unreadable key".into())
                     })?;
                     keys.push(key);
@@ -180,14 +143,15 @@ impl KeyRange for TxnRows<'_, '_> {
         let lo_b: Bound<&[u8]> = lo.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
         let hi_b: Bound<&[u8]> = hi.as_deref().map_or(Bound::Unbounded, Bound::Included);
         let mut keys = Vec::new();
-        let tab = self
+        for item in self
             .rows
             .range::<&[u8]>((lo_b, hi_b))
-            .map_err(StoreError::redb)?;
-        for item in Merged::new(self.ov.range(ROWS_TABLE, lo_b, hi_b), table_items(tab)) {
-            let (k, _) = item?;
+            .map_err(StoreError::redb)?
+        {
+            let (k, _) = item.map_err(StoreError::redb)?;
             keys.push(
-                parse_key(&k).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?,
+                parse_key(k.value())
+                    .ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?,
             );
         }
         Ok(keys)

@@ -526,7 +526,7 @@ impl RedbStore {
     /// A store just opened (the CLI's case) has folded everything; a running one must fold
     /// first ([`RedbStore::fold_now`]; the node's snapshot does), or this refuses.
     pub fn snapshot(&self, out: &Path, wall_ms: u64) -> Result<SnapshotInfo, StoreError> {
-        if !self.overlay.is_empty() {
+        if !self.overlay.borrow().is_empty() {
             return Err(StoreError::Snapshot(
                 "rows are still in the write-ahead overlay: fold_now() first".into(),
             ));
