@@ -48,11 +48,12 @@ pub struct Limits {
     /// treated as a duplicate, so no acknowledged write is lost and none is counted twice. It
     /// bounds each dedup row (about 20 bytes a range) and so the cost of rewriting it.
     pub dedup_ranges_max: usize,
-    /// Commit groups (local or remote) whose row and dot-index writes the write-ahead overlay
-    /// holds before they are folded into their tables in one key-sorted commit (default 16;
-    /// ARCHITECTURE.md "Storage: the write path"). It bounds the log replayed at open.
+    /// Commits (local groups, remote joins) whose row and dot-index writes the write-ahead
+    /// overlay holds before they are folded into their tables in one key-sorted commit
+    /// (default 4, measured: ARCHITECTURE.md "Storage: the write path"). It bounds the log
+    /// replayed at open and the fold stalls.
     pub fold_groups_max: usize,
-    /// Approximate bytes the write-ahead overlay holds before it is folded (default 64 MiB):
+    /// Approximate bytes the write-ahead overlay holds before it is folded (default 32 MiB):
     /// with `fold_groups_max` this bounds the overlay's memory and the replay at open.
     pub fold_bytes_max: usize,
 }
@@ -74,8 +75,8 @@ impl Default for Limits {
             max_clock_drift_ms: 500,
             sources_per_batch_max: 10_000,
             dedup_ranges_max: 1024,
-            fold_groups_max: 16,
-            fold_bytes_max: 64 * 1024 * 1024,
+            fold_groups_max: 4,
+            fold_bytes_max: 32 * 1024 * 1024,
         }
     }
 }
