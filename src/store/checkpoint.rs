@@ -345,7 +345,7 @@ mod tests {
             .expect("open b");
         let mut seq = 0u64;
         let mut replayed = 0u64;
-        for step in 0..120u64 {
+        for step in 0..300u64 {
             let what = format!("seed {seed}, step {step}");
             match rng.below(10) {
                 0 => a.fold_now().expect("fold"),
