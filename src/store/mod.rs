@@ -15,6 +15,8 @@ mod purge;
 mod read;
 mod replicate;
 mod rows;
+#[cfg(test)]
+mod set_rows_tests;
 pub mod snapshot;
 mod split;
 pub(crate) mod tables;
