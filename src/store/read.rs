@@ -42,6 +42,24 @@ impl Reader {
         read_entry(&rows, &elems, key, self.limits.record_bytes_max)
     }
 
+    /// Whether the committed set `key` holds `element`: one element row is read, whatever
+    /// the set's size (`false` for a key of another kind).
+    ///
+    /// # Errors
+    /// Storage failures and corrupt rows.
+    pub fn set_contains(&self, key: &Key, element: &str) -> Result<bool, StoreError> {
+        if !per_element(key.kind) {
+            return Ok(false);
+        }
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let elems = rtxn.open_table(ELEMS).map_err(StoreError::redb)?;
+        let found = elems
+            .get(elem_key(key, element).as_slice())
+            .map_err(StoreError::redb)?
+            .is_some();
+        Ok(found)
+    }
+
     /// The committed value of `key` (`None` when the key holds nothing).
     ///
     /// # Errors
