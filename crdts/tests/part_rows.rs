@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 use tidemark_crdts::store::join_delta;
 use tidemark_crdts::{
-    CausalContext, Dot, DotMap, DotSet, DotStore, Entry, Key, KeyKind, Mutation, ReplicaId, Rows,
-    Store, StoreDelta,
+    CausalContext, Dot, DotMap, DotSet, Entry, Key, KeyKind, Mutation, ReplicaId, Rows, Store,
+    StoreDelta,
 };
 
 /// SplitMix64.
