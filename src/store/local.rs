@@ -1,11 +1,12 @@
 //! Local commit groups: many callers' writes in one durable transaction (DESIGN.md A5, A8, D2).
 
 use super::error::StoreError;
-use super::rows::{TxnRows, decode_entry, indexed, per_element, put_set, read_elems};
+use super::rows::{
+    TxnRows, decode_entry, indexed, open_state_tables, per_element, put_set, read_elems,
+};
 use super::split::{split_delta, write_bytes_estimate};
 use super::tables::{
-    DEDUP, DOTS, ELEMS, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, ROWS, dedup_key,
-    dot_bytes, key_bytes,
+    DEDUP, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, dedup_key, dot_bytes, key_bytes,
 };
 use super::{RedbStore, meta_put};
 use crate::codec;
@@ -245,9 +246,7 @@ impl RedbStore {
         let mut marks: BTreeMap<(String, String), IntervalSet> = BTreeMap::new();
         let mut values = Vec::new();
         {
-            let mut rows_t = txn.open_table(ROWS).map_err(StoreError::redb)?;
-            let mut dots_t = txn.open_table(DOTS).map_err(StoreError::redb)?;
-            let mut elems_t = txn.open_table(ELEMS).map_err(StoreError::redb)?;
+            let (mut rows_t, mut elems_t, mut dots_t) = open_state_tables(&txn)?;
             let mut dedup_t = txn.open_table(DEDUP).map_err(StoreError::redb)?;
             let mut rows = GroupRows::new(TxnRows {
                 rows: &mut rows_t,

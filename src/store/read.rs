@@ -2,9 +2,9 @@
 //! state, never blocks the writer, and is cheap to clone and share across threads.
 
 use super::error::StoreError;
-use super::rows::{for_each_elem, per_element, read_entry, row_entry};
+use super::rows::{for_each_elem, open_read_tables, per_element, read_entry, row_entry};
 use super::tables::{
-    DOTS, ELEMS, META, META_CONTEXT, ROWS, dot_bytes, elem_key, key_bytes, kind_prefix, parse_key,
+    DOTS, ELEMS, META, META_CONTEXT, dot_bytes, elem_key, key_bytes, kind_prefix, parse_key,
 };
 use crate::codec;
 use crate::config::Limits;
@@ -37,8 +37,7 @@ impl Reader {
     /// Storage failures and corrupt rows.
     pub fn entry(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
         let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
-        let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
-        let elems = rtxn.open_table(ELEMS).map_err(StoreError::redb)?;
+        let (rows, elems) = open_read_tables(&rtxn)?;
         read_entry(&rows, &elems, key, self.limits.record_bytes_max)
     }
 
@@ -81,8 +80,7 @@ impl Reader {
         limit: usize,
     ) -> Result<Vec<(Key, Value)>, StoreError> {
         let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
-        let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
-        let elems = rtxn.open_table(ELEMS).map_err(StoreError::redb)?;
+        let (rows, elems) = open_read_tables(&rtxn)?;
         let start = match after {
             Some(a) if a >= prefix => key_bytes(&Key::new(kind, a)),
             _ => key_bytes(&Key::new(kind, prefix)),
@@ -162,8 +160,7 @@ impl Reader {
     /// Storage failures and corrupt rows.
     pub fn entries(&self) -> Result<Vec<(Key, Entry)>, StoreError> {
         let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
-        let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
-        let elems = rtxn.open_table(ELEMS).map_err(StoreError::redb)?;
+        let (rows, elems) = open_read_tables(&rtxn)?;
         let mut out = Vec::new();
         for item in rows.iter().map_err(StoreError::redb)? {
             let (k, v) = item.map_err(StoreError::redb)?;

@@ -6,8 +6,8 @@ use super::local::append_log;
 use super::rows::{TxnRows, with_txn_rows};
 use super::split::{marks_bytes, split_delta};
 use super::tables::{
-    CURSORS, DEDUP, ELEMS, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, META_TRUNCATED,
-    ROWS, dedup_key,
+    CURSORS, DEDUP, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, META_TRUNCATED,
+    dedup_key,
 };
 use super::{RedbStore, meta_put};
 use crate::apply::{self, Rejected};
@@ -383,8 +383,7 @@ impl StateStore for RedbStore {
         use std::ops::Bound;
         let max = self.options.limits.record_bytes_max;
         let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
-        let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
-        let elems = rtxn.open_table(ELEMS).map_err(StoreError::redb)?;
+        let (rows, elems) = super::rows::open_read_tables(&rtxn)?;
         if let Some((key, from)) = resume {
             // Continue a large row (or cover the rest of its dot space if it vanished).
             let entry = super::rows::read_entry(&rows, &elems, key, max)?

@@ -23,6 +23,33 @@ use tidemark_crdts::{CausalContext, Dot, DotMap, DotSet, DotStore, Entry, Key, K
 pub(crate) trait BytesTable: ReadableTable<&'static [u8], &'static [u8]> {}
 impl<T: ReadableTable<&'static [u8], &'static [u8]>> BytesTable for T {}
 
+/// A `&[u8] → &[u8]` table of a write transaction.
+pub(crate) type WriteTable<'t> = Table<'t, &'static [u8], &'static [u8]>;
+
+/// The `rows`, `elems` and `dots` tables of a write transaction, in that order.
+pub(crate) fn open_state_tables(
+    txn: &redb::WriteTransaction,
+) -> Result<(WriteTable<'_>, WriteTable<'_>, WriteTable<'_>), StoreError> {
+    Ok((
+        txn.open_table(ROWS).map_err(StoreError::redb)?,
+        txn.open_table(ELEMS).map_err(StoreError::redb)?,
+        txn.open_table(DOTS).map_err(StoreError::redb)?,
+    ))
+}
+
+/// A `&[u8] → &[u8]` table of a read transaction.
+pub(crate) type ReadTable = redb::ReadOnlyTable<&'static [u8], &'static [u8]>;
+
+/// The `rows` and `elems` tables of a read transaction (what whole entries are read from).
+pub(crate) fn open_read_tables(
+    rtxn: &redb::ReadTransaction,
+) -> Result<(ReadTable, ReadTable), StoreError> {
+    Ok((
+        rtxn.open_table(ROWS).map_err(StoreError::redb)?,
+        rtxn.open_table(ELEMS).map_err(StoreError::redb)?,
+    ))
+}
+
 /// Opens the `rows`, `elems` and `dots` tables of `txn` and runs `f` over them (the one
 /// place the write path opens them).
 pub(crate) fn with_txn_rows<T>(
@@ -30,9 +57,7 @@ pub(crate) fn with_txn_rows<T>(
     record_bytes_max: usize,
     f: impl FnOnce(&mut TxnRows<'_, '_>) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
-    let mut rows_t = txn.open_table(ROWS).map_err(StoreError::redb)?;
-    let mut elems_t = txn.open_table(ELEMS).map_err(StoreError::redb)?;
-    let mut dots_t = txn.open_table(DOTS).map_err(StoreError::redb)?;
+    let (mut rows_t, mut elems_t, mut dots_t) = open_state_tables(txn)?;
     f(&mut TxnRows {
         rows: &mut rows_t,
         elems: &mut elems_t,
