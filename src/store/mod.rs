@@ -15,6 +15,8 @@ mod purge;
 mod read;
 mod replicate;
 mod rows;
+#[cfg(test)]
+mod set_rows_tests;
 pub mod snapshot;
 mod split;
 pub(crate) mod tables;
@@ -38,7 +40,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tables::{
-    CURSORS, DEDUP, DOTS, LOG, META, META_CONTEXT, META_EPOCH, META_FORMAT, META_HLC,
+    CURSORS, DEDUP, DOTS, ELEMS, LOG, META, META_CONTEXT, META_EPOCH, META_FORMAT, META_HLC,
     META_LOG_BOUNDS, META_REPLICA, META_TRUNCATED, ROWS, STORE_FORMAT,
 };
 use tidemark_crdts::{CausalContext, Hlc, ReplicaId};
@@ -220,7 +222,7 @@ impl RedbStore {
     fn init(db: Database, path: Option<PathBuf>, options: OpenOptions) -> Result<Self, StoreError> {
         let max = options.limits.record_bytes_max;
         let txn = db.begin_write().map_err(StoreError::redb)?;
-        for t in [ROWS, DOTS, DEDUP] {
+        for t in [ROWS, ELEMS, DOTS, DEDUP] {
             txn.open_table(t).map_err(StoreError::redb)?;
         }
         txn.open_table(LOG).map_err(StoreError::redb)?;

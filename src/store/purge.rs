@@ -11,8 +11,7 @@
 
 use super::RedbStore;
 use super::error::StoreError;
-use super::rows::TxnRows;
-use super::tables::{DOTS, ROWS};
+use super::rows::with_txn_rows;
 use crate::model::{Delta, StateChunk};
 use std::sync::Arc;
 use tidemark_crdts::{Key, Rows};
@@ -67,22 +66,16 @@ impl RedbStore {
         }
         self.guarded(|s| {
             let txn = s.begin()?;
-            let mut removed = 0;
-            {
-                let mut rows_t = txn.open_table(ROWS).map_err(StoreError::redb)?;
-                let mut dots_t = txn.open_table(DOTS).map_err(StoreError::redb)?;
-                let mut rows = TxnRows {
-                    rows: &mut rows_t,
-                    dots: &mut dots_t,
-                    record_bytes_max: s.options.limits.record_bytes_max,
-                };
+            let removed = with_txn_rows(&txn, s.options.limits.record_bytes_max, |rows| {
+                let mut removed = 0;
                 for key in keys {
                     if let Some(old) = rows.get(key)? {
                         rows.put(key, Some(&old), None)?;
                         removed += 1;
                     }
                 }
-            }
+                Ok(removed)
+            })?;
             if removed == 0 {
                 txn.abort().map_err(StoreError::redb)?;
             } else {

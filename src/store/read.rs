@@ -2,8 +2,10 @@
 //! state, never blocks the writer, and is cheap to clone and share across threads.
 
 use super::error::StoreError;
-use super::rows::decode_entry;
-use super::tables::{DOTS, META, META_CONTEXT, ROWS, dot_bytes, key_bytes, kind_prefix, parse_key};
+use super::rows::{for_each_elem, open_read_tables, per_element, read_entry, row_entry};
+use super::tables::{
+    DOTS, ELEMS, META, META_CONTEXT, dot_bytes, elem_key, key_bytes, kind_prefix, parse_key,
+};
 use crate::codec;
 use crate::config::Limits;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
@@ -35,14 +37,26 @@ impl Reader {
     /// Storage failures and corrupt rows.
     pub fn entry(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
         let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
-        let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
-        match rows
-            .get(key_bytes(key).as_slice())
-            .map_err(StoreError::redb)?
-        {
-            Some(g) => Ok(Some(decode_entry(g.value(), self.limits.record_bytes_max)?)),
-            None => Ok(None),
+        let (rows, elems) = open_read_tables(&rtxn)?;
+        read_entry(&rows, &elems, key, self.limits.record_bytes_max)
+    }
+
+    /// Whether the committed set `key` holds `element`: one element row is read, whatever
+    /// the set's size (`false` for a key of another kind).
+    ///
+    /// # Errors
+    /// Storage failures and corrupt rows.
+    pub fn set_contains(&self, key: &Key, element: &str) -> Result<bool, StoreError> {
+        if !per_element(key.kind) {
+            return Ok(false);
         }
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let elems = rtxn.open_table(ELEMS).map_err(StoreError::redb)?;
+        let found = elems
+            .get(elem_key(key, element).as_slice())
+            .map_err(StoreError::redb)?
+            .is_some();
+        Ok(found)
     }
 
     /// The committed value of `key` (`None` when the key holds nothing).
@@ -66,7 +80,7 @@ impl Reader {
         limit: usize,
     ) -> Result<Vec<(Key, Value)>, StoreError> {
         let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
-        let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
+        let (rows, elems) = open_read_tables(&rtxn)?;
         let start = match after {
             Some(a) if a >= prefix => key_bytes(&Key::new(kind, a)),
             _ => key_bytes(&Key::new(kind, prefix)),
@@ -93,10 +107,8 @@ impl Reader {
             }
             let key =
                 parse_key(kb).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
-            out.push((
-                key,
-                decode_entry(v.value(), self.limits.record_bytes_max)?.value(),
-            ));
+            let entry = row_entry(&elems, &key, v.value(), self.limits.record_bytes_max)?;
+            out.push((key, entry.value()));
         }
         Ok(out)
     }
@@ -148,13 +160,14 @@ impl Reader {
     /// Storage failures and corrupt rows.
     pub fn entries(&self) -> Result<Vec<(Key, Entry)>, StoreError> {
         let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
-        let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
+        let (rows, elems) = open_read_tables(&rtxn)?;
         let mut out = Vec::new();
         for item in rows.iter().map_err(StoreError::redb)? {
             let (k, v) = item.map_err(StoreError::redb)?;
             let key = parse_key(k.value())
                 .ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
-            out.push((key, decode_entry(v.value(), self.limits.record_bytes_max)?));
+            let entry = row_entry(&elems, &key, v.value(), self.limits.record_bytes_max)?;
+            out.push((key, entry));
         }
         Ok(out)
     }
@@ -175,6 +188,7 @@ impl Reader {
         let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
         let dots = rtxn.open_table(DOTS).map_err(StoreError::redb)?;
         let mut live = 0u64;
+        let (mut sets, mut set_elems) = (0u64, 0u64);
         for (key, entry) in self.entries()? {
             let mut problem = None;
             let counts = super::rows::indexed(key.kind);
@@ -190,6 +204,37 @@ impl Reader {
             if !super::rows::indexed(key.kind) {
                 continue;
             }
+            if per_element(key.kind) {
+                if entry.is_bottom() {
+                    return Err(StoreError::Corrupt(format!(
+                        "{key}: set header without elements"
+                    )));
+                }
+                let mut missing = None;
+                let elems = rtxn.open_table(ELEMS).map_err(StoreError::redb)?;
+                for_each_elem(&elems, &key, self.limits.record_bytes_max, |e, ds| {
+                    let want = elem_key(&key, e);
+                    for d in ds.iter() {
+                        match dots.get(dot_bytes(*d).as_slice()) {
+                            Ok(Some(g)) if g.value() == want.as_slice() => {}
+                            _ if missing.is_none() => {
+                                missing = Some(format!("{key}: {d:?} is not indexed to {e}"));
+                            }
+                            _ => {}
+                        }
+                    }
+                    Ok(())
+                })?;
+                if let Some(m) = missing {
+                    return Err(StoreError::Corrupt(m));
+                }
+                sets += 1;
+                set_elems += match &entry {
+                    Entry::ORSet(m) => m.len() as u64,
+                    _ => 0,
+                };
+                continue;
+            }
             let mut missing = None;
             entry.for_each_dot(&mut |d| {
                 if missing.is_some() {
@@ -203,6 +248,14 @@ impl Reader {
             if let Some(m) = missing {
                 return Err(StoreError::Corrupt(m));
             }
+        }
+        // Every element row belongs to a set with a header row (no orphan elements).
+        let elems = rtxn.open_table(ELEMS).map_err(StoreError::redb)?;
+        let stored = elems.len().map_err(StoreError::redb)?;
+        if stored != set_elems {
+            return Err(StoreError::Corrupt(format!(
+                "elems holds {stored} rows, the {sets} sets hold {set_elems} elements"
+            )));
         }
         let indexed = dots.len().map_err(StoreError::redb)?;
         if indexed != live {
