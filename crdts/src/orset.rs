@@ -14,6 +14,11 @@ pub type ORSetDelta<E> = Causal<DotMap<E, DotSet>>;
 /// An add-wins set: an add concurrent with a remove of the same element survives.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+// Decoding builds the chunked `DotMap`, whose separators are clones of element keys.
+#[cfg_attr(
+    feature = "serde",
+    serde(bound(deserialize = "E: Ord + Clone + serde::Deserialize<'de>"))
+)]
 pub struct ORSet<E: Ord> {
     state: Causal<DotMap<E, DotSet>>,
 }
