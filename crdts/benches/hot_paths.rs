@@ -195,6 +195,18 @@ fn measure_theirs_lww_write(r: &mut crdts::LWWReg<u64, u64>) {
 }
 
 #[inline(never)]
+fn measure_theirs_lww_hlc(r: &mut crdts::LWWReg<u64, Timestamp>) {
+    for i in 0..OPS {
+        let ts = Timestamp {
+            physical_ms: 1_700_000_000_000 + i,
+            logical: 0,
+            replica: A,
+        };
+        r.update(black_box(i), black_box(ts));
+    }
+}
+
+#[inline(never)]
 fn measure_theirs_mv_write(r: &mut crdts::MVReg<u64, u128>) {
     for i in 0..OPS {
         let ctx = r.read_ctx().derive_add_ctx(A.0);
@@ -230,6 +242,14 @@ fn run_theirs(workload: &str) -> Option<(u64, usize)> {
         "theirs_lww_write" => {
             let mut r = crdts::LWWReg { val: 0, marker: 0 };
             measure_theirs_lww_write(&mut r);
+            (OPS, r.val as usize)
+        }
+        "theirs_lww_hlc" => {
+            let mut r = crdts::LWWReg {
+                val: 0,
+                marker: Timestamp::default(),
+            };
+            measure_theirs_lww_hlc(&mut r);
             (OPS, r.val as usize)
         }
         "theirs_mv_write" => {

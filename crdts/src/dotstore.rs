@@ -627,6 +627,15 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
             None => self.chunked_insert(key, child),
         }
     }
+    /// A map of one non-bottom child, kept in its own box (a mutator's delta).
+    pub(crate) fn single(key: K, child: S) -> Self {
+        debug_assert!(!child.is_bottom());
+        Self {
+            one: Some(Box::new((key, child))),
+            many: BTreeMap::new(),
+            len: 0,
+        }
+    }
     /// Moves an inline entry into the chunked form (general paths only).
     fn unbox(&mut self) {
         if let Some(b) = self.one.take() {

@@ -45,11 +45,21 @@ impl<V: Clone + Ord> LWWRegister<V> {
     /// after [`LWWRegister::write`] (or a join with the one-entry register `(ts, value)`).
     #[inline]
     pub fn set(&mut self, ts: Timestamp, value: V) -> bool {
-        let wins = self.wins(&ts, &value);
-        if wins {
-            self.entry = Some((ts, value));
+        match &mut self.entry {
+            None => {
+                self.entry = Some((ts, value));
+                true
+            }
+            Some((t, v)) => {
+                let wins = Self::beats(&ts, &value, t, v);
+                if wins {
+                    // In place: the entry is already `Some`.
+                    *t = ts;
+                    *v = value;
+                }
+                wins
+            }
         }
-        wins
     }
 
     /// Does `(ts, value)` replace the current entry? The usual case decides on the physical
@@ -59,11 +69,14 @@ impl<V: Clone + Ord> LWWRegister<V> {
     fn wins(&self, ts: &Timestamp, value: &V) -> bool {
         match &self.entry {
             None => true,
-            Some((t, v)) => {
-                ts.physical_ms > t.physical_ms
-                    || (ts.physical_ms == t.physical_ms && (ts, value) > (t, v))
-            }
+            Some((t, v)) => Self::beats(ts, value, t, v),
         }
+    }
+
+    /// `(ts, value) > (t, v)`, deciding on the physical time first.
+    #[inline]
+    fn beats(ts: &Timestamp, value: &V, t: &Timestamp, v: &V) -> bool {
+        ts.physical_ms > t.physical_ms || (ts.physical_ms == t.physical_ms && (ts, value) > (t, v))
     }
 
     /// The current value.

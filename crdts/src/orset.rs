@@ -64,10 +64,8 @@ impl<E: Ord + Clone + Debug> ORSet<E> {
             });
         }
         self.state.ctx.insert(dot);
-        let mut store = DotMap::default();
-        store.set(e, DotSet::single(dot));
         Ok(Causal {
-            store,
+            store: DotMap::single(e, DotSet::single(dot)),
             ctx: delta_ctx,
         })
     }
