@@ -440,7 +440,9 @@ impl<K: Ord, S> DotMap<K, S> {
             full = true;
         }
         if full {
-            let mut chunk = Vec::with_capacity(CHUNK);
+            // A map just leaving its box starts small; past a full chunk, appends go on.
+            let cap = if self.many.is_empty() { 4 } else { CHUNK };
+            let mut chunk = Vec::with_capacity(cap);
             let sep = key.clone();
             chunk.push((key, child));
             self.many.insert(sep, chunk);
@@ -503,12 +505,15 @@ impl<K: Ord, S> DotMap<K, S> {
     {
         let mut len = 0;
         let mut chunks: Vec<(K, Vec<(K, S)>)> = Vec::new();
-        for (k, s) in entries {
+        let mut entries = entries.into_iter();
+        while let Some((k, s)) = entries.next() {
             len += 1;
             match chunks.last_mut() {
                 Some((_, c)) if c.len() < CHUNK => c.push((k, s)),
                 _ => {
-                    let mut c = Vec::with_capacity(CHUNK);
+                    // Exact when the length is known (decoding), else grown on demand.
+                    let cap = CHUNK.min(entries.size_hint().0 + 1);
+                    let mut c = Vec::with_capacity(cap);
                     let sep = k.clone();
                     c.push((k, s));
                     chunks.push((sep, c));
