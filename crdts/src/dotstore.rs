@@ -333,9 +333,14 @@ pub struct DotMap<K: Ord, S> {
     /// The only entry of a one-key map built by `set`/`replace` on an empty map; when it is
     /// `Some`, `many` is empty.
     one: Option<Box<(K, S)>>,
-    /// Every entry otherwise (any number, also 0 or 1), in chunks under their separators.
+    /// Every entry otherwise (any number, also 0 or 1), in chunks under their separators,
+    /// except the last chunk:
     many: BTreeMap<K, Vec<(K, S)>>,
-    /// Number of entries in `many`.
+    /// The last chunk (at most [`CHUNK`] entries, every key above every key of `many`), kept
+    /// out of the tree so that appends touch no tree node; empty when nothing was appended
+    /// since the tree was built or the tail was emptied.
+    tail: Vec<(K, S)>,
+    /// Number of entries in `many` and `tail`.
     len: usize,
 }
 
@@ -344,6 +349,7 @@ impl<K: Ord, S> Default for DotMap<K, S> {
         Self {
             one: None,
             many: BTreeMap::new(),
+            tail: Vec::new(),
             len: 0,
         }
     }
@@ -354,6 +360,7 @@ impl<K: Ord + Clone, S: Clone> Clone for DotMap<K, S> {
         Self {
             one: self.one.clone(),
             many: self.many.clone(),
+            tail: self.tail.clone(),
             len: self.len,
         }
     }
@@ -365,11 +372,16 @@ impl<K: Ord, S> DotMap<K, S> {
     /// `size_hint`).
     fn entries(&self) -> impl ExactSizeIterator<Item = (&K, &S)> {
         Counted {
-            inner: self.one.iter().map(|b| (&b.0, &b.1)).chain(
-                self.many
-                    .values()
-                    .flat_map(|chunk| chunk.iter().map(|(k, s)| (k, s))),
-            ),
+            inner: self
+                .one
+                .iter()
+                .map(|b| (&b.0, &b.1))
+                .chain(
+                    self.many
+                        .values()
+                        .flat_map(|chunk| chunk.iter().map(|(k, s)| (k, s))),
+                )
+                .chain(self.tail.iter().map(|(k, s)| (k, s))),
             left: self.count(),
         }
     }
@@ -384,9 +396,19 @@ impl<K: Ord, S> DotMap<K, S> {
         self.many.range(..=key).next_back().map(|(_, c)| c)
     }
 
+    /// True when `key` belongs to the tail (not empty, and `key ≥` its first key).
+    #[inline]
+    fn in_tail(&self, key: &K) -> bool {
+        self.tail.first().is_some_and(|(first, _)| key >= first)
+    }
+
     /// The chunked form's child under `key`.
     fn chunked_get(&self, key: &K) -> Option<&S> {
-        let chunk = self.chunk_of(key)?;
+        let chunk = if self.in_tail(key) {
+            &self.tail
+        } else {
+            self.chunk_of(key)?
+        };
         chunk
             .binary_search_by(|(k, _)| k.cmp(key))
             .ok()
@@ -395,7 +417,11 @@ impl<K: Ord, S> DotMap<K, S> {
 
     /// The chunked form's child under `key`, mutably.
     fn chunked_get_mut(&mut self, key: &K) -> Option<&mut S> {
-        let (_, chunk) = self.many.range_mut(..=key).next_back()?;
+        let chunk = if self.in_tail(key) {
+            &mut self.tail
+        } else {
+            self.many.range_mut(..=key).next_back()?.1
+        };
         let i = chunk.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
         Some(&mut chunk[i].1)
     }
@@ -406,6 +432,12 @@ impl<K: Ord, S> DotMap<K, S> {
     where
         K: Clone,
     {
+        if self.in_tail(key) {
+            let i = self.tail.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
+            let (_, child) = self.tail.remove(i);
+            self.len -= 1;
+            return Some(child);
+        }
         let (sep, chunk) = self.many.range_mut(..=key).next_back()?;
         let i = chunk.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
         let (_, child) = chunk.remove(i);
@@ -421,6 +453,63 @@ impl<K: Ord, S> DotMap<K, S> {
 
     /// Inserts into the chunked form, returning the previous child under `key`.
     fn chunked_insert(&mut self, key: K, child: S) -> Option<S>
+    where
+        K: Clone,
+    {
+        let Some((last, _)) = self.tail.last() else {
+            // No tail: a key above every key of the tree starts one.
+            let above = match self.many.last_key_value() {
+                None => true,
+                Some((_, chunk)) => chunk.last().is_some_and(|(k, _)| *k < key),
+            };
+            if above {
+                self.tail.push((key, child));
+                self.len += 1;
+                return None;
+            }
+            return self.tree_insert(key, child);
+        };
+        if *last < key {
+            // Past the last key: append, no search.
+            if self.tail.len() == CHUNK {
+                let full = core::mem::replace(&mut self.tail, Vec::with_capacity(CHUNK));
+                let sep = full[0].0.clone();
+                self.many.insert(sep, full);
+            }
+            self.tail.push((key, child));
+            self.len += 1;
+            return None;
+        }
+        if !self.in_tail(&key) {
+            // Below the tail: the tree's keys and `key` stay below the tail's first key.
+            return self.tree_insert(key, child);
+        }
+        match self.tail.binary_search_by(|(k, _)| k.cmp(&key)) {
+            Ok(i) => Some(core::mem::replace(&mut self.tail[i].1, child)),
+            Err(i) => {
+                self.len += 1;
+                if self.tail.len() < CHUNK {
+                    self.tail.insert(i, (key, child));
+                    return None;
+                }
+                // Full: the lower half joins the tree, the upper half stays the tail.
+                let mut upper = Vec::with_capacity(CHUNK);
+                upper.extend(self.tail.drain(CHUNK / 2..));
+                let mut lower = core::mem::replace(&mut self.tail, upper);
+                if i <= CHUNK / 2 {
+                    lower.insert(i, (key, child));
+                } else {
+                    self.tail.insert(i - CHUNK / 2, (key, child));
+                }
+                let sep = lower[0].0.clone();
+                self.many.insert(sep, lower);
+                None
+            }
+        }
+    }
+
+    /// Inserts into the tree part (for a key below the tail, or with no tail).
+    fn tree_insert(&mut self, key: K, child: S) -> Option<S>
     where
         K: Clone,
     {
@@ -524,6 +613,7 @@ impl<K: Ord, S> DotMap<K, S> {
             one: None,
             // Sorted input: `collect` builds the tree in bulk.
             many: chunks.into_iter().collect(),
+            tail: Vec::new(),
             len,
         }
     }
@@ -638,6 +728,7 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
         Self {
             one: Some(Box::new((key, child))),
             many: BTreeMap::new(),
+            tail: Vec::new(),
             len: 0,
         }
     }
@@ -664,7 +755,7 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
     /// [`CHUNK`] entries, strictly ascending, every key `≥` its separator and `<` the next
     /// separator, and the entry count right (property tests check this after every operation).
     pub fn layout_is_valid(&self) -> bool {
-        if self.one.is_some() && !self.many.is_empty() {
+        if self.one.is_some() && !(self.many.is_empty() && self.tail.is_empty()) {
             return false;
         }
         let mut count = 0;
@@ -684,7 +775,16 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
             }
             count += chunk.len();
         }
-        count == self.len
+        if self.tail.len() > CHUNK {
+            return false;
+        }
+        for (k, _) in &self.tail {
+            if prev.is_some_and(|p| p >= k) {
+                return false;
+            }
+            prev = Some(k);
+        }
+        count + self.tail.len() == self.len
     }
     /// The entries by value, ascending by key.
     fn into_entries(self) -> impl Iterator<Item = (K, S)> {
@@ -692,6 +792,7 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
             .map(|b| *b)
             .into_iter()
             .chain(self.many.into_values().flatten())
+            .chain(self.tail)
     }
     /// Keeps the children for which `keep` returns true (it may change them).
     fn retain(&mut self, mut keep: impl FnMut(&K, &mut S) -> bool) {
@@ -709,6 +810,9 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
                 removed += before - chunk.len();
                 !chunk.is_empty()
             });
+            let before = self.tail.len();
+            self.tail.retain_mut(|(k, s)| keep(k, s));
+            removed += before - self.tail.len();
             self.len -= removed;
         }
     }
