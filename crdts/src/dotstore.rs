@@ -322,12 +322,13 @@ pub(crate) const CHUNK: usize = 32;
 /// `DotMap`, hence every delta, a few words wide); equality, hashing, ordering of iteration and
 /// encoding depend only on the entries, never on which form holds them.
 ///
-/// Larger maps keep their entries in sorted chunks of at most [`CHUNK`] entries (plain vectors)
+/// Larger maps keep their entries in sorted chunks of at most 32 entries (`CHUNK`; plain vectors)
 /// indexed by a B-tree of separator keys: every key of a chunk is `≥` its separator and `<` the
 /// next chunk's separator, and no chunk is empty. A key above every key (the append-heavy case:
-/// element ids, timestamps, counters) goes to the end of the last chunk without any key search;
-/// any other key costs one search among `n / CHUNK` separators and a binary search in one chunk.
-/// Iteration walks the chunks in order, so it is ascending by key exactly as before.
+/// element ids, timestamps, counters) goes to the end of the last chunk, which is kept outside
+/// the tree, without any key search; any other key costs one search among `n / 32` separators
+/// and a binary search in one chunk. Iteration walks the chunks in order, so it is ascending by
+/// key exactly as before.
 // serde: hand-written in `serde_impls` below (canonical-form checks) / `crate::codec`.
 pub struct DotMap<K: Ord, S> {
     /// The only entry of a one-key map built by `set`/`replace` on an empty map; when it is
@@ -751,9 +752,10 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
     pub fn is_canonical(&self) -> bool {
         self.entries().all(|(_, c)| !c.is_bottom())
     }
-    /// True when the chunked form keeps its own invariants: chunks non-empty, at most
-    /// [`CHUNK`] entries, strictly ascending, every key `≥` its separator and `<` the next
-    /// separator, and the entry count right (property tests check this after every operation).
+    /// True when the chunked form keeps its own invariants: tree chunks non-empty, every chunk
+    /// (the tail too) at most 32 (`CHUNK`) entries and strictly ascending, every key `≥` its
+    /// separator and `<` the next separator, the tail above every tree key, and the entry count
+    /// right (property tests check this after every operation).
     pub fn layout_is_valid(&self) -> bool {
         if self.one.is_some() && !(self.many.is_empty() && self.tail.is_empty()) {
             return false;
