@@ -110,7 +110,10 @@ fn ops_agree_with_an_ordered_map() {
 
 /// A side of a join: key → one dot (unique per key, from one of 3 replicas), and a context
 /// holding the store's dots plus removals (dots of the same universe held by no key).
-fn side() -> impl Strategy<Value = (Vec<(u16, u8, u8)>, Vec<(u16, u8, u8)>)> {
+/// `(key, replica, variant)` of one dot.
+type DotSpec = (u16, u8, u8);
+
+fn side() -> impl Strategy<Value = (Vec<DotSpec>, Vec<DotSpec>)> {
     let entry = (0u16..400, 0u8..3, 0u8..2);
     (
         proptest::collection::vec(entry.clone(), 0..300),
@@ -124,7 +127,7 @@ fn dot_of(k: u16, r: u8, j: u8) -> Dot {
 }
 
 /// Builds a side in a random layout (keys inserted in the generated order).
-fn build(store: &[(u16, u8, u8)], extra: &[(u16, u8, u8)]) -> Causal<Map> {
+fn build(store: &[DotSpec], extra: &[DotSpec]) -> Causal<Map> {
     let mut m = Map::default();
     let mut ctx = CausalContext::new();
     for &(k, r, j) in store {
