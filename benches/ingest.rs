@@ -705,8 +705,8 @@ struct SetAdd {
     ack_ms: f64,
 }
 
-/// Fills set key `big` with `size` elements (calls of 20,000 adds), then times 50 calls of
-/// one add each (each its own durable group commit).
+/// Fills set key `big` with `size` elements (calls of 10,000 adds, progress on stderr every
+/// 100,000), then times 50 calls of one add each (each its own durable group commit).
 async fn set_add_cost(size: u64) -> SetAdd {
     const ADDS: u64 = 50;
     let dir = tempfile::tempdir().expect("tempdir");
@@ -716,12 +716,20 @@ async fn set_add_cost(size: u64) -> SetAdd {
     let fill = Instant::now();
     let mut u = 0;
     while u < size {
-        let n = (size - u).min(20_000);
+        let n = (size - u).min(10_000);
         let batch: Vec<Op> = (u..u + n)
             .map(|i| Op::add("big", format!("e{i}")))
             .collect();
         node.apply_batch(batch).await.expect("fill");
         u += n;
+        if u % 100_000 == 0 {
+            eprintln!(
+                "(f) filled {} of {} elements in {:.1} s",
+                thousands(u as f64),
+                thousands(size as f64),
+                fill.elapsed().as_secs_f64()
+            );
+        }
     }
     let fill_secs = fill.elapsed().as_secs_f64();
     let commits0 = node.metrics().commits;

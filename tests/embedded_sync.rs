@@ -6,17 +6,10 @@ use rand_chacha::ChaCha8Rng;
 use std::time::{Duration, Instant};
 use tidemark::{Key, KeyKind, Node, NodeConfig, Op, Value};
 
+mod common;
+
 fn seed() -> u64 {
-    let seed = std::env::var("SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    eprintln!("seed = {seed} (replay with SEED={seed})");
-    seed
+    common::seed("embedded_sync")
 }
 
 async fn converge(nodes: &[Node]) {

@@ -11,21 +11,12 @@ use std::time::{Duration, Instant};
 use tidemark::views::{StreamEvent, ViewDef, ViewPage, ViewQuery};
 use tidemark::{Node, NodeConfig};
 
-fn seed() -> u64 {
-    let seed = std::env::var("SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    eprintln!("seed = {seed} (replay with SEED={seed})");
-    seed
-}
+mod common;
 
-fn soak() -> bool {
-    std::env::var("SOAK").is_ok_and(|v| v == "1")
+use common::soak;
+
+fn seed() -> u64 {
+    common::seed("views_cluster")
 }
 
 fn defs(lateness: &str) -> Vec<ViewDef> {

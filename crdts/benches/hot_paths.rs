@@ -7,7 +7,9 @@
 //! workload once and prints nothing but a checksum, so `cargo bench` stays fast.
 //!
 //! Workloads (the operation counts are printed so instructions per op can be derived):
-//! `set_add`, `set_remove`, `set_merge`, `counter_inc`, `lww_write`, `mv_write`,
+//! `set_add`, `set_add_random` (100k adds of scrambled elements below 400k), `set_remove`,
+//! `set_remove_random` (50k removes of scrambled elements of a 100k set), `set_merge`,
+//! `counter_inc`, `lww_write`, `lww_set` (in place, no delta), `mv_write`,
 //! `store_counter_inc`, `store_set_add`, `store_lww_set`.
 
 use crdts::{CmRDT, CvRDT};
@@ -45,6 +47,28 @@ fn measure_set_remove(s: &mut ORSet<u64>) {
     }
 }
 
+/// Element `i` of a fixed pseudo-random permutation-like sequence (splitmix64 of `i`).
+fn scrambled(i: u64) -> u64 {
+    let mut z = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) % (4 * SET_N)
+}
+
+#[inline(never)]
+fn measure_set_add_random(s: &mut ORSet<u64>) {
+    for i in 0..SET_N {
+        black_box(s.add(A, scrambled(i)).expect("dots left"));
+    }
+}
+
+#[inline(never)]
+fn measure_set_remove_random(s: &mut ORSet<u64>) {
+    for i in 0..SET_N / 2 {
+        black_box(s.remove(&(scrambled(i) % SET_N)));
+    }
+}
+
 #[inline(never)]
 fn measure_set_merge(x: &mut ORSet<u64>, y: ORSet<u64>) {
     x.join(y);
@@ -66,6 +90,18 @@ fn measure_lww_write(r: &mut LWWRegister<u64>) {
             replica: A,
         };
         black_box(r.write(black_box(ts), black_box(i)));
+    }
+}
+
+#[inline(never)]
+fn measure_lww_set(r: &mut LWWRegister<u64>) {
+    for i in 0..OPS {
+        let ts = Timestamp {
+            physical_ms: 1_700_000_000_000 + i,
+            logical: 0,
+            replica: A,
+        };
+        black_box(r.set(black_box(ts), black_box(i)));
     }
 }
 
@@ -159,6 +195,18 @@ fn measure_theirs_lww_write(r: &mut crdts::LWWReg<u64, u64>) {
 }
 
 #[inline(never)]
+fn measure_theirs_lww_hlc(r: &mut crdts::LWWReg<u64, Timestamp>) {
+    for i in 0..OPS {
+        let ts = Timestamp {
+            physical_ms: 1_700_000_000_000 + i,
+            logical: 0,
+            replica: A,
+        };
+        r.update(black_box(i), black_box(ts));
+    }
+}
+
+#[inline(never)]
 fn measure_theirs_mv_write(r: &mut crdts::MVReg<u64, u128>) {
     for i in 0..OPS {
         let ctx = r.read_ctx().derive_add_ctx(A.0);
@@ -194,6 +242,14 @@ fn run_theirs(workload: &str) -> Option<(u64, usize)> {
         "theirs_lww_write" => {
             let mut r = crdts::LWWReg { val: 0, marker: 0 };
             measure_theirs_lww_write(&mut r);
+            (OPS, r.val as usize)
+        }
+        "theirs_lww_hlc" => {
+            let mut r = crdts::LWWReg {
+                val: 0,
+                marker: Timestamp::default(),
+            };
+            measure_theirs_lww_hlc(&mut r);
             (OPS, r.val as usize)
         }
         "theirs_mv_write" => {
@@ -237,6 +293,21 @@ fn run(workload: &str) -> Option<(u64, usize)> {
             measure_lww_write(&mut r);
             (OPS, r.read().copied().unwrap_or(0) as usize)
         }
+        "lww_set" => {
+            let mut r = LWWRegister::new();
+            measure_lww_set(&mut r);
+            (OPS, r.read().copied().unwrap_or(0) as usize)
+        }
+        "set_remove_random" => {
+            let mut s = built(A, 0..SET_N);
+            measure_set_remove_random(&mut s);
+            (SET_N / 2, s.len())
+        }
+        "set_add_random" => {
+            let mut s = ORSet::new();
+            measure_set_add_random(&mut s);
+            (SET_N, s.len())
+        }
         "mv_write" => {
             let mut r = MVRegister::new();
             measure_mv_write(&mut r);
@@ -269,12 +340,15 @@ fn run(workload: &str) -> Option<(u64, usize)> {
     Some(out)
 }
 
-const ALL: [&str; 9] = [
+const ALL: [&str; 12] = [
     "set_add",
+    "set_add_random",
     "set_remove",
+    "set_remove_random",
     "set_merge",
     "counter_inc",
     "lww_write",
+    "lww_set",
     "mv_write",
     "store_counter_inc",
     "store_set_add",

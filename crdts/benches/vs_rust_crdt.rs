@@ -1,7 +1,9 @@
 //! Side-by-side benchmarks of `tidemark-crdts` against rust-crdt (`crdts` 7.3.2), same workloads
 //! in the same run. Run with `cargo bench -p tidemark-crdts`.
 //!
-//! Workloads: set add / remove / merge, counter increment and merge, LWW write, MV write
+//! Workloads: set add / remove / merge, counter increment and merge, LWW write (`tidemark`:
+//! `write`, which returns the delta; `tidemark-set`: `set`, in place like rust-crdt's `update`; rust-crdt with a `u64` marker and with our HLC
+//! `Timestamp` as its marker), MV write
 //! (rust-crdt: `MVReg` with `read_ctx().derive_add_ctx` + `write` + `apply`), set encode/decode.
 //! Both libraries use the same 128-bit replica ids (rust-crdt's actor type is `u128`), set
 //! elements are `u64`. Encoded sizes are not timings, so `encoded_sizes` prints them to stderr
@@ -242,6 +244,46 @@ fn lww_write(c: &mut Criterion) {
                         replica: ReplicaId(A),
                     };
                     black_box(reg.write(black_box(ts), black_box(i)));
+                }
+                reg
+            },
+            BatchSize::PerIteration,
+        );
+    });
+    // Equal semantics to rust-crdt's `update` (in place, nothing returned): `set`.
+    g.bench_function("tidemark-set", |b| {
+        b.iter_batched(
+            LWWRegister::<u64>::new,
+            |mut reg| {
+                for i in 0..OPS {
+                    let ts = Timestamp {
+                        physical_ms: 1_700_000_000_000 + i,
+                        logical: 0,
+                        replica: ReplicaId(A),
+                    };
+                    black_box(reg.set(black_box(ts), black_box(i)));
+                }
+                reg
+            },
+            BatchSize::PerIteration,
+        );
+    });
+    // Equal ordering too: rust-crdt's register with our HLC timestamp as its marker (the
+    // same `(physical_ms, logical, replica)` order, built through `black_box` alike).
+    g.bench_function("rust-crdt-hlc-marker", |b| {
+        b.iter_batched(
+            || crdts::LWWReg::<u64, Timestamp> {
+                val: 0,
+                marker: Timestamp::default(),
+            },
+            |mut reg| {
+                for i in 0..OPS {
+                    let ts = Timestamp {
+                        physical_ms: 1_700_000_000_000 + i,
+                        logical: 0,
+                        replica: ReplicaId(A),
+                    };
+                    reg.update(black_box(i), black_box(ts));
                 }
                 reg
             },

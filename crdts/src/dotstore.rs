@@ -312,19 +312,37 @@ impl<K, K2: Ord, S> AdmitsChild<DotMap<K2, S>> for K {
     }
 }
 
+/// Entries per chunk of a [`DotMap`] at most (see its doc).
+pub(crate) const CHUNK: usize = 32;
+
 /// A map from keys to nested dot stores sharing one context. Empty children are dropped.
 ///
 /// A map of one key (a delta: one element added, one key written) keeps that entry in one
 /// small box instead of a tree node (one allocation of the entry's size; the box keeps every
 /// `DotMap`, hence every delta, a few words wide); equality, hashing, ordering of iteration and
 /// encoding depend only on the entries, never on which form holds them.
+///
+/// Larger maps keep their entries in sorted chunks of at most 32 entries (`CHUNK`; plain vectors)
+/// indexed by a B-tree of separator keys: every key of a chunk is `≥` its separator and `<` the
+/// next chunk's separator, and no chunk is empty. A key above every key (the append-heavy case:
+/// element ids, timestamps, counters) goes to the end of the last chunk, which is kept outside
+/// the tree, without any key search; any other key costs one search among `n / 32` separators
+/// and a binary search in one chunk. Iteration walks the chunks in order, so it is ascending by
+/// key exactly as before.
 // serde: hand-written in `serde_impls` below (canonical-form checks) / `crate::codec`.
 pub struct DotMap<K: Ord, S> {
     /// The only entry of a one-key map built by `set`/`replace` on an empty map; when it is
     /// `Some`, `many` is empty.
     one: Option<Box<(K, S)>>,
-    /// Every entry otherwise (any number, also 0 or 1).
-    many: BTreeMap<K, S>,
+    /// Every entry otherwise (any number, also 0 or 1), in chunks under their separators,
+    /// except the last chunk:
+    many: BTreeMap<K, Vec<(K, S)>>,
+    /// The last chunk (at most [`CHUNK`] entries, every key above every key of `many`), kept
+    /// out of the tree so that appends touch no tree node; empty when nothing was appended
+    /// since the tree was built or the tail was emptied.
+    tail: Vec<(K, S)>,
+    /// Number of entries in `many` and `tail`.
+    len: usize,
 }
 
 impl<K: Ord, S> Default for DotMap<K, S> {
@@ -332,6 +350,8 @@ impl<K: Ord, S> Default for DotMap<K, S> {
         Self {
             one: None,
             many: BTreeMap::new(),
+            tail: Vec::new(),
+            len: 0,
         }
     }
 }
@@ -341,33 +361,284 @@ impl<K: Ord + Clone, S: Clone> Clone for DotMap<K, S> {
         Self {
             one: self.one.clone(),
             many: self.many.clone(),
+            tail: self.tail.clone(),
+            len: self.len,
         }
     }
 }
 
 impl<K: Ord, S> DotMap<K, S> {
     /// Entries ascending by key, whichever form holds them.
-    fn entries(&self) -> impl Iterator<Item = (&K, &S)> {
-        self.one
-            .iter()
-            .map(|b| (&b.0, &b.1))
-            .chain(self.many.iter())
-    }
-
-    /// The tree form, moving an inline entry into it first (general paths only).
-    fn tree(&mut self) -> &mut BTreeMap<K, S> {
-        if let Some(b) = self.one.take() {
-            let (k, s) = *b;
-            self.many.insert(k, s);
+    /// The iterator knows its exact length (serializers that write the length first rely on
+    /// `size_hint`).
+    fn entries(&self) -> impl ExactSizeIterator<Item = (&K, &S)> {
+        Counted {
+            inner: self
+                .one
+                .iter()
+                .map(|b| (&b.0, &b.1))
+                .chain(
+                    self.many
+                        .values()
+                        .flat_map(|chunk| chunk.iter().map(|(k, s)| (k, s))),
+                )
+                .chain(self.tail.iter().map(|(k, s)| (k, s))),
+            left: self.count(),
         }
-        &mut self.many
     }
 
     /// Number of entries.
     fn count(&self) -> usize {
-        usize::from(self.one.is_some()) + self.many.len()
+        usize::from(self.one.is_some()) + self.len
+    }
+
+    /// The chunk that holds `key` if any entry does (the last chunk whose separator is `≤ key`).
+    fn chunk_of(&self, key: &K) -> Option<&Vec<(K, S)>> {
+        self.many.range(..=key).next_back().map(|(_, c)| c)
+    }
+
+    /// True when `key` belongs to the tail (not empty, and `key ≥` its first key).
+    #[inline]
+    fn in_tail(&self, key: &K) -> bool {
+        self.tail.first().is_some_and(|(first, _)| key >= first)
+    }
+
+    /// The chunked form's child under `key`.
+    fn chunked_get(&self, key: &K) -> Option<&S> {
+        let chunk = if self.in_tail(key) {
+            &self.tail
+        } else {
+            self.chunk_of(key)?
+        };
+        chunk
+            .binary_search_by(|(k, _)| k.cmp(key))
+            .ok()
+            .map(|i| &chunk[i].1)
+    }
+
+    /// The chunked form's child under `key`, mutably.
+    fn chunked_get_mut(&mut self, key: &K) -> Option<&mut S> {
+        let chunk = if self.in_tail(key) {
+            &mut self.tail
+        } else {
+            self.many.range_mut(..=key).next_back()?.1
+        };
+        let i = chunk.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
+        Some(&mut chunk[i].1)
+    }
+
+    /// Removes and returns the chunked form's child under `key`. An emptied chunk is dropped;
+    /// a chunk left at a quarter of its capacity gives memory back.
+    fn chunked_remove(&mut self, key: &K) -> Option<S>
+    where
+        K: Clone,
+    {
+        if self.in_tail(key) {
+            let i = self.tail.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
+            let (_, child) = self.tail.remove(i);
+            self.len -= 1;
+            return Some(child);
+        }
+        let (sep, chunk) = self.many.range_mut(..=key).next_back()?;
+        let i = chunk.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
+        let (_, child) = chunk.remove(i);
+        self.len -= 1;
+        if chunk.is_empty() {
+            let sep = sep.clone();
+            self.many.remove(&sep);
+        } else if chunk.len() * 4 <= chunk.capacity() && chunk.capacity() > 4 {
+            chunk.shrink_to(chunk.len() * 2);
+        }
+        Some(child)
+    }
+
+    /// Inserts into the chunked form, returning the previous child under `key`.
+    fn chunked_insert(&mut self, key: K, child: S) -> Option<S>
+    where
+        K: Clone,
+    {
+        let Some((last, _)) = self.tail.last() else {
+            // No tail: a key above every key of the tree starts one.
+            let above = match self.many.last_key_value() {
+                None => true,
+                Some((_, chunk)) => chunk.last().is_some_and(|(k, _)| *k < key),
+            };
+            if above {
+                self.tail.push((key, child));
+                self.len += 1;
+                return None;
+            }
+            return self.tree_insert(key, child);
+        };
+        if *last < key {
+            // Past the last key: append, no search.
+            if self.tail.len() == CHUNK {
+                let full = core::mem::replace(&mut self.tail, Vec::with_capacity(CHUNK));
+                let sep = full[0].0.clone();
+                self.many.insert(sep, full);
+            }
+            self.tail.push((key, child));
+            self.len += 1;
+            return None;
+        }
+        if !self.in_tail(&key) {
+            // Below the tail: the tree's keys and `key` stay below the tail's first key.
+            return self.tree_insert(key, child);
+        }
+        match self.tail.binary_search_by(|(k, _)| k.cmp(&key)) {
+            Ok(i) => Some(core::mem::replace(&mut self.tail[i].1, child)),
+            Err(i) => {
+                self.len += 1;
+                if self.tail.len() < CHUNK {
+                    self.tail.insert(i, (key, child));
+                    return None;
+                }
+                // Full: the lower half joins the tree, the upper half stays the tail.
+                let mut upper = Vec::with_capacity(CHUNK);
+                upper.extend(self.tail.drain(CHUNK / 2..));
+                let mut lower = core::mem::replace(&mut self.tail, upper);
+                if i <= CHUNK / 2 {
+                    lower.insert(i, (key, child));
+                } else {
+                    self.tail.insert(i - CHUNK / 2, (key, child));
+                }
+                let sep = lower[0].0.clone();
+                self.many.insert(sep, lower);
+                None
+            }
+        }
+    }
+
+    /// Inserts into the tree part (for a key below the tail, or with no tail).
+    fn tree_insert(&mut self, key: K, child: S) -> Option<S>
+    where
+        K: Clone,
+    {
+        // Past the last key: append to the last chunk (or start a new one), no key search.
+        let mut full = false;
+        if let Some(mut last) = self.many.last_entry() {
+            let chunk = last.get_mut();
+            if chunk.last().is_some_and(|(k, _)| *k < key) {
+                if chunk.len() < CHUNK {
+                    chunk.push((key, child));
+                    self.len += 1;
+                    return None;
+                }
+                full = true;
+            }
+        } else {
+            full = true;
+        }
+        if full {
+            // A map just leaving its box starts small; past a full chunk, appends go on.
+            let cap = if self.many.is_empty() { 4 } else { CHUNK };
+            let mut chunk = Vec::with_capacity(cap);
+            let sep = key.clone();
+            chunk.push((key, child));
+            self.many.insert(sep, chunk);
+            self.len += 1;
+            return None;
+        }
+        let Some((_, chunk)) = self.many.range_mut(..=&key).next_back() else {
+            // Below every separator: the first chunk takes it and `key` becomes its separator.
+            let mut chunk = self
+                .many
+                .pop_first()
+                .map(|(_, c)| c)
+                .unwrap_or_else(|| Vec::with_capacity(CHUNK));
+            chunk.insert(0, (key.clone(), child));
+            self.len += 1;
+            self.insert_chunk(key, chunk);
+            return None;
+        };
+        match chunk.binary_search_by(|(k, _)| k.cmp(&key)) {
+            Ok(i) => Some(core::mem::replace(&mut chunk[i].1, child)),
+            Err(i) => {
+                self.len += 1;
+                if chunk.len() < CHUNK {
+                    chunk.insert(i, (key, child));
+                    return None;
+                }
+                // Full: split in halves, the upper half under its first key.
+                let mut upper = Vec::with_capacity(CHUNK);
+                upper.extend(chunk.drain(CHUNK / 2..));
+                if i <= CHUNK / 2 {
+                    chunk.insert(i, (key, child));
+                } else {
+                    upper.insert(i - CHUNK / 2, (key, child));
+                }
+                let upper_sep = upper[0].0.clone();
+                self.many.insert(upper_sep, upper);
+                None
+            }
+        }
+    }
+
+    /// Puts a chunk under `sep`, splitting it if it is over [`CHUNK`] entries.
+    fn insert_chunk(&mut self, sep: K, mut chunk: Vec<(K, S)>)
+    where
+        K: Clone,
+    {
+        if chunk.len() > CHUNK {
+            let mut upper = Vec::with_capacity(CHUNK);
+            upper.extend(chunk.drain(CHUNK / 2..));
+            let upper_sep = upper[0].0.clone();
+            self.many.insert(upper_sep, upper);
+        }
+        self.many.insert(sep, chunk);
+    }
+
+    /// The chunked form of entries ascending by key (full chunks).
+    fn from_sorted(entries: impl IntoIterator<Item = (K, S)>) -> Self
+    where
+        K: Clone,
+    {
+        let mut len = 0;
+        let mut chunks: Vec<(K, Vec<(K, S)>)> = Vec::new();
+        let mut entries = entries.into_iter();
+        while let Some((k, s)) = entries.next() {
+            len += 1;
+            match chunks.last_mut() {
+                Some((_, c)) if c.len() < CHUNK => c.push((k, s)),
+                _ => {
+                    // Exact when the length is known (decoding), else grown on demand.
+                    let cap = CHUNK.min(entries.size_hint().0 + 1);
+                    let mut c = Vec::with_capacity(cap);
+                    let sep = k.clone();
+                    c.push((k, s));
+                    chunks.push((sep, c));
+                }
+            }
+        }
+        Self {
+            one: None,
+            // Sorted input: `collect` builds the tree in bulk.
+            many: chunks.into_iter().collect(),
+            tail: Vec::new(),
+            len,
+        }
     }
 }
+
+/// An iterator of known length (`left` items remain).
+struct Counted<I> {
+    inner: I,
+    left: usize,
+}
+
+impl<I: Iterator> Iterator for Counted<I> {
+    type Item = I::Item;
+    fn next(&mut self) -> Option<I::Item> {
+        let item = self.inner.next()?;
+        self.left = self.left.saturating_sub(1);
+        Some(item)
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl<I: Iterator> ExactSizeIterator for Counted<I> {}
 
 impl<K: Ord, S: PartialEq> PartialEq for DotMap<K, S> {
     fn eq(&self, other: &Self) -> bool {
@@ -407,11 +678,11 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
     pub fn get(&self, key: &K) -> Option<&S> {
         match &self.one {
             Some(b) => (b.0 == *key).then_some(&b.1),
-            None => self.many.get(key),
+            None => self.chunked_get(key),
         }
     }
-    /// Entries ascending by key.
-    pub fn iter(&self) -> impl Iterator<Item = (&K, &S)> {
+    /// Entries ascending by key (of exact length).
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&K, &S)> {
         self.entries()
     }
     /// Keys ascending.
@@ -424,7 +695,7 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
     }
     /// True when there is no child.
     pub fn is_empty(&self) -> bool {
-        self.one.is_none() && self.many.is_empty()
+        self.one.is_none() && self.len == 0
     }
     /// Sets a child directly (a bottom child removes the key). For mutators and decoders.
     pub fn set(&mut self, key: K, child: S) {
@@ -434,18 +705,39 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
             self.replace(key, child);
         }
     }
-    /// Sets a non-bottom child in one tree walk, returning the previous one (mutators' fast path).
-    /// On an empty map the entry is kept in its own box (no tree node).
+    /// Sets a non-bottom child in one search, returning the previous one (mutators' fast path).
+    /// On an empty map the entry is kept in its own box (no tree node); a key above every key
+    /// of a larger map is appended without a search.
     pub(crate) fn replace(&mut self, key: K, child: S) -> Option<S> {
         debug_assert!(!child.is_bottom());
         match &mut self.one {
             Some(b) if b.0 == key => Some(core::mem::replace(&mut b.1, child)),
-            Some(_) => self.tree().insert(key, child),
-            None if self.many.is_empty() => {
+            Some(_) => {
+                self.unbox();
+                self.chunked_insert(key, child)
+            }
+            None if self.len == 0 => {
                 self.one = Some(Box::new((key, child)));
                 None
             }
-            None => self.many.insert(key, child),
+            None => self.chunked_insert(key, child),
+        }
+    }
+    /// A map of one non-bottom child, kept in its own box (a mutator's delta).
+    pub(crate) fn single(key: K, child: S) -> Self {
+        debug_assert!(!child.is_bottom());
+        Self {
+            one: Some(Box::new((key, child))),
+            many: BTreeMap::new(),
+            tail: Vec::new(),
+            len: 0,
+        }
+    }
+    /// Moves an inline entry into the chunked form (general paths only).
+    fn unbox(&mut self) {
+        if let Some(b) = self.one.take() {
+            let (k, s) = *b;
+            self.chunked_insert(k, s);
         }
     }
     /// Removes and returns a child.
@@ -453,16 +745,56 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
         match &self.one {
             Some(b) if b.0 == *key => self.one.take().map(|b| b.1),
             Some(_) => None,
-            None => self.many.remove(key),
+            None => self.chunked_remove(key),
         }
     }
     /// True when no child is bottom (decoders check this).
     pub fn is_canonical(&self) -> bool {
         self.entries().all(|(_, c)| !c.is_bottom())
     }
+    /// True when the chunked form keeps its own invariants: tree chunks non-empty, every chunk
+    /// (the tail too) at most 32 (`CHUNK`) entries and strictly ascending, every key `≥` its
+    /// separator and `<` the next separator, the tail above every tree key, and the entry count
+    /// right (property tests check this after every operation).
+    pub fn layout_is_valid(&self) -> bool {
+        if self.one.is_some() && !(self.many.is_empty() && self.tail.is_empty()) {
+            return false;
+        }
+        let mut count = 0;
+        let mut prev: Option<&K> = None;
+        for (sep, chunk) in &self.many {
+            if chunk.is_empty() || chunk.len() > CHUNK {
+                return false;
+            }
+            if prev.is_some_and(|p| p >= sep) {
+                return false;
+            }
+            for (k, _) in chunk {
+                if k < sep || prev.is_some_and(|p| p >= k) {
+                    return false;
+                }
+                prev = Some(k);
+            }
+            count += chunk.len();
+        }
+        if self.tail.len() > CHUNK {
+            return false;
+        }
+        for (k, _) in &self.tail {
+            if prev.is_some_and(|p| p >= k) {
+                return false;
+            }
+            prev = Some(k);
+        }
+        count + self.tail.len() == self.len
+    }
     /// The entries by value, ascending by key.
     fn into_entries(self) -> impl Iterator<Item = (K, S)> {
-        self.one.map(|b| *b).into_iter().chain(self.many)
+        self.one
+            .map(|b| *b)
+            .into_iter()
+            .chain(self.many.into_values().flatten())
+            .chain(self.tail)
     }
     /// Keeps the children for which `keep` returns true (it may change them).
     fn retain(&mut self, mut keep: impl FnMut(&K, &mut S) -> bool) {
@@ -472,12 +804,19 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
                 self.one = None;
             }
         } else {
-            self.many.retain(|k, s| keep(k, s));
+            // Separators stay valid bounds when entries or whole chunks go.
+            let mut removed = 0;
+            self.many.retain(|_, chunk| {
+                let before = chunk.len();
+                chunk.retain_mut(|(k, s)| keep(k, s));
+                removed += before - chunk.len();
+                !chunk.is_empty()
+            });
+            let before = self.tail.len();
+            self.tail.retain_mut(|(k, s)| keep(k, s));
+            removed += before - self.tail.len();
+            self.len -= removed;
         }
-    }
-    /// A map from entries ascending by key (no bottom child).
-    fn from_tree(many: BTreeMap<K, S>) -> Self {
-        Self { one: None, many }
     }
 }
 
@@ -512,25 +851,21 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotStore for DotMap<K, S> {
             c
         };
         let mut found = 0u64;
-        let tree = self.tree();
+        self.unbox();
         for (k, theirs) in other.into_entries() {
-            match tree.entry(k) {
-                std::collections::btree_map::Entry::Occupied(mut slot) => {
-                    let child = slot.get_mut();
-                    if !candidates.is_empty() {
-                        child.for_each_dot(&mut |d| found += u64::from(candidates.contains(&d)));
-                    }
-                    child.join(ctx, theirs, other_ctx);
-                    if child.is_bottom() {
-                        slot.remove();
-                    }
+            if let Some(child) = self.chunked_get_mut(&k) {
+                if !candidates.is_empty() {
+                    child.for_each_dot(&mut |d| found += u64::from(candidates.contains(&d)));
                 }
-                std::collections::btree_map::Entry::Vacant(slot) => {
-                    let mut child = S::default();
-                    child.join(ctx, theirs, other_ctx);
-                    if !child.is_bottom() {
-                        slot.insert(child);
-                    }
+                child.join(ctx, theirs, other_ctx);
+                if child.is_bottom() {
+                    self.chunked_remove(&k);
+                }
+            } else {
+                let mut child = S::default();
+                child.join(ctx, theirs, other_ctx);
+                if !child.is_bottom() {
+                    self.chunked_insert(k, child);
                 }
             }
         }
@@ -553,14 +888,10 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotStore for DotMap<K, S> {
         n
     }
     fn unseen_by(&self, ctx: &CausalContext) -> Self {
-        Self::from_tree(
-            self.entries()
-                .filter_map(|(k, c)| {
-                    let u = c.unseen_by(ctx);
-                    (!u.is_bottom()).then(|| (k.clone(), u))
-                })
-                .collect(),
-        )
+        Self::from_sorted(self.entries().filter_map(|(k, c)| {
+            let u = c.unseen_by(ctx);
+            (!u.is_bottom()).then(|| (k.clone(), u))
+        }))
     }
     fn overriding(&self, mine: &Self) -> Self {
         let mut out = DotMap::default();
@@ -663,7 +994,7 @@ impl<S: DotStore> Causal<S> {
 /// or as an index into the enclosing [`Causal`]'s replica table) is decided by `crate::codec`.
 #[cfg(feature = "serde")]
 mod serde_impls {
-    use super::{AdmitsChild, BTreeMap, Dot, DotFun, DotMap, DotSet, DotStore, SmallVec};
+    use super::{AdmitsChild, Dot, DotFun, DotMap, DotSet, DotStore, SmallVec};
     use serde::de::{self, Deserialize, Deserializer};
     use serde::ser::{Serialize, Serializer};
 
@@ -727,7 +1058,7 @@ mod serde_impls {
 
     impl<'de, K, S> Deserialize<'de> for DotMap<K, S>
     where
-        K: Ord + Deserialize<'de> + AdmitsChild<S>,
+        K: Ord + Clone + Deserialize<'de> + AdmitsChild<S>,
         S: DotStore + Deserialize<'de>,
     {
         fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -749,11 +1080,7 @@ mod serde_impls {
                     ));
                 }
             }
-            // Sorted input: `collect` builds the tree in bulk.
-            Ok(DotMap {
-                one: None,
-                many: entries.into_iter().collect::<BTreeMap<K, S>>(),
-            })
+            Ok(DotMap::from_sorted(entries))
         }
     }
 }

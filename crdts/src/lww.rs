@@ -27,24 +27,56 @@ impl<V: Clone + Ord> LWWRegister<V> {
     }
 
     /// Delta-mutator: writes `value` at `ts` (from the local [`crate::Hlc::now`]); returns the delta.
+    #[inline]
     pub fn write(&mut self, ts: Timestamp, value: V) -> LWWRegister<V> {
         // Same result as `self.join(delta.clone())`, without building and matching a second
         // register: the write replaces ours iff `(ts, value)` is larger.
-        // The usual case decides on the physical time alone (a later millisecond); only a tie
-        // there needs the full `(timestamp, value)` order.
-        let replaces = match &self.entry {
-            None => true,
-            Some((t, v)) => {
-                ts.physical_ms > t.physical_ms
-                    || (ts.physical_ms == t.physical_ms && (ts, &value) > (*t, v))
-            }
-        };
-        if replaces {
+        if self.wins(&ts, &value) {
             self.entry = Some((ts, value.clone()));
         }
         LWWRegister {
             entry: Some((ts, value)),
         }
+    }
+
+    /// Writes `value` at `ts` in place and returns whether it won (it is now the value), with
+    /// no delta: the state-based update of an application that ships whole registers, or
+    /// none (what rust-crdt's `LWWReg::update` does). Guarantee: the register ends exactly as
+    /// after [`LWWRegister::write`] (or a join with the one-entry register `(ts, value)`).
+    #[inline]
+    pub fn set(&mut self, ts: Timestamp, value: V) -> bool {
+        match &mut self.entry {
+            None => {
+                self.entry = Some((ts, value));
+                true
+            }
+            Some((t, v)) => {
+                let wins = Self::beats(&ts, &value, t, v);
+                if wins {
+                    // In place: the entry is already `Some`.
+                    *t = ts;
+                    *v = value;
+                }
+                wins
+            }
+        }
+    }
+
+    /// Does `(ts, value)` replace the current entry? The usual case decides on the physical
+    /// time alone (a later millisecond); only a tie there needs the full `(timestamp, value)`
+    /// order.
+    #[inline]
+    fn wins(&self, ts: &Timestamp, value: &V) -> bool {
+        match &self.entry {
+            None => true,
+            Some((t, v)) => Self::beats(ts, value, t, v),
+        }
+    }
+
+    /// `(ts, value) > (t, v)`, deciding on the physical time first.
+    #[inline]
+    fn beats(ts: &Timestamp, value: &V, t: &Timestamp, v: &V) -> bool {
+        ts.physical_ms > t.physical_ms || (ts.physical_ms == t.physical_ms && (ts, value) > (t, v))
     }
 
     /// The current value.

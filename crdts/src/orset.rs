@@ -14,6 +14,11 @@ pub type ORSetDelta<E> = Causal<DotMap<E, DotSet>>;
 /// An add-wins set: an add concurrent with a remove of the same element survives.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+// Decoding builds the chunked `DotMap`, whose separators are clones of element keys.
+#[cfg_attr(
+    feature = "serde",
+    serde(bound(deserialize = "E: Ord + Clone + serde::Deserialize<'de>"))
+)]
 pub struct ORSet<E: Ord> {
     state: Causal<DotMap<E, DotSet>>,
 }
@@ -59,10 +64,8 @@ impl<E: Ord + Clone + Debug> ORSet<E> {
             });
         }
         self.state.ctx.insert(dot);
-        let mut store = DotMap::default();
-        store.set(e, DotSet::single(dot));
         Ok(Causal {
-            store,
+            store: DotMap::single(e, DotSet::single(dot)),
             ctx: delta_ctx,
         })
     }

@@ -494,8 +494,30 @@ pub trait Rows {
     /// # Errors
     /// Backend failures.
     fn get(&mut self, key: &Key) -> Result<Option<Entry>, Self::Error>;
-    /// Replaces the entry under `key` (`None` deletes it). `old` is what `get` returned, so the
-    /// backend can update its dot index by the difference.
+    /// The part of the entry under `key` that a join with `theirs` (the delta's entry for
+    /// `key`, if any) under a delta context whose intersection with the state's context is
+    /// `seen` can change: at least every element (of an orset) that `theirs` names or that
+    /// holds a dot of `seen`. Any superset is correct too; the default is the whole entry.
+    ///
+    /// Exact because the join of a [`DotMap`] is per element: an element `theirs` does not
+    /// name and holding no dot of `seen` is left as it is. A backend storing a set as rows per
+    /// element thus reads O(|δ|) rows however large the set.
+    ///
+    /// # Errors
+    /// Backend failures.
+    fn get_part(
+        &mut self,
+        key: &Key,
+        theirs: Option<&Entry>,
+        seen: &CausalContext,
+    ) -> Result<Option<Entry>, Self::Error> {
+        let _ = (theirs, seen);
+        self.get(key)
+    }
+    /// Replaces the entry under `key` (`None` deletes it). `old` is what `get` (or
+    /// `get_part`) returned, so the backend can update its rows and dot index by the
+    /// difference: for a part, the elements of `old` missing from `new` are removed, those of
+    /// `new` written, and every element outside `old` is left as it is.
     ///
     /// # Errors
     /// Backend failures.
@@ -578,7 +600,7 @@ pub fn join_delta<R: Rows>(
         .collect();
     let none = CausalContext::new();
     for (key, theirs) in child_entries {
-        let old = rows.get(&key)?;
+        let old = rows.get_part(&key, Some(&theirs), &seen_by_both)?;
         let mut unseen = theirs.unseen_by(ctx);
         let mut new = old.clone().unwrap_or_else(|| Entry::bottom(key.kind));
         if !seen_by_both.is_empty() {
@@ -612,7 +634,9 @@ pub fn join_delta<R: Rows>(
             if touched.binary_search(&key).is_ok() {
                 continue;
             }
-            let Some(old) = rows.get(&key)? else { continue };
+            let Some(old) = rows.get_part(&key, None, &candidates)? else {
+                continue;
+            };
             let mut new = old.clone();
             let before = new.dots();
             if new.remove_dots(&candidates) > 0 {

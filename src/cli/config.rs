@@ -18,6 +18,10 @@ pub struct PeerConfig {
     /// The directory `tidemark certs issue` wrote (CA certificate, node certificate and key).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<PathBuf>,
+    /// The address other members dial to reach this node (default: `listen`). Required when
+    /// `listen` binds every interface (`0.0.0.0:7701`); port 0 means the `listen` port.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advertise: Option<SocketAddr>,
     /// Peers to join at start.
     pub join: Vec<String>,
     /// A member SWIM declared down is evicted from replication this many ms later (so it stops
@@ -30,6 +34,7 @@ impl Default for PeerConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 7701)),
             tls: None,
+            advertise: None,
             join: Vec::new(),
             down_grace_ms: 30_000,
         }

@@ -25,6 +25,10 @@ pub struct ServeArgs {
     /// Directory written by `tidemark certs issue` (CA cert, node cert and key).
     #[arg(long, value_name = "DIR")]
     pub tls: Option<PathBuf>,
+    /// Address peers dial to reach this node [default: the peer listen address]; required when
+    /// `--peer-listen` binds every interface (0.0.0.0).
+    #[arg(long, value_name = "ADDR")]
+    pub advertise: Option<SocketAddr>,
     /// A peer to join (repeatable): a seed for joining the cluster; afterwards SWIM membership
     /// decides whom to connect to.
     #[arg(long, value_name = "ADDR")]
@@ -70,6 +74,9 @@ impl ServeArgs {
         }
         if let Some(t) = &self.tls {
             set_key(&mut table, "peer.tls", s(&t.display()))?;
+        }
+        if let Some(a) = &self.advertise {
+            set_key(&mut table, "peer.advertise", s(a))?;
         }
         if let Some(ms) = self.down_grace_ms {
             set_key(
@@ -168,9 +175,19 @@ async fn start_peers(node: &Node, config: &Config) -> anyhow::Result<SocketAddr>
         Some(dir) => {
             let tls = tidemark::net::TlsDir::load(dir)
                 .with_context(|| format!("loading TLS material from {}", dir.display()))?;
-            node.listen(listen, tls).await
+            let mut opts = tidemark::net::NetOptions::new(config.limits.frame_bytes_max);
+            opts.advertise = config.peer.advertise;
+            node.listen_with(listen, tls, opts).await
         }
-        None => node.listen_local(listen).await,
+        None => {
+            if config.peer.advertise.is_some() {
+                anyhow::bail!(
+                    "peer.advertise needs peer.tls: a node without cluster certificates is \
+                     reachable on loopback only"
+                );
+            }
+            node.listen_local(listen).await
+        }
     }
     .with_context(|| format!("cannot start the peer endpoint on {listen}"))?;
     for peer in &config.peer.join {

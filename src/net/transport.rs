@@ -80,6 +80,10 @@ pub struct NetOptions {
     pub faults: Option<Faults>,
     /// SWIM membership timing (failure detection).
     pub swim: SwimOptions,
+    /// The address other members dial to reach this node (default: the bound address). Needed
+    /// when binding every interface (`0.0.0.0`, `[::]`), which no peer can dial: starting such
+    /// an endpoint without it is refused. Port 0 means "the bound port".
+    pub advertise: Option<SocketAddr>,
 }
 
 impl NetOptions {
@@ -97,6 +101,7 @@ impl NetOptions {
             redial_max: Duration::from_secs(2),
             faults: None,
             swim: SwimOptions::default(),
+            advertise: None,
         }
     }
 }
@@ -175,6 +180,27 @@ pub(crate) struct Net {
     closing: AtomicBool,
     closed: Notify,
     local_addr: SocketAddr,
+    /// The address members dial (`NetOptions::advertise`, else `local_addr`).
+    advertised: SocketAddr,
+}
+
+/// The address members dial: `advertise` (its port 0 replaced by the bound port), else the bound
+/// address, which must then be one a peer can dial (not `0.0.0.0` / `[::]`).
+fn advertised_addr(
+    bound: SocketAddr,
+    advertise: Option<SocketAddr>,
+) -> Result<SocketAddr, NetError> {
+    let mut addr = advertise.unwrap_or(bound);
+    if addr.port() == 0 {
+        addr.set_port(bound.port());
+    }
+    if addr.ip().is_unspecified() {
+        return Err(NetError::Config(format!(
+            "peers cannot dial {addr}: a node bound to every interface must name the address \
+             peers use to reach it (`--advertise ADDR`, `peer.advertise`)"
+        )));
+    }
+    Ok(addr)
 }
 
 impl std::fmt::Debug for Net {
@@ -237,6 +263,7 @@ impl Net {
         )
         .map_err(NetError::Io)?;
         let local_addr = endpoint.local_addr().map_err(NetError::Io)?;
+        let advertised = advertised_addr(local_addr, opts.advertise)?;
         let net = Arc::new(Net {
             endpoint,
             client,
@@ -253,10 +280,11 @@ impl Net {
             closing: AtomicBool::new(false),
             closed: Notify::new(),
             local_addr,
+            advertised,
         });
         let me = MemberId {
             name: net.name.clone(),
-            addr: local_addr,
+            addr: advertised,
             replica,
             epoch,
             boot_ms: crate::driver::wall_ms(),
@@ -265,7 +293,7 @@ impl Net {
         let membership = Membership::start(&net, me, &net.opts.swim, seed);
         let _ = net.membership.set(membership);
         tokio::spawn(Arc::clone(&net).accept_loop());
-        tracing::info!(name = %net.name, %local_addr, "peer endpoint listening");
+        tracing::info!(name = %net.name, %local_addr, %advertised, "peer endpoint listening");
         Ok(net)
     }
 
@@ -352,7 +380,11 @@ impl Net {
 
     /// Dials member `name` at `addr` once unless a connection to it is live or being made.
     pub(crate) fn ensure_link(self: &Arc<Self>, name: &str, addr: SocketAddr) {
-        if self.is_closing() || self.live_conn(name).is_some() || addr == self.local_addr {
+        if self.is_closing()
+            || self.live_conn(name).is_some()
+            || addr == self.local_addr
+            || addr == self.advertised
+        {
             return;
         }
         let fresh = self.dialing.lock().is_ok_and(|mut d| d.insert(addr));
@@ -720,4 +752,28 @@ pub(crate) async fn read_frame(
         .await
         .map_err(|e| NetError::Stream(e.to_string()))?;
     Ok(Some(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unspecified_bind_needs_an_advertised_address() {
+        let any: SocketAddr = "0.0.0.0:7701".parse().expect("addr");
+        assert!(matches!(
+            advertised_addr(any, None),
+            Err(NetError::Config(m)) if m.contains("--advertise")
+        ));
+        let v6any: SocketAddr = "[::]:7701".parse().expect("addr");
+        assert!(advertised_addr(v6any, None).is_err());
+        let public: SocketAddr = "10.1.2.3:0".parse().expect("addr");
+        assert_eq!(
+            advertised_addr(any, Some(public)).expect("advertised"),
+            "10.1.2.3:7701".parse::<SocketAddr>().expect("addr")
+        );
+        let lo: SocketAddr = "127.0.0.1:7801".parse().expect("addr");
+        assert_eq!(advertised_addr(lo, None).expect("bound"), lo);
+        assert!(advertised_addr(lo, Some(any)).is_err());
+    }
 }

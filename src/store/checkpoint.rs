@@ -9,9 +9,9 @@
 //! Log compaction never drops a record at or above the folded seq (it folds first).
 
 use super::error::StoreError;
-use super::overlay::{self, OvTable};
+use super::overlay;
 use super::rows::TxnRows;
-use super::tables::{DOTS_TABLE, LOG, LogRecord, META_FOLDED, ROWS_TABLE};
+use super::tables::{LOG, LogRecord, META_FOLDED};
 use super::{RedbStore, meta_get, meta_put};
 use crate::codec;
 use redb::{ReadableTable, WriteTransaction};
@@ -195,10 +195,11 @@ impl RedbStore {
         let mut records = 0u64;
         {
             let log = txn.open_table(LOG).map_err(StoreError::redb)?;
-            let mut rows_t = OvTable::open(&txn, ROWS_TABLE, &self.overlay)?;
-            let mut dots_t = OvTable::open(&txn, DOTS_TABLE, &self.overlay)?;
+            let (mut rows_t, mut elems_t, mut dots_t) =
+                super::rows::open_state_tables(&txn, &self.overlay)?;
             let mut rows = TxnRows {
                 rows: &mut rows_t,
+                elems: &mut elems_t,
                 dots: &mut dots_t,
                 record_bytes_max: max,
             };

@@ -1,18 +1,20 @@
 //! Local commit groups: many callers' writes in one durable transaction (DESIGN.md A5, A8, D2).
 
 use super::error::StoreError;
-use super::overlay::{BytesTable, OvTable};
-use super::rows::{TxnRows, decode_entry, indexed};
+use super::overlay::BytesTable;
+use super::rows::{
+    TxnRows, decode_entry, indexed, open_state_tables, per_element, put_set, read_elems,
+};
 use super::split::{split_delta, write_bytes_estimate};
 use super::tables::{
-    DEDUP, DOTS_TABLE, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, ROWS_TABLE,
-    dedup_key, dot_bytes, key_bytes,
+    DEDUP, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, dedup_key, dot_bytes, key_bytes,
 };
 use super::{RedbStore, meta_put};
 use crate::codec;
 use crate::model::Delta;
 use redb::ReadableTable;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::rc::Rc;
 use tidemark_crdts::store::{delta_mutation, join_delta};
 use tidemark_crdts::{
@@ -130,7 +132,7 @@ impl RecordBuilder {
         let fresh = CausalContext::from_range(me, first + 1, last);
         let mut store: DotMap<Key, Entry> = DotMap::default();
         for key in keys {
-            if let Some(e) = rows.entry(&key)? {
+            if let Some(e) = rows.record_part(&key)? {
                 let older = e.dots().diff(&fresh);
                 let part = e.unseen_by(&older);
                 if !part.is_bottom() {
@@ -245,11 +247,11 @@ impl RedbStore {
         let mut marks: BTreeMap<(String, String), IntervalSet> = BTreeMap::new();
         let mut values = Vec::new();
         {
-            let mut rows_t = OvTable::open(&txn, ROWS_TABLE, &self.overlay)?;
-            let mut dots_t = OvTable::open(&txn, DOTS_TABLE, &self.overlay)?;
+            let (mut rows_t, mut elems_t, mut dots_t) = open_state_tables(&txn, &self.overlay)?;
             let mut dedup_t = txn.open_table(DEDUP).map_err(StoreError::redb)?;
             let mut rows = GroupRows::new(TxnRows {
                 rows: &mut rows_t,
+                elems: &mut elems_t,
                 dots: &mut dots_t,
                 record_bytes_max: max,
             });
@@ -325,7 +327,8 @@ impl RedbStore {
                     .transpose()
                     .map_err(|e| StoreError::Exhausted(e.to_string()))?
                     .or(stamp);
-                    let (entry, dctx) = delta_mutation(key.kind, rows.entry(key)?, m, dot, ts)
+                    let base = rows.base(key, m)?;
+                    let (entry, dctx) = delta_mutation(key.kind, base.as_deref(), m, dot, ts)
                         .map_err(|e| StoreError::InvalidOp(format!("{key}: {e}")))?;
                     rec.dots.extend(dctx.iter_dots());
                     rec.last = dot.seq;
@@ -343,8 +346,10 @@ impl RedbStore {
             changed.dedup();
             if self.change_values {
                 for key in &changed {
-                    let entry = rows.entry(key)?;
-                    let v = entry.map_or_else(|| Value::empty(key.kind), Entry::value);
+                    let entry = rows.whole(key)?;
+                    let v = entry
+                        .as_deref()
+                        .map_or_else(|| Value::empty(key.kind), Entry::value);
                     values.push((key.clone(), v));
                 }
             }
@@ -434,6 +439,9 @@ struct GroupRows<'r, 't> {
     removed: HashSet<Dot>,
     /// Approximate bytes held by `cache` (sum of its estimates).
     cached_bytes: usize,
+    /// Per set key, the elements changed since the last [`GroupRows::record_part`] of it.
+    /// Sets are not cached: their element rows are read and written through (one row each).
+    touched: HashMap<Key, BTreeSet<String>>,
 }
 
 /// One cached entry of a [`GroupRows`].
@@ -451,7 +459,53 @@ impl<'r, 't> GroupRows<'r, 't> {
             owner: HashMap::new(),
             removed: HashSet::new(),
             cached_bytes: 0,
+            touched: HashMap::new(),
         }
+    }
+
+    /// What a mutation of `key` needs of its current entry: for a set add or remove, only the
+    /// element's row (O(1) whatever the set's size); a set delete reads the whole set; other
+    /// kinds the cached entry.
+    fn base(&mut self, key: &Key, m: &Mutation) -> Result<Option<Cow<'_, Entry>>, StoreError> {
+        if per_element(key.kind) {
+            let max = self.inner.record_bytes_max;
+            let part = match m {
+                Mutation::Add(e) | Mutation::Remove(e) => {
+                    let map = read_elems(&*self.inner.elems, key, [e.as_str()], max)?;
+                    (!map.is_empty()).then_some(Entry::ORSet(map))
+                }
+                _ => self.inner.get(key)?,
+            };
+            return Ok(part.map(Cow::Owned));
+        }
+        Ok(self.entry(key)?.map(Cow::Borrowed))
+    }
+
+    /// The whole current entry of `key` (a set is assembled from its rows: O(set)).
+    fn whole(&mut self, key: &Key) -> Result<Option<Cow<'_, Entry>>, StoreError> {
+        if per_element(key.kind) {
+            return Ok(self.inner.get(key)?.map(Cow::Owned));
+        }
+        Ok(self.entry(key)?.map(Cow::Borrowed))
+    }
+
+    /// The part of `key`'s entry holding every dot the group gave it since the last call for
+    /// `key` (for a set: the elements changed since then; other kinds: the whole entry).
+    fn record_part(&mut self, key: &Key) -> Result<Option<Entry>, StoreError> {
+        if per_element(key.kind) {
+            let Some(names) = self.touched.remove(key) else {
+                return Ok(None);
+            };
+            let max = self.inner.record_bytes_max;
+            let map = read_elems(
+                &*self.inner.elems,
+                key,
+                names.iter().map(String::as_str),
+                max,
+            )?;
+            return Ok((!map.is_empty()).then_some(Entry::ORSet(map)));
+        }
+        Ok(self.entry(key)?.cloned())
     }
 
     /// Writes every changed row to its table (encoding each once). Nothing is dropped.
@@ -577,7 +631,22 @@ impl Rows for GroupRows<'_, '_> {
     type Error = StoreError;
 
     fn get(&mut self, key: &Key) -> Result<Option<Entry>, StoreError> {
+        if per_element(key.kind) {
+            return self.inner.get(key);
+        }
         Ok(self.entry(key)?.cloned())
+    }
+
+    fn get_part(
+        &mut self,
+        key: &Key,
+        theirs: Option<&Entry>,
+        seen: &CausalContext,
+    ) -> Result<Option<Entry>, StoreError> {
+        if per_element(key.kind) {
+            return self.inner.get_part(key, theirs, seen);
+        }
+        self.get(key)
     }
 
     /// As [`TxnRows::put`], but the dot index is updated by the difference between `old` and
@@ -588,6 +657,38 @@ impl Rows for GroupRows<'_, '_> {
         old: Option<&Entry>,
         new: Option<&Entry>,
     ) -> Result<(), StoreError> {
+        if per_element(key.kind) {
+            // Element rows are written through; the group remembers which elements changed
+            // (for its log record) and which dots moved (for `keys_holding`).
+            let change = put_set(&mut self.inner, key, old, new)?;
+            if let Some(Entry::ORSet(n)) = new {
+                let o = match old {
+                    Some(Entry::ORSet(o)) => Some(o),
+                    _ => None,
+                };
+                let changed: Vec<String> = n
+                    .iter()
+                    .filter(|(e, ds)| o.and_then(|o| o.get(e)) != Some(*ds))
+                    .map(|(e, _)| e.clone())
+                    .collect();
+                if !changed.is_empty() {
+                    self.touched.entry(key.clone()).or_default().extend(changed);
+                }
+            }
+            let rc = match self.cache.get_key_value(key) {
+                Some((k, _)) => Rc::clone(k),
+                None => Rc::new(key.clone()),
+            };
+            for d in &change.removed {
+                self.owner.remove(d);
+                self.removed.insert(*d);
+            }
+            for d in &change.added {
+                self.owner.insert(*d, Rc::clone(&rc));
+                self.removed.remove(d);
+            }
+            return Ok(());
+        }
         let kb = key_bytes(key);
         let before = sorted_dots(old);
         let after = sorted_dots(new);

@@ -20,6 +20,8 @@ mod purge;
 mod read;
 mod replicate;
 mod rows;
+#[cfg(test)]
+mod set_rows_tests;
 pub mod snapshot;
 mod split;
 pub(crate) mod tables;
@@ -44,7 +46,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tables::{
-    CURSORS, DEDUP, DOTS, LOG, META, META_CONTEXT, META_EPOCH, META_FORMAT, META_HLC,
+    CURSORS, DEDUP, DOTS, ELEMS, LOG, META, META_CONTEXT, META_EPOCH, META_FORMAT, META_HLC,
     META_LOG_BOUNDS, META_REPLICA, META_TRUNCATED, ROWS, STORE_FORMAT,
 };
 use tidemark_crdts::{CausalContext, Hlc, ReplicaId};
@@ -233,7 +235,7 @@ impl RedbStore {
     fn init(db: Database, path: Option<PathBuf>, options: OpenOptions) -> Result<Self, StoreError> {
         let max = options.limits.record_bytes_max;
         let txn = db.begin_write().map_err(StoreError::redb)?;
-        for t in [ROWS, DOTS, DEDUP] {
+        for t in [ROWS, ELEMS, DOTS, DEDUP] {
             txn.open_table(t).map_err(StoreError::redb)?;
         }
         txn.open_table(LOG).map_err(StoreError::redb)?;
@@ -242,8 +244,8 @@ impl RedbStore {
         let format: Option<u32> = meta_get(&txn, META_FORMAT, max)?;
         match (existing, format) {
             (None, _) => {}
-            // Format 2 has no overlay marker: its tables hold every log record (`replay`).
-            (Some(_), Some(STORE_FORMAT | 2)) => {}
+            // Format 3 has no overlay marker: its tables hold every log record (`replay`).
+            (Some(_), Some(STORE_FORMAT | 3)) => {}
             (Some(_), found) => {
                 return Err(StoreError::Corrupt(format!(
                     "store format {} (this build reads format {STORE_FORMAT}; no migration: \

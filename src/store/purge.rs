@@ -11,9 +11,7 @@
 
 use super::RedbStore;
 use super::error::StoreError;
-use super::overlay::OvTable;
-use super::rows::TxnRows;
-use super::tables::{DOTS_TABLE, ROWS_TABLE};
+use super::rows::with_txn_rows;
 use crate::model::{Delta, StateChunk};
 use std::sync::Arc;
 use tidemark_crdts::{Key, Rows};
@@ -69,22 +67,21 @@ impl RedbStore {
         }
         self.guarded(|s| {
             let txn = s.begin()?;
-            let mut removed = 0;
-            {
-                let mut rows_t = OvTable::open(&txn, ROWS_TABLE, &s.overlay)?;
-                let mut dots_t = OvTable::open(&txn, DOTS_TABLE, &s.overlay)?;
-                let mut rows = TxnRows {
-                    rows: &mut rows_t,
-                    dots: &mut dots_t,
-                    record_bytes_max: s.options.limits.record_bytes_max,
-                };
-                for key in keys {
-                    if let Some(old) = rows.get(key)? {
-                        rows.put(key, Some(&old), None)?;
-                        removed += 1;
+            let removed = with_txn_rows(
+                &txn,
+                &s.overlay,
+                s.options.limits.record_bytes_max,
+                |rows| {
+                    let mut removed = 0;
+                    for key in keys {
+                        if let Some(old) = rows.get(key)? {
+                            rows.put(key, Some(&old), None)?;
+                            removed += 1;
+                        }
                     }
-                }
-            }
+                    Ok(removed)
+                },
+            )?;
             if removed == 0 {
                 s.overlay.get_mut().discard_pending();
                 txn.abort().map_err(StoreError::redb)?;

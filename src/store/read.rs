@@ -4,14 +4,12 @@
 //! the writer, and is cheap to clone and share across threads.
 
 use super::error::StoreError;
-use super::overlay::{self, BytesTable, OvRead, View};
-use super::rows::decode_entry;
-use super::tables::{
-    DOTS_TABLE, META, META_CONTEXT, ROWS_TABLE, dot_bytes, key_bytes, kind_prefix, parse_key,
-};
+use super::overlay::BytesTable;
+use super::rows::{for_each_elem, open_read_tables, per_element, read_entry, row_entry};
+use super::tables::{META, META_CONTEXT, dot_bytes, elem_key, key_bytes, kind_prefix, parse_key};
 use crate::codec;
 use crate::config::Limits;
-use redb::{Database, ReadTransaction, ReadableDatabase};
+use redb::{Database, ReadableDatabase};
 use std::ops::Bound;
 use std::sync::Arc;
 use tidemark_crdts::{CausalContext, DotStore, Entry, Key, KeyKind, Value};
@@ -21,7 +19,7 @@ use tidemark_crdts::{CausalContext, DotStore, Entry, Key, KeyKind, Value};
 pub struct Reader {
     db: Arc<Database>,
     limits: Limits,
-    overlay: overlay::Shared,
+    overlay: super::overlay::Shared,
 }
 
 impl std::fmt::Debug for Reader {
@@ -31,7 +29,7 @@ impl std::fmt::Debug for Reader {
 }
 
 impl Reader {
-    pub(crate) fn new(db: Arc<Database>, limits: Limits, overlay: overlay::Shared) -> Self {
+    pub(crate) fn new(db: Arc<Database>, limits: Limits, overlay: super::overlay::Shared) -> Self {
         Self {
             db,
             limits,
@@ -40,8 +38,8 @@ impl Reader {
     }
 
     /// A read transaction and the overlay view of the same committed state.
-    fn begin(&self) -> Result<(ReadTransaction, Arc<View>), StoreError> {
-        let view = overlay::lock(&self.overlay);
+    fn begin(&self) -> Result<(redb::ReadTransaction, Arc<super::overlay::View>), StoreError> {
+        let view = super::overlay::lock(&self.overlay);
         let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
         Ok((rtxn, Arc::clone(&view)))
     }
@@ -52,14 +50,26 @@ impl Reader {
     /// Storage failures and corrupt rows.
     pub fn entry(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
         let (rtxn, view) = self.begin()?;
-        let rows = OvRead::open(&rtxn, ROWS_TABLE, &view)?;
-        match rows
-            .get(key_bytes(key).as_slice())
-            .map_err(StoreError::redb)?
-        {
-            Some(g) => Ok(Some(decode_entry(g.value(), self.limits.record_bytes_max)?)),
-            None => Ok(None),
+        let (rows, elems) = open_read_tables(&rtxn, &view)?;
+        read_entry(&rows, &elems, key, self.limits.record_bytes_max)
+    }
+
+    /// Whether the committed set `key` holds `element`: one element row is read, whatever
+    /// the set's size (`false` for a key of another kind).
+    ///
+    /// # Errors
+    /// Storage failures and corrupt rows.
+    pub fn set_contains(&self, key: &Key, element: &str) -> Result<bool, StoreError> {
+        if !per_element(key.kind) {
+            return Ok(false);
         }
+        let (rtxn, view) = self.begin()?;
+        let elems = super::overlay::OvRead::open(&rtxn, super::tables::ELEMS_TABLE, &view)?;
+        let found = elems
+            .get(elem_key(key, element).as_slice())
+            .map_err(StoreError::redb)?
+            .is_some();
+        Ok(found)
     }
 
     /// The committed value of `key` (`None` when the key holds nothing).
@@ -83,7 +93,7 @@ impl Reader {
         limit: usize,
     ) -> Result<Vec<(Key, Value)>, StoreError> {
         let (rtxn, view) = self.begin()?;
-        let rows = OvRead::open(&rtxn, ROWS_TABLE, &view)?;
+        let (rows, elems) = open_read_tables(&rtxn, &view)?;
         let start = match after {
             Some(a) if a >= prefix => key_bytes(&Key::new(kind, a)),
             _ => key_bytes(&Key::new(kind, prefix)),
@@ -110,10 +120,8 @@ impl Reader {
             }
             let key =
                 parse_key(kb).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
-            out.push((
-                key,
-                decode_entry(v.value(), self.limits.record_bytes_max)?.value(),
-            ));
+            let entry = row_entry(&elems, &key, v.value(), self.limits.record_bytes_max)?;
+            out.push((key, entry.value()));
         }
         Ok(out)
     }
@@ -165,21 +173,14 @@ impl Reader {
     /// Storage failures and corrupt rows.
     pub fn entries(&self) -> Result<Vec<(Key, Entry)>, StoreError> {
         let (rtxn, view) = self.begin()?;
-        self.entries_in(&rtxn, &view)
-    }
-
-    fn entries_in(
-        &self,
-        rtxn: &ReadTransaction,
-        view: &View,
-    ) -> Result<Vec<(Key, Entry)>, StoreError> {
-        let rows = OvRead::open(rtxn, ROWS_TABLE, view)?;
+        let (rows, elems) = open_read_tables(&rtxn, &view)?;
         let mut out = Vec::new();
         for item in rows.range::<&[u8]>(..).map_err(StoreError::redb)? {
             let (k, v) = item.map_err(StoreError::redb)?;
             let key = parse_key(k.value())
                 .ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
-            out.push((key, decode_entry(v.value(), self.limits.record_bytes_max)?));
+            let entry = row_entry(&elems, &key, v.value(), self.limits.record_bytes_max)?;
+            out.push((key, entry));
         }
         Ok(out)
     }
@@ -198,9 +199,10 @@ impl Reader {
             ));
         }
         let (rtxn, view) = self.begin()?;
-        let dots = OvRead::open(&rtxn, DOTS_TABLE, &view)?;
+        let dots = super::overlay::OvRead::open(&rtxn, super::tables::DOTS_TABLE, &view)?;
         let mut live = 0u64;
-        for (key, entry) in self.entries_in(&rtxn, &view)? {
+        let (mut sets, mut set_elems) = (0u64, 0u64);
+        for (key, entry) in self.entries()? {
             let mut problem = None;
             let counts = super::rows::indexed(key.kind);
             entry.for_each_dot(&mut |d| {
@@ -213,6 +215,37 @@ impl Reader {
                 return Err(StoreError::Corrupt(p));
             }
             if !super::rows::indexed(key.kind) {
+                continue;
+            }
+            if per_element(key.kind) {
+                if entry.is_bottom() {
+                    return Err(StoreError::Corrupt(format!(
+                        "{key}: set header without elements"
+                    )));
+                }
+                let mut missing = None;
+                let elems = super::overlay::OvRead::open(&rtxn, super::tables::ELEMS_TABLE, &view)?;
+                for_each_elem(&elems, &key, self.limits.record_bytes_max, |e, ds| {
+                    let want = elem_key(&key, e);
+                    for d in ds.iter() {
+                        match dots.get(dot_bytes(*d).as_slice()) {
+                            Ok(Some(g)) if g.value() == want.as_slice() => {}
+                            _ if missing.is_none() => {
+                                missing = Some(format!("{key}: {d:?} is not indexed to {e}"));
+                            }
+                            _ => {}
+                        }
+                    }
+                    Ok(())
+                })?;
+                if let Some(m) = missing {
+                    return Err(StoreError::Corrupt(m));
+                }
+                sets += 1;
+                set_elems += match &entry {
+                    Entry::ORSet(m) => m.len() as u64,
+                    _ => 0,
+                };
                 continue;
             }
             let mut missing = None;
@@ -228,6 +261,14 @@ impl Reader {
             if let Some(m) = missing {
                 return Err(StoreError::Corrupt(m));
             }
+        }
+        // Every element row belongs to a set with a header row (no orphan elements).
+        let elems = super::overlay::OvRead::open(&rtxn, super::tables::ELEMS_TABLE, &view)?;
+        let stored = elems.len().map_err(StoreError::redb)?;
+        if stored != set_elems {
+            return Err(StoreError::Corrupt(format!(
+                "elems holds {stored} rows, the {sets} sets hold {set_elems} elements"
+            )));
         }
         let indexed = dots.len().map_err(StoreError::redb)?;
         if indexed != live {

@@ -3,12 +3,12 @@
 
 use super::error::StoreError;
 use super::local::append_log;
-use super::overlay::{BytesTable, OvRead, OvTable};
-use super::rows::TxnRows;
+use super::overlay::BytesTable;
+use super::rows::{TxnRows, with_txn_rows};
 use super::split::{marks_bytes, split_delta};
 use super::tables::{
-    CURSORS, DEDUP, DOTS_TABLE, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS,
-    META_TRUNCATED, ROWS_TABLE, dedup_key,
+    CURSORS, DEDUP, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, META_TRUNCATED,
+    dedup_key,
 };
 use super::{RedbStore, meta_put};
 use crate::apply::{self, Rejected};
@@ -227,16 +227,12 @@ impl RedbStore {
     ) -> Result<ApplyOutcome, StoreError> {
         let txn = self.begin()?;
         let mut ctx = self.ctx.clone();
-        let outcome = {
-            let mut rows_t = OvTable::open(&txn, ROWS_TABLE, &self.overlay)?;
-            let mut dots_t = OvTable::open(&txn, DOTS_TABLE, &self.overlay)?;
-            let mut rows = TxnRows {
-                rows: &mut rows_t,
-                dots: &mut dots_t,
-                record_bytes_max: self.options.limits.record_bytes_max,
-            };
-            join(&mut rows, &mut ctx)?
-        };
+        let outcome = with_txn_rows(
+            &txn,
+            &self.overlay,
+            self.options.limits.record_bytes_max,
+            |rows| join(rows, &mut ctx),
+        )?;
         self.finish_remote(txn, origin, outcome, marks, ctx, cursor, hlc, hlc_rejected)
     }
 
@@ -404,16 +400,11 @@ impl StateStore for RedbStore {
         let max = self.options.limits.record_bytes_max;
         // The writer's committed state: the tables under the overlay readers see.
         let (rtxn, view) = self.begin_overlay_read()?;
-        let rows = OvRead::open(&rtxn, ROWS_TABLE, &view)?;
+        let (rows, elems) = super::rows::open_read_tables(&rtxn, &view)?;
         if let Some((key, from)) = resume {
             // Continue a large row (or cover the rest of its dot space if it vanished).
-            let entry = match rows
-                .get(super::tables::key_bytes(key).as_slice())
-                .map_err(StoreError::redb)?
-            {
-                Some(g) => super::rows::decode_entry(g.value(), max)?,
-                None => Entry::bottom(key.kind),
-            };
+            let entry = super::rows::read_entry(&rows, &elems, key, max)?
+                .unwrap_or_else(|| Entry::bottom(key.kind));
             return row_part(key.clone(), &entry, Some(*from), bytes_max);
         }
         let lo = after.map(super::tables::key_bytes);
@@ -426,14 +417,20 @@ impl StateStore for RedbStore {
             .map_err(StoreError::redb)?
         {
             let (k, v) = item.map_err(StoreError::redb)?;
-            let size = k.value().len() + v.value().len();
+            let key = super::tables::parse_key(k.value())
+                .ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
+            // A set is assembled from its element rows (a read) and sized as one row.
+            let entry = super::rows::row_entry(&elems, &key, v.value(), max)?;
+            let size = k.value().len()
+                + if super::rows::per_element(key.kind) {
+                    codec::encoded_len("state row", &entry).map_err(codec_err("rows"))?
+                } else {
+                    v.value().len()
+                };
             if !entries.is_empty() && bytes.saturating_add(size) > bytes_max {
                 done = false;
                 break;
             }
-            let key = super::tables::parse_key(k.value())
-                .ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
-            let entry = super::rows::decode_entry(v.value(), max)?;
             if entries.is_empty() && size > bytes_max {
                 // A row too large for one message goes in parts (issue 11, 2d).
                 return row_part(key, &entry, None, bytes_max);

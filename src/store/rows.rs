@@ -1,20 +1,81 @@
-//! [`Rows`] and [`KeyRange`] over the tables of one redb write transaction under the
-//! write-ahead overlay ([`OvTable`]: reads see the overlay first, writes are staged in it and
-//! reach the tables at the next fold), so the lattice crate's join runs against the current
-//! rows and dot → key index.
+//! [`Rows`] and [`KeyRange`] over the tables of one redb write transaction, so the lattice
+//! crate's join runs directly against durable rows and the dot → key index.
+//!
+//! An orset is stored as rows per element (store format 3): a header row in `rows` (empty
+//! value; present exactly while the set has an element) and one `elems` row per element
+//! holding its `DotSet`; its dots are indexed to their element rows. [`TxnRows::get_part`]
+//! reads only the elements a join can change and [`TxnRows::put`] writes only the elements
+//! that differ, so an add or remove costs O(1) rows however large the set. Every access to
+//! the `rows`/`elems`/`dots` tables of the write path goes through the helpers here, and all
+//! of them through the write-ahead overlay (`overlay.rs`: [`OvTable`] for the write path,
+//! [`OvRead`] for readers), so writes are staged there and reach the tables at folds.
 
 use super::error::StoreError;
-use super::overlay::{BytesTable, OvTable};
-use super::tables::{dot_bytes, dot_key, key_bytes, parse_key};
+pub(crate) use super::overlay::BytesTable;
+use super::overlay::{OvRead, OvTable, Overlay, View};
+use super::tables::{
+    DOTS_TABLE, ELEMS_TABLE, ROWS_TABLE, dot_bytes, dot_key, elem_key, key_bytes,
+    parse_index_value, parse_key, set_prefix,
+};
 use crate::apply::KeyRange;
 use crate::codec;
+use std::cell::RefCell;
 use std::ops::Bound;
-use tidemark_crdts::{CausalContext, DotStore, Entry, Key, KeyKind, Rows};
+use tidemark_crdts::{CausalContext, Dot, DotMap, DotSet, DotStore, Entry, Key, KeyKind, Rows};
 
-/// The `rows` and `dots` tables of one write transaction, under the overlay.
+/// A `&[u8] → &[u8]` table of a write transaction.
+/// (Under the write-ahead overlay: reads see it first, writes are staged in it.)
+pub(crate) type WriteTable<'t> = OvTable<'t>;
+
+/// The `rows`, `elems` and `dots` tables of a write transaction, in that order.
+pub(crate) fn open_state_tables<'t>(
+    txn: &'t redb::WriteTransaction,
+    ov: &'t RefCell<Overlay>,
+) -> Result<(WriteTable<'t>, WriteTable<'t>, WriteTable<'t>), StoreError> {
+    Ok((
+        OvTable::open(txn, ROWS_TABLE, ov)?,
+        OvTable::open(txn, ELEMS_TABLE, ov)?,
+        OvTable::open(txn, DOTS_TABLE, ov)?,
+    ))
+}
+
+/// A `&[u8] → &[u8]` table of a read transaction.
+/// (Under a reader's overlay view.)
+pub(crate) type ReadTable<'v> = OvRead<'v>;
+
+/// The `rows` and `elems` tables of a read transaction (what whole entries are read from).
+pub(crate) fn open_read_tables<'v>(
+    rtxn: &redb::ReadTransaction,
+    view: &'v View,
+) -> Result<(ReadTable<'v>, ReadTable<'v>), StoreError> {
+    Ok((
+        OvRead::open(rtxn, ROWS_TABLE, view)?,
+        OvRead::open(rtxn, ELEMS_TABLE, view)?,
+    ))
+}
+
+/// Opens the `rows`, `elems` and `dots` tables of `txn` and runs `f` over them (the one
+/// place the write path opens them).
+pub(crate) fn with_txn_rows<T>(
+    txn: &redb::WriteTransaction,
+    ov: &RefCell<Overlay>,
+    record_bytes_max: usize,
+    f: impl FnOnce(&mut TxnRows<'_, '_>) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let (mut rows_t, mut elems_t, mut dots_t) = open_state_tables(txn, ov)?;
+    f(&mut TxnRows {
+        rows: &mut rows_t,
+        elems: &mut elems_t,
+        dots: &mut dots_t,
+        record_bytes_max,
+    })
+}
+
+/// The `rows`, `elems` and `dots` tables of one write transaction.
 pub(crate) struct TxnRows<'a, 't> {
-    pub(crate) rows: &'a mut OvTable<'t>,
-    pub(crate) dots: &'a mut OvTable<'t>,
+    pub(crate) rows: &'a mut WriteTable<'t>,
+    pub(crate) elems: &'a mut WriteTable<'t>,
+    pub(crate) dots: &'a mut WriteTable<'t>,
     pub(crate) record_bytes_max: usize,
 }
 
@@ -23,6 +84,288 @@ pub(crate) fn decode_entry(bytes: &[u8], max: usize) -> Result<Entry, StoreError
         table: "rows",
         source,
     })
+}
+
+fn decode_elem(bytes: &[u8], max: usize) -> Result<DotSet, StoreError> {
+    codec::decode("set element", bytes, max).map_err(|source| StoreError::Codec {
+        table: "elems",
+        source,
+    })
+}
+
+/// Whether `kind`'s entries are stored as rows per element (a header row plus `elems`).
+pub(crate) fn per_element(kind: KeyKind) -> bool {
+    kind == KeyKind::ORSet
+}
+
+/// The entry of `key` whose `rows` row holds `value`: decoded, or for a set assembled from
+/// its element rows (a read: O(set)).
+pub(crate) fn row_entry(
+    elems: &impl BytesTable,
+    key: &Key,
+    value: &[u8],
+    max: usize,
+) -> Result<Entry, StoreError> {
+    if per_element(key.kind) {
+        read_set(elems, key, max)
+    } else {
+        decode_entry(value, max)
+    }
+}
+
+/// The committed entry of `key`, whole (sets assembled from their element rows).
+pub(crate) fn read_entry(
+    rows: &impl BytesTable,
+    elems: &impl BytesTable,
+    key: &Key,
+    max: usize,
+) -> Result<Option<Entry>, StoreError> {
+    match rows
+        .get(key_bytes(key).as_slice())
+        .map_err(StoreError::redb)?
+    {
+        Some(g) => Ok(Some(row_entry(elems, key, g.value(), max)?)),
+        None => Ok(None),
+    }
+}
+
+/// Every element row of the set `key`, ascending, as `(element, dots)`.
+pub(crate) fn for_each_elem(
+    elems: &impl BytesTable,
+    key: &Key,
+    max: usize,
+    mut f: impl FnMut(&str, DotSet) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    let prefix = set_prefix(key);
+    for item in elems
+        .range::<&[u8]>((Bound::Included(prefix.as_slice()), Bound::Unbounded))
+        .map_err(StoreError::redb)?
+    {
+        let (k, v) = item.map_err(StoreError::redb)?;
+        let Some(elem) = k.value().strip_prefix(prefix.as_slice()) else {
+            break;
+        };
+        let elem = std::str::from_utf8(elem)
+            .map_err(|_| StoreError::Corrupt(format!("{key}: unreadable element key")))?;
+        f(elem, decode_elem(v.value(), max)?)?;
+    }
+    Ok(())
+}
+
+/// The whole set `key` assembled from its element rows (empty when it has none).
+pub(crate) fn read_set(
+    elems: &impl BytesTable,
+    key: &Key,
+    max: usize,
+) -> Result<Entry, StoreError> {
+    let mut map: DotMap<String, DotSet> = DotMap::default();
+    for_each_elem(elems, key, max, |e, dots| {
+        map.set(e.to_owned(), dots);
+        Ok(())
+    })?;
+    Ok(Entry::ORSet(map))
+}
+
+/// The elements of `key`'s set among `names`, read one row each (absent ones left out).
+pub(crate) fn read_elems<'e>(
+    elems: &impl BytesTable,
+    key: &Key,
+    names: impl IntoIterator<Item = &'e str>,
+    max: usize,
+) -> Result<DotMap<String, DotSet>, StoreError> {
+    let mut map: DotMap<String, DotSet> = DotMap::default();
+    for e in names {
+        if map.get(&e.to_owned()).is_some() {
+            continue;
+        }
+        if let Some(g) = elems
+            .get(elem_key(key, e).as_slice())
+            .map_err(StoreError::redb)?
+        {
+            map.set(e.to_owned(), decode_elem(g.value(), max)?);
+        }
+    }
+    Ok(map)
+}
+
+/// At most this many dots of `seen` are resolved to elements through the dot index; above it
+/// [`set_part`] reads the whole set (a state-transfer-sized context: a read, still exact).
+const PART_SEEN_MAX: u64 = 4096;
+
+/// The dot-index entries of `dots`, as `(dot, index value)`.
+fn index_entries(
+    dots_t: &impl BytesTable,
+    dots: &CausalContext,
+    mut f: impl FnMut(Dot, &[u8]) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    for (replica, set) in dots.entries() {
+        for &(lo, hi) in set.ranges() {
+            let lo_b = dot_key(*replica, lo);
+            let hi_b = dot_key(*replica, hi);
+            for item in dots_t
+                .range(lo_b.as_slice()..=hi_b.as_slice())
+                .map_err(StoreError::redb)?
+            {
+                let (k, v) = item.map_err(StoreError::redb)?;
+                let kb = k.value();
+                let seq = kb
+                    .get(16..24)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_be_bytes)
+                    .ok_or_else(|| StoreError::Corrupt("unreadable dot index key".into()))?;
+                f(Dot::new(*replica, seq), v.value())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The part of the set `key` a join can change (see [`Rows::get_part`]): the elements
+/// `theirs` names plus those holding a dot of `seen` (found through the dot index). `None`
+/// when none of them exists.
+pub(crate) fn set_part(
+    elems: &impl BytesTable,
+    dots_t: &impl BytesTable,
+    key: &Key,
+    theirs: Option<&Entry>,
+    seen: &CausalContext,
+    max: usize,
+) -> Result<Option<Entry>, StoreError> {
+    if seen.len() > PART_SEEN_MAX {
+        let whole = read_set(elems, key, max)?;
+        return Ok((!whole.is_bottom()).then_some(whole));
+    }
+    let mut names: Vec<String> = match theirs {
+        Some(Entry::ORSet(m)) => m.keys().cloned().collect(),
+        _ => Vec::new(),
+    };
+    if !seen.is_empty() {
+        let prefix = set_prefix(key);
+        index_entries(dots_t, seen, |_, v| {
+            if let Some(e) = v.strip_prefix(prefix.as_slice()) {
+                let e = std::str::from_utf8(e)
+                    .map_err(|_| StoreError::Corrupt("unreadable dot index value".into()))?;
+                names.push(e.to_owned());
+            }
+            Ok(())
+        })?;
+    }
+    names.sort_unstable();
+    names.dedup();
+    let map = read_elems(elems, key, names.iter().map(String::as_str), max)?;
+    Ok((!map.is_empty()).then_some(Entry::ORSet(map)))
+}
+
+/// What [`put_set`] changed in the dot index: dots whose index rows it deleted and inserted.
+#[derive(Default)]
+pub(crate) struct IndexChange {
+    pub(crate) removed: Vec<Dot>,
+    pub(crate) added: Vec<Dot>,
+}
+
+/// Writes the part `new` of the set `key` over the part `old` (as [`Rows::put`]): element
+/// rows that differ, index rows of the dots that moved, and the header row (created with
+/// the first element, removed with the last).
+pub(crate) fn put_set(
+    t: &mut TxnRows<'_, '_>,
+    key: &Key,
+    old: Option<&Entry>,
+    new: Option<&Entry>,
+) -> Result<IndexChange, StoreError> {
+    let empty = DotMap::default();
+    fn as_map<'m>(
+        key: &Key,
+        e: Option<&'m Entry>,
+        empty: &'m DotMap<String, DotSet>,
+    ) -> Result<&'m DotMap<String, DotSet>, StoreError> {
+        match e {
+            None => Ok(empty),
+            Some(Entry::ORSet(m)) => Ok(m),
+            Some(_) => Err(StoreError::Corrupt(format!("{key}: not an orset entry"))),
+        }
+    }
+    let (o, n) = (as_map(key, old, &empty)?, as_map(key, new, &empty)?);
+    let mut change = IndexChange::default();
+    // Index rows first: deletions before insertions, so a dot that moved element ends indexed.
+    let mut added: Vec<(Dot, &str)> = Vec::new();
+    for (e, ds) in o.iter() {
+        let now = n.get(e);
+        for d in ds.iter() {
+            if !now.is_some_and(|s| s.contains(d)) {
+                t.dots
+                    .remove(dot_bytes(*d).as_slice())
+                    .map_err(StoreError::redb)?;
+                change.removed.push(*d);
+            }
+        }
+    }
+    for (e, ds) in n.iter() {
+        let before = o.get(e);
+        for d in ds.iter() {
+            if !before.is_some_and(|s| s.contains(d)) {
+                added.push((*d, e.as_str()));
+            }
+        }
+    }
+    for (d, e) in &added {
+        t.dots
+            .insert(dot_bytes(*d).as_slice(), elem_key(key, e).as_slice())
+            .map_err(StoreError::redb)?;
+        change.added.push(*d);
+    }
+    for (e, _) in o.iter() {
+        if n.get(e).is_none() {
+            t.elems
+                .remove(elem_key(key, e).as_slice())
+                .map_err(StoreError::redb)?;
+        }
+    }
+    for (e, ds) in n.iter() {
+        if o.get(e) != Some(ds) {
+            let bytes = codec::encode("set element", ds).map_err(|source| StoreError::Codec {
+                table: "elems",
+                source,
+            })?;
+            if bytes.len() > t.record_bytes_max {
+                return Err(StoreError::TooLarge {
+                    what: "set element",
+                    len: bytes.len(),
+                    limit: t.record_bytes_max,
+                });
+            }
+            t.elems
+                .insert(elem_key(key, e).as_slice(), bytes.as_slice())
+                .map_err(StoreError::redb)?;
+        }
+    }
+    let kb = key_bytes(key);
+    if !n.is_empty() {
+        // Elements of `old` exist, so the header does; otherwise make sure of it.
+        if o.is_empty()
+            && t.rows
+                .get(kb.as_slice())
+                .map_err(StoreError::redb)?
+                .is_none()
+        {
+            t.rows
+                .insert(kb.as_slice(), [].as_slice())
+                .map_err(StoreError::redb)?;
+        }
+    } else if !o.is_empty() {
+        let prefix = set_prefix(key);
+        let left = t
+            .elems
+            .range::<&[u8]>((Bound::Included(prefix.as_slice()), Bound::Unbounded))
+            .map_err(StoreError::redb)?
+            .next()
+            .transpose()
+            .map_err(StoreError::redb)?
+            .is_some_and(|(k, _)| k.value().starts_with(&prefix));
+        if !left {
+            t.rows.remove(kb.as_slice()).map_err(StoreError::redb)?;
+        }
+    }
+    Ok(change)
 }
 
 /// Whether the dots of `kind`'s entries have dot → key index rows. Counter dots have none:
@@ -35,17 +378,47 @@ pub(crate) fn indexed(kind: KeyKind) -> bool {
     kind.deletable()
 }
 
+/// The keys whose entries hold at least one of `dots`, through the dot index.
+pub(crate) fn keys_holding(
+    dots_t: &impl BytesTable,
+    dots: &CausalContext,
+) -> Result<Vec<Key>, StoreError> {
+    let mut keys = Vec::new();
+    index_entries(dots_t, dots, |_, v| {
+        let (key, _) = parse_index_value(v)
+            .ok_or_else(|| StoreError::Corrupt("dot index names an unreadable key".into()))?;
+        keys.push(key);
+        Ok(())
+    })?;
+    keys.sort();
+    keys.dedup();
+    Ok(keys)
+}
+
 impl Rows for TxnRows<'_, '_> {
     type Error = StoreError;
 
     fn get(&mut self, key: &Key) -> Result<Option<Entry>, StoreError> {
-        match self
-            .rows
-            .get(key_bytes(key).as_slice())
-            .map_err(StoreError::redb)?
-        {
-            Some(g) => Ok(Some(decode_entry(g.value(), self.record_bytes_max)?)),
-            None => Ok(None),
+        read_entry(&*self.rows, &*self.elems, key, self.record_bytes_max)
+    }
+
+    fn get_part(
+        &mut self,
+        key: &Key,
+        theirs: Option<&Entry>,
+        seen: &CausalContext,
+    ) -> Result<Option<Entry>, StoreError> {
+        if per_element(key.kind) {
+            set_part(
+                &*self.elems,
+                &*self.dots,
+                key,
+                theirs,
+                seen,
+                self.record_bytes_max,
+            )
+        } else {
+            self.get(key)
         }
     }
 
@@ -55,9 +428,13 @@ impl Rows for TxnRows<'_, '_> {
         old: Option<&Entry>,
         new: Option<&Entry>,
     ) -> Result<(), StoreError> {
+        if per_element(key.kind) {
+            put_set(self, key, old, new)?;
+            return Ok(());
+        }
         let kb = key_bytes(key);
-        // Only the dots that changed touch the index, so updating a large entry (a big set)
-        // costs index writes in proportion to the change, not to the entry (DESIGN.md D3).
+        // Only the dots that changed touch the index, so updating a large entry costs index
+        // writes in proportion to the change, not to the entry (DESIGN.md D3).
         let sorted = |e: Option<&Entry>| {
             let mut dots = Vec::new();
             if let Some(e) = e {
@@ -103,27 +480,7 @@ impl Rows for TxnRows<'_, '_> {
     }
 
     fn keys_holding(&mut self, dots: &CausalContext) -> Result<Vec<Key>, StoreError> {
-        let mut keys = Vec::new();
-        for (replica, set) in dots.entries() {
-            for &(lo, hi) in set.ranges() {
-                let lo_b = dot_key(*replica, lo);
-                let hi_b = dot_key(*replica, hi);
-                for item in self
-                    .dots
-                    .range(lo_b.as_slice()..=hi_b.as_slice())
-                    .map_err(StoreError::redb)?
-                {
-                    let (_, v) = item.map_err(StoreError::redb)?;
-                    let key = parse_key(v.value()).ok_or_else(|| {
-                        StoreError::Corrupt("dot index names an unreadable key".into())
-                    })?;
-                    keys.push(key);
-                }
-            }
-        }
-        keys.sort();
-        keys.dedup();
-        Ok(keys)
+        keys_holding(&*self.dots, dots)
     }
 }
 

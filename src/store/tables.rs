@@ -3,8 +3,9 @@
 //! | table | key | value |
 //! |---|---|---|
 //! | `meta` | name | store format, replica id, epoch, HLC mark, log bounds, truncated-log context, folded log seq + context |
-//! | `rows` | kind byte + key name | encoded [`tidemark_crdts::Entry`] |
-//! | `dots` | replica (16 B BE) + seq (8 B BE) | row key: the dot → key index (no counter dots) |
+//! | `rows` | kind byte + key name | encoded [`tidemark_crdts::Entry`]; for an orset an empty header |
+//! | `elems` | kind byte + name length (4 B BE) + name + element | encoded `DotSet` of one set element |
+//! | `dots` | replica (16 B BE) + seq (8 B BE) | row key, or for an orset dot its `elems` key |
 //! | `log` | log seq | encoded [`LogRecord`] (origin + delta) |
 //! | `cursors` | peer id | `(peer log id, first seq not joined)` |
 //! | `dedup` | encoded `(stream, source)` | encoded `IntervalSet` of seen seqs |
@@ -17,12 +18,18 @@ use redb::TableDefinition;
 use tidemark_crdts::{Dot, Key, KeyKind, ReplicaId};
 
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
-/// Name of the `rows` table (the overlay keys pending writes by table name).
+/// Name of the `rows` table (the write-ahead overlay keys pending writes by table name).
 pub(crate) const ROWS_TABLE: &str = "rows";
 /// Name of the `dots` table.
 pub(crate) const DOTS_TABLE: &str = "dots";
+/// Name of the `elems` table.
+pub(crate) const ELEMS_TABLE: &str = "elems";
 pub(crate) const ROWS: TableDefinition<&[u8], &[u8]> = TableDefinition::new(ROWS_TABLE);
 pub(crate) const DOTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new(DOTS_TABLE);
+/// One row per element of every orset (store format 3): a set is a header row in `rows` (so
+/// listings, key ranges and state chunks keep one row per key) plus its elements here, so an
+/// add or remove reads and writes O(1) rows whatever the set's size.
+pub(crate) const ELEMS: TableDefinition<&[u8], &[u8]> = TableDefinition::new(ELEMS_TABLE);
 pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 pub(crate) const CURSORS: TableDefinition<u64, &[u8]> = TableDefinition::new("cursors");
 pub(crate) const DEDUP: TableDefinition<&[u8], &[u8]> = TableDefinition::new("dedup");
@@ -34,16 +41,18 @@ pub(crate) const META_CONTEXT: &str = "context";
 pub(crate) const META_LOG_BOUNDS: &str = "log_bounds";
 pub(crate) const META_TRUNCATED: &str = "truncated_context";
 pub(crate) const META_FORMAT: &str = "store_format";
-/// `(log seq, context)`: the tables hold exactly the log below that seq (the overlay's last
-/// fold, `overlay.rs`); open replays the log from there.
+/// `(log seq, context)`: the tables hold exactly the log below that seq (the write-ahead
+/// overlay's last fold, `overlay.rs`); open replays the log from there.
 pub(crate) const META_FOLDED: &str = "folded";
 
 /// The layout of the tables this build writes and reads, stored under `meta/store_format`.
-/// 2: counter dots have no dot-index rows (`rows::indexed`). A store without the marker was
-/// written by format 1 (no deployed data: it is refused, not migrated).
-/// 3: rows and dot-index entries reach their tables at folds; `meta/folded` says which log
-/// records the tables hold (a format-2 store, without it, holds them all and opens as is).
-pub(crate) const STORE_FORMAT: u32 = 3;
+/// 2: counter dots have no dot-index rows (`rows::indexed`). 3: an orset is a header row plus
+/// one `elems` row per element, its dots indexed to their element rows. A store without the
+/// marker was written by format 1 (no deployed data: older formats are refused, not migrated).
+/// 4: rows, element rows and dot-index entries reach their tables at folds of the write-ahead
+/// overlay; `meta/folded` says which log records the tables hold (a format-3 store, without
+/// it, holds them all and opens as is).
+pub(crate) const STORE_FORMAT: u32 = 4;
 
 /// One delta-log entry: where the delta came from (`None`: a local commit) and the delta.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -70,6 +79,47 @@ pub(crate) fn key_bytes(key: &Key) -> Vec<u8> {
     out.push(kind_byte(key.kind));
     out.extend_from_slice(key.name.as_bytes());
     out
+}
+
+/// The common prefix of the `elems` keys of the set `key`: kind byte, name length (4 bytes
+/// big-endian), name. Length-prefixed, so no set's prefix is a prefix of another set's, and
+/// one set's elements are contiguous and ordered like the elements themselves.
+pub(crate) fn set_prefix(key: &Key) -> Vec<u8> {
+    let mut out = Vec::with_capacity(5 + key.name.len());
+    out.push(kind_byte(key.kind));
+    out.extend_from_slice(
+        &u32::try_from(key.name.len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
+    );
+    out.extend_from_slice(key.name.as_bytes());
+    out
+}
+
+/// The `elems` key of `element` of the set `key` (see [`set_prefix`]).
+pub(crate) fn elem_key(key: &Key, element: &str) -> Vec<u8> {
+    let mut out = set_prefix(key);
+    out.extend_from_slice(element.as_bytes());
+    out
+}
+
+/// Parses an `elems` key into its set key and element; `None` for bytes no build wrote.
+pub(crate) fn parse_elem_key(bytes: &[u8]) -> Option<(Key, String)> {
+    let (&k, rest) = bytes.split_first()?;
+    let kind = *KeyKind::ALL.get(usize::from(k))?;
+    let len = usize::try_from(u32::from_be_bytes(rest.get(..4)?.try_into().ok()?)).ok()?;
+    let name = std::str::from_utf8(rest.get(4..4 + len)?).ok()?;
+    let elem = std::str::from_utf8(rest.get(4 + len..)?).ok()?;
+    Some((Key::new(kind, name), elem.to_owned()))
+}
+
+/// Parses a dot-index value: a row key, or (orset dots) an `elems` key naming the element.
+pub(crate) fn parse_index_value(bytes: &[u8]) -> Option<(Key, Option<String>)> {
+    if bytes.first() == Some(&kind_byte(KeyKind::ORSet)) {
+        parse_elem_key(bytes).map(|(k, e)| (k, Some(e)))
+    } else {
+        parse_key(bytes).map(|k| (k, None))
+    }
 }
 
 /// The smallest row key of a kind (range scans per type).
@@ -134,5 +184,17 @@ mod tests {
         let d = dedup_key("clicks", "app-7");
         assert_eq!(parse_dedup_key(&d), Some(("clicks".into(), "app-7".into())));
         assert!(dot_key(ReplicaId(1), 2) < dot_key(ReplicaId(1), 10));
+        let s = Key::new(KeyKind::ORSet, "a");
+        let e = elem_key(&s, "\"x\"");
+        assert_eq!(parse_elem_key(&e), Some((s.clone(), "\"x\"".into())));
+        assert_eq!(
+            parse_index_value(&e),
+            Some((s.clone(), Some("\"x\"".into())))
+        );
+        assert_eq!(parse_index_value(&key_bytes(&a)), Some((a, None)));
+        // Set "a" with any element never shares a prefix with set "ab".
+        let ab = Key::new(KeyKind::ORSet, "ab");
+        assert!(!elem_key(&ab, "").starts_with(&set_prefix(&s)));
+        assert!(!elem_key(&s, "b").starts_with(&set_prefix(&ab)));
     }
 }

@@ -473,9 +473,9 @@ impl Views {
 
     /// Drops the adds of `distinct` views whose element the committed cell already holds: a
     /// `distinct` set never removes, so re-adding changes no value (it would only take a dot
-    /// and rewrite the row). Cells that cannot be read are left alone.
+    /// and rewrite the row). Reads one element row per add (sets are stored per element), never
+    /// the whole cell. Cells that cannot be read are left alone.
     fn skip_present(&self, ops: &mut Vec<(Key, Mutation)>, reader: &crate::store::Reader) {
-        let mut cells: BTreeMap<Key, Option<tidemark_crdts::Entry>> = BTreeMap::new();
         ops.retain(|(key, m)| {
             let Mutation::Add(elem) = m else { return true };
             let distinct = keys::cell_of(&key.name).is_some_and(|(name, digest, _)| {
@@ -485,10 +485,7 @@ impl Views {
             if !distinct {
                 return true;
             }
-            let entry = cells
-                .entry(key.clone())
-                .or_insert_with(|| reader.entry(key).ok().flatten());
-            !matches!(entry, Some(tidemark_crdts::Entry::ORSet(m)) if m.get(elem).is_some())
+            !reader.set_contains(key, elem).unwrap_or(false)
         });
     }
 

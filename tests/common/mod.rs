@@ -38,7 +38,6 @@ pub fn seed(test: &str) -> u64 {
     seed
 }
 
-/// A deterministic generator for `seed`.
 /// A number the parent process passed to a re-executed child test through the environment.
 pub fn child_env_u64(name: &str) -> u64 {
     std::env::var(name)
@@ -47,6 +46,7 @@ pub fn child_env_u64(name: &str) -> u64 {
         .expect("child env")
 }
 
+/// A deterministic generator for `seed`.
 pub fn rng(seed: u64) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(seed)
 }
