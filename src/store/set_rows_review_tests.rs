@@ -538,3 +538,216 @@ fn a_purged_set_leaves_no_rows_and_stays_removed() {
     );
     b.verify().expect("b invariants after the re-add");
 }
+
+/// SplitMix64 (seeded, replayable with `SEED=`).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// Three replicas with small message targets (groups cut into several log records, deltas
+/// shipped a record at a time) write several ops per write to sets whose names and elements
+/// prefix one another, deleting and re-creating them; after every step each store equals
+/// its reference. Seeded: `SEED=<n>` replays a run (`SOAK=1`: 40 seeds from it).
+#[test]
+fn three_replicas_with_small_targets_match_the_reference() {
+    let first: u64 = std::env::var("SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5E75_0010);
+    let seeds = if std::env::var("SOAK").is_ok_and(|v| v == "1") {
+        40
+    } else {
+        2
+    };
+    for seed in first..first + seeds {
+        three_replicas_run(seed);
+    }
+}
+
+fn three_replicas_run(seed: u64) {
+    let mut rng = Rng(seed);
+    let dirs: Vec<tempfile::TempDir> = (0..3)
+        .map(|_| tempfile::tempdir().expect("tempdir"))
+        .collect();
+    let open = |i: usize| {
+        let mut o = options(i as u64 + 1);
+        // Records cut at write boundaries but not split (a split record hits the finding of
+        // `a_re_add_logged_in_pieces_still_removes_the_old_dot_at_a_peer`).
+        o.limits.message_bytes_target = 400 + 200 * i;
+        RedbStore::open(dirs[i].path(), o).expect("open")
+    };
+    let mut stores: Vec<RedbStore> = (0..3).map(open).collect();
+    let mut models: Vec<Store> = (0..3).map(|_| Store::new()).collect();
+    let names = ["s", "s1", "s\u{e9}", "t"];
+    let mut cut_groups = 0;
+    let elems = ["", "a", "ab", "b", "\u{e9}", "s", "s1"];
+    for step in 0..60u64 {
+        let i = rng.below(3) as usize;
+        let what = format!("seed {seed}, step {step}, replica {i}");
+        if rng.below(3) == 0 {
+            let j = (i + 1 + rng.below(2) as usize) % 3;
+            let bytes = [1, 200, 1 << 20][rng.below(3) as usize];
+            let (from, to) = if i < j {
+                let (l, r) = stores.split_at_mut(j);
+                (&l[i], &mut r[0])
+            } else {
+                let (l, r) = stores.split_at_mut(i);
+                (&r[0], &mut l[j])
+            };
+            sync(from, to, &mut models[j], bytes);
+            check(
+                &stores[j],
+                &models[j],
+                &format!("{what}: after deltas into {j}"),
+            );
+            continue;
+        }
+        let writes = 1 + rng.below(6);
+        let mut ops = Vec::new();
+        let mut batch = Vec::new();
+        for _ in 0..writes {
+            let mut w = Vec::new();
+            for _ in 0..1 + rng.below(3) {
+                let key = set(names[rng.below(names.len() as u64) as usize]);
+                let e = el(elems[rng.below(elems.len() as u64) as usize]);
+                let m = match rng.below(10) {
+                    0..=4 => Mutation::Add(e),
+                    5..=8 => Mutation::Remove(e),
+                    _ => Mutation::Delete,
+                };
+                w.push((key.clone(), m.clone()));
+                ops.push((key, m));
+            }
+            batch.push(LocalWrite {
+                ops: w,
+                event: None,
+            });
+        }
+        let me = stores[i].replica();
+        let log_before = stores[i].log_bounds().1;
+        let commit = stores[i].commit_local(&batch, 1_000).expect("commit");
+        if stores[i].log_bounds().1 > log_before + 1 {
+            cut_groups += 1;
+        }
+        for (k, m) in &ops {
+            models[i].mutate(me, k, m, None).expect("model applies");
+        }
+        for (k, v) in &commit.changes {
+            assert_eq!(*v, models[i].get(k), "{what}: value reported for {k}");
+        }
+        check(&stores[i], &models[i], &format!("{what}: after its group"));
+        if step % 20 == 19 {
+            drop(stores);
+            stores = (0..3).map(open).collect();
+            for (j, s) in stores.iter().enumerate() {
+                check(s, &models[j], &format!("{what}: {j} after reopen"));
+            }
+        }
+    }
+    assert!(
+        cut_groups > 0,
+        "seed {seed}: no group was logged in several records"
+    );
+    // Everyone converges.
+    for _ in 0..2 {
+        for i in 0..3 {
+            for j in 0..3 {
+                if i != j {
+                    let (from, to) = if i < j {
+                        let (l, r) = stores.split_at_mut(j);
+                        (&l[i], &mut r[0])
+                    } else {
+                        let (l, r) = stores.split_at_mut(i);
+                        (&r[0], &mut l[j])
+                    };
+                    sync(from, to, &mut models[j], 300);
+                }
+            }
+        }
+    }
+    for (j, s) in stores.iter().enumerate() {
+        check(s, &models[j], &format!("seed {seed}: {j} at the end"));
+        assert_eq!(
+            s.reader().entries().expect("entries"),
+            stores[0].reader().entries().expect("entries"),
+            "seed {seed}: {j} converges with 0"
+        );
+    }
+}
+
+/// FINDING (fails on main, not specific to set rows; `--ignored` runs it): a local record
+/// larger than the message target is logged in pieces, and the removals of its overwriting
+/// writes (here: the older dot of a re-added element) go to a trailing piece whose context
+/// holds only the removed dots (`split_delta`: `keep` is the fresh dots no entry holds, none
+/// when every write is an add). `deltas_since` skips a record whose context is a subset of
+/// the peer's, and a peer that still holds the removed dot has it in its context — so that
+/// piece is never sent, and the peer keeps the old dot for good: after the element is removed
+/// at the origin, the peer still shows it (embedded sync, `Node::deltas_since`).
+#[test]
+#[ignore = "finding: removal-only log pieces are skipped by deltas_since (see doc)"]
+fn a_re_add_logged_in_pieces_still_removes_the_old_dot_at_a_peer() {
+    let (da, db) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    let mut small = options(1);
+    small.limits.message_bytes_target = 256;
+    let mut a = RedbStore::open(da.path(), small).expect("open a");
+    let mut b = RedbStore::open(db.path(), options(2)).expect("open b");
+    let (mut ma, mut mb) = (Store::new(), Store::new());
+    let s = set("s");
+    // x and the elements re-added below hold scattered dots (a pad set takes every other).
+    let fill: Vec<(Key, Mutation)> = (0..40)
+        .flat_map(|i| {
+            [
+                (s.clone(), Mutation::Add(el(&format!("e{i:02}")))),
+                (set("pad"), Mutation::Add(el(&format!("p{i:02}")))),
+            ]
+        })
+        .chain(std::iter::once((s.clone(), Mutation::Add(el("x")))))
+        .collect();
+    group(&mut a, &mut ma, &fill);
+    sync(&a, &mut b, &mut mb, 1 << 20);
+    // One write re-adding all of them: its record is over the target, so it is split, and
+    // the 41 scattered removed dots need a piece of their own.
+    let many: Vec<(Key, Mutation)> = (0..40)
+        .map(|i| (s.clone(), Mutation::Add(el(&format!("e{i:02}")))))
+        .chain(std::iter::once((s.clone(), Mutation::Add(el("x")))))
+        .collect();
+    let writes = vec![LocalWrite {
+        ops: many.clone(),
+        event: None,
+    }];
+    a.commit_local(&writes, 1_000).expect("commit");
+    for (k, m) in &many {
+        ma.mutate(a.replica(), k, m, None).expect("model");
+    }
+    sync(&a, &mut b, &mut mb, 1 << 20);
+    group(&mut a, &mut ma, &[(s.clone(), Mutation::Remove(el("x")))]);
+    sync(&a, &mut b, &mut mb, 1 << 20);
+    let x = el("x");
+    assert!(
+        !a.reader().set_contains(&s, &x).expect("read a"),
+        "x removed at a"
+    );
+    check(&a, &ma, "a");
+    assert!(
+        !b.reader().set_contains(&s, &x).expect("read b"),
+        "b still shows x: the piece removing its old dot was never sent"
+    );
+    check(&b, &mb, "b");
+    assert_eq!(
+        a.reader().entries().expect("a"),
+        b.reader().entries().expect("b")
+    );
+}
