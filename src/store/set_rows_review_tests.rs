@@ -9,9 +9,7 @@
 use super::{DeltasSince, LocalWrite, OpenOptions, RedbStore};
 use crate::model::StateChunk;
 use crate::proto::{PeerId, StateStore};
-use tidemark_crdts::{
-    DedupMarks, DotStore, Entry, Key, KeyKind, Mutation, ReplicaId, Store, Value,
-};
+use tidemark_crdts::{DedupMarks, Entry, Key, KeyKind, Mutation, ReplicaId, Store, Value};
 
 fn options(id: u64) -> OpenOptions {
     OpenOptions {
