@@ -16,6 +16,8 @@ mod read;
 mod replicate;
 mod rows;
 #[cfg(test)]
+mod set_rows_review_tests;
+#[cfg(test)]
 mod set_rows_tests;
 pub mod snapshot;
 mod split;
