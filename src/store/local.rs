@@ -170,8 +170,13 @@ pub(crate) fn append_log(
     record_bytes_max: usize,
 ) -> Result<u64, StoreError> {
     let mut log_t = txn.open_table(LOG).map_err(StoreError::redb)?;
-    for delta in deltas {
-        let record = LogRecord { origin, delta };
+    let last = deltas.len().saturating_sub(1);
+    for (i, delta) in deltas.into_iter().enumerate() {
+        let record = LogRecord {
+            origin,
+            delta,
+            continues: i < last,
+        };
         let bytes = codec::encode("log record", &record).map_err(|source| StoreError::Codec {
             table: "log",
             source,

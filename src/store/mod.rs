@@ -21,6 +21,8 @@ mod read;
 mod replicate;
 mod rows;
 #[cfg(test)]
+mod set_rows_review_tests;
+#[cfg(test)]
 mod set_rows_tests;
 pub mod snapshot;
 mod split;
@@ -244,8 +246,8 @@ impl RedbStore {
         let format: Option<u32> = meta_get(&txn, META_FORMAT, max)?;
         match (existing, format) {
             (None, _) => {}
-            // Format 3 has no overlay marker: its tables hold every log record (`replay`).
-            (Some(_), Some(STORE_FORMAT | 3)) => {}
+            // Format 5 has no overlay marker: its tables hold every log record (`replay`).
+            (Some(_), Some(STORE_FORMAT | 5)) => {}
             (Some(_), found) => {
                 return Err(StoreError::Corrupt(format!(
                     "store format {} (this build reads format {STORE_FORMAT}; no migration: \

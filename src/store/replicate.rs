@@ -62,19 +62,39 @@ impl RedbStore {
         let log = rtxn.open_table(LOG).map_err(StoreError::redb)?;
         let mut delta = Delta::default();
         let mut bytes = 0usize;
-        for item in log.range(self.log_start..).map_err(StoreError::redb)? {
+        // Records appended together (`LogRecord::continues`) are sent whole or not at all: a
+        // trailing piece of removals alone can look redundant to a peer that still holds the
+        // removed dots, while the run's joined context holds the dots that caused them.
+        let mut run: Vec<Delta> = Vec::new();
+        let mut run_bytes = 0usize;
+        let mut run_needed = false;
+        let mut records = log
+            .range(self.log_start..)
+            .map_err(StoreError::redb)?
+            .peekable();
+        while let Some(item) = records.next() {
             let (_, v) = item.map_err(StoreError::redb)?;
             let record = self.read_log_record(v.value())?;
-            if !record.delta.state.ctx.is_subset(remote) {
-                let len = v.value().len();
+            run_needed |= !record.delta.state.ctx.is_subset(remote);
+            run_bytes = run_bytes.saturating_add(v.value().len());
+            run.push(record.delta);
+            if record.continues && records.peek().is_some() {
+                continue;
+            }
+            if run_needed {
                 // The bound is checked before adding, so the result stays within `bytes_max`
-                // unless one record alone is larger (records are within the message target).
-                if bytes > 0 && bytes.saturating_add(len) > bytes_max {
+                // unless one run alone is larger (a run is one commit group's records).
+                if bytes > 0 && bytes.saturating_add(run_bytes) > bytes_max {
                     return Ok(DeltasSince::Deltas { delta, more: true });
                 }
-                bytes += len;
-                delta.join(record.delta);
+                bytes = bytes.saturating_add(run_bytes);
+                for d in run.drain(..) {
+                    delta.join(d);
+                }
             }
+            run.clear();
+            run_bytes = 0;
+            run_needed = false;
         }
         Ok(DeltasSince::Deltas { delta, more: false })
     }
@@ -242,7 +262,7 @@ impl RedbStore {
     /// Storage failures (the store halts).
     pub fn compact(&mut self, below: u64) -> Result<u64, StoreError> {
         self.guarded(|s| {
-            let below = below.min(s.log_end);
+            let mut below = below.min(s.log_end);
             if below <= s.log_start {
                 return Ok(0);
             }
@@ -257,12 +277,30 @@ impl RedbStore {
             {
                 let mut log = txn.open_table(LOG).map_err(StoreError::redb)?;
                 let mut seqs = Vec::new();
+                // Only whole runs of records appended together go (`LogRecord::continues`):
+                // `deltas_since` decides per run, so a run cut in two could hide its tail.
+                let mut run_ctx = CausalContext::new();
+                let mut run_bytes = 0u64;
+                let mut run_seqs = Vec::new();
                 for item in log.range(s.log_start..below).map_err(StoreError::redb)? {
                     let (k, v) = item.map_err(StoreError::redb)?;
                     let record = s.read_log_record(v.value())?;
-                    truncated.join(&record.delta.state.ctx);
-                    reclaimed += v.value().len() as u64;
-                    seqs.push(k.value());
+                    run_ctx.join(&record.delta.state.ctx);
+                    run_bytes += v.value().len() as u64;
+                    run_seqs.push(k.value());
+                    if !record.continues {
+                        truncated.join(&run_ctx);
+                        reclaimed += run_bytes;
+                        seqs.append(&mut run_seqs);
+                        run_ctx = CausalContext::new();
+                        run_bytes = 0;
+                    }
+                }
+                if let Some(&first) = run_seqs.first() {
+                    below = first;
+                }
+                if below <= s.log_start {
+                    return Ok(0);
                 }
                 for seq in seqs {
                     log.remove(seq).map_err(StoreError::redb)?;

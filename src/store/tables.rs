@@ -47,12 +47,13 @@ pub(crate) const META_FOLDED: &str = "folded";
 
 /// The layout of the tables this build writes and reads, stored under `meta/store_format`.
 /// 2: counter dots have no dot-index rows (`rows::indexed`). 3: an orset is a header row plus
-/// one `elems` row per element, its dots indexed to their element rows. A store without the
-/// marker was written by format 1 (no deployed data: older formats are refused, not migrated).
-/// 4: rows, element rows and dot-index entries reach their tables at folds of the write-ahead
-/// overlay; `meta/folded` says which log records the tables hold (a format-3 store, without
-/// it, holds them all and opens as is).
-pub(crate) const STORE_FORMAT: u32 = 4;
+/// one `elems` row per element, its dots indexed to their element rows. 5: a log record says
+/// whether the next record belongs to the same append (`LogRecord::continues`). 6: rows,
+/// element rows and dot-index entries reach their tables at folds of the write-ahead overlay;
+/// `meta/folded` says which log records the tables hold (a format-5 store, without it, holds
+/// them all and opens as is). A store without the marker was written by format 1 (no deployed
+/// data: older formats are refused, not migrated).
+pub(crate) const STORE_FORMAT: u32 = 6;
 
 /// One delta-log entry: where the delta came from (`None`: a local commit) and the delta.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -61,6 +62,12 @@ pub struct LogRecord {
     pub origin: Option<PeerId>,
     /// The delta (only its inflating part, for remote deltas).
     pub delta: Delta,
+    /// True when the next log record was appended together with this one (a commit group
+    /// logged in several records, or one delta split into pieces): such a run is one unit for
+    /// `deltas_since` and compaction. A piece alone may not be decidable by context — a
+    /// trailing removal piece's context can be a subset of a peer that still holds the removed
+    /// dots — while the run's joined context always holds the dots that caused it.
+    pub continues: bool,
 }
 
 fn kind_byte(kind: KeyKind) -> u8 {
