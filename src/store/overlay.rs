@@ -378,22 +378,48 @@ impl BytesTable for OvTable<'_> {
     ) -> Result<BytesRange<'_>, redb::StorageError> {
         use redb::ReadableTable;
         let (lo, hi) = bounds(&range);
-        // The overlay part is copied out: the writer may stage while the range is alive.
-        let ov: Vec<(Bytes<'_>, Option<Bytes<'_>>)> = self
-            .ov
-            .borrow()
-            .range(self.name, lo, hi)
-            .map(|(k, v)| (Bytes::Owned(k.to_vec()), v.clone().map(Bytes::Shared)))
-            .collect();
+        // The overlay part is read one entry at a time (a short borrow per step: the writer may
+        // stage while the range is alive), so a range read only as far as it is used (a prefix
+        // scan that stops at the first other key) costs what it reads, not the overlay's tail.
+        let ov = OvCursor {
+            ov: self.ov,
+            name: self.name,
+            lo: lo.map(<[u8]>::to_vec),
+            hi: hi.map(<[u8]>::to_vec),
+        };
         let tab = if valid_range(lo, hi) {
             self.table.range::<&[u8]>((lo, hi))?
         } else {
             self.table.range::<&[u8]>(..&[][..])?
         };
         Ok(Box::new(MergeBytes {
-            ov: ov.into_iter().peekable(),
+            ov: ov.peekable(),
             tab: tab.peekable(),
         }))
+    }
+}
+
+/// The writer's pending writes of one table in a range, read lazily one entry per step.
+struct OvCursor<'t> {
+    ov: &'t std::cell::RefCell<Overlay>,
+    name: &'static str,
+    lo: Bound<Vec<u8>>,
+    hi: Bound<Vec<u8>>,
+}
+
+impl<'t> Iterator for OvCursor<'t> {
+    type Item = (Bytes<'t>, Option<Bytes<'t>>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (k, v) = {
+            let ov = self.ov.borrow();
+            let lo = self.lo.as_ref().map(Vec::as_slice);
+            let hi = self.hi.as_ref().map(Vec::as_slice);
+            let mut range = ov.range(self.name, lo, hi);
+            range.next().map(|(k, v)| (k.to_vec(), v.clone()))?
+        };
+        self.lo = Bound::Excluded(k.clone());
+        Some((Bytes::Owned(k), v.map(Bytes::Shared)))
     }
 }
 
