@@ -265,45 +265,13 @@ struct Run {
     events_per_s: f64,
     writer_us_per_event: String,
     errors: u64,
-    /// Call latencies (ms) sorted ascending: a call of 1,000 events is about one commit group,
-    /// so the tail shows the overlay's fold stalls.
-    latencies_ms: Vec<f64>,
-}
-
-impl Run {
-    fn latency(&self, q: f64) -> f64 {
-        if self.latencies_ms.is_empty() {
-            return 0.0;
-        }
-        let i = ((self.latencies_ms.len() - 1) as f64 * q).round() as usize;
-        self.latencies_ms[i.min(self.latencies_ms.len() - 1)]
-    }
-}
-
-/// The node configuration of the runs: defaults, with the write-ahead overlay's fold interval
-/// from `BENCH_FOLD_GROUPS` / `BENCH_FOLD_BYTES` when set (to measure the alternatives).
-fn node_config(dir: &Path) -> NodeConfig {
-    let mut config = NodeConfig::new(dir);
-    if let Some(n) = std::env::var("BENCH_FOLD_GROUPS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        config.limits.fold_groups_max = n;
-    }
-    if let Some(n) = std::env::var("BENCH_FOLD_BYTES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        config.limits.fold_bytes_max = n;
-    }
-    config
 }
 
 /// `writers` closed-loop tasks, each sending `ingest` calls of `per_call` events (source
 /// `w<writer>`, contiguous seqs) until the deadline; every call is acknowledged durable.
 async fn tidemark(kind: Workload, writers: usize, per_call: usize, secs: f64) -> Run {
     let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::open(node_config(dir.path()))
+    let node = Node::open(NodeConfig::new(dir.path()))
         .await
         .expect("open node");
     // Let the writer thread name itself before sampling its CPU time.
@@ -317,10 +285,8 @@ async fn tidemark(kind: Workload, writers: usize, per_call: usize, secs: f64) ->
         tasks.push(tokio::spawn(async move {
             let mut rng = Rng(0x5EED_0000 + w as u64);
             let (mut seq, mut errors) = (0u64, 0u64);
-            let mut lat = Vec::new();
             let source = format!("w{w}");
             while Instant::now() < deadline {
-                let call = Instant::now();
                 let evs: Vec<Event> = (0..per_call as u64)
                     .map(|i| {
                         let s = seq + i;
@@ -332,10 +298,7 @@ async fn tidemark(kind: Workload, writers: usize, per_call: usize, secs: f64) ->
                     })
                     .collect();
                 match node.ingest(STREAM, evs).await {
-                    Ok(_) => {
-                        seq += per_call as u64;
-                        lat.push(call.elapsed().as_secs_f64() * 1e3);
-                    }
+                    Ok(_) => seq += per_call as u64,
                     Err(e) => {
                         errors += 1;
                         if errors == 1 {
@@ -345,18 +308,15 @@ async fn tidemark(kind: Workload, writers: usize, per_call: usize, secs: f64) ->
                     }
                 }
             }
-            (seq, errors, lat)
+            (seq, errors)
         }));
     }
     let (mut events, mut errors) = (0u64, 0u64);
-    let mut latencies_ms = Vec::new();
     for t in tasks {
-        let (n, e, l) = t.await.expect("writer task");
+        let (n, e) = t.await.expect("writer task");
         events += n;
         errors += e;
-        latencies_ms.extend(l);
     }
-    latencies_ms.sort_by(f64::total_cmp);
     let elapsed = start.elapsed();
     let cpu = thread_cpu(WRITER_THREAD)
         .zip(cpu0)
@@ -366,71 +326,7 @@ async fn tidemark(kind: Workload, writers: usize, per_call: usize, secs: f64) ->
         events_per_s: events as f64 / elapsed.as_secs_f64(),
         writer_us_per_event: us(cpu, events as f64),
         errors,
-        latencies_ms,
     }
-}
-
-/// Replay at open in the worst case the fold interval allows: `fold_groups_max − 1` groups of
-/// `commit_group_ops_max` ops (LWW sets and counter increments over 10,000 keys) committed and
-/// never folded, then the store dropped (a crash after the last acknowledgement) and reopened.
-fn replay_worst_case() {
-    use tidemark::crdts::{Key, KeyKind, Mutation};
-    use tidemark::store::{LocalWrite, OpenOptions, RedbStore};
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = node_config(dir.path());
-    let limits = config.limits.clone();
-    let options = OpenOptions {
-        limits: limits.clone(),
-        ..OpenOptions::default()
-    };
-    let groups = limits.fold_groups_max.saturating_sub(1).max(1);
-    let per_group = limits.commit_group_ops_max;
-    let mut store = RedbStore::open(dir.path(), options.clone()).expect("open");
-    let mut rng = Rng(0xF01D);
-    let committed = Instant::now();
-    for g in 0..groups {
-        let writes: Vec<LocalWrite> = (0..per_group)
-            .map(|i| {
-                let r = rng.next() % SPREAD;
-                let op = if i % 2 == 0 {
-                    (
-                        Key::new(KeyKind::GCounter, format!("c{r}")),
-                        Mutation::Inc(1),
-                    )
-                } else {
-                    (
-                        Key::new(KeyKind::Lww, format!("r{r}")),
-                        Mutation::Set(format!("\"v{g}-{i}\"")),
-                    )
-                };
-                LocalWrite {
-                    ops: vec![op],
-                    event: None,
-                }
-            })
-            .collect();
-        store
-            .commit_local(&writes, 1_000 + g as u64)
-            .expect("commit");
-    }
-    let commit_s = committed.elapsed().as_secs_f64();
-    let stats = store.checkpoint_stats();
-    drop(store);
-    let opened = Instant::now();
-    let store = RedbStore::open(dir.path(), options).expect("reopen");
-    let open_s = opened.elapsed().as_secs_f64();
-    let replay = store.checkpoint_stats();
-    println!(
-        "\nReplay at open, worst case of fold_groups_max={} / fold_bytes_max={}: {groups} groups \
-         × {per_group} ops committed in {commit_s:.2} s ({} folds, overlay {} KiB before the \
-         drop); reopen {open_s:.3} s, of which replay {:.3} s for {} log records.",
-        limits.fold_groups_max,
-        limits.fold_bytes_max,
-        stats.folds,
-        stats.overlay_bytes / 1024,
-        replay.replay_micros as f64 / 1e6,
-        replay.replayed_records,
-    );
 }
 
 /// One redis-benchmark figure: how it ran, requests/s, server CPU, requests.
@@ -451,13 +347,6 @@ fn row(what: &str, redis: &RedisFig<'_>, tm: &str, run: &Run, goal: f64) {
         thousands(run.events_per_s),
         run.writer_us_per_event,
         if ratio >= goal { "met" } else { "missed" },
-    );
-    println!(
-        "|  | call latency ms p50 / p99 / max: {:.2} / {:.2} / {:.2} ({} calls) | | | | | | | | |",
-        run.latency(0.5),
-        run.latency(0.99),
-        run.latency(1.0),
-        run.latencies_ms.len()
     );
     if run.errors > 0 {
         println!(
@@ -585,9 +474,6 @@ fn main() {
             }
             Err(e) => println!("\nsingle-event runs: redis-benchmark error: {e}"),
         }
-    }
-    if wants("replay") {
-        replay_worst_case();
     }
     println!(
         "\nTotal wall time {:.1} s. At the end: {}.",

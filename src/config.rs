@@ -48,14 +48,6 @@ pub struct Limits {
     /// treated as a duplicate, so no acknowledged write is lost and none is counted twice. It
     /// bounds each dedup row (about 20 bytes a range) and so the cost of rewriting it.
     pub dedup_ranges_max: usize,
-    /// Commits (local groups, remote joins) whose row and dot-index writes the write-ahead
-    /// overlay holds before they are folded into their tables in one key-sorted commit
-    /// (default 4, measured: ARCHITECTURE.md "Storage: the write path"). It bounds the log
-    /// replayed at open and the fold stalls.
-    pub fold_groups_max: usize,
-    /// Approximate bytes the write-ahead overlay holds before it is folded (default 32 MiB):
-    /// with `fold_groups_max` this bounds the overlay's memory and the replay at open.
-    pub fold_bytes_max: usize,
 }
 
 impl Default for Limits {
@@ -75,8 +67,6 @@ impl Default for Limits {
             max_clock_drift_ms: 500,
             sources_per_batch_max: 10_000,
             dedup_ranges_max: 1024,
-            fold_groups_max: 4,
-            fold_bytes_max: 32 * 1024 * 1024,
         }
     }
 }
@@ -99,8 +89,6 @@ impl Limits {
             ("batch_ops_max", self.batch_ops_max),
             ("write_queue_ops_max", self.write_queue_ops_max),
             ("commit_group_ops_max", self.commit_group_ops_max),
-            ("fold_groups_max", self.fold_groups_max),
-            ("fold_bytes_max", self.fold_bytes_max),
             ("frame_bytes_max", self.frame_bytes_max),
             ("message_bytes_target", self.message_bytes_target),
             ("record_bytes_max", self.record_bytes_max),

@@ -223,11 +223,6 @@ impl Driver {
                 if let Input::Shutdown { reply } = input {
                     // Relaxed mode: make everything acknowledged so far durable before closing.
                     self.on_tick();
-                    // Fold the write-ahead overlay so the next open replays nothing (a crash
-                    // instead only costs that replay, bounded by the fold interval).
-                    if let Err(e) = self.store.fold_now() {
-                        tracing::error!(error = %e, "folding the write-ahead overlay at shutdown failed");
-                    }
                     let _ = reply.send(());
                     return;
                 }

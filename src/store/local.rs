@@ -1,7 +1,6 @@
 //! Local commit groups: many callers' writes in one durable transaction (DESIGN.md A5, A8, D2).
 
 use super::error::StoreError;
-use super::overlay::BytesTable;
 use super::rows::{
     TxnRows, decode_entry, indexed, open_state_tables, per_element, put_set, read_elems,
 };
@@ -252,7 +251,7 @@ impl RedbStore {
         let mut marks: BTreeMap<(String, String), IntervalSet> = BTreeMap::new();
         let mut values = Vec::new();
         {
-            let (mut rows_t, mut elems_t, mut dots_t) = open_state_tables(&txn, &self.overlay)?;
+            let (mut rows_t, mut elems_t, mut dots_t) = open_state_tables(&txn)?;
             let mut dedup_t = txn.open_table(DEDUP).map_err(StoreError::redb)?;
             let mut rows = GroupRows::new(TxnRows {
                 rows: &mut rows_t,
@@ -376,9 +375,7 @@ impl RedbStore {
             meta_put(&txn, META_HLC, &hlc.mark())?;
             meta_put(&txn, META_LOG_BOUNDS, &(self.log_start, log_end))?;
         }
-        // The rows stay in the overlay (folded every N groups, `checkpoint.rs`): what is
-        // durable now is the log record(s), context, marks and HLC mark.
-        self.commit_staged(txn, log_end, &ctx, false)?;
+        txn.commit().map_err(StoreError::redb)?;
         // Only now, after the durable commit, does the in-memory mirror move.
         let skipped = duplicate.iter().filter(|d| **d).count() as u64;
         let mut applied_ops = 0u64;

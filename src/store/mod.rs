@@ -2,20 +2,15 @@
 //!
 //! State lives in per-key rows with a dot → key index, so memory stays bounded by the page
 //! cache whatever the store's size, and a delta's join touches O(|δ|) rows. Every commit group,
-//! local or remote, is one redb write transaction holding its delta-log record(s), causal
-//! context, dedup marks, HLC mark and cursors; the rows and dot-index entries it changed go to a
-//! bounded in-memory overlay (`overlay.rs`) that every read consults first, and are folded into
-//! their tables every N groups or M bytes inside a regular commit (`checkpoint.rs`); on open the
-//! log above the last fold is replayed. In-memory mirrors (context, HLC, log bounds, the
-//! overlay readers see) are updated only after that transaction committed.
+//! local or remote, is one redb write transaction holding its rows, dot index updates, delta-log
+//! entry, causal context, dedup marks, HLC mark and cursors; in-memory mirrors (context, HLC, log
+//! bounds) are updated only after that transaction committed.
 //!
 //! This module is the only one that knows redb tables; readers use [`Reader`] (MVCC read
 //! transactions that never block the writer).
 
-mod checkpoint;
 mod error;
 mod local;
-mod overlay;
 mod purge;
 mod read;
 mod replicate;
@@ -28,7 +23,6 @@ pub mod snapshot;
 mod split;
 pub(crate) mod tables;
 
-pub use checkpoint::CheckpointStats;
 pub use error::StoreError;
 pub use local::{DedupRefusal, EventId, LocalCommit, LocalWrite};
 pub use purge::RemoteFilter;
@@ -118,13 +112,6 @@ pub struct RedbStore {
     dedup_cache: std::collections::HashMap<(String, String), tidemark_crdts::IntervalSet>,
     /// Whether local commits compute the changed keys' values ([`RedbStore::set_change_values`]).
     change_values: bool,
-    /// Row and dot-index writes committed (durable in the log) but not yet folded into their
-    /// tables, plus the current transaction's staged ones (`overlay.rs`).
-    overlay: std::cell::RefCell<overlay::Overlay>,
-    /// The tables hold exactly the log records below this seq (`meta/folded`).
-    folded_seq: u64,
-    /// Fold and replay figures since open.
-    checkpoint: CheckpointStats,
 }
 
 impl std::fmt::Debug for RedbStore {
@@ -246,8 +233,7 @@ impl RedbStore {
         let format: Option<u32> = meta_get(&txn, META_FORMAT, max)?;
         match (existing, format) {
             (None, _) => {}
-            // Format 5 has no overlay marker: its tables hold every log record (`replay`).
-            (Some(_), Some(STORE_FORMAT | 5)) => {}
+            (Some(_), Some(STORE_FORMAT)) => {}
             (Some(_), found) => {
                 return Err(StoreError::Corrupt(format!(
                     "store format {} (this build reads format {STORE_FORMAT}; no migration: \
@@ -302,7 +288,7 @@ impl RedbStore {
         meta_put(&txn, META_LOG_BOUNDS, &(log_start, log_end))?;
         txn.commit().map_err(StoreError::redb)?;
         let hlc = Hlc::restore(replica, mark, options.limits.max_clock_drift_ms);
-        let mut store = Self {
+        Ok(Self {
             db: Arc::new(db),
             path,
             replica,
@@ -321,13 +307,7 @@ impl RedbStore {
             seed,
             dedup_cache: std::collections::HashMap::new(),
             change_values: true,
-            overlay: std::cell::RefCell::new(overlay::Overlay::default()),
-            folded_seq: log_end,
-            checkpoint: CheckpointStats::default(),
-        };
-        // The log above the last fold is joined into the tables before anything is served.
-        store.replay()?;
-        Ok(store)
+        })
     }
 
     /// This replica's id.
@@ -368,11 +348,7 @@ impl RedbStore {
 
     /// A reader sharing this database (MVCC snapshots; never blocks the writer).
     pub fn reader(&self) -> Reader {
-        Reader::new(
-            Arc::clone(&self.db),
-            self.options.limits.clone(),
-            self.overlay.borrow().shared(),
-        )
+        Reader::new(Arc::clone(&self.db), self.options.limits.clone())
     }
 
     /// Peers whose logs this store has joined (from the durable cursors): the peers a restarted
@@ -399,8 +375,6 @@ impl RedbStore {
         f: impl FnOnce(&mut Self) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         self.check_halted()?;
-        // Writes staged by a transaction that did not commit (a refused group) never count.
-        self.overlay.get_mut().discard_pending();
         let r = f(self);
         if let Err(e) = &r {
             if !matches!(e, StoreError::InvalidOp(_) | StoreError::TooLarge { .. }) {

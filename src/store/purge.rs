@@ -56,8 +56,7 @@ impl RedbStore {
     }
 
     /// Removes the rows of `keys` and their dot-index entries in one transaction, keeping the
-    /// context (their dots stay seen), and folds the write-ahead overlay in that transaction
-    /// (a purge is not logged: replay must start after it). Returns the number of rows removed.
+    /// context (their dots stay seen). Returns the number of rows removed.
     ///
     /// # Errors
     /// Storage failures (the store halts).
@@ -67,30 +66,20 @@ impl RedbStore {
         }
         self.guarded(|s| {
             let txn = s.begin()?;
-            let removed = with_txn_rows(
-                &txn,
-                &s.overlay,
-                s.options.limits.record_bytes_max,
-                |rows| {
-                    let mut removed = 0;
-                    for key in keys {
-                        if let Some(old) = rows.get(key)? {
-                            rows.put(key, Some(&old), None)?;
-                            removed += 1;
-                        }
+            let removed = with_txn_rows(&txn, s.options.limits.record_bytes_max, |rows| {
+                let mut removed = 0;
+                for key in keys {
+                    if let Some(old) = rows.get(key)? {
+                        rows.put(key, Some(&old), None)?;
+                        removed += 1;
                     }
-                    Ok(removed)
-                },
-            )?;
+                }
+                Ok(removed)
+            })?;
             if removed == 0 {
-                s.overlay.get_mut().discard_pending();
                 txn.abort().map_err(StoreError::redb)?;
             } else {
-                // A purge is not in the log, so replaying the log above an older fold would
-                // bring the rows back: the purge folds the overlay, its removals included, in
-                // its own transaction.
-                let ctx = s.ctx.clone();
-                s.commit_staged(txn, s.log_end, &ctx, true)?;
+                txn.commit().map_err(StoreError::redb)?;
                 s.stats.commits += 1;
             }
             Ok(removed)

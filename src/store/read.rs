@@ -1,15 +1,14 @@
-//! Readers: MVCC read transactions over the store's tables, under the write-ahead overlay. A
-//! reader sees the last committed state (the overlay's published layers first, then the
-//! tables, both taken under the overlay lock so a fold is never seen half-way), never blocks
-//! the writer, and is cheap to clone and share across threads.
+//! Readers: MVCC read transactions over the store's tables. A reader sees the last committed
+//! state, never blocks the writer, and is cheap to clone and share across threads.
 
 use super::error::StoreError;
-use super::overlay::BytesTable;
 use super::rows::{for_each_elem, open_read_tables, per_element, read_entry, row_entry};
-use super::tables::{META, META_CONTEXT, dot_bytes, elem_key, key_bytes, kind_prefix, parse_key};
+use super::tables::{
+    DOTS, ELEMS, META, META_CONTEXT, dot_bytes, elem_key, key_bytes, kind_prefix, parse_key,
+};
 use crate::codec;
 use crate::config::Limits;
-use redb::{Database, ReadableDatabase};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use std::ops::Bound;
 use std::sync::Arc;
 use tidemark_crdts::{CausalContext, DotStore, Entry, Key, KeyKind, Value};
@@ -19,7 +18,6 @@ use tidemark_crdts::{CausalContext, DotStore, Entry, Key, KeyKind, Value};
 pub struct Reader {
     db: Arc<Database>,
     limits: Limits,
-    overlay: super::overlay::Shared,
 }
 
 impl std::fmt::Debug for Reader {
@@ -29,19 +27,8 @@ impl std::fmt::Debug for Reader {
 }
 
 impl Reader {
-    pub(crate) fn new(db: Arc<Database>, limits: Limits, overlay: super::overlay::Shared) -> Self {
-        Self {
-            db,
-            limits,
-            overlay,
-        }
-    }
-
-    /// A read transaction and the overlay view of the same committed state.
-    fn begin(&self) -> Result<(redb::ReadTransaction, Arc<super::overlay::View>), StoreError> {
-        let view = super::overlay::lock(&self.overlay);
-        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
-        Ok((rtxn, Arc::clone(&view)))
+    pub(crate) fn new(db: Arc<Database>, limits: Limits) -> Self {
+        Self { db, limits }
     }
 
     /// The committed entry of `key`.
@@ -49,8 +36,8 @@ impl Reader {
     /// # Errors
     /// Storage failures and corrupt rows.
     pub fn entry(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
-        let (rtxn, view) = self.begin()?;
-        let (rows, elems) = open_read_tables(&rtxn, &view)?;
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let (rows, elems) = open_read_tables(&rtxn)?;
         read_entry(&rows, &elems, key, self.limits.record_bytes_max)
     }
 
@@ -63,8 +50,8 @@ impl Reader {
         if !per_element(key.kind) {
             return Ok(false);
         }
-        let (rtxn, view) = self.begin()?;
-        let elems = super::overlay::OvRead::open(&rtxn, super::tables::ELEMS_TABLE, &view)?;
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let elems = rtxn.open_table(ELEMS).map_err(StoreError::redb)?;
         let found = elems
             .get(elem_key(key, element).as_slice())
             .map_err(StoreError::redb)?
@@ -92,8 +79,8 @@ impl Reader {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<(Key, Value)>, StoreError> {
-        let (rtxn, view) = self.begin()?;
-        let (rows, elems) = open_read_tables(&rtxn, &view)?;
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let (rows, elems) = open_read_tables(&rtxn)?;
         let start = match after {
             Some(a) if a >= prefix => key_bytes(&Key::new(kind, a)),
             _ => key_bytes(&Key::new(kind, prefix)),
@@ -172,10 +159,10 @@ impl Reader {
     /// # Errors
     /// Storage failures and corrupt rows.
     pub fn entries(&self) -> Result<Vec<(Key, Entry)>, StoreError> {
-        let (rtxn, view) = self.begin()?;
-        let (rows, elems) = open_read_tables(&rtxn, &view)?;
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let (rows, elems) = open_read_tables(&rtxn)?;
         let mut out = Vec::new();
-        for item in rows.range::<&[u8]>(..).map_err(StoreError::redb)? {
+        for item in rows.iter().map_err(StoreError::redb)? {
             let (k, v) = item.map_err(StoreError::redb)?;
             let key = parse_key(k.value())
                 .ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
@@ -198,8 +185,8 @@ impl Reader {
                 "committed context differs from the in-memory one".into(),
             ));
         }
-        let (rtxn, view) = self.begin()?;
-        let dots = super::overlay::OvRead::open(&rtxn, super::tables::DOTS_TABLE, &view)?;
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let dots = rtxn.open_table(DOTS).map_err(StoreError::redb)?;
         let mut live = 0u64;
         let (mut sets, mut set_elems) = (0u64, 0u64);
         for (key, entry) in self.entries()? {
@@ -224,7 +211,7 @@ impl Reader {
                     )));
                 }
                 let mut missing = None;
-                let elems = super::overlay::OvRead::open(&rtxn, super::tables::ELEMS_TABLE, &view)?;
+                let elems = rtxn.open_table(ELEMS).map_err(StoreError::redb)?;
                 for_each_elem(&elems, &key, self.limits.record_bytes_max, |e, ds| {
                     let want = elem_key(&key, e);
                     for d in ds.iter() {
@@ -263,7 +250,7 @@ impl Reader {
             }
         }
         // Every element row belongs to a set with a header row (no orphan elements).
-        let elems = super::overlay::OvRead::open(&rtxn, super::tables::ELEMS_TABLE, &view)?;
+        let elems = rtxn.open_table(ELEMS).map_err(StoreError::redb)?;
         let stored = elems.len().map_err(StoreError::redb)?;
         if stored != set_elems {
             return Err(StoreError::Corrupt(format!(

@@ -3,7 +3,6 @@
 
 use super::error::StoreError;
 use super::local::append_log;
-use super::overlay::BytesTable;
 use super::rows::{TxnRows, with_txn_rows};
 use super::split::{marks_bytes, split_delta};
 use super::tables::{
@@ -195,10 +194,9 @@ impl RedbStore {
             meta_put(&txn, META_HLC, &hlc.mark())?;
         }
         if inflated || cursor_changed || hlc != self.hlc {
-            self.commit_staged(txn, log_end, &ctx, false)?;
+            txn.commit().map_err(StoreError::redb)?;
             self.stats.commits += 1;
         } else {
-            self.overlay.get_mut().discard_pending();
             txn.abort().map_err(StoreError::redb)?;
         }
         if inflated {
@@ -247,12 +245,9 @@ impl RedbStore {
     ) -> Result<ApplyOutcome, StoreError> {
         let txn = self.begin()?;
         let mut ctx = self.ctx.clone();
-        let outcome = with_txn_rows(
-            &txn,
-            &self.overlay,
-            self.options.limits.record_bytes_max,
-            |rows| join(rows, &mut ctx),
-        )?;
+        let outcome = with_txn_rows(&txn, self.options.limits.record_bytes_max, |rows| {
+            join(rows, &mut ctx)
+        })?;
         self.finish_remote(txn, origin, outcome, marks, ctx, cursor, hlc, hlc_rejected)
     }
 
@@ -265,11 +260,6 @@ impl RedbStore {
             let mut below = below.min(s.log_end);
             if below <= s.log_start {
                 return Ok(0);
-            }
-            // Records at or above the last fold are the only durable form of the rows the
-            // overlay holds: they are folded into the tables before they may go.
-            if below > s.folded_seq && !s.overlay.get_mut().is_empty() {
-                s.fold_now_inner()?;
             }
             let txn = s.begin()?;
             let mut truncated = s.truncated.clone();
@@ -308,13 +298,7 @@ impl RedbStore {
             }
             meta_put(&txn, META_TRUNCATED, &truncated)?;
             meta_put(&txn, META_LOG_BOUNDS, &(below, s.log_end))?;
-            if below > s.folded_seq {
-                // The overlay is empty: the tables hold the whole log; say so.
-                let ctx = s.ctx.clone();
-                s.commit_staged(txn, s.log_end, &ctx, true)?;
-            } else {
-                txn.commit().map_err(StoreError::redb)?;
-            }
+            txn.commit().map_err(StoreError::redb)?;
             s.stats.commits += 1;
             s.stats.compaction_reclaimed_bytes += reclaimed;
             s.truncated = truncated;
@@ -436,9 +420,8 @@ impl StateStore for RedbStore {
     ) -> Result<ChunkRead, StoreError> {
         use std::ops::Bound;
         let max = self.options.limits.record_bytes_max;
-        // The writer's committed state: the tables under the overlay readers see.
-        let (rtxn, view) = self.begin_overlay_read()?;
-        let (rows, elems) = super::rows::open_read_tables(&rtxn, &view)?;
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let (rows, elems) = super::rows::open_read_tables(&rtxn)?;
         if let Some((key, from)) = resume {
             // Continue a large row (or cover the rest of its dot space if it vanished).
             let entry = super::rows::read_entry(&rows, &elems, key, max)?

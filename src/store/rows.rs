@@ -6,51 +6,47 @@
 //! holding its `DotSet`; its dots are indexed to their element rows. [`TxnRows::get_part`]
 //! reads only the elements a join can change and [`TxnRows::put`] writes only the elements
 //! that differ, so an add or remove costs O(1) rows however large the set. Every access to
-//! the `rows`/`elems`/`dots` tables of the write path goes through the helpers here, and all
-//! of them through the write-ahead overlay (`overlay.rs`: [`OvTable`] for the write path,
-//! [`OvRead`] for readers), so writes are staged there and reach the tables at folds.
+//! the `rows`/`elems`/`dots` tables of the write path goes through the helpers here.
 
 use super::error::StoreError;
-pub(crate) use super::overlay::BytesTable;
-use super::overlay::{OvRead, OvTable, Overlay, View};
 use super::tables::{
-    DOTS_TABLE, ELEMS_TABLE, ROWS_TABLE, dot_bytes, dot_key, elem_key, key_bytes,
-    parse_index_value, parse_key, set_prefix,
+    DOTS, ELEMS, ROWS, dot_bytes, dot_key, elem_key, key_bytes, parse_index_value, parse_key,
+    set_prefix,
 };
 use crate::apply::KeyRange;
 use crate::codec;
-use std::cell::RefCell;
+use redb::{ReadableTable, Table};
 use std::ops::Bound;
 use tidemark_crdts::{CausalContext, Dot, DotMap, DotSet, DotStore, Entry, Key, KeyKind, Rows};
 
+/// A `&[u8] → &[u8]` table, read-only or in a write transaction.
+pub(crate) trait BytesTable: ReadableTable<&'static [u8], &'static [u8]> {}
+impl<T: ReadableTable<&'static [u8], &'static [u8]>> BytesTable for T {}
+
 /// A `&[u8] → &[u8]` table of a write transaction.
-/// (Under the write-ahead overlay: reads see it first, writes are staged in it.)
-pub(crate) type WriteTable<'t> = OvTable<'t>;
+pub(crate) type WriteTable<'t> = Table<'t, &'static [u8], &'static [u8]>;
 
 /// The `rows`, `elems` and `dots` tables of a write transaction, in that order.
-pub(crate) fn open_state_tables<'t>(
-    txn: &'t redb::WriteTransaction,
-    ov: &'t RefCell<Overlay>,
-) -> Result<(WriteTable<'t>, WriteTable<'t>, WriteTable<'t>), StoreError> {
+pub(crate) fn open_state_tables(
+    txn: &redb::WriteTransaction,
+) -> Result<(WriteTable<'_>, WriteTable<'_>, WriteTable<'_>), StoreError> {
     Ok((
-        OvTable::open(txn, ROWS_TABLE, ov)?,
-        OvTable::open(txn, ELEMS_TABLE, ov)?,
-        OvTable::open(txn, DOTS_TABLE, ov)?,
+        txn.open_table(ROWS).map_err(StoreError::redb)?,
+        txn.open_table(ELEMS).map_err(StoreError::redb)?,
+        txn.open_table(DOTS).map_err(StoreError::redb)?,
     ))
 }
 
 /// A `&[u8] → &[u8]` table of a read transaction.
-/// (Under a reader's overlay view.)
-pub(crate) type ReadTable<'v> = OvRead<'v>;
+pub(crate) type ReadTable = redb::ReadOnlyTable<&'static [u8], &'static [u8]>;
 
 /// The `rows` and `elems` tables of a read transaction (what whole entries are read from).
-pub(crate) fn open_read_tables<'v>(
+pub(crate) fn open_read_tables(
     rtxn: &redb::ReadTransaction,
-    view: &'v View,
-) -> Result<(ReadTable<'v>, ReadTable<'v>), StoreError> {
+) -> Result<(ReadTable, ReadTable), StoreError> {
     Ok((
-        OvRead::open(rtxn, ROWS_TABLE, view)?,
-        OvRead::open(rtxn, ELEMS_TABLE, view)?,
+        rtxn.open_table(ROWS).map_err(StoreError::redb)?,
+        rtxn.open_table(ELEMS).map_err(StoreError::redb)?,
     ))
 }
 
@@ -58,11 +54,10 @@ pub(crate) fn open_read_tables<'v>(
 /// place the write path opens them).
 pub(crate) fn with_txn_rows<T>(
     txn: &redb::WriteTransaction,
-    ov: &RefCell<Overlay>,
     record_bytes_max: usize,
     f: impl FnOnce(&mut TxnRows<'_, '_>) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
-    let (mut rows_t, mut elems_t, mut dots_t) = open_state_tables(txn, ov)?;
+    let (mut rows_t, mut elems_t, mut dots_t) = open_state_tables(txn)?;
     f(&mut TxnRows {
         rows: &mut rows_t,
         elems: &mut elems_t,
@@ -73,9 +68,9 @@ pub(crate) fn with_txn_rows<T>(
 
 /// The `rows`, `elems` and `dots` tables of one write transaction.
 pub(crate) struct TxnRows<'a, 't> {
-    pub(crate) rows: &'a mut WriteTable<'t>,
-    pub(crate) elems: &'a mut WriteTable<'t>,
-    pub(crate) dots: &'a mut WriteTable<'t>,
+    pub(crate) rows: &'a mut Table<'t, &'static [u8], &'static [u8]>,
+    pub(crate) elems: &'a mut Table<'t, &'static [u8], &'static [u8]>,
+    pub(crate) dots: &'a mut Table<'t, &'static [u8], &'static [u8]>,
     pub(crate) record_bytes_max: usize,
 }
 

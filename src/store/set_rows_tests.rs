@@ -351,9 +351,6 @@ fn bytes_per_commit(size: u64, adds: u64) -> (f64, f64) {
             )
             .expect("commit");
     };
-    // The fill's element rows still in the write-ahead overlay reach the table at the next
-    // fold: fold them now, so the adds below pay only for their own rows.
-    store.fold_now().expect("fold");
     let before = written.load(Ordering::Relaxed);
     for i in 0..adds {
         one(&mut store, Mutation::Add(format!("\"new{i}\"")));

@@ -388,12 +388,7 @@ fn verify_db(
         ));
     }
     drop(rtxn);
-    Reader::new(
-        Arc::clone(&db),
-        limits.clone(),
-        super::overlay::Overlay::default().shared(),
-    )
-    .verify(&info.context)?;
+    Reader::new(Arc::clone(&db), limits.clone()).verify(&info.context)?;
     Ok((db, info))
 }
 
@@ -478,8 +473,6 @@ pub fn restore_snapshot(
         // Open adds one: the restored store's first epoch is above the source's.
         meta_put(&wtxn, META_EPOCH, &info.source_epoch)?;
         meta_put(&wtxn, META_LOG_BOUNDS, &(0u64, 0u64))?;
-        // The copied tables hold the whole state: nothing of the (empty) log to replay.
-        meta_put(&wtxn, super::tables::META_FOLDED, &(0u64, &info.context))?;
         // Nothing of the state is in the (empty) log: a peer lacking any of it gets a transfer.
         meta_put(&wtxn, META_TRUNCATED, &info.context)?;
         meta_put(
@@ -507,13 +500,11 @@ pub fn restore_snapshot(
 }
 
 impl RedbStore {
-    /// A read transaction of the committed state (the point a snapshot is taken at), after
-    /// folding the write-ahead overlay, so the tables it copies hold every committed row.
+    /// A read transaction of the committed state (the point a snapshot is taken at).
     ///
     /// # Errors
     /// Storage failures.
-    pub(crate) fn begin_snapshot_read(&mut self) -> Result<ReadTransaction, StoreError> {
-        self.fold_now()?;
+    pub(crate) fn begin_snapshot_read(&self) -> Result<ReadTransaction, StoreError> {
         self.db.begin_read().map_err(StoreError::redb)
     }
 
@@ -523,15 +514,8 @@ impl RedbStore {
     ///
     /// # Errors
     /// As [`write_snapshot`].
-    /// A store just opened (the CLI's case) has folded everything; a running one must fold
-    /// first ([`RedbStore::fold_now`]; the node's snapshot does), or this refuses.
     pub fn snapshot(&self, out: &Path, wall_ms: u64) -> Result<SnapshotInfo, StoreError> {
-        if !self.overlay.borrow().is_empty() {
-            return Err(StoreError::Snapshot(
-                "rows are still in the write-ahead overlay: fold_now() first".into(),
-            ));
-        }
-        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let rtxn = self.begin_snapshot_read()?;
         write_snapshot(&rtxn, out, &self.options.limits, wall_ms)
     }
 

@@ -2,7 +2,7 @@
 //!
 //! | table | key | value |
 //! |---|---|---|
-//! | `meta` | name | store format, replica id, epoch, HLC mark, log bounds, truncated-log context, folded log seq + context |
+//! | `meta` | name | store format, replica id, epoch, HLC mark, log bounds, truncated-log context |
 //! | `rows` | kind byte + key name | encoded [`tidemark_crdts::Entry`]; for an orset an empty header |
 //! | `elems` | kind byte + name length (4 B BE) + name + element | encoded `DotSet` of one set element |
 //! | `dots` | replica (16 B BE) + seq (8 B BE) | row key, or for an orset dot its `elems` key |
@@ -18,18 +18,12 @@ use redb::TableDefinition;
 use tidemark_crdts::{Dot, Key, KeyKind, ReplicaId};
 
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
-/// Name of the `rows` table (the write-ahead overlay keys pending writes by table name).
-pub(crate) const ROWS_TABLE: &str = "rows";
-/// Name of the `dots` table.
-pub(crate) const DOTS_TABLE: &str = "dots";
-/// Name of the `elems` table.
-pub(crate) const ELEMS_TABLE: &str = "elems";
-pub(crate) const ROWS: TableDefinition<&[u8], &[u8]> = TableDefinition::new(ROWS_TABLE);
-pub(crate) const DOTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new(DOTS_TABLE);
+pub(crate) const ROWS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("rows");
+pub(crate) const DOTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("dots");
 /// One row per element of every orset (store format 3): a set is a header row in `rows` (so
 /// listings, key ranges and state chunks keep one row per key) plus its elements here, so an
 /// add or remove reads and writes O(1) rows whatever the set's size.
-pub(crate) const ELEMS: TableDefinition<&[u8], &[u8]> = TableDefinition::new(ELEMS_TABLE);
+pub(crate) const ELEMS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("elems");
 pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 pub(crate) const CURSORS: TableDefinition<u64, &[u8]> = TableDefinition::new("cursors");
 pub(crate) const DEDUP: TableDefinition<&[u8], &[u8]> = TableDefinition::new("dedup");
@@ -41,19 +35,14 @@ pub(crate) const META_CONTEXT: &str = "context";
 pub(crate) const META_LOG_BOUNDS: &str = "log_bounds";
 pub(crate) const META_TRUNCATED: &str = "truncated_context";
 pub(crate) const META_FORMAT: &str = "store_format";
-/// `(log seq, context)`: the tables hold exactly the log below that seq (the write-ahead
-/// overlay's last fold, `overlay.rs`); open replays the log from there.
-pub(crate) const META_FOLDED: &str = "folded";
 
 /// The layout of the tables this build writes and reads, stored under `meta/store_format`.
 /// 2: counter dots have no dot-index rows (`rows::indexed`). 3: an orset is a header row plus
 /// one `elems` row per element, its dots indexed to their element rows. 5: a log record says
-/// whether the next record belongs to the same append (`LogRecord::continues`). 6: rows,
-/// element rows and dot-index entries reach their tables at folds of the write-ahead overlay;
-/// `meta/folded` says which log records the tables hold (a format-5 store, without it, holds
-/// them all and opens as is). A store without the marker was written by format 1 (no deployed
-/// data: older formats are refused, not migrated).
-pub(crate) const STORE_FORMAT: u32 = 6;
+/// whether the next record belongs to the same append (`LogRecord::continues`). A store without
+/// the marker was written by format 1 (no deployed data: older formats are refused, not
+/// migrated).
+pub(crate) const STORE_FORMAT: u32 = 5;
 
 /// One delta-log entry: where the delta came from (`None`: a local commit) and the delta.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
