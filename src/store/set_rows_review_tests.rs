@@ -7,9 +7,8 @@
 //! Deterministic (no randomness).
 
 use super::{DeltasSince, LocalWrite, OpenOptions, RedbStore};
-use crate::model::StateChunk;
 use crate::proto::{PeerId, StateStore};
-use tidemark_crdts::{DedupMarks, Entry, Key, KeyKind, Mutation, ReplicaId, Store, Value};
+use tidemark_crdts::{Entry, Key, KeyKind, Mutation, ReplicaId, Store, Value};
 
 fn options(id: u64) -> OpenOptions {
     OpenOptions {
@@ -392,46 +391,7 @@ fn a_set_changing_at_the_receiver_between_transfer_parts_converges() {
         &mut ma,
         &[(s.clone(), Mutation::Add(el("after-c")))],
     );
-    let ctx = a.ctx().clone();
-    let mut after: Option<Key> = None;
-    let mut resume = None;
-    let mut chunks = Vec::new();
-    loop {
-        let read = a
-            .read_chunk_from(after.as_ref(), resume.as_ref(), 1_024)
-            .expect("read chunk");
-        let finished = read.part.is_none() && (read.done || read.last_key.is_none());
-        let chunk_after = after.clone();
-        let (upto, dots) = match read.part {
-            Some(part) => {
-                match part.slice.upto {
-                    Some(d) => resume = Some((part.key.clone(), d)),
-                    None => {
-                        resume = None;
-                        after = Some(part.key.clone());
-                    }
-                }
-                (Some(part.key), Some(part.slice))
-            }
-            None if finished => (None, None),
-            None => {
-                after.clone_from(&read.last_key);
-                (read.last_key, None)
-            }
-        };
-        chunks.push(StateChunk {
-            after: chunk_after,
-            upto,
-            entries: read.entries,
-            ctx: ctx.clone(),
-            marks: DedupMarks::new(),
-            last: finished,
-            dots,
-        });
-        if finished {
-            break;
-        }
-    }
+    let (chunks, _) = super::set_rows_tests::transfer_chunks(&mut a, 1_024);
     assert!(chunks.len() > 3, "the set went in {} chunks", chunks.len());
     // b removes elements spread over all parts and re-adds one.
     let b_ops: Vec<(Key, Mutation)> = (0..600)

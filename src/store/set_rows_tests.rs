@@ -137,10 +137,10 @@ fn sync(from: &RedbStore, to: &mut RedbStore, to_model: &mut Store) {
     }
 }
 
-/// A state transfer from `from` to `to` as the replication core does it: chunks of at most
-/// `bytes_max`, a large row in dot slices, merged and joined once. Returns the number of
-/// row parts.
-fn transfer(from: &mut RedbStore, to: &mut RedbStore, bytes_max: usize) -> usize {
+/// The chunks of a state transfer from `from` as the replication core reads them: at most
+/// `bytes_max` each, a large row in dot slices, all under `from`'s context at the start.
+/// Returns the chunks (the last one marked) and the number of row parts among them.
+pub(super) fn transfer_chunks(from: &mut RedbStore, bytes_max: usize) -> (Vec<StateChunk>, usize) {
     let ctx = from.ctx().clone();
     let mut after: Option<Key> = None;
     let mut resume = None;
@@ -176,13 +176,21 @@ fn transfer(from: &mut RedbStore, to: &mut RedbStore, bytes_max: usize) -> usize
             entries: read.entries,
             ctx: ctx.clone(),
             marks: DedupMarks::new(),
-            last: false,
+            last: finished,
             dots,
         });
         if finished {
-            break;
+            return (chunks, parts);
         }
     }
+}
+
+/// A state transfer from `from` to `to` as the replication core does it: chunks of at most
+/// `bytes_max`, a large row in dot slices, merged and joined once. Returns the number of
+/// row parts.
+fn transfer(from: &mut RedbStore, to: &mut RedbStore, bytes_max: usize) -> usize {
+    let ctx = from.ctx().clone();
+    let (chunks, parts) = transfer_chunks(from, bytes_max);
     // The receiver's reassembly: the dot slices of one row are disjoint parts of one entry.
     let mut entries: Vec<(Key, Entry)> = Vec::new();
     for c in chunks {
