@@ -234,6 +234,29 @@ impl<V: Clone + Ord + Debug> DotFun<V> {
     pub fn is_canonical(&self) -> bool {
         self.0.windows(2).all(|w| w[0].0 < w[1].0)
     }
+
+    /// Removes every entry, appending its dot to `removed` (in-place mutators).
+    pub(crate) fn drain_dots(&mut self, removed: &mut Vec<Dot>) {
+        removed.extend(self.0.iter().map(|(d, _)| *d));
+        self.0.clear();
+    }
+    /// Removes the entry under `dot` (in-place mutators).
+    pub(crate) fn remove_dot(&mut self, dot: &Dot) -> Option<V> {
+        let i = self.0.binary_search_by(|(d, _)| d.cmp(dot)).ok()?;
+        Some(self.0.remove(i).1)
+    }
+    /// Inserts `(dot, value)` keeping the entries ascending (for a dot already present the
+    /// larger value is kept, as the join does).
+    pub(crate) fn insert(&mut self, dot: Dot, value: V) {
+        match self.0.binary_search_by(|(d, _)| d.cmp(&dot)) {
+            Ok(i) => {
+                if value > self.0[i].1 {
+                    self.0[i].1 = value;
+                }
+            }
+            Err(i) => self.0.insert(i, (dot, value)),
+        }
+    }
 }
 
 impl<V: Clone + Ord + Debug> DotStore for DotFun<V> {

@@ -480,6 +480,104 @@ pub fn delta_mutation(
     Ok((store, ctx))
 }
 
+/// Applies a local mutation to the key's current entry in place, with no delta built: the
+/// write path of a replica's own operations.
+///
+/// `current` is the key's entry (`None`: no entry, as for a bottom one) and `dot` the fresh
+/// dot the mutation takes. Guarantee: `current` ends exactly as joining the delta of
+/// [`delta_mutation`] into a state whose context holds every dot of `current` and not `dot`
+/// would leave it (a bottom result is `None`), and the dots that delta's context holds besides
+/// `dot` — the ones the mutation overwrote or removed, all dots of `current` — are appended to
+/// `removed`. The join would change no other key: every overwritten dot is `current`'s own.
+///
+/// # Errors
+/// [`MutationError`] when the mutation does not apply to the kind, or `current` holds an
+/// entry of another kind; `current` is then unchanged.
+pub fn mutate_in_place(
+    kind: KeyKind,
+    current: &mut Option<Entry>,
+    mutation: &Mutation,
+    dot: Dot,
+    ts: Option<Timestamp>,
+    removed: &mut Vec<Dot>,
+) -> Result<(), MutationError> {
+    check_mutation(kind, mutation)?;
+    if let Some(e) = current.as_ref()
+        && e.kind() != kind
+    {
+        return Err(MutationError::WrongOp {
+            kind: e.kind(),
+            op: mutation.name(),
+        });
+    }
+    if matches!(mutation, Mutation::Set(_)) && kind == KeyKind::Lww && ts.is_none() {
+        return Err(MutationError::MissingTimestamp);
+    }
+    let entry = current.get_or_insert_with(|| Entry::bottom(kind));
+    let result = match (entry, mutation) {
+        (Entry::GCounter(f), Mutation::Inc(by)) => {
+            let base = Entry::counter_dot(f, dot.replica);
+            let total = base.as_ref().map_or(0, |(_, v)| *v).saturating_add(*by);
+            if let Some((old, _)) = base {
+                f.remove_dot(&old);
+                removed.push(old);
+            }
+            f.insert(dot, total);
+            Ok(())
+        }
+        (Entry::PNCounter(f), Mutation::Inc(by) | Mutation::Dec(by)) => {
+            let base = Entry::counter_dot(f, dot.replica);
+            let (p, n) = base.as_ref().map_or((0, 0), |(_, v)| *v);
+            if let Some((old, _)) = base {
+                f.remove_dot(&old);
+                removed.push(old);
+            }
+            let pair = if matches!(mutation, Mutation::Inc(_)) {
+                (p.saturating_add(*by), n)
+            } else {
+                (p, n.saturating_add(*by))
+            };
+            f.insert(dot, pair);
+            Ok(())
+        }
+        (Entry::ORSet(m), Mutation::Add(e)) => {
+            if let Some(old) = m.replace(e.clone(), DotSet::single(dot)) {
+                removed.extend(old.iter().copied());
+            }
+            Ok(())
+        }
+        (Entry::ORSet(m), Mutation::Remove(e)) => {
+            if let Some(old) = m.take(e) {
+                removed.extend(old.iter().copied());
+            }
+            Ok(())
+        }
+        (Entry::Lww(f), Mutation::Set(v)) => {
+            f.drain_dots(removed);
+            if let Some(ts) = ts {
+                f.insert(dot, (ts, v.clone()));
+            }
+            Ok(())
+        }
+        (Entry::MvReg(f), Mutation::Set(v)) => {
+            f.drain_dots(removed);
+            f.insert(dot, v.clone());
+            Ok(())
+        }
+        (e, Mutation::Delete) => {
+            e.for_each_dot(&mut |d| removed.push(d));
+            *e = Entry::bottom(kind);
+            Ok(())
+        }
+        // `check_mutation` admitted the pair, and the entry is of `kind`.
+        (_, m) => Err(MutationError::WrongOp { kind, op: m.name() }),
+    };
+    if current.as_ref().is_some_and(Entry::is_bottom) {
+        *current = None;
+    }
+    result
+}
+
 /// A delta (or whole state) of the store: keyed entries plus one shared context.
 pub type StoreDelta = Causal<DotMap<Key, Entry>>;
 

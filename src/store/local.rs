@@ -2,23 +2,25 @@
 
 use super::error::StoreError;
 use super::rows::{
-    TxnRows, decode_entry, indexed, open_state_tables, per_element, put_set, read_elems,
+    TxnRows, decode_elem, decode_entry, indexed, open_state_tables, per_element, put_set,
+    read_elems, read_set, set_has_elements,
 };
 use super::split::{split_delta, write_bytes_estimate};
 use super::tables::{
-    DEDUP, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, dedup_key, dot_bytes, key_bytes,
+    DEDUP, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, dedup_key, dot_bytes, elem_key,
+    key_bytes,
 };
 use super::{RedbStore, meta_put};
 use crate::codec;
 use crate::model::Delta;
 use redb::ReadableTable;
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::rc::Rc;
-use tidemark_crdts::store::{delta_mutation, join_delta};
+use tidemark_crdts::store::mutate_in_place;
 use tidemark_crdts::{
-    Causal, CausalContext, DedupMarks, Dot, DotMap, DotStore, Entry, IntervalSet, Key, KeyKind,
-    Mutation, Rows, Value,
+    Causal, CausalContext, DedupMarks, Dot, DotMap, DotSet, DotStore, Entry, IntervalSet, Key,
+    KeyKind, Mutation, Rows, Value,
 };
 
 /// Identity of an ingested event: `(stream, source, seq)`; a retry with the same identity is
@@ -82,20 +84,21 @@ fn opens_range(seen: &IntervalSet, seq: u64) -> bool {
 
 /// The log record being accumulated by a commit group: consecutive writes, cut so that each
 /// record stays within the message target (ARCHITECTURE "size invariants").
-struct RecordBuilder {
+struct RecordBuilder<'w> {
     /// Own seqs issued by this record: `(first, last]`.
     first: u64,
     last: u64,
     /// Keys the record's ops changed.
-    keys: Vec<Key>,
+    keys: Vec<Rc<Key>>,
     /// Every dot of the record's per-op delta contexts.
     dots: Vec<Dot>,
-    marks: DedupMarks,
+    /// The record's dedup marks, by `(stream, source)` of the group's writes.
+    marks: GroupMap<(&'w str, &'w str), IntervalSet>,
     /// Estimated encoded bytes so far.
     bytes: usize,
 }
 
-impl RecordBuilder {
+impl<'w> RecordBuilder<'w> {
     fn new(ctx: &CausalContext, me: tidemark_crdts::ReplicaId) -> Self {
         let at = ctx.max_seq(me);
         Self {
@@ -103,7 +106,7 @@ impl RecordBuilder {
             last: at,
             keys: Vec::new(),
             dots: Vec::new(),
-            marks: DedupMarks::new(),
+            marks: GroupMap::default(),
             bytes: 0,
         }
     }
@@ -123,10 +126,10 @@ impl RecordBuilder {
             last,
             mut keys,
             mut dots,
-            marks,
+            marks: record_marks,
             ..
         } = self;
-        keys.sort();
+        keys.sort_unstable();
         keys.dedup();
         let fresh = CausalContext::from_range(me, first + 1, last);
         let mut store: DotMap<Key, Entry> = DotMap::default();
@@ -135,7 +138,7 @@ impl RecordBuilder {
                 let older = e.dots().diff(&fresh);
                 let part = e.unseen_by(&older);
                 if !part.is_bottom() {
-                    store.set(key, part);
+                    store.set(Key::clone(&key), part);
                 }
             }
         }
@@ -144,6 +147,10 @@ impl RecordBuilder {
         let ctx: CausalContext = dots.into_iter().collect();
         // Fresh dots no entry holds (a removal's or delete's own dot) travel with every piece.
         let keep = fresh.diff(&store.dots());
+        let mut marks = DedupMarks::new();
+        for ((stream, source), seqs) in record_marks {
+            marks.set(stream.to_owned(), source.to_owned(), seqs);
+        }
         let delta = Delta {
             state: Causal { store, ctx },
             marks,
@@ -247,8 +254,8 @@ impl RedbStore {
         let mut records: Vec<Delta> = Vec::new();
         let mut duplicate = Vec::with_capacity(writes.len());
         let mut refused = Vec::new();
-        let mut changed: Vec<Key> = Vec::new();
-        let mut marks: BTreeMap<(String, String), IntervalSet> = BTreeMap::new();
+        let changed: Vec<Key>;
+        let mut marks: GroupMap<(&str, &str), IntervalSet> = GroupMap::default();
         let mut values = Vec::new();
         {
             let (mut rows_t, mut elems_t, mut dots_t) = open_state_tables(&txn)?;
@@ -260,30 +267,33 @@ impl RedbStore {
                 record_bytes_max: max,
             });
             let mut rec = RecordBuilder::new(&ctx, me);
+            let mut changed_rc: Vec<Rc<Key>> = Vec::new();
             for (index, w) in writes.iter().enumerate() {
                 if let Some(ev) = &w.event {
-                    let mk = (ev.stream.clone(), ev.source.clone());
-                    if !marks.contains_key(&mk) {
-                        // The writer's copy of the committed marks; the table is read only
-                        // for a source this writer has not seen since open.
-                        let seen = match self.dedup_cache.get(&mk) {
-                            Some(seen) => seen.clone(),
-                            None => match dedup_t
-                                .get(dedup_key(&ev.stream, &ev.source).as_slice())
-                                .map_err(StoreError::redb)?
-                            {
-                                Some(g) => codec::decode("dedup marks", g.value(), max).map_err(
-                                    |source| StoreError::Codec {
-                                        table: "dedup",
-                                        source,
-                                    },
-                                )?,
-                                None => IntervalSet::new(),
-                            },
-                        };
-                        marks.insert(mk.clone(), seen);
-                    }
-                    let seen = marks.entry(mk).or_default();
+                    let mk = (ev.stream.as_str(), ev.source.as_str());
+                    let seen = match marks.entry(mk) {
+                        std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                        std::collections::hash_map::Entry::Vacant(v) => {
+                            // The writer's copy of the committed marks; the table is read
+                            // only for a source this writer has not seen since open.
+                            let owned = (ev.stream.clone(), ev.source.clone());
+                            let seen = match self.dedup_cache.get(&owned) {
+                                Some(seen) => seen.clone(),
+                                None => match dedup_t
+                                    .get(dedup_key(&ev.stream, &ev.source).as_slice())
+                                    .map_err(StoreError::redb)?
+                                {
+                                    Some(g) => codec::decode("dedup marks", g.value(), max)
+                                        .map_err(|source| StoreError::Codec {
+                                            table: "dedup",
+                                            source,
+                                        })?,
+                                    None => IntervalSet::new(),
+                                },
+                            };
+                            v.insert(seen)
+                        }
+                    };
                     if seen.contains(ev.seq) {
                         duplicate.push(true);
                         continue;
@@ -305,11 +315,9 @@ impl RedbStore {
                 }
                 rec.bytes = rec.bytes.saturating_add(estimate);
                 if let Some(ev) = &w.event {
-                    marks
-                        .entry((ev.stream.clone(), ev.source.clone()))
-                        .or_default()
-                        .insert(ev.seq);
-                    rec.marks.insert(&ev.stream, &ev.source, ev.seq);
+                    let mk = (ev.stream.as_str(), ev.source.as_str());
+                    marks.entry(mk).or_default().insert(ev.seq);
+                    rec.marks.entry(mk).or_default().insert(ev.seq);
                 }
                 duplicate.push(false);
                 for (key, m) in &w.ops {
@@ -331,23 +339,22 @@ impl RedbStore {
                     .transpose()
                     .map_err(|e| StoreError::Exhausted(e.to_string()))?
                     .or(stamp);
-                    let base = rows.base(key, m)?;
-                    let (entry, dctx) = delta_mutation(key.kind, base.as_deref(), m, dot, ts)
-                        .map_err(|e| StoreError::InvalidOp(format!("{key}: {e}")))?;
-                    rec.dots.extend(dctx.iter_dots());
+                    // In place: the join of the op's delta (its context is `dot` plus the
+                    // dots it overwrote, all of this key's entry; `rec.dots` gets them all).
+                    let k = rows.apply_local(key, m, dot, ts, &mut rec.dots)?;
+                    ctx.insert(dot);
                     rec.last = dot.seq;
-                    let mut store = DotMap::default();
-                    store.set(key.clone(), entry);
-                    let delta = Causal { store, ctx: dctx };
-                    let outcome = join_delta(&mut rows, &mut ctx, delta)?;
-                    rec.keys.extend(outcome.changed.iter().cloned());
-                    changed.extend(outcome.changed);
+                    if let Some(k) = k {
+                        rec.keys.push(Rc::clone(&k));
+                        changed_rc.push(k);
+                    }
                 }
             }
             records.extend(rec.finish(&mut rows, me, target)?);
             rows.flush()?;
-            changed.sort();
-            changed.dedup();
+            changed_rc.sort_unstable();
+            changed_rc.dedup();
+            changed = changed_rc.iter().map(|k| Key::clone(k)).collect();
             if self.change_values {
                 for key in &changed {
                     let entry = rows.whole(key)?;
@@ -398,7 +405,11 @@ impl RedbStore {
         if self.dedup_cache.len().saturating_add(marks.len()) > DEDUP_CACHE_SOURCES_MAX {
             self.dedup_cache.clear();
         }
-        self.dedup_cache.extend(marks);
+        self.dedup_cache.extend(
+            marks
+                .into_iter()
+                .map(|((stream, source), seqs)| ((stream.to_owned(), source.to_owned()), seqs)),
+        );
         Ok(LocalCommit {
             duplicate,
             changes: values,
@@ -416,71 +427,268 @@ pub(crate) const DEDUP_CACHE_SOURCES_MAX: usize = 65_536;
 /// write-through, so dropping it loses nothing).
 const GROUP_CACHE_BYTES_MAX: usize = 32 << 20;
 
-/// Most candidate dots looked up one by one in the group's own index changes before the dot
-/// index is scanned instead.
-const OWNER_LOOKUPS_MAX: u64 = 4096;
+/// Estimated bytes a cached entry holds besides its payloads: per dot, per entry.
+const DOT_BYTES_ESTIMATE: usize = 48;
+const ENTRY_BYTES_ESTIMATE: usize = 64;
+
+/// A hash map keyed by keys of the group (foldhash: fast, seeded per process, so crafted key
+/// names cannot aim at collisions made offline).
+type GroupMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The rows of one local commit group: [`TxnRows`] with a write-back cache of the entries
 /// the group touched, so each key is read and decoded once per group (an op reads its key
-/// before the mutation, the join reads it again, the watchers' values once more) and encoded
-/// and written once per group however many of the group's ops change it (a hot counter, or
-/// many adds to one set, cost one row write per group instead of one per op), and with the
-/// dots the group's writes added and removed, so the join's search for the keys holding the
-/// dots an op overwrote (dots of the op's own key, which the join has already rewritten)
-/// needs no index scan. Dot-index rows are written at once; a changed row is written when the
-/// cache starts over or at [`GroupRows::flush`], which the group calls before it commits, so
-/// the transaction always commits the rows the cache holds.
+/// before the mutation, the watchers' values once more) and encoded and written once per group
+/// however many of the group's ops change it (a hot counter costs one row write per group
+/// instead of one per op). Each op mutates its cached entry in place
+/// ([`mutate_in_place`]: exactly the join of its delta, with no delta built) and writes its
+/// dot-index rows at once; a changed row is written when the cache starts over or at
+/// [`GroupRows::flush`], which the group calls before it commits, so the transaction always
+/// commits the rows the cache holds. Sets are not cached: an add or remove reads and writes
+/// its one element row (O(1) whatever the set's size).
 struct GroupRows<'r, 't> {
     inner: TxnRows<'r, 't>,
-    /// Entry of each cached key as the group now has it (`None`: no row), its estimated
-    /// encoded size, and whether the table's row is behind it (written at the next flush).
-    cache: HashMap<Rc<Key>, Cached>,
-    /// Dot → key of the dot-index rows this group inserted (and has not deleted since).
-    owner: HashMap<Dot, Rc<Key>>,
-    /// Dots whose index rows this group deleted (and has not inserted again since).
-    removed: HashSet<Dot>,
+    /// Entry of each cached non-set key as the group now has it.
+    cache: GroupMap<Rc<Key>, Cached>,
     /// Approximate bytes held by `cache` (sum of its estimates).
     cached_bytes: usize,
-    /// Per set key, the elements changed since the last [`GroupRows::record_part`] of it.
-    /// Sets are not cached: their element rows are read and written through (one row each).
-    touched: HashMap<Key, BTreeSet<String>>,
+    /// The set keys the group changed.
+    sets: GroupMap<Rc<Key>, SetTouch>,
 }
 
 /// One cached entry of a [`GroupRows`].
 struct Cached {
+    /// The key (the map's own `Rc`, handed to the group's record and change lists).
+    key: Rc<Key>,
+    /// `None`: no row.
     entry: Option<Entry>,
+    /// Estimated size.
     bytes: usize,
+    /// Whether the table's row is behind `entry` (written at the next flush).
     dirty: bool,
+}
+
+/// What a group did to one set.
+struct SetTouch {
+    key: Rc<Key>,
+    /// Whether the set's header row exists (`None`: not looked at yet).
+    header: Option<bool>,
+    /// The elements changed since the last [`GroupRows::record_part`] of the set.
+    touched: BTreeSet<String>,
+}
+
+/// The estimated cached size of a non-set entry.
+fn entry_bytes(key: &Key, e: Option<&Entry>) -> usize {
+    let payload = match e {
+        None | Some(Entry::ORSet(_)) => 0,
+        Some(Entry::GCounter(f)) => f.len() * DOT_BYTES_ESTIMATE,
+        Some(Entry::PNCounter(f)) => f.len() * DOT_BYTES_ESTIMATE,
+        Some(Entry::Lww(f)) => f
+            .iter()
+            .map(|(_, (_, v))| DOT_BYTES_ESTIMATE + v.len())
+            .sum(),
+        Some(Entry::MvReg(f)) => f.iter().map(|(_, v)| DOT_BYTES_ESTIMATE + v.len()).sum(),
+    };
+    payload + key.name.len() + ENTRY_BYTES_ESTIMATE
 }
 
 impl<'r, 't> GroupRows<'r, 't> {
     fn new(inner: TxnRows<'r, 't>) -> Self {
         Self {
             inner,
-            cache: HashMap::new(),
-            owner: HashMap::new(),
-            removed: HashSet::new(),
+            cache: GroupMap::default(),
             cached_bytes: 0,
-            touched: HashMap::new(),
+            sets: GroupMap::default(),
         }
     }
 
-    /// What a mutation of `key` needs of its current entry: for a set add or remove, only the
-    /// element's row (O(1) whatever the set's size); a set delete reads the whole set; other
-    /// kinds the cached entry.
-    fn base(&mut self, key: &Key, m: &Mutation) -> Result<Option<Cow<'_, Entry>>, StoreError> {
+    /// Applies one local mutation of `key` at `dot` (in place: the join of its delta), writes
+    /// its dot-index changes, and appends to `dots` every dot of the op's delta context (the
+    /// dots it overwrote or removed, then `dot`). Returns the key when its entry changed.
+    ///
+    /// # Errors
+    /// [`StoreError::InvalidOp`] when the mutation does not apply; storage failures.
+    fn apply_local(
+        &mut self,
+        key: &Key,
+        m: &Mutation,
+        dot: Dot,
+        ts: Option<tidemark_crdts::Timestamp>,
+        dots: &mut Vec<Dot>,
+    ) -> Result<Option<Rc<Key>>, StoreError> {
         if per_element(key.kind) {
-            let max = self.inner.record_bytes_max;
-            let part = match m {
-                Mutation::Add(e) | Mutation::Remove(e) => {
-                    let map = read_elems(&*self.inner.elems, key, [e.as_str()], max)?;
-                    (!map.is_empty()).then_some(Entry::ORSet(map))
-                }
-                _ => self.inner.get(key)?,
-            };
-            return Ok(part.map(Cow::Owned));
+            return self.apply_set(key, m, dot, dots);
         }
-        Ok(self.entry(key)?.map(Cow::Borrowed))
+        self.entry(key)?;
+        let start = dots.len();
+        let c = self
+            .cache
+            .get_mut(key)
+            .ok_or_else(|| StoreError::Corrupt(format!("{key}: group cache lost its entry")))?;
+        let was_none = c.entry.is_none();
+        mutate_in_place(key.kind, &mut c.entry, m, dot, ts, dots)
+            .map_err(|e| StoreError::InvalidOp(format!("{key}: {e}")))?;
+        let changed = !(was_none && c.entry.is_none());
+        if changed {
+            c.dirty = true;
+        }
+        let rc = Rc::clone(&c.key);
+        let bytes = entry_bytes(key, c.entry.as_ref());
+        self.cached_bytes = self.cached_bytes.saturating_sub(c.bytes) + bytes;
+        c.bytes = bytes;
+        // Counter dots have no index rows ([`indexed`]).
+        if indexed(key.kind) {
+            for d in &dots[start..] {
+                self.inner
+                    .dots
+                    .remove(dot_bytes(*d).as_slice())
+                    .map_err(StoreError::redb)?;
+            }
+            if holds_dot(self.cache.get(key), dot) {
+                self.inner
+                    .dots
+                    .insert(dot_bytes(dot).as_slice(), key_bytes(key).as_slice())
+                    .map_err(StoreError::redb)?;
+            }
+        }
+        dots.push(dot);
+        if self.cached_bytes > GROUP_CACHE_BYTES_MAX {
+            // Pending rows reach the table first, so starting over loses nothing.
+            self.flush()?;
+            self.cache.clear();
+            self.cached_bytes = 0;
+        }
+        Ok(changed.then_some(rc))
+    }
+
+    /// [`GroupRows::apply_local`] for a set: an add or remove reads and writes the element's
+    /// one row (and the header row when the set gains its first or loses its last element);
+    /// a delete reads the whole set.
+    fn apply_set(
+        &mut self,
+        key: &Key,
+        m: &Mutation,
+        dot: Dot,
+        dots: &mut Vec<Dot>,
+    ) -> Result<Option<Rc<Key>>, StoreError> {
+        let max = self.inner.record_bytes_max;
+        let rc = match self.sets.get(key) {
+            Some(t) => Rc::clone(&t.key),
+            None => {
+                let rc = Rc::new(key.clone());
+                self.sets.insert(
+                    Rc::clone(&rc),
+                    SetTouch {
+                        key: Rc::clone(&rc),
+                        header: None,
+                        touched: BTreeSet::new(),
+                    },
+                );
+                rc
+            }
+        };
+        let changed = match m {
+            Mutation::Add(e) | Mutation::Remove(e) => {
+                let ek = elem_key(key, e);
+                let old = match self
+                    .inner
+                    .elems
+                    .get(ek.as_slice())
+                    .map_err(StoreError::redb)?
+                {
+                    Some(g) => Some(decode_elem(g.value(), max)?),
+                    None => None,
+                };
+                if let Some(old) = &old {
+                    for d in old.iter() {
+                        self.inner
+                            .dots
+                            .remove(dot_bytes(*d).as_slice())
+                            .map_err(StoreError::redb)?;
+                        dots.push(*d);
+                    }
+                }
+                let header = self.sets.get(key).and_then(|t| t.header);
+                let changed = if let Mutation::Add(_) = m {
+                    let bytes =
+                        codec::encode("set element", &DotSet::single(dot)).map_err(|source| {
+                            StoreError::Codec {
+                                table: "elems",
+                                source,
+                            }
+                        })?;
+                    self.inner
+                        .elems
+                        .insert(ek.as_slice(), bytes.as_slice())
+                        .map_err(StoreError::redb)?;
+                    self.inner
+                        .dots
+                        .insert(dot_bytes(dot).as_slice(), ek.as_slice())
+                        .map_err(StoreError::redb)?;
+                    if header != Some(true) && old.is_none() {
+                        let kb = key_bytes(key);
+                        if self
+                            .inner
+                            .rows
+                            .get(kb.as_slice())
+                            .map_err(StoreError::redb)?
+                            .is_none()
+                        {
+                            self.inner
+                                .rows
+                                .insert(kb.as_slice(), [].as_slice())
+                                .map_err(StoreError::redb)?;
+                        }
+                    }
+                    self.set_header(key, true);
+                    true
+                } else if old.is_some() {
+                    self.inner
+                        .elems
+                        .remove(ek.as_slice())
+                        .map_err(StoreError::redb)?;
+                    let left = set_has_elements(&*self.inner.elems, key)?;
+                    if !left {
+                        self.inner
+                            .rows
+                            .remove(key_bytes(key).as_slice())
+                            .map_err(StoreError::redb)?;
+                    }
+                    self.set_header(key, left);
+                    true
+                } else {
+                    false
+                };
+                if changed && let Some(t) = self.sets.get_mut(key) {
+                    t.touched.insert(e.clone());
+                }
+                changed
+            }
+            Mutation::Delete => {
+                let whole = read_set(&*self.inner.elems, key, max)?;
+                let changed = !whole.is_bottom();
+                if changed {
+                    let change = put_set(&mut self.inner, key, Some(&whole), None)?;
+                    dots.extend(change.removed);
+                }
+                self.set_header(key, false);
+                changed
+            }
+            other => {
+                return Err(StoreError::InvalidOp(format!(
+                    "{key}: {} does not apply to a set",
+                    other.name()
+                )));
+            }
+        };
+        dots.push(dot);
+        Ok(changed.then_some(rc))
+    }
+
+    /// Records whether the set `key`'s header row exists.
+    fn set_header(&mut self, key: &Key, present: bool) {
+        if let Some(t) = self.sets.get_mut(key) {
+            t.header = Some(present);
+        }
     }
 
     /// The whole current entry of `key` (a set is assembled from its rows: O(set)).
@@ -495,7 +703,11 @@ impl<'r, 't> GroupRows<'r, 't> {
     /// `key` (for a set: the elements changed since then; other kinds: the whole entry).
     fn record_part(&mut self, key: &Key) -> Result<Option<Entry>, StoreError> {
         if per_element(key.kind) {
-            let Some(names) = self.touched.remove(key) else {
+            let Some(names) = self
+                .sets
+                .get_mut(key)
+                .map(|t| std::mem::take(&mut t.touched))
+            else {
                 return Ok(None);
             };
             let max = self.inner.record_bytes_max;
@@ -552,231 +764,49 @@ impl<'r, 't> GroupRows<'r, 't> {
         Ok(())
     }
 
-    /// Caches `entry` as the current entry of `key` (`dirty`: its row is not written yet),
-    /// starting over (after writing every changed row) when the cache is full, and records
-    /// `key` as the owner of `owned` (dots of `entry`).
-    fn remember(
-        &mut self,
-        key: &Key,
-        entry: Option<Entry>,
-        bytes: usize,
-        owned: &[Dot],
-        dirty: bool,
-    ) -> Result<(), StoreError> {
-        let bytes = bytes + key.name.len() + 64;
-        let before = self.cache.get(key).map_or(0, |c| c.bytes);
-        if self.cached_bytes.saturating_sub(before) + bytes > GROUP_CACHE_BYTES_MAX {
-            // Pending rows reach the table first, so starting over loses nothing.
-            self.flush()?;
-            self.cache.clear();
-            self.owner.clear();
-            self.removed.clear();
-            self.cached_bytes = 0;
-        }
-        let key = match self.cache.get_key_value(key) {
-            Some((k, _)) => Rc::clone(k),
-            None => Rc::new(key.clone()),
-        };
-        for d in owned {
-            self.owner.insert(*d, Rc::clone(&key));
-        }
-        let old = self.cache.insert(
-            key,
-            Cached {
-                entry,
-                bytes,
-                dirty,
-            },
-        );
-        self.cached_bytes = self.cached_bytes.saturating_sub(old.map_or(0, |c| c.bytes)) + bytes;
-        Ok(())
-    }
-
     /// The current entry of `key`, read from the table (and cached) on first use.
     fn entry(&mut self, key: &Key) -> Result<Option<&Entry>, StoreError> {
         if !self.cache.contains_key(key) {
-            let found = match self
+            let entry = match self
                 .inner
                 .rows
                 .get(key_bytes(key).as_slice())
                 .map_err(StoreError::redb)?
             {
-                Some(g) => {
-                    let bytes = g.value();
-                    Some((
-                        decode_entry(bytes, self.inner.record_bytes_max)?,
-                        bytes.len(),
-                    ))
-                }
+                Some(g) => Some(decode_entry(g.value(), self.inner.record_bytes_max)?),
                 None => None,
             };
-            match found {
-                Some((e, len)) => self.remember(key, Some(e), len, &[], false)?,
-                None => self.remember(key, None, 0, &[], false)?,
+            let bytes = entry_bytes(key, entry.as_ref());
+            if self.cached_bytes + bytes > GROUP_CACHE_BYTES_MAX {
+                // Pending rows reach the table first, so starting over loses nothing.
+                self.flush()?;
+                self.cache.clear();
+                self.cached_bytes = 0;
             }
+            let rc = Rc::new(key.clone());
+            self.cached_bytes += bytes;
+            self.cache.insert(
+                Rc::clone(&rc),
+                Cached {
+                    key: rc,
+                    entry,
+                    bytes,
+                    dirty: false,
+                },
+            );
         }
         Ok(self.cache.get(key).and_then(|c| c.entry.as_ref()))
     }
 }
 
-/// The dots of `e` (none for `None`), ascending.
-fn sorted_dots(e: Option<&Entry>) -> Vec<Dot> {
-    let mut out = Vec::new();
-    if let Some(e) = e {
-        e.for_each_dot(&mut |d| out.push(d));
+/// True when the cached entry `c` holds `dot` (a register write holds its dot; a delete
+/// does not).
+fn holds_dot(c: Option<&Cached>, dot: Dot) -> bool {
+    let mut found = false;
+    if let Some(e) = c.and_then(|c| c.entry.as_ref()) {
+        e.for_each_dot(&mut |d| found |= d == dot);
     }
-    out.sort_unstable();
-    out
-}
-
-impl Rows for GroupRows<'_, '_> {
-    type Error = StoreError;
-
-    fn get(&mut self, key: &Key) -> Result<Option<Entry>, StoreError> {
-        if per_element(key.kind) {
-            return self.inner.get(key);
-        }
-        Ok(self.entry(key)?.cloned())
-    }
-
-    fn get_part(
-        &mut self,
-        key: &Key,
-        theirs: Option<&Entry>,
-        seen: &CausalContext,
-    ) -> Result<Option<Entry>, StoreError> {
-        if per_element(key.kind) {
-            return self.inner.get_part(key, theirs, seen);
-        }
-        self.get(key)
-    }
-
-    /// As [`TxnRows::put`], but the dot index is updated by the difference between `old` and
-    /// `new` only (a set's unchanged elements keep their index rows).
-    fn put(
-        &mut self,
-        key: &Key,
-        old: Option<&Entry>,
-        new: Option<&Entry>,
-    ) -> Result<(), StoreError> {
-        if per_element(key.kind) {
-            // Element rows are written through; the group remembers which elements changed
-            // (for its log record) and which dots moved (for `keys_holding`).
-            let change = put_set(&mut self.inner, key, old, new)?;
-            if let Some(Entry::ORSet(n)) = new {
-                let o = match old {
-                    Some(Entry::ORSet(o)) => Some(o),
-                    _ => None,
-                };
-                let changed: Vec<String> = n
-                    .iter()
-                    .filter(|(e, ds)| o.and_then(|o| o.get(e)) != Some(*ds))
-                    .map(|(e, _)| e.clone())
-                    .collect();
-                if !changed.is_empty() {
-                    self.touched.entry(key.clone()).or_default().extend(changed);
-                }
-            }
-            let rc = match self.cache.get_key_value(key) {
-                Some((k, _)) => Rc::clone(k),
-                None => Rc::new(key.clone()),
-            };
-            for d in &change.removed {
-                self.owner.remove(d);
-                self.removed.insert(*d);
-            }
-            for d in &change.added {
-                self.owner.insert(*d, Rc::clone(&rc));
-                self.removed.remove(d);
-            }
-            return Ok(());
-        }
-        let kb = key_bytes(key);
-        let before = sorted_dots(old);
-        let after = sorted_dots(new);
-        let (mut i, mut j) = (0, 0);
-        let mut removed = Vec::new();
-        let mut added = Vec::new();
-        while i < before.len() || j < after.len() {
-            match (before.get(i), after.get(j)) {
-                (Some(b), Some(a)) if b == a => {
-                    i += 1;
-                    j += 1;
-                }
-                (Some(b), Some(a)) if b < a => {
-                    removed.push(*b);
-                    i += 1;
-                }
-                (Some(b), None) => {
-                    removed.push(*b);
-                    i += 1;
-                }
-                (_, Some(a)) => {
-                    added.push(*a);
-                    j += 1;
-                }
-                (None, None) => break,
-            }
-        }
-        // Counter dots have no index rows ([`indexed`]); the group still tracks them, so the
-        // join's search for the keys holding an overwritten counter dot needs no index scan.
-        let index = indexed(key.kind);
-        for d in &removed {
-            if index {
-                self.inner
-                    .dots
-                    .remove(dot_bytes(*d).as_slice())
-                    .map_err(StoreError::redb)?;
-            }
-            self.owner.remove(d);
-            self.removed.insert(*d);
-        }
-        for d in &added {
-            if index {
-                self.inner
-                    .dots
-                    .insert(dot_bytes(*d).as_slice(), kb.as_slice())
-                    .map_err(StoreError::redb)?;
-            }
-            self.removed.remove(d);
-        }
-        // The row itself is written once per group ([`GroupRows::flush`]); its size is
-        // estimated from the cached one plus the dots added.
-        let previous = self.cache.get(key).map_or(0, |c| c.bytes);
-        let len = match new {
-            Some(_) => previous + 40 * added.len(),
-            None => 0,
-        };
-        let bookkeeping = 32 * (removed.len() + added.len());
-        self.remember(key, new.cloned(), len + bookkeeping, &added, true)?;
-        Ok(())
-    }
-
-    fn keys_holding(&mut self, dots: &CausalContext) -> Result<Vec<Key>, StoreError> {
-        // `owner` and `removed` mirror the dot-index rows this group inserted and deleted, so
-        // for a dot found in either they give exactly what the index holds now; only when
-        // some dot is in neither is the index scanned.
-        if dots.len() <= OWNER_LOOKUPS_MAX {
-            let mut keys = Vec::new();
-            let mut all_known = true;
-            for d in dots.iter_dots() {
-                match self.owner.get(&d) {
-                    Some(k) => keys.push(Key::clone(k)),
-                    None if self.removed.contains(&d) => {}
-                    None => {
-                        all_known = false;
-                        break;
-                    }
-                }
-            }
-            if all_known {
-                keys.sort();
-                keys.dedup();
-                return Ok(keys);
-            }
-        }
-        self.inner.keys_holding(dots)
-    }
+    found
 }
 
 #[cfg(test)]

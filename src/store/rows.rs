@@ -81,7 +81,7 @@ pub(crate) fn decode_entry(bytes: &[u8], max: usize) -> Result<Entry, StoreError
     })
 }
 
-fn decode_elem(bytes: &[u8], max: usize) -> Result<DotSet, StoreError> {
+pub(crate) fn decode_elem(bytes: &[u8], max: usize) -> Result<DotSet, StoreError> {
     codec::decode("set element", bytes, max).map_err(|source| StoreError::Codec {
         table: "elems",
         source,
@@ -346,21 +346,22 @@ pub(crate) fn put_set(
                 .insert(kb.as_slice(), [].as_slice())
                 .map_err(StoreError::redb)?;
         }
-    } else if !o.is_empty() {
-        let prefix = set_prefix(key);
-        let left = t
-            .elems
-            .range::<&[u8]>((Bound::Included(prefix.as_slice()), Bound::Unbounded))
-            .map_err(StoreError::redb)?
-            .next()
-            .transpose()
-            .map_err(StoreError::redb)?
-            .is_some_and(|(k, _)| k.value().starts_with(&prefix));
-        if !left {
-            t.rows.remove(kb.as_slice()).map_err(StoreError::redb)?;
-        }
+    } else if !o.is_empty() && !set_has_elements(&*t.elems, key)? {
+        t.rows.remove(kb.as_slice()).map_err(StoreError::redb)?;
     }
     Ok(change)
+}
+
+/// True when the set `key` has at least one element row (one range seek).
+pub(crate) fn set_has_elements(elems: &impl BytesTable, key: &Key) -> Result<bool, StoreError> {
+    let prefix = set_prefix(key);
+    Ok(elems
+        .range::<&[u8]>((Bound::Included(prefix.as_slice()), Bound::Unbounded))
+        .map_err(StoreError::redb)?
+        .next()
+        .transpose()
+        .map_err(StoreError::redb)?
+        .is_some_and(|(k, _)| k.value().starts_with(&prefix)))
 }
 
 /// Whether the dots of `kind`'s entries have dot → key index rows. Counter dots have none:
