@@ -16,7 +16,7 @@ use crate::model::Delta;
 use redb::ReadableTable;
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
-use std::rc::Rc;
+use std::sync::Arc;
 use tidemark_crdts::store::mutate_in_place;
 use tidemark_crdts::{
     Causal, CausalContext, DedupMarks, Dot, DotMap, DotSet, DotStore, Entry, IntervalSet, Key,
@@ -89,7 +89,7 @@ struct RecordBuilder<'w> {
     first: u64,
     last: u64,
     /// Keys the record's ops changed.
-    keys: Vec<Rc<Key>>,
+    keys: Vec<Arc<Key>>,
     /// Every dot of the record's per-op delta contexts.
     dots: Vec<Dot>,
     /// The record's dedup marks, by `(stream, source)` of the group's writes.
@@ -248,6 +248,8 @@ impl RedbStore {
         let target = self.options.limits.message_bytes_target;
         let ranges_max = self.options.limits.dedup_ranges_max;
         let me = self.replica;
+        // Taken out before `begin` (which drops it) and put back only after the commit.
+        let row_cache = self.row_cache.take().unwrap_or_default();
         let txn = self.begin()?;
         let mut ctx = self.ctx.clone();
         let mut hlc = self.hlc.clone();
@@ -257,17 +259,20 @@ impl RedbStore {
         let changed: Vec<Key>;
         let mut marks: GroupMap<(&str, &str), IntervalSet> = GroupMap::default();
         let mut values = Vec::new();
-        {
+        let row_cache = {
             let (mut rows_t, mut elems_t, mut dots_t) = open_state_tables(&txn)?;
             let mut dedup_t = txn.open_table(DEDUP).map_err(StoreError::redb)?;
-            let mut rows = GroupRows::new(TxnRows {
-                rows: &mut rows_t,
-                elems: &mut elems_t,
-                dots: &mut dots_t,
-                record_bytes_max: max,
-            });
+            let mut rows = GroupRows::new(
+                TxnRows {
+                    rows: &mut rows_t,
+                    elems: &mut elems_t,
+                    dots: &mut dots_t,
+                    record_bytes_max: max,
+                },
+                row_cache,
+            );
             let mut rec = RecordBuilder::new(&ctx, me);
-            let mut changed_rc: Vec<Rc<Key>> = Vec::new();
+            let mut changed_rc: Vec<Arc<Key>> = Vec::new();
             for (index, w) in writes.iter().enumerate() {
                 if let Some(ev) = &w.event {
                     let mk = (ev.stream.as_str(), ev.source.as_str());
@@ -345,7 +350,7 @@ impl RedbStore {
                     ctx.insert(dot);
                     rec.last = dot.seq;
                     if let Some(k) = k {
-                        rec.keys.push(Rc::clone(&k));
+                        rec.keys.push(Arc::clone(&k));
                         changed_rc.push(k);
                     }
                 }
@@ -374,7 +379,8 @@ impl RedbStore {
                     .insert(dedup_key(stream, source).as_slice(), bytes.as_slice())
                     .map_err(StoreError::redb)?;
             }
-        }
+            rows.into_cache()
+        };
         let log_seq = (!records.is_empty()).then_some(self.log_end);
         let log_end = append_log(&txn, None, records, self.log_end, max)?;
         if log_seq.is_some() {
@@ -400,6 +406,7 @@ impl RedbStore {
         self.ctx = ctx;
         self.hlc = hlc;
         self.log_end = log_end;
+        self.row_cache = Some(row_cache);
         // The marks just committed become the writer's copy (bounded: it starts over when
         // full, and a miss only costs a table read).
         if self.dedup_cache.len().saturating_add(marks.len()) > DEDUP_CACHE_SOURCES_MAX {
@@ -448,17 +455,29 @@ type GroupMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 struct GroupRows<'r, 't> {
     inner: TxnRows<'r, 't>,
     /// Entry of each cached non-set key as the group now has it.
-    cache: GroupMap<Rc<Key>, Cached>,
+    cache: GroupMap<Arc<Key>, Cached>,
     /// Approximate bytes held by `cache` (sum of its estimates).
     cached_bytes: usize,
     /// The set keys the group changed.
-    sets: GroupMap<Rc<Key>, SetTouch>,
+    sets: GroupMap<Arc<Key>, SetTouch>,
 }
+
+/// The decoded rows a local commit leaves for the next one ([`RedbStore`]'s `row_cache`):
+/// non-set entries exactly as committed, bounded by [`ROW_CACHE_BYTES_MAX`] between groups.
+#[derive(Default)]
+pub(crate) struct RowCache {
+    map: GroupMap<Arc<Key>, Cached>,
+    bytes: usize,
+}
+
+/// Estimated bytes of decoded rows kept from one local commit group to the next (the cache
+/// starts over at a group's start when it holds more).
+const ROW_CACHE_BYTES_MAX: usize = 16 << 20;
 
 /// One cached entry of a [`GroupRows`].
 struct Cached {
     /// The key (the map's own `Rc`, handed to the group's record and change lists).
-    key: Rc<Key>,
+    key: Arc<Key>,
     /// `None`: no row.
     entry: Option<Entry>,
     /// Estimated size.
@@ -469,7 +488,7 @@ struct Cached {
 
 /// What a group did to one set.
 struct SetTouch {
-    key: Rc<Key>,
+    key: Arc<Key>,
     /// Whether the set's header row exists (`None`: not looked at yet).
     header: Option<bool>,
     /// The elements changed since the last [`GroupRows::record_part`] of the set.
@@ -492,12 +511,28 @@ fn entry_bytes(key: &Key, e: Option<&Entry>) -> usize {
 }
 
 impl<'r, 't> GroupRows<'r, 't> {
-    fn new(inner: TxnRows<'r, 't>) -> Self {
+    /// Group rows over `inner`, starting from the rows the last local commit left (`cache`:
+    /// they must be exactly what `inner`'s tables hold).
+    fn new(inner: TxnRows<'r, 't>, cache: RowCache) -> Self {
+        let cache = if cache.bytes > ROW_CACHE_BYTES_MAX {
+            RowCache::default()
+        } else {
+            cache
+        };
         Self {
             inner,
-            cache: GroupMap::default(),
-            cached_bytes: 0,
+            cache: cache.map,
+            cached_bytes: cache.bytes,
             sets: GroupMap::default(),
+        }
+    }
+
+    /// The cached rows, for the next group once this one has committed (call after
+    /// [`GroupRows::flush`]: every entry is then what the tables hold).
+    fn into_cache(self) -> RowCache {
+        RowCache {
+            map: self.cache,
+            bytes: self.cached_bytes,
         }
     }
 
@@ -514,7 +549,7 @@ impl<'r, 't> GroupRows<'r, 't> {
         dot: Dot,
         ts: Option<tidemark_crdts::Timestamp>,
         dots: &mut Vec<Dot>,
-    ) -> Result<Option<Rc<Key>>, StoreError> {
+    ) -> Result<Option<Arc<Key>>, StoreError> {
         if per_element(key.kind) {
             return self.apply_set(key, m, dot, dots);
         }
@@ -531,7 +566,7 @@ impl<'r, 't> GroupRows<'r, 't> {
         if changed {
             c.dirty = true;
         }
-        let rc = Rc::clone(&c.key);
+        let rc = Arc::clone(&c.key);
         let bytes = entry_bytes(key, c.entry.as_ref());
         self.cached_bytes = self.cached_bytes.saturating_sub(c.bytes) + bytes;
         c.bytes = bytes;
@@ -569,16 +604,16 @@ impl<'r, 't> GroupRows<'r, 't> {
         m: &Mutation,
         dot: Dot,
         dots: &mut Vec<Dot>,
-    ) -> Result<Option<Rc<Key>>, StoreError> {
+    ) -> Result<Option<Arc<Key>>, StoreError> {
         let max = self.inner.record_bytes_max;
         let rc = match self.sets.get(key) {
-            Some(t) => Rc::clone(&t.key),
+            Some(t) => Arc::clone(&t.key),
             None => {
-                let rc = Rc::new(key.clone());
+                let rc = Arc::new(key.clone());
                 self.sets.insert(
-                    Rc::clone(&rc),
+                    Arc::clone(&rc),
                     SetTouch {
-                        key: Rc::clone(&rc),
+                        key: Arc::clone(&rc),
                         header: None,
                         touched: BTreeSet::new(),
                     },
@@ -783,10 +818,10 @@ impl<'r, 't> GroupRows<'r, 't> {
                 self.cache.clear();
                 self.cached_bytes = 0;
             }
-            let rc = Rc::new(key.clone());
+            let rc = Arc::new(key.clone());
             self.cached_bytes += bytes;
             self.cache.insert(
-                Rc::clone(&rc),
+                Arc::clone(&rc),
                 Cached {
                     key: rc,
                     entry,
@@ -828,6 +863,91 @@ mod tests {
         fn below(&mut self, n: u64) -> u64 {
             self.next() % n
         }
+    }
+
+    /// The writer keeps decoded rows from one local commit to the next: a group that fails
+    /// after mutating cached entries must leave nothing of itself there, and rows another
+    /// transaction changed (a remote delta) must be read again.
+    #[test]
+    fn the_row_cache_forgets_failed_groups_and_rows_changed_elsewhere() {
+        let dir_a = tempfile::tempdir().expect("tempdir");
+        let dir_b = tempfile::tempdir().expect("tempdir");
+        let mut options = OpenOptions {
+            new_replica_id: Some(ReplicaId(1)),
+            ..OpenOptions::default()
+        };
+        options.limits.record_bytes_max = 4096;
+        let mut a = RedbStore::open(dir_a.path(), options.clone()).expect("open a");
+        let mut b = RedbStore::open(
+            dir_b.path(),
+            OpenOptions {
+                new_replica_id: Some(ReplicaId(2)),
+                ..options.clone()
+            },
+        )
+        .expect("open b");
+        let c = Key::new(KeyKind::GCounter, "c");
+        let r = Key::new(KeyKind::Lww, "r");
+        let write = |ops: Vec<(Key, Mutation)>| LocalWrite { ops, event: None };
+        let value = |s: &RedbStore, k: &Key| s.reader().get(k).expect("read");
+        a.commit_local(
+            &[write(vec![
+                (c.clone(), Mutation::Inc(5)),
+                (r.clone(), Mutation::Set("\"one\"".into())),
+            ])],
+            1_000,
+        )
+        .expect("first group");
+        // Mutates the cached counter and register, then fails at flush: a row over the limit.
+        let big = format!("\"{}\"", "x".repeat(5000));
+        let failed = a.commit_local(
+            &[write(vec![
+                (c.clone(), Mutation::Inc(100)),
+                (r.clone(), Mutation::Set(big)),
+            ])],
+            1_001,
+        );
+        assert!(
+            matches!(failed, Err(StoreError::TooLarge { .. })),
+            "{failed:?}"
+        );
+        assert_eq!(value(&a, &c), Some(Value::GCounter(5)));
+        a.commit_local(&[write(vec![(c.clone(), Mutation::Inc(1))])], 1_002)
+            .expect("group after the failure");
+        assert_eq!(
+            value(&a, &c),
+            Some(Value::GCounter(6)),
+            "the failed +100 is gone"
+        );
+        assert_eq!(value(&a, &r), Some(Value::Lww(Some("\"one\"".into()))));
+        // A remote write to both keys lands between two local groups.
+        b.commit_local(
+            &[write(vec![
+                (c.clone(), Mutation::Inc(10)),
+                (r.clone(), Mutation::Set("\"two\"".into())),
+            ])],
+            2_000_000,
+        )
+        .expect("b writes");
+        let delta = match b.deltas_since(a.ctx(), 1 << 20).expect("deltas") {
+            super::super::DeltasSince::Deltas { delta, .. } => delta,
+            super::super::DeltasSince::NeedsStateTransfer => panic!("b's log is whole"),
+        };
+        a.apply_remote_delta(crate::proto::PeerId(2), delta, 2_000_000)
+            .expect("storage")
+            .expect("valid delta");
+        a.commit_local(&[write(vec![(c.clone(), Mutation::Inc(1))])], 2_000_001)
+            .expect("group after the remote delta");
+        assert_eq!(value(&a, &c), Some(Value::GCounter(17)), "5 + 1 + 10 + 1");
+        // The register's remote value (a later clock) is what the next local write overwrites:
+        // its dot must be removed from the index, which only a fresh read of the row knows.
+        a.commit_local(
+            &[write(vec![(r.clone(), Mutation::Set("\"three\"".into()))])],
+            2_000_002,
+        )
+        .expect("register write");
+        assert_eq!(value(&a, &r), Some(Value::Lww(Some("\"three\"".into()))));
+        a.verify().expect("index and context agree with the rows");
     }
 
     fn random_op(rng: &mut Rng) -> (Key, Mutation) {

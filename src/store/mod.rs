@@ -112,6 +112,11 @@ pub struct RedbStore {
     dedup_cache: std::collections::HashMap<(String, String), tidemark_crdts::IntervalSet>,
     /// Whether local commits compute the changed keys' values ([`RedbStore::set_change_values`]).
     change_values: bool,
+    /// Decoded rows as the last local commit left them, kept for the next one (the writer is
+    /// the only mutator). Valid only while every write transaction since was a successful local
+    /// commit: [`RedbStore::begin`] drops it, and a local commit takes it out first and puts it
+    /// back only once it has committed.
+    row_cache: Option<local::RowCache>,
 }
 
 impl std::fmt::Debug for RedbStore {
@@ -307,6 +312,7 @@ impl RedbStore {
             seed,
             dedup_cache: std::collections::HashMap::new(),
             change_values: true,
+            row_cache: None,
         })
     }
 
@@ -385,7 +391,10 @@ impl RedbStore {
         r
     }
 
-    fn begin(&self) -> Result<WriteTransaction, StoreError> {
+    /// A write transaction of the store's durability. Drops the local commits' row cache: the
+    /// caller may change rows behind it (a local commit takes the cache out before).
+    fn begin(&mut self) -> Result<WriteTransaction, StoreError> {
+        self.row_cache = None;
         let mut txn = self.db.begin_write().map_err(StoreError::redb)?;
         let durability = match self.options.durability {
             Durability::Immediate => redb::Durability::Immediate,
