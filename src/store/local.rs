@@ -455,9 +455,11 @@ type GroupMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 struct GroupRows<'r, 't> {
     inner: TxnRows<'r, 't>,
     /// Entry of each cached non-set key as the group now has it.
-    cache: GroupMap<Arc<Key>, Cached>,
+    cache: GroupMap<Arc<Key>, Box<Cached>>,
     /// Approximate bytes held by `cache` (sum of its estimates).
     cached_bytes: usize,
+    /// The cached keys whose rows are behind their entries (`dirty`), to write at the flush.
+    dirty: Vec<Arc<Key>>,
     /// The set keys the group changed.
     sets: GroupMap<Arc<Key>, SetTouch>,
 }
@@ -466,7 +468,7 @@ struct GroupRows<'r, 't> {
 /// non-set entries exactly as committed, bounded by [`ROW_CACHE_BYTES_MAX`] between groups.
 #[derive(Default)]
 pub(crate) struct RowCache {
-    map: GroupMap<Arc<Key>, Cached>,
+    map: GroupMap<Arc<Key>, Box<Cached>>,
     bytes: usize,
 }
 
@@ -523,6 +525,7 @@ impl<'r, 't> GroupRows<'r, 't> {
             inner,
             cache: cache.map,
             cached_bytes: cache.bytes,
+            dirty: Vec::new(),
             sets: GroupMap::default(),
         }
     }
@@ -553,7 +556,9 @@ impl<'r, 't> GroupRows<'r, 't> {
         if per_element(key.kind) {
             return self.apply_set(key, m, dot, dots);
         }
-        self.entry(key)?;
+        if !self.cache.contains_key(key) {
+            self.load(key)?;
+        }
         let start = dots.len();
         let c = self
             .cache
@@ -563,13 +568,15 @@ impl<'r, 't> GroupRows<'r, 't> {
         mutate_in_place(key.kind, &mut c.entry, m, dot, ts, dots)
             .map_err(|e| StoreError::InvalidOp(format!("{key}: {e}")))?;
         let changed = !(was_none && c.entry.is_none());
-        if changed {
-            c.dirty = true;
-        }
         let rc = Arc::clone(&c.key);
+        if changed && !c.dirty {
+            c.dirty = true;
+            self.dirty.push(Arc::clone(&rc));
+        }
         let bytes = entry_bytes(key, c.entry.as_ref());
         self.cached_bytes = self.cached_bytes.saturating_sub(c.bytes) + bytes;
         c.bytes = bytes;
+        let holds = c.entry.is_some() && holds_dot(c.entry.as_ref(), dot);
         // Counter dots have no index rows ([`indexed`]).
         if indexed(key.kind) {
             for d in &dots[start..] {
@@ -578,7 +585,7 @@ impl<'r, 't> GroupRows<'r, 't> {
                     .remove(dot_bytes(*d).as_slice())
                     .map_err(StoreError::redb)?;
             }
-            if holds_dot(self.cache.get(key), dot) {
+            if holds {
                 self.inner
                     .dots
                     .insert(dot_bytes(dot).as_slice(), key_bytes(key).as_slice())
@@ -763,11 +770,17 @@ impl<'r, 't> GroupRows<'r, 't> {
     /// [`StoreError::TooLarge`] for a row over `record_bytes_max` (it could never be read
     /// back); storage failures.
     fn flush(&mut self) -> Result<(), StoreError> {
-        for (key, c) in &mut self.cache {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        // Key order: each B-tree leaf is visited once, in order.
+        dirty.sort_unstable();
+        for key in dirty {
+            let Some(c) = self.cache.get_mut(&key) else {
+                continue;
+            };
             if !c.dirty {
                 continue;
             }
-            let kb = key_bytes(key);
+            let kb = key_bytes(&key);
             match &c.entry {
                 Some(e) => {
                     let bytes =
@@ -802,6 +815,14 @@ impl<'r, 't> GroupRows<'r, 't> {
     /// The current entry of `key`, read from the table (and cached) on first use.
     fn entry(&mut self, key: &Key) -> Result<Option<&Entry>, StoreError> {
         if !self.cache.contains_key(key) {
+            self.load(key)?;
+        }
+        Ok(self.cache.get(key).and_then(|c| c.entry.as_ref()))
+    }
+
+    /// Reads `key`'s row into the cache (starting the cache over first when it is full).
+    fn load(&mut self, key: &Key) -> Result<(), StoreError> {
+        {
             let entry = match self
                 .inner
                 .rows
@@ -822,23 +843,22 @@ impl<'r, 't> GroupRows<'r, 't> {
             self.cached_bytes += bytes;
             self.cache.insert(
                 Arc::clone(&rc),
-                Cached {
+                Box::new(Cached {
                     key: rc,
                     entry,
                     bytes,
                     dirty: false,
-                },
+                }),
             );
         }
-        Ok(self.cache.get(key).and_then(|c| c.entry.as_ref()))
+        Ok(())
     }
 }
 
-/// True when the cached entry `c` holds `dot` (a register write holds its dot; a delete
-/// does not).
-fn holds_dot(c: Option<&Cached>, dot: Dot) -> bool {
+/// True when `e` holds `dot` (a register write holds its dot; a delete does not).
+fn holds_dot(e: Option<&Entry>, dot: Dot) -> bool {
     let mut found = false;
-    if let Some(e) = c.and_then(|c| c.entry.as_ref()) {
+    if let Some(e) = e {
         e.for_each_dot(&mut |d| found |= d == dot);
     }
     found
