@@ -90,7 +90,8 @@ struct RecordBuilder<'w> {
     last: u64,
     /// Keys the record's ops changed.
     keys: Vec<Arc<Key>>,
-    /// Every dot of the record's per-op delta contexts.
+    /// Every dot of the record's per-op delta contexts besides the record's own fresh dots
+    /// (`(first, last]`, each op's `dot`): the dots the ops overwrote or removed.
     dots: Vec<Dot>,
     /// The record's dedup marks, by `(stream, source)` of the group's writes.
     marks: GroupMap<(&'w str, &'w str), IntervalSet>,
@@ -114,13 +115,14 @@ impl<'w> RecordBuilder<'w> {
     /// The record's delta — the join of its ops' deltas: each changed key's current entry
     /// restricted to the record's fresh dots (every other dot of the entry was in the context
     /// before the record), the union of the ops' contexts, and the record's marks — split into
-    /// pieces within `target` ([`split_delta`]), in log order.
+    /// pieces within `target` ([`split_delta`]), in log order; with the keys the record
+    /// changed, ascending.
     fn finish(
         self,
         rows: &mut GroupRows<'_, '_>,
         me: tidemark_crdts::ReplicaId,
         target: usize,
-    ) -> Result<Vec<Delta>, StoreError> {
+    ) -> Result<(Vec<Delta>, Vec<Arc<Key>>), StoreError> {
         let RecordBuilder {
             first,
             last,
@@ -133,18 +135,19 @@ impl<'w> RecordBuilder<'w> {
         keys.dedup();
         let fresh = CausalContext::from_range(me, first + 1, last);
         let mut store: DotMap<Key, Entry> = DotMap::default();
-        for key in keys {
-            if let Some(e) = rows.record_part(&key)? {
+        for key in &keys {
+            if let Some(e) = rows.record_part(key)? {
                 let older = e.dots().diff(&fresh);
                 let part = e.unseen_by(&older);
                 if !part.is_bottom() {
-                    store.set(Key::clone(&key), part);
+                    store.set(Key::clone(key), part);
                 }
             }
         }
         dots.sort_unstable();
         dots.dedup();
-        let ctx: CausalContext = dots.into_iter().collect();
+        let mut ctx: CausalContext = dots.into_iter().collect();
+        ctx.join(&fresh);
         // Fresh dots no entry holds (a removal's or delete's own dot) travel with every piece.
         let keep = fresh.diff(&store.dots());
         let mut marks = DedupMarks::new();
@@ -156,12 +159,13 @@ impl<'w> RecordBuilder<'w> {
             marks,
         };
         if delta.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), keys));
         }
-        split_delta(delta, target, &keep).map_err(|source| StoreError::Codec {
+        let pieces = split_delta(delta, target, &keep).map_err(|source| StoreError::Codec {
             table: "log",
             source,
-        })
+        })?;
+        Ok((pieces, keys))
     }
 }
 
@@ -273,6 +277,8 @@ impl RedbStore {
             );
             let mut rec = RecordBuilder::new(&ctx, me);
             let mut changed_rc: Vec<Arc<Key>> = Vec::new();
+            // Records finished before the last one.
+            let mut runs = 0usize;
             for (index, w) in writes.iter().enumerate() {
                 if let Some(ev) = &w.event {
                     let mk = (ev.stream.as_str(), ev.source.as_str());
@@ -315,7 +321,10 @@ impl RedbStore {
                 }
                 let estimate = write_bytes_estimate(w);
                 if rec.bytes > 0 && rec.bytes.saturating_add(estimate) > target {
-                    records.extend(rec.finish(&mut rows, me, target)?);
+                    let (pieces, keys) = rec.finish(&mut rows, me, target)?;
+                    records.extend(pieces);
+                    changed_rc.extend(keys);
+                    runs += 1;
                     rec = RecordBuilder::new(&ctx, me);
                 }
                 rec.bytes = rec.bytes.saturating_add(estimate);
@@ -345,20 +354,25 @@ impl RedbStore {
                     .map_err(|e| StoreError::Exhausted(e.to_string()))?
                     .or(stamp);
                     // In place: the join of the op's delta (its context is `dot` plus the
-                    // dots it overwrote, all of this key's entry; `rec.dots` gets them all).
+                    // dots it overwrote, all of this key's entry; `rec.dots` gets the latter,
+                    // `dot` is in the record's fresh range).
                     let k = rows.apply_local(key, m, dot, ts, &mut rec.dots)?;
                     ctx.insert(dot);
                     rec.last = dot.seq;
                     if let Some(k) = k {
-                        rec.keys.push(Arc::clone(&k));
-                        changed_rc.push(k);
+                        rec.keys.push(k);
                     }
                 }
             }
-            records.extend(rec.finish(&mut rows, me, target)?);
+            let (pieces, keys) = rec.finish(&mut rows, me, target)?;
+            records.extend(pieces);
+            changed_rc.extend(keys);
             rows.flush()?;
-            changed_rc.sort_unstable();
-            changed_rc.dedup();
+            if runs > 0 {
+                // Several records: their ascending key lists merged.
+                changed_rc.sort_unstable();
+                changed_rc.dedup();
+            }
             changed = changed_rc.iter().map(|k| Key::clone(k)).collect();
             if self.change_values {
                 for key in &changed {
@@ -437,6 +451,8 @@ const GROUP_CACHE_BYTES_MAX: usize = 32 << 20;
 /// Estimated bytes a cached entry holds besides its payloads: per dot, per entry.
 const DOT_BYTES_ESTIMATE: usize = 48;
 const ENTRY_BYTES_ESTIMATE: usize = 64;
+/// Estimated bytes of one set key remembered between groups (key, header flag, map slot).
+const SET_TOUCH_BYTES_ESTIMATE: usize = 160;
 
 /// A hash map keyed by keys of the group (foldhash: fast, seeded per process, so crafted key
 /// names cannot aim at collisions made offline).
@@ -465,11 +481,15 @@ struct GroupRows<'r, 't> {
 }
 
 /// The decoded rows a local commit leaves for the next one ([`RedbStore`]'s `row_cache`):
-/// non-set entries exactly as committed, bounded by [`ROW_CACHE_BYTES_MAX`] between groups.
+/// non-set entries exactly as committed and whether each set key's header row exists,
+/// bounded by [`ROW_CACHE_BYTES_MAX`] between groups.
 #[derive(Default)]
 pub(crate) struct RowCache {
     map: GroupMap<Arc<Key>, Box<Cached>>,
     bytes: usize,
+    /// Set keys with whether their header row exists (the elements a group touched are
+    /// emptied by the group's log records).
+    sets: GroupMap<Arc<Key>, SetTouch>,
 }
 
 /// Estimated bytes of decoded rows kept from one local commit group to the next (the cache
@@ -516,7 +536,10 @@ impl<'r, 't> GroupRows<'r, 't> {
     /// Group rows over `inner`, starting from the rows the last local commit left (`cache`:
     /// they must be exactly what `inner`'s tables hold).
     fn new(inner: TxnRows<'r, 't>, cache: RowCache) -> Self {
-        let cache = if cache.bytes > ROW_CACHE_BYTES_MAX {
+        let held = cache
+            .bytes
+            .saturating_add(cache.sets.len().saturating_mul(SET_TOUCH_BYTES_ESTIMATE));
+        let cache = if held > ROW_CACHE_BYTES_MAX {
             RowCache::default()
         } else {
             cache
@@ -526,22 +549,27 @@ impl<'r, 't> GroupRows<'r, 't> {
             cache: cache.map,
             cached_bytes: cache.bytes,
             dirty: Vec::new(),
-            sets: GroupMap::default(),
+            sets: cache.sets,
         }
     }
 
     /// The cached rows, for the next group once this one has committed (call after
     /// [`GroupRows::flush`]: every entry is then what the tables hold).
     fn into_cache(self) -> RowCache {
+        let mut sets = self.sets;
+        // Every touched element went into the group's records; a set left with some (only
+        // when a record failed to finish, which fails the group) is forgotten.
+        sets.retain(|_, t| t.touched.is_empty());
         RowCache {
             map: self.cache,
             bytes: self.cached_bytes,
+            sets,
         }
     }
 
     /// Applies one local mutation of `key` at `dot` (in place: the join of its delta), writes
-    /// its dot-index changes, and appends to `dots` every dot of the op's delta context (the
-    /// dots it overwrote or removed, then `dot`). Returns the key when its entry changed.
+    /// its dot-index changes, and appends to `dots` the dots the op overwrote or removed (its
+    /// delta's context without `dot`). Returns the key when its entry changed.
     ///
     /// # Errors
     /// [`StoreError::InvalidOp`] when the mutation does not apply; storage failures.
@@ -592,7 +620,6 @@ impl<'r, 't> GroupRows<'r, 't> {
                     .map_err(StoreError::redb)?;
             }
         }
-        dots.push(dot);
         if self.cached_bytes > GROUP_CACHE_BYTES_MAX {
             // Pending rows reach the table first, so starting over loses nothing.
             self.flush()?;
@@ -722,7 +749,6 @@ impl<'r, 't> GroupRows<'r, 't> {
                 )));
             }
         };
-        dots.push(dot);
         Ok(changed.then_some(rc))
     }
 
@@ -967,6 +993,43 @@ mod tests {
         )
         .expect("register write");
         assert_eq!(value(&a, &r), Some(Value::Lww(Some("\"three\"".into()))));
+        // A set's header row, remembered as present across groups, removed by a remote delete:
+        // the next local add must create it again.
+        let set = Key::new(KeyKind::ORSet, "s");
+        a.commit_local(
+            &[write(vec![(set.clone(), Mutation::Add("\"e1\"".into()))])],
+            2_000_003,
+        )
+        .expect("set add");
+        a.commit_local(
+            &[write(vec![(set.clone(), Mutation::Add("\"e2\"".into()))])],
+            2_000_004,
+        )
+        .expect("second set add (header known)");
+        let ship = |from: &RedbStore, to: &mut RedbStore| {
+            let delta = match from.deltas_since(to.ctx(), 1 << 20).expect("deltas") {
+                super::super::DeltasSince::Deltas { delta, .. } => delta,
+                super::super::DeltasSince::NeedsStateTransfer => panic!("log is whole"),
+            };
+            to.apply_remote_delta(crate::proto::PeerId(9), delta, 3_000_000)
+                .expect("storage")
+                .expect("valid delta");
+        };
+        ship(&a, &mut b);
+        b.commit_local(&[write(vec![(set.clone(), Mutation::Delete)])], 3_000_000)
+            .expect("b deletes the set");
+        ship(&b, &mut a);
+        assert_eq!(value(&a, &set), None, "the remote delete emptied the set");
+        a.commit_local(
+            &[write(vec![(set.clone(), Mutation::Add("\"e3\"".into()))])],
+            3_000_001,
+        )
+        .expect("add after the remote delete");
+        assert_eq!(
+            value(&a, &set),
+            Some(Value::ORSet(vec!["\"e3\"".into()])),
+            "the header row is back"
+        );
         a.verify().expect("index and context agree with the rows");
     }
 
