@@ -12,9 +12,9 @@ use crate::hlc::Timestamp;
 /// Layout: the timestamp is held beside an optional value instead of inside an
 /// `Option<(Timestamp, V)>`, and the empty register is `(Timestamp::default(), None)`. Since
 /// `None` orders below every `Some` and the default timestamp below every timestamp, the empty
-/// register is the least `(timestamp, value)` pair, so every state is ordered by plain
-/// lexicographic comparison (no `None` case on the write path) and a write updates the fields
-/// in place. Equality, hashing, `Debug` and the serde encoding are exactly those of the former
+/// register is the least `(timestamp, value)` pair: the join and `inflation` compare states
+/// plainly, and a write updates the fields in place (the value without touching the `Option`
+/// discriminant once the register holds one). Equality, hashing, `Debug` and the serde encoding are exactly those of the former
 /// `{ entry: Option<(Timestamp, V)> }` shape (invariant: `value` is `None` only with the default
 /// timestamp).
 #[derive(Clone, PartialEq, Eq)]
