@@ -2,8 +2,9 @@
 //! in the same run. Run with `cargo bench -p tidemark-crdts`.
 //!
 //! Workloads: set add / remove / merge, counter increment and merge, LWW write (`tidemark`:
-//! `write`, which returns the delta; `tidemark-set`: `set`, in place like rust-crdt's `update`; rust-crdt with a `u64` marker and with our HLC
-//! `Timestamp` as its marker), MV write
+//! `write`, which returns the delta; `tidemark-set`: `set`, in place like rust-crdt's `update`;
+//! rust-crdt's `update` with a `u64` marker and with our HLC `Timestamp` as its marker, and
+//! `rust-crdt-hlc-op`: its op-based form building the op it would ship, like our `write`), MV write
 //! (rust-crdt: `MVReg` with `read_ctx().derive_add_ctx` + `write` + `apply`), set encode/decode.
 //! Both libraries use the same 128-bit replica ids (rust-crdt's actor type is `u128`), set
 //! elements are `u64`. Encoded sizes are not timings, so `encoded_sizes` prints them to stderr
@@ -250,7 +251,11 @@ fn lww_write(c: &mut Criterion) {
             BatchSize::PerIteration,
         );
     });
-    // Equal semantics to rust-crdt's `update` (in place, nothing returned): `set`.
+    // Equal semantics to rust-crdt's `update` (in place, nothing returned): `set`. Its `bool`
+    // (did the write win) is not passed through `black_box`: rust-crdt's `update` computes no
+    // such output, so both sides `black_box` exactly their inputs (the value and the marker /
+    // timestamp); the register itself is returned from the routine on both sides, so neither
+    // write can be optimized away.
     g.bench_function("tidemark-set", |b| {
         b.iter_batched(
             LWWRegister::<u64>::new,
@@ -261,7 +266,7 @@ fn lww_write(c: &mut Criterion) {
                         logical: 0,
                         replica: ReplicaId(A),
                     };
-                    black_box(reg.set(black_box(ts), black_box(i)));
+                    reg.set(black_box(ts), black_box(i));
                 }
                 reg
             },
@@ -284,6 +289,35 @@ fn lww_write(c: &mut Criterion) {
                         replica: ReplicaId(A),
                     };
                     reg.update(black_box(i), black_box(ts));
+                }
+                reg
+            },
+            BatchSize::PerIteration,
+        );
+    });
+    // Equal work to our `write` (which builds the delta it ships and returns it through
+    // `black_box`): rust-crdt's op-based form with the same HLC marker, where the op is a whole
+    // `LWWReg` (`CmRDT::Op = Self`): built, applied (a clone of it) and returned through
+    // `black_box` alike.
+    g.bench_function("rust-crdt-hlc-op", |b| {
+        b.iter_batched(
+            || crdts::LWWReg::<u64, Timestamp> {
+                val: 0,
+                marker: Timestamp::default(),
+            },
+            |mut reg| {
+                for i in 0..OPS {
+                    let ts = Timestamp {
+                        physical_ms: 1_700_000_000_000 + i,
+                        logical: 0,
+                        replica: ReplicaId(A),
+                    };
+                    let op = crdts::LWWReg {
+                        val: black_box(i),
+                        marker: black_box(ts),
+                    };
+                    reg.apply(op.clone());
+                    black_box(op);
                 }
                 reg
             },
