@@ -1062,11 +1062,19 @@ mod tests {
             ),
             7 => (
                 Key::new(KeyKind::Lww, format!("l{hot}")),
-                Mutation::Set(rng.below(100).to_string()),
+                if rng.below(5) == 0 {
+                    Mutation::Delete
+                } else {
+                    Mutation::Set(rng.below(100).to_string())
+                },
             ),
             _ => (
                 Key::new(KeyKind::MvReg, format!("m{hot}")),
-                Mutation::Set(rng.below(100).to_string()),
+                if rng.below(5) == 0 {
+                    Mutation::Delete
+                } else {
+                    Mutation::Set(rng.below(100).to_string())
+                },
             ),
         }
     }
