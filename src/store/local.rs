@@ -476,6 +476,10 @@ struct GroupRows<'r, 't> {
     cached_bytes: usize,
     /// The cached keys whose rows are behind their entries (`dirty`), to write at the flush.
     dirty: Vec<Arc<Key>>,
+    /// Dot-index changes not yet written: `Some(value)` inserts the row, `None` deletes it. A
+    /// dot the group indexed and then overwrote cancels out and never reaches the table; the
+    /// rest are written dot-sorted at the flush.
+    index: GroupMap<Dot, Option<Vec<u8>>>,
     /// The set keys the group changed.
     sets: GroupMap<Arc<Key>, SetTouch>,
 }
@@ -549,6 +553,7 @@ impl<'r, 't> GroupRows<'r, 't> {
             cache: cache.map,
             cached_bytes: cache.bytes,
             dirty: Vec::new(),
+            index: GroupMap::default(),
             sets: cache.sets,
         }
     }
@@ -607,17 +612,11 @@ impl<'r, 't> GroupRows<'r, 't> {
         let holds = c.entry.is_some() && holds_dot(c.entry.as_ref(), dot);
         // Counter dots have no index rows ([`indexed`]).
         if indexed(key.kind) {
-            for d in &dots[start..] {
-                self.inner
-                    .dots
-                    .remove(dot_bytes(*d).as_slice())
-                    .map_err(StoreError::redb)?;
+            for &d in &dots[start..] {
+                self.index_remove(d);
             }
             if holds {
-                self.inner
-                    .dots
-                    .insert(dot_bytes(dot).as_slice(), key_bytes(key).as_slice())
-                    .map_err(StoreError::redb)?;
+                self.index_insert(dot, key_bytes(key));
             }
         }
         if self.cached_bytes > GROUP_CACHE_BYTES_MAX {
@@ -658,26 +657,8 @@ impl<'r, 't> GroupRows<'r, 't> {
         let changed = match m {
             Mutation::Add(e) | Mutation::Remove(e) => {
                 let ek = elem_key(key, e);
-                let old = match self
-                    .inner
-                    .elems
-                    .get(ek.as_slice())
-                    .map_err(StoreError::redb)?
-                {
-                    Some(g) => Some(decode_elem(g.value(), max)?),
-                    None => None,
-                };
-                if let Some(old) = &old {
-                    for d in old.iter() {
-                        self.inner
-                            .dots
-                            .remove(dot_bytes(*d).as_slice())
-                            .map_err(StoreError::redb)?;
-                        dots.push(*d);
-                    }
-                }
-                let header = self.sets.get(key).and_then(|t| t.header);
-                let changed = if let Mutation::Add(_) = m {
+                // One B-tree operation reads the element's row and replaces or removes it.
+                let old = if let Mutation::Add(_) = m {
                     let bytes =
                         codec::encode("set element", &DotSet::single(dot)).map_err(|source| {
                             StoreError::Codec {
@@ -685,23 +666,40 @@ impl<'r, 't> GroupRows<'r, 't> {
                                 source,
                             }
                         })?;
-                    self.inner
+                    let prev = self
+                        .inner
                         .elems
                         .insert(ek.as_slice(), bytes.as_slice())
                         .map_err(StoreError::redb)?;
-                    self.inner
-                        .dots
-                        .insert(dot_bytes(dot).as_slice(), ek.as_slice())
+                    prev.map(|g| decode_elem(g.value(), max)).transpose()?
+                } else {
+                    let prev = self
+                        .inner
+                        .elems
+                        .remove(ek.as_slice())
                         .map_err(StoreError::redb)?;
+                    prev.map(|g| decode_elem(g.value(), max)).transpose()?
+                };
+                if let Some(old) = &old {
+                    for d in old.iter() {
+                        self.index_remove(*d);
+                        dots.push(*d);
+                    }
+                }
+                let header = self.sets.get(key).and_then(|t| t.header);
+                let changed = if let Mutation::Add(_) = m {
+                    self.index_insert(dot, ek);
+                    // The element existed: so does the header. Otherwise look unless known.
                     if header != Some(true) && old.is_none() {
                         let kb = key_bytes(key);
-                        if self
-                            .inner
-                            .rows
-                            .get(kb.as_slice())
-                            .map_err(StoreError::redb)?
-                            .is_none()
-                        {
+                        let absent = header == Some(false)
+                            || self
+                                .inner
+                                .rows
+                                .get(kb.as_slice())
+                                .map_err(StoreError::redb)?
+                                .is_none();
+                        if absent {
                             self.inner
                                 .rows
                                 .insert(kb.as_slice(), [].as_slice())
@@ -711,10 +709,6 @@ impl<'r, 't> GroupRows<'r, 't> {
                     self.set_header(key, true);
                     true
                 } else if old.is_some() {
-                    self.inner
-                        .elems
-                        .remove(ek.as_slice())
-                        .map_err(StoreError::redb)?;
                     let left = set_has_elements(&*self.inner.elems, key)?;
                     if !left {
                         self.inner
@@ -733,6 +727,8 @@ impl<'r, 't> GroupRows<'r, 't> {
                 changed
             }
             Mutation::Delete => {
+                // `put_set` writes the index directly: the pending changes go first.
+                self.flush_index()?;
                 let whole = read_set(&*self.inner.elems, key, max)?;
                 let changed = !whole.is_bottom();
                 if changed {
@@ -750,6 +746,46 @@ impl<'r, 't> GroupRows<'r, 't> {
             }
         };
         Ok(changed.then_some(rc))
+    }
+
+    /// Indexes `dot` to `value` (a row key or an element key), at the next flush.
+    fn index_insert(&mut self, dot: Dot, value: Vec<u8>) {
+        self.index.insert(dot, Some(value));
+    }
+
+    /// Deletes `dot`'s index row, at the next flush (nothing, if the group indexed it itself).
+    fn index_remove(&mut self, dot: Dot) {
+        match self.index.get(&dot) {
+            Some(Some(_)) => {
+                self.index.remove(&dot);
+            }
+            _ => {
+                self.index.insert(dot, None);
+            }
+        }
+    }
+
+    /// Writes the pending dot-index changes, ascending by dot.
+    fn flush_index(&mut self) -> Result<(), StoreError> {
+        let mut ops: Vec<(Dot, Option<Vec<u8>>)> = self.index.drain().collect();
+        ops.sort_unstable_by_key(|(d, _)| *d);
+        for (d, value) in ops {
+            match value {
+                Some(v) => {
+                    self.inner
+                        .dots
+                        .insert(dot_bytes(d).as_slice(), v.as_slice())
+                        .map_err(StoreError::redb)?;
+                }
+                None => {
+                    self.inner
+                        .dots
+                        .remove(dot_bytes(d).as_slice())
+                        .map_err(StoreError::redb)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Records whether the set `key`'s header row exists.
@@ -796,6 +832,7 @@ impl<'r, 't> GroupRows<'r, 't> {
     /// [`StoreError::TooLarge`] for a row over `record_bytes_max` (it could never be read
     /// back); storage failures.
     fn flush(&mut self) -> Result<(), StoreError> {
+        self.flush_index()?;
         let mut dirty = std::mem::take(&mut self.dirty);
         // Key order: each B-tree leaf is visited once, in order.
         dirty.sort_unstable();
