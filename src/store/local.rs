@@ -554,7 +554,7 @@ const ROW_CACHE_BYTES_MAX: usize = 16 << 20;
 
 /// One cached entry of a [`GroupRows`].
 struct Cached {
-    /// The key (the map's own `Rc`, handed to the group's record and change lists).
+    /// The key (the map's own `Arc`, handed to the group's record and change lists).
     key: Arc<Key>,
     /// `None`: no row.
     entry: Option<Entry>,
