@@ -985,20 +985,7 @@ mod tests {
     use crate::store::OpenOptions;
     use tidemark_crdts::{ReplicaId, Store};
 
-    /// SplitMix64 (seeded, replayable with `SEED=`).
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
+    use crate::store::test_rng::Rng;
 
     /// The writer keeps decoded rows from one local commit to the next: a group that fails
     /// after mutating cached entries must leave nothing of itself there, and rows another

@@ -22,6 +22,8 @@ mod set_rows_tests;
 pub mod snapshot;
 mod split;
 pub(crate) mod tables;
+#[cfg(test)]
+mod test_rng;
 
 pub use error::StoreError;
 pub use local::{DedupRefusal, EventId, LocalCommit, LocalWrite};

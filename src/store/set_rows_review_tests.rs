@@ -497,20 +497,7 @@ fn a_purged_set_leaves_no_rows_and_stays_removed() {
     b.verify().expect("b invariants after the re-add");
 }
 
-/// SplitMix64 (seeded, replayable with `SEED=`).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+use super::test_rng::Rng;
 
 /// Three replicas with small message targets (groups cut into several log records, deltas
 /// shipped a record at a time) write several ops per write to sets whose names and elements
