@@ -83,3 +83,29 @@ fn in_place_mutation_equals_the_delta_joined() {
     }
     assert!(checked > rounds * 5, "most steps mutate ({checked})");
 }
+
+/// An entry of another kind than the key's (never stored by a correct node, but rows come from
+/// disk) is refused and left exactly as it was, with no dot reported removed.
+#[test]
+fn an_entry_of_another_kind_is_refused_unchanged() {
+    use tidemark_crdts::{Entry, KeyKind, Mutation};
+    let mut s = Store::new();
+    let key = tidemark_crdts::Key::new(KeyKind::GCounter, "c");
+    s.mutate(rid(0), &key, &Mutation::Inc(3), None)
+        .expect("counter");
+    let counter: Entry = s.entries().get(&key).cloned().expect("entry");
+    for (kind, m) in [
+        (KeyKind::ORSet, Mutation::Add("\"x\"".into())),
+        (KeyKind::Lww, Mutation::Set("1".into())),
+        (KeyKind::MvReg, Mutation::Delete),
+        (KeyKind::PNCounter, Mutation::Dec(1)),
+    ] {
+        let mut entry = Some(counter.clone());
+        let mut removed = Vec::new();
+        let dot = s.context().next_dot(rid(0)).expect("dot");
+        let r = mutate_in_place(kind, &mut entry, &m, dot, Some(ts(5, 0)), &mut removed);
+        assert!(r.is_err(), "{kind:?} {m:?} on a gcounter entry");
+        assert_eq!(entry.as_ref(), Some(&counter), "unchanged");
+        assert!(removed.is_empty());
+    }
+}
