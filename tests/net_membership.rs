@@ -209,6 +209,25 @@ async fn a_restarted_peer_gets_only_deltas_and_a_wiped_one_one_transfer_from_one
     }
     let nodes: Vec<Node> = peers.iter().map(|p| p.node.clone()).collect();
     converge(&nodes, Duration::from_secs(15)).await;
+    // The precondition of "a restart gets only deltas": n3 holds a cursor into every peer's
+    // log. A new node gets its cursors from the one sender that bootstraps it and, from the
+    // deferred senders, once they see its context cover theirs (at most 2 staggers later).
+    // Restarted before that, it lacks a cursor into a deferred sender's log and rightly gets a
+    // transfer from it: its announced context cannot show it holds that sender's dedup marks.
+    wait_until(
+        "every node has a cursor into every other node's log",
+        Duration::from_secs(20),
+        async || {
+            for p in &peers {
+                let s = p.node.replication_status().await.expect("status");
+                if s.peer_acked.len() < 3 || s.peer_acked.iter().any(|(_, a)| a.is_none()) {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
 
     // Restart with its data: new incarnation (epoch, boot time), new port, one seed.
     kill(&peers[3]).await;
@@ -228,6 +247,12 @@ async fn a_restarted_peer_gets_only_deltas_and_a_wiped_one_one_transfer_from_one
     let mut nodes: Vec<Node> = peers.iter().map(|p| p.node.clone()).collect();
     converge(&nodes, Duration::from_secs(20)).await;
     let s = peers[3].node.replication_status().await.expect("status");
+    if s.stats.transfers_received != 0 {
+        for (i, p) in peers[..3].iter().enumerate() {
+            let st = p.node.replication_status().await.expect("status");
+            eprintln!("n{i}: acked {:?}, stats {:?}", st.peer_acked, st.stats);
+        }
+    }
     assert_eq!(s.stats.transfers_received, 0, "a restart gets only deltas");
     assert!(s.stats.deltas_applied > 0, "it got the writes it missed");
     assert_eq!(
