@@ -139,9 +139,11 @@ pub enum Durability {
     ///
     /// Only local callers (and watchers) see writes early: peers are served, announced and
     /// acknowledged durable state only, so a crash never makes the node reissue a dot a peer
-    /// holds. A relaxed write therefore reaches peers after the next durable commit (the
-    /// periodic one, or one forced when a peer is due to be served), and every remote join is
-    /// made durable before it is acknowledged.
+    /// holds. A relaxed write therefore reaches peers after the next durable commit: while a
+    /// peer is connected one is forced at the replication core's next timer (its gossip tick,
+    /// `replication.gossip_interval_ms`), so writes are served within about one gossip
+    /// interval whatever `relaxed_sync_interval` is; every remote join is made durable before
+    /// it is acknowledged.
     Relaxed,
 }
 

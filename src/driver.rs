@@ -249,6 +249,17 @@ impl Driver {
     }
 
     fn drive_timeout(&mut self) {
+        // Relaxed durability: local commits past the durable point are invisible to the core
+        // (invariant 7), so without this they would reach peers only at the next periodic
+        // sync. While a peer is connected they are made durable at the core's next timer (its
+        // gossip tick): one forced durable commit per tick at most, then served as usual.
+        if self.durable.relaxed
+            && (!self.outboxes.is_empty() || !self.links.is_empty())
+            && self.store.log_bounds().1 > self.durable.log_end
+            && let Err(e) = self.durable.sync(&mut self.store)
+        {
+            tracing::error!(error = %e, "durable commit before serving failed; writes halted");
+        }
         let now = self.now();
         let mut served = Served::new(&mut self.store, &mut self.durable);
         if let Err(e) = self.replica.handle_timeout(now, &mut served) {

@@ -207,3 +207,37 @@ async fn a_relaxed_node_acknowledges_only_durable_joins() {
     b2.shutdown().await.expect("shutdown");
     a.shutdown().await.expect("shutdown");
 }
+
+/// A relaxed node's local writes reach its peers promptly (at its next gossip tick, made
+/// durable first), not only at its next periodic sync: here that sync is an hour away and the
+/// cluster is quiet, so no incoming join forces a durable commit either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_relaxed_node_serves_its_new_writes_without_waiting_for_its_sync_interval() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let a = Node::open(config(&root.path().join("a"), true))
+        .await
+        .expect("open a");
+    let b = Node::open(config(&root.path().join("b"), false))
+        .await
+        .expect("open b");
+    a.connect(&b).expect("connect");
+    b.apply(Op::add("s", "from-b")).await.expect("write");
+    converge(&[&a, &b], Duration::from_secs(10)).await;
+    // Quiet: every interval delivered and acknowledged both ways.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for n in [&a, &b] {
+        n.replication_status().await.expect("status");
+    }
+    a.apply(Op::add("s", "from-a")).await.expect("write");
+    converge(&[&a, &b], Duration::from_secs(5)).await;
+    assert_eq!(set(&b), elems(&["from-a", "from-b"]));
+    // What b holds of a survives a crash of a: it was durable before it was served.
+    isolate(&a, &[&b]).await;
+    let image = crash_image(&root.path().join("a"), &root.path().join("a-crashed"));
+    for n in [a, b] {
+        n.shutdown().await.expect("shutdown");
+    }
+    let a2 = Node::open(config(&image, true)).await.expect("reopen");
+    assert_eq!(set(&a2), elems(&["from-a", "from-b"]));
+    a2.shutdown().await.expect("shutdown");
+}
