@@ -2,8 +2,8 @@
 
 use super::error::StoreError;
 use super::rows::{
-    TxnRows, decode_elem, decode_entry, indexed, open_state_tables, per_element, put_set,
-    read_elems, read_set, set_has_elements,
+    TxnRows, decode_elem, decode_entry, indexed, open_state_tables, per_element, put_set, read_set,
+    set_has_elements,
 };
 use super::split::{split_delta, write_bytes_estimate};
 use super::tables::{
@@ -15,7 +15,7 @@ use crate::codec;
 use crate::model::Delta;
 use redb::ReadableTable;
 use std::borrow::Cow;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use tidemark_crdts::store::mutate_in_place;
 use tidemark_crdts::{
@@ -566,8 +566,9 @@ struct SetTouch {
     key: Arc<Key>,
     /// Whether the set's header row exists (`None`: not looked at yet).
     header: Option<bool>,
-    /// The elements changed since the last [`GroupRows::record_part`] of the set.
-    touched: BTreeSet<String>,
+    /// The elements changed since the last [`GroupRows::record_part`] of the set, each with
+    /// its row as the group left it: an add leaves exactly the add's dot, a remove no row.
+    touched: BTreeMap<String, Option<Dot>>,
 }
 
 /// The estimated cached size of a non-set entry.
@@ -698,7 +699,7 @@ impl<'r, 't> GroupRows<'r, 't> {
                     SetTouch {
                         key: Arc::clone(&rc),
                         header: None,
-                        touched: BTreeSet::new(),
+                        touched: BTreeMap::new(),
                     },
                 );
                 rc
@@ -772,7 +773,8 @@ impl<'r, 't> GroupRows<'r, 't> {
                     false
                 };
                 if changed && let Some(t) = self.sets.get_mut(key) {
-                    t.touched.insert(e.clone());
+                    let row = matches!(m, Mutation::Add(_)).then_some(dot);
+                    t.touched.insert(e.clone(), row);
                 }
                 changed
             }
@@ -786,6 +788,10 @@ impl<'r, 't> GroupRows<'r, 't> {
                     dots.extend(change.removed);
                 }
                 self.set_header(key, false);
+                // No element row is left: the removals travel in the record's context.
+                if let Some(t) = self.sets.get_mut(key) {
+                    t.touched.clear();
+                }
                 changed
             }
             other => {
@@ -857,20 +863,20 @@ impl<'r, 't> GroupRows<'r, 't> {
     /// `key` (for a set: the elements changed since then; other kinds: the whole entry).
     fn record_part(&mut self, key: &Key) -> Result<Option<Entry>, StoreError> {
         if per_element(key.kind) {
-            let Some(names) = self
+            let Some(touched) = self
                 .sets
                 .get_mut(key)
                 .map(|t| std::mem::take(&mut t.touched))
             else {
                 return Ok(None);
             };
-            let max = self.inner.record_bytes_max;
-            let map = read_elems(
-                &*self.inner.elems,
-                key,
-                names.iter().map(String::as_str),
-                max,
-            )?;
+            // The rows the group left, from memory (no read back of what it just wrote).
+            let mut map: DotMap<String, DotSet> = DotMap::default();
+            for (name, row) in touched {
+                if let Some(dot) = row {
+                    map.set(name, DotSet::single(dot));
+                }
+            }
             return Ok((!map.is_empty()).then_some(Entry::ORSet(map)));
         }
         Ok(self.entry(key)?.cloned())
