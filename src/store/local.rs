@@ -142,7 +142,7 @@ impl<'w> RecordBuilder<'w> {
             let part = if per_element(key.kind) {
                 rows.record_part(key)?.map(|e| fresh_part(&e, &is_fresh))
             } else {
-                rows.entry(key)?.map(|e| fresh_part(e, &is_fresh))
+                rows.record_entry(key, &is_fresh)?
             };
             if let Some(part) = part
                 && !part.is_bottom()
@@ -416,12 +416,13 @@ impl RedbStore {
             let (pieces, keys) = rec.finish(&mut rows, me, target)?;
             records.extend(pieces);
             changed_rc.extend(keys);
-            rows.flush()?;
             if runs > 0 {
                 // Several records: their ascending key lists merged (a stable sort merges runs).
                 changed_rc.sort();
                 changed_rc.dedup();
             }
+            // Every dirty row is a changed key: written in the order just computed.
+            rows.flush_sorted(&changed_rc)?;
             changed = changed_rc.iter().map(|k| Key::clone(k)).collect();
             if self.change_values {
                 for key in &changed {
@@ -525,6 +526,8 @@ struct GroupRows<'r, 't> {
     cached_bytes: usize,
     /// The cached keys whose rows are behind their entries (`dirty`), to write at the flush.
     dirty: Vec<Arc<Key>>,
+    /// How many cached entries are dirty (0: a flush has no row to write).
+    pending: usize,
     /// Dot-index changes not yet written: `Some(value)` inserts the row, `None` deletes it. A
     /// dot the group indexed and then overwrote cancels out and never reaches the table; the
     /// rest are written dot-sorted at the flush.
@@ -571,6 +574,45 @@ struct SetTouch {
     touched: BTreeMap<String, Option<Dot>>,
 }
 
+/// Writes `c`'s entry to `key`'s row if the row is behind it; returns whether it did.
+///
+/// # Errors
+/// [`StoreError::TooLarge`] for a row over `record_bytes_max`; storage failures.
+fn write_cached(
+    inner: &mut TxnRows<'_, '_>,
+    key: &Key,
+    c: &mut Cached,
+) -> Result<bool, StoreError> {
+    if !c.dirty {
+        return Ok(false);
+    }
+    let kb = key_bytes(key);
+    match &c.entry {
+        Some(e) => {
+            let bytes = codec::encode("state row", e).map_err(|source| StoreError::Codec {
+                table: "rows",
+                source,
+            })?;
+            if bytes.len() > inner.record_bytes_max {
+                return Err(StoreError::TooLarge {
+                    what: "state row",
+                    len: bytes.len(),
+                    limit: inner.record_bytes_max,
+                });
+            }
+            inner
+                .rows
+                .insert(kb.as_slice(), bytes.as_slice())
+                .map_err(StoreError::redb)?;
+        }
+        None => {
+            inner.rows.remove(kb.as_slice()).map_err(StoreError::redb)?;
+        }
+    }
+    c.dirty = false;
+    Ok(true)
+}
+
 /// The estimated cached size of a non-set entry.
 fn entry_bytes(key: &Key, e: Option<&Entry>) -> usize {
     let payload = match e {
@@ -603,6 +645,7 @@ impl<'r, 't> GroupRows<'r, 't> {
             cache: cache.map,
             cached_bytes: cache.bytes,
             dirty: Vec::new(),
+            pending: 0,
             index: GroupMap::default(),
             sets: cache.sets,
         }
@@ -639,14 +682,17 @@ impl<'r, 't> GroupRows<'r, 't> {
         if per_element(key.kind) {
             return self.apply_set(key, m, dot, dots);
         }
-        if !self.cache.contains_key(key) {
-            self.load(key)?;
-        }
         let start = dots.len();
-        let c = self
-            .cache
-            .get_mut(key)
-            .ok_or_else(|| StoreError::Corrupt(format!("{key}: group cache lost its entry")))?;
+        // One hash lookup when the key is cached (the common case), two after a load.
+        let c = match self.cache.get_mut(key) {
+            Some(c) => c,
+            None => {
+                self.load(key)?;
+                self.cache.get_mut(key).ok_or_else(|| {
+                    StoreError::Corrupt(format!("{key}: group cache lost its entry"))
+                })?
+            }
+        };
         let was_none = c.entry.is_none();
         mutate_in_place(key.kind, &mut c.entry, m, dot, ts, dots)
             .map_err(|e| StoreError::InvalidOp(format!("{key}: {e}")))?;
@@ -654,6 +700,7 @@ impl<'r, 't> GroupRows<'r, 't> {
         let rc = Arc::clone(&c.key);
         if changed && !c.dirty {
             c.dirty = true;
+            self.pending += 1;
             self.dirty.push(Arc::clone(&rc));
         }
         let bytes = entry_bytes(key, c.entry.as_ref());
@@ -893,42 +940,66 @@ impl<'r, 't> GroupRows<'r, 't> {
         // Key order: each B-tree leaf is visited once, in order.
         dirty.sort_unstable();
         for key in dirty {
-            let Some(c) = self.cache.get_mut(&key) else {
-                continue;
-            };
-            if !c.dirty {
-                continue;
-            }
-            let kb = key_bytes(&key);
-            match &c.entry {
-                Some(e) => {
-                    let bytes =
-                        codec::encode("state row", e).map_err(|source| StoreError::Codec {
-                            table: "rows",
-                            source,
-                        })?;
-                    if bytes.len() > self.inner.record_bytes_max {
-                        return Err(StoreError::TooLarge {
-                            what: "state row",
-                            len: bytes.len(),
-                            limit: self.inner.record_bytes_max,
-                        });
-                    }
-                    self.inner
-                        .rows
-                        .insert(kb.as_slice(), bytes.as_slice())
-                        .map_err(StoreError::redb)?;
-                }
-                None => {
-                    self.inner
-                        .rows
-                        .remove(kb.as_slice())
-                        .map_err(StoreError::redb)?;
-                }
-            }
-            c.dirty = false;
+            self.write_row(&key)?;
         }
         Ok(())
+    }
+
+    /// [`GroupRows::flush`] given the group's changed keys, ascending and distinct (every
+    /// dirty row is among them): no second sort. Dirty rows missing from `keys` (none, when
+    /// the caller is right) are still written.
+    ///
+    /// # Errors
+    /// As [`GroupRows::flush`].
+    fn flush_sorted(&mut self, keys: &[Arc<Key>]) -> Result<(), StoreError> {
+        self.flush_index()?;
+        if self.pending == 0 {
+            self.dirty.clear();
+            return Ok(());
+        }
+        let mut written = 0usize;
+        for key in keys {
+            written += usize::from(self.write_row(key)?);
+        }
+        if written < self.dirty.len() {
+            return self.flush();
+        }
+        self.dirty.clear();
+        Ok(())
+    }
+
+    /// Writes `key`'s cached entry to its row if the row is behind it; returns whether it did.
+    fn write_row(&mut self, key: &Key) -> Result<bool, StoreError> {
+        let Some(c) = self.cache.get_mut(key) else {
+            return Ok(false);
+        };
+        let wrote = write_cached(&mut self.inner, key, c)?;
+        self.pending -= usize::from(wrote);
+        Ok(wrote)
+    }
+
+    /// The part of non-set `key`'s entry holding the dots `is_fresh` admits (a record's part),
+    /// writing the key's row on the way when it is behind (the record's keys come in key order,
+    /// so this is the flush's sorted pass too; a row a later record changes again is written
+    /// again at the flush).
+    ///
+    /// # Errors
+    /// As [`GroupRows::flush`].
+    fn record_entry(
+        &mut self,
+        key: &Key,
+        is_fresh: &impl Fn(&Dot) -> bool,
+    ) -> Result<Option<Entry>, StoreError> {
+        if !self.cache.contains_key(key) {
+            self.load(key)?;
+        }
+        let Some(c) = self.cache.get_mut(key) else {
+            return Ok(None);
+        };
+        let part = c.entry.as_ref().map(|e| fresh_part(e, is_fresh));
+        let wrote = write_cached(&mut self.inner, key, c)?;
+        self.pending -= usize::from(wrote);
+        Ok(part)
     }
 
     /// The current entry of `key`, read from the table (and cached) on first use.
