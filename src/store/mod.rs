@@ -9,6 +9,7 @@
 //! This module is the only one that knows redb tables; readers use [`Reader`] (MVCC read
 //! transactions that never block the writer).
 
+mod big_row;
 mod error;
 mod local;
 mod purge;
@@ -119,6 +120,10 @@ pub struct RedbStore {
     /// commit: [`RedbStore::begin`] drops it, and a local commit takes it out first and puts it
     /// back only once it has committed.
     row_cache: Option<local::RowCache>,
+    /// The large row a state transfer is sending in parts, read once for all its parts (the
+    /// same validity rule as `row_cache`: dropped by [`RedbStore::begin`] and `reidentify`,
+    /// and after the row's last part).
+    big_row: Option<big_row::BigRow>,
 }
 
 impl std::fmt::Debug for RedbStore {
@@ -315,6 +320,7 @@ impl RedbStore {
             dedup_cache: std::collections::HashMap::new(),
             change_values: true,
             row_cache: None,
+            big_row: None,
         })
     }
 
@@ -397,6 +403,7 @@ impl RedbStore {
     /// caller may change rows behind it (a local commit takes the cache out before).
     fn begin(&mut self) -> Result<WriteTransaction, StoreError> {
         self.row_cache = None;
+        self.big_row = None;
         let mut txn = self.db.begin_write().map_err(StoreError::redb)?;
         let durability = match self.options.durability {
             Durability::Immediate => redb::Durability::Immediate,

@@ -1,6 +1,7 @@
 //! The replication side of the store: [`StateStore`] for the sans-IO core, plus
 //! `deltas_since` and log compaction.
 
+use super::big_row::BigRow;
 use super::error::StoreError;
 use super::local::append_log;
 use super::rows::{TxnRows, with_txn_rows};
@@ -13,12 +14,10 @@ use super::{RedbStore, meta_put};
 use crate::apply::{self, Rejected};
 use crate::codec;
 use crate::model::{Delta, StateChunk};
-use crate::proto::{ApplyOutcome, ChunkRead, LogInterval, MarksRead, PeerId, RowPart, StateStore};
+use crate::proto::{ApplyOutcome, ChunkRead, LogInterval, MarksRead, PeerId, StateStore};
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 use tidemark_crdts::store::{JoinOutcome, join_delta};
-use tidemark_crdts::{
-    CausalContext, DedupMarks, Dot, DotStore, Entry, IntervalSet, Key, ReplicaId,
-};
+use tidemark_crdts::{CausalContext, DedupMarks, Dot, Entry, IntervalSet, Key, ReplicaId};
 
 /// Result of [`RedbStore::deltas_since`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -423,10 +422,14 @@ impl StateStore for RedbStore {
         let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
         let (rows, elems) = super::rows::open_read_tables(&rtxn)?;
         if let Some((key, from)) = resume {
-            // Continue a large row (or cover the rest of its dot space if it vanished).
-            let entry = super::rows::read_entry(&rows, &elems, key, max)?
-                .unwrap_or_else(|| Entry::bottom(key.kind));
-            return row_part(key.clone(), &entry, Some(*from), bytes_max);
+            // Continue a large row (or cover the rest of its dot space if it vanished): read
+            // once per transfer, unless a write transaction came in between.
+            if self.big_row.as_ref().is_none_or(|b| b.key() != key) {
+                let entry = super::rows::read_entry(&rows, &elems, key, max)?
+                    .unwrap_or_else(|| Entry::bottom(key.kind));
+                self.big_row = Some(BigRow::new(key.clone(), entry)?);
+            }
+            return self.next_big_part(Some(*from), bytes_max);
         }
         let lo = after.map(super::tables::key_bytes);
         let lo_b: Bound<&[u8]> = lo.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
@@ -454,7 +457,8 @@ impl StateStore for RedbStore {
             }
             if entries.is_empty() && size > bytes_max {
                 // A row too large for one message goes in parts (issue 11, 2d).
-                return row_part(key, &entry, None, bytes_max);
+                self.big_row = Some(BigRow::new(key, entry)?);
+                return self.next_big_part(None, bytes_max);
             }
             bytes += size;
             entries.push((key, entry));
@@ -556,61 +560,22 @@ impl StateStore for RedbStore {
     }
 }
 
-/// The next part of the large row `key` after dot `from` (`None`: from the start): its dots in
-/// the following run of dot space, within about `bytes_max` encoded bytes. The last part's
-/// slice is open above, so the parts cover all dot space for the key whatever the row became
-/// between reads; after it the transfer continues with the keys after `key`.
-fn row_part(
-    key: Key,
-    entry: &Entry,
-    from: Option<Dot>,
-    bytes_max: usize,
-) -> Result<ChunkRead, StoreError> {
-    let mut dots = Vec::new();
-    entry.for_each_dot(&mut |d| {
-        if from.is_none_or(|f| d > f) {
-            dots.push(d);
+impl RedbStore {
+    /// The next part of the large row being sent ([`RedbStore::big_row`]), which is dropped
+    /// after its last part.
+    fn next_big_part(
+        &mut self,
+        from: Option<Dot>,
+        bytes_max: usize,
+    ) -> Result<ChunkRead, StoreError> {
+        let big = self
+            .big_row
+            .as_ref()
+            .ok_or_else(|| StoreError::Corrupt("no large row in transfer".into()))?;
+        let (read, finished) = big.next_part(from, bytes_max)?;
+        if finished {
+            self.big_row = None;
         }
-    });
-    dots.sort_unstable();
-    let all = entry.dots();
-    let size = codec::encoded_len("state row", entry).map_err(codec_err("rows"))?;
-    let total = {
-        let mut n = 0usize;
-        entry.for_each_dot(&mut |_| n += 1);
-        n.max(1)
-    };
-    // A first guess from the mean bytes per dot, halved until the part fits.
-    let budget = (bytes_max / 2).max(1);
-    let mut take = (total.saturating_mul(budget) / size.max(1)).clamp(1, dots.len().max(1));
-    let part = loop {
-        let run = &dots[..take.min(dots.len())];
-        let part = super::split::restrict(entry, &all, run);
-        let len = codec::encoded_len("state row", &part).map_err(codec_err("rows"))?;
-        if len <= budget || take <= 1 {
-            break part;
-        }
-        take /= 2;
-    };
-    let finished = take >= dots.len();
-    let upto = if finished {
-        None
-    } else {
-        dots.get(take.saturating_sub(1)).copied()
-    };
-    let entries = if part.is_bottom() {
-        Vec::new()
-    } else {
-        vec![(key.clone(), part)]
-    };
-    Ok(ChunkRead {
-        entries,
-        last_key: Some(key.clone()),
-        // Never done after a part: one more read covers the keys after the row.
-        done: false,
-        part: Some(RowPart {
-            key,
-            slice: crate::model::DotSlice { after: from, upto },
-        }),
-    })
+        Ok(read)
+    }
 }
