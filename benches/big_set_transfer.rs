@@ -25,7 +25,6 @@ fn main() {
                 new_replica_id: Some(ReplicaId(1)),
                 durability: Durability::Relaxed,
                 limits: Limits::default(),
-                ..OpenOptions::default()
             },
         )
         .expect("open");
