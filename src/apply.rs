@@ -366,16 +366,11 @@ pub fn join_chunk<R: KeyRange>(
     let mut infl_ctx = CausalContext::new();
     let mut gained = CausalContext::new();
     let mut changed = Vec::new();
-    // Only our dots that the chunk's (clipped) context covers can be removed: a set is read as
-    // the elements the chunk names plus those holding such a dot (`Rows::get_part`), so each
-    // part of a large set costs O(part) on a receiver that does not hold the slice yet, instead
-    // of O(set) per part.
-    let seen = join_ctx.intersection(ctx);
     for key in keys {
         let theirs = carried
             .remove(&key)
             .unwrap_or_else(|| Entry::bottom(key.kind));
-        let old = rows.get_part(&key, Some(&theirs), &seen)?;
+        let old = rows.get(&key)?;
         let mut new = old.clone().unwrap_or_else(|| Entry::bottom(key.kind));
         let before = new.dots();
         let mut unseen = theirs.unseen_by(ctx);

@@ -383,6 +383,68 @@ fn a_set_larger_than_a_frame_transfers_in_parts_without_losing_dots() {
     sides[1].store.verify().expect("receiver invariants");
 }
 
+/// A set of many small elements, larger than a message, sent again to a peer that holds most of
+/// it (after removals and adds, with the log compacted): the transfer goes in parts, the
+/// receiver joins them back into one state and applies it once, and its context then covers
+/// far more of the dots it holds than a remote delta's bounded index lookup (4,096), so the
+/// set is read whole. The receiver must end with exactly the sender's elements.
+#[test]
+fn a_large_set_of_small_elements_is_transferred_again_in_parts_exactly() {
+    const N: usize = 60_000;
+    let dir = root();
+    let mut a = store(&dir, 1);
+    let key = Key::new(KeyKind::ORSet, "many");
+    for start in (0..N).step_by(10_000) {
+        let writes: Vec<LocalWrite> = (start..start + 10_000)
+            .map(|i| set_add("many", 24, i))
+            .collect();
+        a.commit_local(&writes, 1).expect("commit");
+    }
+    let mut sides = [side(1, a, &[2]), side(2, store(&dir, 2), &[1])];
+    let (mut now, mut traffic) = (0, Traffic::default());
+    run(&mut sides, &mut now, &mut traffic);
+    let first = traffic.chunks;
+    assert!(first >= 4, "the set went in parts: {traffic:?}");
+    let mut writes = Vec::new();
+    for i in (0..N).step_by(7) {
+        writes.push(LocalWrite {
+            ops: vec![(key.clone(), tidemark::crdts::Mutation::Remove(text(22, i)))],
+            event: None,
+        });
+    }
+    for i in N..N + 50 {
+        writes.push(set_add("many", 24, i));
+    }
+    sides[0].store.commit_local(&writes, 1).expect("commit");
+    let (_, end) = sides[0].store.log_bounds();
+    sides[0].store.compact(end).expect("compact");
+    for (i, peer) in [(0, PeerId(2)), (1, PeerId(1))] {
+        sides[i].replica.peer_down(
+            Now {
+                mono_ms: now,
+                wall_ms: now,
+            },
+            peer,
+        );
+    }
+    run(&mut sides, &mut now, &mut traffic);
+    assert!(
+        traffic.chunks - first >= 4,
+        "a second transfer in parts ran: {traffic:?}"
+    );
+    let sent = sides[0].store.reader().get(&key).expect("read");
+    let got = sides[1].store.reader().get(&key).expect("read");
+    let Some(Value::ORSet(items)) = &got else {
+        panic!("set missing: {got:?}");
+    };
+    assert_eq!(items.len(), N - N.div_ceil(7) + 50);
+    assert_eq!(
+        got, sent,
+        "the receiver holds exactly the sender's elements"
+    );
+    sides[1].store.verify().expect("receiver invariants");
+}
+
 // ---- defect 5 and every limit ---------------------------------------------------------------
 
 #[test]
