@@ -2,8 +2,8 @@
 
 use super::error::StoreError;
 use super::rows::{
-    TxnRows, decode_elem, decode_entry, indexed, open_state_tables, per_element, put_set, read_set,
-    set_has_elements,
+    TxnRows, decode_elem, decode_entry, encode_bounded, indexed, open_state_tables, per_element,
+    put_set, read_set, set_has_elements,
 };
 use super::split::{split_delta, write_bytes_estimate};
 use super::tables::{
@@ -139,12 +139,7 @@ impl<'w> RecordBuilder<'w> {
         // Seqs of the fresh dots the parts hold (a part holds fresh dots only).
         let mut held: Vec<u64> = Vec::new();
         for key in &keys {
-            let part = if per_element(key.kind) {
-                rows.record_part(key)?.map(|e| fresh_part(&e, &is_fresh))
-            } else {
-                rows.record_entry(key, &is_fresh)?
-            };
-            if let Some(part) = part
+            if let Some(part) = rows.record_part(key, &is_fresh)?
                 && !part.is_bottom()
             {
                 part.for_each_dot(&mut |d| held.push(d.seq));
@@ -236,17 +231,7 @@ pub(crate) fn append_log(
             delta,
             continues: i < last,
         };
-        let bytes = codec::encode("log record", &record).map_err(|source| StoreError::Codec {
-            table: "log",
-            source,
-        })?;
-        if bytes.len() > record_bytes_max {
-            return Err(StoreError::TooLarge {
-                what: "log record",
-                len: bytes.len(),
-                limit: record_bytes_max,
-            });
-        }
+        let bytes = encode_bounded("log record", "log", &record, record_bytes_max)?;
         log_t
             .insert(log_end, bytes.as_slice())
             .map_err(StoreError::redb)?;
@@ -589,17 +574,7 @@ fn write_cached(
     let kb = key_bytes(key);
     match &c.entry {
         Some(e) => {
-            let bytes = codec::encode("state row", e).map_err(|source| StoreError::Codec {
-                table: "rows",
-                source,
-            })?;
-            if bytes.len() > inner.record_bytes_max {
-                return Err(StoreError::TooLarge {
-                    what: "state row",
-                    len: bytes.len(),
-                    limit: inner.record_bytes_max,
-                });
-            }
+            let bytes = encode_bounded("state row", "rows", e, inner.record_bytes_max)?;
             inner
                 .rows
                 .insert(kb.as_slice(), bytes.as_slice())
@@ -906,9 +881,20 @@ impl<'r, 't> GroupRows<'r, 't> {
         Ok(self.entry(key)?.map(Cow::Borrowed))
     }
 
-    /// The part of `key`'s entry holding every dot the group gave it since the last call for
-    /// `key` (for a set: the elements changed since then; other kinds: the whole entry).
-    fn record_part(&mut self, key: &Key) -> Result<Option<Entry>, StoreError> {
+    /// The part of `key`'s entry holding the dots of the record being finished (`is_fresh`):
+    /// for a set, the elements changed since the last call for `key`, from the rows the group
+    /// left in memory (each holds only the dot of its add, fresh by construction); for other
+    /// kinds, the cached entry filtered to its fresh dots, writing the key's row on the way
+    /// when it is behind (the record's keys come in key order, so this is the flush's sorted
+    /// pass too; a row a later record changes again is written again at the flush).
+    ///
+    /// # Errors
+    /// As [`GroupRows::flush`].
+    fn record_part(
+        &mut self,
+        key: &Key,
+        is_fresh: &impl Fn(&Dot) -> bool,
+    ) -> Result<Option<Entry>, StoreError> {
         if per_element(key.kind) {
             let Some(touched) = self
                 .sets
@@ -917,7 +903,6 @@ impl<'r, 't> GroupRows<'r, 't> {
             else {
                 return Ok(None);
             };
-            // The rows the group left, from memory (no read back of what it just wrote).
             let mut map: DotMap<String, DotSet> = DotMap::default();
             for (name, row) in touched {
                 if let Some(dot) = row {
@@ -926,7 +911,16 @@ impl<'r, 't> GroupRows<'r, 't> {
             }
             return Ok((!map.is_empty()).then_some(Entry::ORSet(map)));
         }
-        Ok(self.entry(key)?.cloned())
+        if !self.cache.contains_key(key) {
+            self.load(key)?;
+        }
+        let Some(c) = self.cache.get_mut(key) else {
+            return Ok(None);
+        };
+        let part = c.entry.as_ref().map(|e| fresh_part(e, is_fresh));
+        let wrote = write_cached(&mut self.inner, key, c)?;
+        self.pending -= usize::from(wrote);
+        Ok(part)
     }
 
     /// Writes every changed row to its table (encoding each once). Nothing is dropped.
@@ -976,30 +970,6 @@ impl<'r, 't> GroupRows<'r, 't> {
         let wrote = write_cached(&mut self.inner, key, c)?;
         self.pending -= usize::from(wrote);
         Ok(wrote)
-    }
-
-    /// The part of non-set `key`'s entry holding the dots `is_fresh` admits (a record's part),
-    /// writing the key's row on the way when it is behind (the record's keys come in key order,
-    /// so this is the flush's sorted pass too; a row a later record changes again is written
-    /// again at the flush).
-    ///
-    /// # Errors
-    /// As [`GroupRows::flush`].
-    fn record_entry(
-        &mut self,
-        key: &Key,
-        is_fresh: &impl Fn(&Dot) -> bool,
-    ) -> Result<Option<Entry>, StoreError> {
-        if !self.cache.contains_key(key) {
-            self.load(key)?;
-        }
-        let Some(c) = self.cache.get_mut(key) else {
-            return Ok(None);
-        };
-        let part = c.entry.as_ref().map(|e| fresh_part(e, is_fresh));
-        let wrote = write_cached(&mut self.inner, key, c)?;
-        self.pending -= usize::from(wrote);
-        Ok(part)
     }
 
     /// The current entry of `key`, read from the table (and cached) on first use.

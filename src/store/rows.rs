@@ -19,6 +19,28 @@ use redb::{ReadableTable, Table};
 use std::ops::Bound;
 use tidemark_crdts::{CausalContext, Dot, DotMap, DotSet, DotStore, Entry, Key, KeyKind, Rows};
 
+/// `value` encoded as `what` for `table`, refused when it exceeds `max` bytes (a record that
+/// long could never be read back: every decoder of the store is bounded by `max`).
+///
+/// # Errors
+/// [`StoreError::Codec`] when it does not encode, [`StoreError::TooLarge`] over `max`.
+pub(crate) fn encode_bounded<T: serde::Serialize + ?Sized>(
+    what: &'static str,
+    table: &'static str,
+    value: &T,
+    max: usize,
+) -> Result<Vec<u8>, StoreError> {
+    let bytes = codec::encode(what, value).map_err(|source| StoreError::Codec { table, source })?;
+    if bytes.len() > max {
+        return Err(StoreError::TooLarge {
+            what,
+            len: bytes.len(),
+            limit: max,
+        });
+    }
+    Ok(bytes)
+}
+
 /// A `&[u8] → &[u8]` table, read-only or in a write transaction.
 pub(crate) trait BytesTable: ReadableTable<&'static [u8], &'static [u8]> {}
 impl<T: ReadableTable<&'static [u8], &'static [u8]>> BytesTable for T {}
@@ -317,17 +339,7 @@ pub(crate) fn put_set(
     }
     for (e, ds) in n.iter() {
         if o.get(e) != Some(ds) {
-            let bytes = codec::encode("set element", ds).map_err(|source| StoreError::Codec {
-                table: "elems",
-                source,
-            })?;
-            if bytes.len() > t.record_bytes_max {
-                return Err(StoreError::TooLarge {
-                    what: "set element",
-                    len: bytes.len(),
-                    limit: t.record_bytes_max,
-                });
-            }
+            let bytes = encode_bounded("set element", "elems", ds, t.record_bytes_max)?;
             t.elems
                 .insert(elem_key(key, e).as_slice(), bytes.as_slice())
                 .map_err(StoreError::redb)?;
