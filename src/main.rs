@@ -41,8 +41,9 @@ enum Command {
     /// Cluster certificates: `certs init --out DIR`, `certs issue --ca DIR --name NODE --out DIR`.
     #[command(subcommand)]
     Certs(cli::certs::CertsCommand),
-    /// Snapshot a stopped node: `snapshot --data DIR --out FILE` (verified, atomic), or
-    /// `snapshot --verify FILE`. Restore with `serve --restore FILE`.
+    /// Snapshot a node: `snapshot --data DIR --out FILE` (a stopped node's directory, or the
+    /// running daemon's over HTTP at --url), `snapshot --out FILE` (the node at --url), or
+    /// `snapshot --verify FILE`. Verified, atomic. Restore with `serve --restore FILE`.
     Snapshot(cli::snapshot::SnapshotArgs),
     /// Increment a counter: `inc gcounter/visits 3` (a negative BY decrements a pncounter).
     Inc {
@@ -164,7 +165,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         return Ok(true);
     }
     if let Command::Snapshot(args) = &cli.command {
-        cli::snapshot::run(args, cli.json)?;
+        cli::snapshot::run(args, cli.json, &Client::new(&cli.url, cli.token.clone()))?;
         return Ok(true);
     }
     if let Command::Certs(cmd) = &cli.command {

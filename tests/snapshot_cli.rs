@@ -25,20 +25,25 @@ fn run(args: &[&std::ffi::OsStr]) -> Output {
     Command::new(BIN).args(args).output().expect("run")
 }
 
-/// `serve --restore FILE` on free ports; returns the child and its HTTP URL.
-fn serve(data: &std::path::Path, restore: &std::path::Path) -> (Child, String) {
+/// `serve --data DIR EXTRA...` on free ports; returns the child and its HTTP URL.
+fn serve_on(data: &std::path::Path, extra: &[&OsStr]) -> (Child, String) {
     let http: &OsStr = "127.0.0.1:0".as_ref();
-    let (child, url, _) = spawn_serve(&[
+    let mut args = vec![
         "--http".as_ref(),
         http,
         "--peer-listen".as_ref(),
         http,
         "--data".as_ref(),
         data.as_os_str(),
-        "--restore".as_ref(),
-        restore.as_os_str(),
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let (child, url, _) = spawn_serve(&args);
     (child, url)
+}
+
+/// `serve --restore FILE` on free ports; returns the child and its HTTP URL.
+fn serve(data: &std::path::Path, restore: &std::path::Path) -> (Child, String) {
+    serve_on(data, &["--restore".as_ref(), restore.as_os_str()])
 }
 
 #[test]
@@ -150,4 +155,152 @@ fn snapshot_command_and_serve_restore() {
         Value::GCounter(42)
     );
     rt.block_on(node.shutdown()).expect("shutdown");
+}
+
+/// `tidemark snapshot` of a RUNNING daemon (whose data directory it holds locked): by `--data
+/// DIR` (the daemon at `--url` is checked to serve DIR and snapshots itself over HTTP) and by
+/// `--url` alone, while another client keeps writing. The file is verified, holds at least every
+/// write acknowledged before the command started and nothing that was never acknowledged, leaves
+/// no temporary file behind on either side, is never overwritten, and needs the token.
+#[test]
+fn a_running_daemon_is_snapshotted_over_http_while_it_takes_writes() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let (mut child, url) = serve_on(&data, &["--token".as_ref(), "s3cret".as_ref()]);
+    let cli = |args: &[&OsStr]| {
+        Command::new(BIN)
+            .args(["--url", &url, "--token", "s3cret"])
+            .args(args)
+            .output()
+            .expect("run")
+    };
+    let o = cli(&["inc".as_ref(), "gcounter/hits".as_ref(), "100".as_ref()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = cli(&["add".as_ref(), "orset/tags".as_ref(), "a".as_ref()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // A writer that counts its acknowledged increments.
+    let acked = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (acked, stop, url) = (Arc::clone(&acked), Arc::clone(&stop), url.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let o = Command::new(BIN)
+                    .args(["--url", &url, "--token", "s3cret", "inc", "gcounter/hits"])
+                    .output()
+                    .expect("inc");
+                assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+                acked.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+    };
+    while acked.load(Ordering::SeqCst) < 3 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let by_data = tmp.path().join("by-data.tmsnap");
+    let before = acked.load(Ordering::SeqCst);
+    let o = cli(&[
+        "--json".as_ref(),
+        "snapshot".as_ref(),
+        "--data".as_ref(),
+        data.as_os_str(),
+        "--out".as_ref(),
+        by_data.as_os_str(),
+    ]);
+    let after = acked.load(Ordering::SeqCst) + 1; // one increment may be in flight
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let header: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json header");
+    let by_url = tmp.path().join("by-url.tmsnap");
+    let o = cli(&["snapshot".as_ref(), "--out".as_ref(), by_url.as_os_str()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("verified"), "{}", text(&o));
+    stop.store(true, Ordering::SeqCst);
+    writer.join().expect("writer");
+    // Never overwritten; the token is required.
+    let o = cli(&["snapshot".as_ref(), "--out".as_ref(), by_url.as_os_str()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("already exists"), "{}", text(&o));
+    let other = tmp.path().join("no-token.tmsnap");
+    let o = Command::new(BIN)
+        .args(["--url", &url, "snapshot", "--out"])
+        .arg(&other)
+        .env_remove("TIDEMARK_TOKEN")
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("401"), "{}", text(&o));
+    assert!(!other.exists());
+    // No temporary file is left in the data directory or next to the outputs.
+    let names = |dir: &std::path::Path| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .expect("read_dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    let leftovers: Vec<String> = names(&data)
+        .into_iter()
+        .chain(names(tmp.path()))
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+    let pid = child.id().to_string();
+    let _ = Command::new("kill").args(["-TERM", &pid]).status();
+    assert_eq!(child.wait().expect("wait").code(), Some(0));
+    // Each snapshot restores to a node holding the writes acknowledged before the command and
+    // none that were not.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let source = rt.block_on(async {
+        let node = Node::open(NodeConfig::new(&data)).await.expect("open");
+        let id = node.replica_id();
+        node.shutdown().await.expect("shutdown");
+        id
+    });
+    assert_eq!(header["source_replica"], source.to_string());
+    let mut values = Vec::new();
+    for (i, snap) in [&by_data, &by_url].into_iter().enumerate() {
+        let dir = tmp.path().join(format!("restored-{i}"));
+        Node::restore(snap, &dir).expect("restore");
+        let hits = rt.block_on(async {
+            let node = Node::open(NodeConfig::new(&dir))
+                .await
+                .expect("open restored");
+            assert_ne!(node.replica_id(), source);
+            let tags = node
+                .get(&Key::new(KeyKind::ORSet, "tags"))
+                .expect("get tags");
+            assert!(
+                matches!(&tags, Value::ORSet(v) if v.len() == 1),
+                "tags: {tags:?}"
+            );
+            let Value::GCounter(hits) = node
+                .get(&Key::new(KeyKind::GCounter, "hits"))
+                .expect("get hits")
+            else {
+                panic!("hits is not a gcounter");
+            };
+            node.shutdown().await.expect("shutdown");
+            hits
+        });
+        values.push(hits);
+    }
+    let total = acked.load(Ordering::SeqCst);
+    assert!(
+        (100 + before..=100 + after).contains(&values[0]),
+        "by --data: {} not in {}..={}",
+        values[0],
+        100 + before,
+        100 + after
+    );
+    assert!(
+        values[0] <= values[1] && values[1] <= 100 + total,
+        "by --url: {} not in {}..={}",
+        values[1],
+        values[0],
+        100 + total
+    );
 }

@@ -157,6 +157,52 @@ impl Client {
         self.finish(req.send(body))
     }
 
+    /// `GET path` with its body copied into `sink`; `progress(bytes so far, Content-Length)`
+    /// after every chunk. Returns the bytes copied and the answer's headers, or the rejection.
+    pub fn download(
+        &self,
+        path: &str,
+        sink: &mut impl std::io::Write,
+        mut progress: impl FnMut(u64, Option<u64>),
+    ) -> anyhow::Result<Result<(u64, ureq::http::HeaderMap), Rejected>> {
+        let resp = self
+            .auth(self.agent.get(self.url(path)))
+            .call()
+            .with_context(|| format!("cannot reach the node at {}", self.base))?;
+        if !resp.status().is_success() {
+            let (answer, _) = self.finish(Ok(resp))?;
+            return Ok(Err(answer.err().unwrap_or(Rejected {
+                status: 0,
+                body: J::Null,
+            })));
+        }
+        let headers = resp.headers().clone();
+        let total = headers
+            .get("content-length")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let mut reader = resp.into_body().into_reader();
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut copied = 0u64;
+        loop {
+            let n = std::io::Read::read(&mut reader, &mut buf)
+                .with_context(|| format!("reading {path} from {}", self.base))?;
+            if n == 0 {
+                break;
+            }
+            sink.write_all(buf.get(..n).unwrap_or_default())
+                .context("writing what was received")?;
+            copied += n as u64;
+            progress(copied, total);
+        }
+        if let Some(t) = total
+            && t != copied
+        {
+            bail!("the node sent {copied} of {t} bytes of {path}: the connection was cut");
+        }
+        Ok(Ok((copied, headers)))
+    }
+
     /// `GET path` as a stream of lines (server-sent events).
     pub fn stream_lines(
         &self,

@@ -24,6 +24,7 @@ mod events;
 mod metrics;
 mod middleware;
 mod routes;
+mod snapshot;
 
 pub use error::ApiError;
 pub use events::parse_event_time_ms;
@@ -185,6 +186,8 @@ pub(crate) struct AppState {
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
     pub(crate) cluster: Arc<dyn ClusterView>,
     pub(crate) listen: SocketAddr,
+    /// One snapshot at a time (`GET /v1/snapshot`).
+    pub(crate) snapshots: Arc<Semaphore>,
 }
 
 /// A bound HTTP server, not yet accepting.
@@ -252,6 +255,7 @@ impl HttpServer {
             shutdown,
             cluster,
             listen,
+            snapshots: Arc::new(Semaphore::new(1)),
         };
         Ok(Self {
             listener,

@@ -34,6 +34,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/watch", get(watch))
         .route("/v1/cluster", get(cluster))
         .route("/v1/views/{view}", get(view))
+        .route("/v1/snapshot", get(super::snapshot::get_snapshot))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -570,7 +571,11 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
             "peer": format!("{:016x}", node.peer_id().0),
             "epoch": node.epoch(),
             "http": state.listen.to_string(),
-            "data_dir": node.config().data_dir.display().to_string(),
+            // Absolute, so `tidemark snapshot --data DIR` can tell it is talking to DIR's node.
+            "data_dir": std::fs::canonicalize(&node.config().data_dir)
+                .unwrap_or_else(|_| node.config().data_dir.clone())
+                .display()
+                .to_string(),
             "log": {"start": log_start, "end": log_end},
             "writes_applied": m.ops_applied,
             "name": net.as_ref().map(|n| n.name.clone()),
