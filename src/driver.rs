@@ -158,6 +158,33 @@ pub(crate) struct Driver {
     pub(crate) links: BTreeMap<PeerId, crate::net::transport::PeerLink>,
     /// Network peers SWIM reports alive: only these are up in the replica (with a link).
     pub(crate) net_alive: std::collections::BTreeSet<PeerId>,
+    /// Frees committed groups' writes off the writer thread.
+    pub(crate) freer: Freer,
+}
+
+/// Frees the writes of committed groups (one or more heap blocks per event, allocated by the
+/// callers) on a helper thread, so the one writer thread spends its time committing (the frees
+/// were ≈ 15 % of its profile). Bounded: while the helper is behind, the writer frees inline.
+pub(crate) struct Freer(Option<std::sync::mpsc::SyncSender<Vec<LocalWrite>>>);
+
+impl Freer {
+    /// Starts the helper thread (without one, everything is freed inline).
+    pub(crate) fn spawn() -> Self {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<LocalWrite>>(4);
+        let started = std::thread::Builder::new()
+            .name("tidemark-free".into())
+            .spawn(move || rx.into_iter().for_each(drop))
+            .is_ok();
+        Self(started.then_some(tx))
+    }
+
+    /// Frees `writes` on the helper thread, or here when it is busy or gone.
+    fn free(&self, writes: Vec<LocalWrite>) {
+        if let Some(tx) = &self.0 {
+            // A full or closed channel hands the writes back inside the error: freed here.
+            let _ = tx.try_send(writes);
+        }
+    }
 }
 
 pub(crate) fn wall_ms() -> u64 {
@@ -449,6 +476,7 @@ impl Driver {
                 }
             }
         }
+        self.freer.free(all);
     }
 
     fn handle(&mut self, input: Input) {
@@ -674,12 +702,13 @@ impl Driver {
         }
     }
 
-    fn publish(&self, keys: &[Key]) {
+    fn publish<K: std::borrow::Borrow<Key>>(&self, keys: &[K]) {
         if self.changes.receiver_count() == 0 {
             return;
         }
         let reader = self.store.reader();
         for key in keys {
+            let key = key.borrow();
             let value = match reader.get(key) {
                 Ok(v) => v.unwrap_or_else(|| Value::empty(key.kind)),
                 Err(e) => {

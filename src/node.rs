@@ -234,6 +234,7 @@ impl Node {
             frame_bytes_max: config.limits.frame_bytes_max,
             links: std::collections::BTreeMap::new(),
             net_alive: std::collections::BTreeSet::new(),
+            freer: crate::driver::Freer::spawn(),
         };
         let thread = std::thread::Builder::new()
             .name("tidemark-writer".into())

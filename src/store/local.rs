@@ -65,8 +65,9 @@ pub struct LocalCommit {
     /// Changed keys with their new values (for watchers), ascending by key; empty when the
     /// store was told not to compute them ([`RedbStore::set_change_values`]).
     pub changes: Vec<(Key, Value)>,
-    /// The keys the group changed, ascending (always filled).
-    pub changed: Vec<Key>,
+    /// The keys the group changed, ascending (always filled; shared with the writer's row
+    /// cache, so listing them allocates nothing per key).
+    pub changed: Vec<Arc<Key>>,
     /// The log sequence number of the group's first log record (`None` when nothing was
     /// applied). A group is logged as one or more consecutive records, each within
     /// `limits.message_bytes_target`; they end at the log end when the commit returns.
@@ -294,7 +295,7 @@ impl RedbStore {
         let mut records: Vec<Delta> = Vec::new();
         let mut duplicate = Vec::with_capacity(writes.len());
         let mut refused = Vec::new();
-        let changed: Vec<Key>;
+        let changed: Vec<Arc<Key>>;
         let mut marks: GroupMap<(&str, &str), IntervalSet> = GroupMap::default();
         let mut values = Vec::new();
         let row_cache = {
@@ -408,14 +409,14 @@ impl RedbStore {
             }
             // Every dirty row is a changed key: written in the order just computed.
             rows.flush_sorted(&changed_rc)?;
-            changed = changed_rc.iter().map(|k| Key::clone(k)).collect();
+            changed = changed_rc;
             if self.change_values {
                 for key in &changed {
                     let entry = rows.whole(key)?;
                     let v = entry
                         .as_deref()
                         .map_or_else(|| Value::empty(key.kind), Entry::value);
-                    values.push((key.clone(), v));
+                    values.push((Key::clone(key), v));
                 }
             }
             for ((stream, source), seqs) in &marks {
