@@ -22,13 +22,19 @@ const TEMP_PREFIX: &str = ".http-snapshot-";
 /// Bytes read from the file per body chunk.
 const CHUNK_BYTES: usize = 256 * 1024;
 
-/// Removes temporary snapshot files a crashed process left (only while no snapshot runs).
+/// Removes temporary snapshot files a crashed process left (only while no snapshot runs): the
+/// published ones and the writer's own hidden temporaries of them (`.<name>.tmp-…`).
 fn remove_leftovers(dir: &std::path::Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
+    let ours = TEMP_PREFIX.trim_start_matches('.');
     for e in entries.flatten() {
-        if e.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
+        if e.file_name()
+            .to_string_lossy()
+            .trim_start_matches('.')
+            .starts_with(ours)
+        {
             let _ = std::fs::remove_file(e.path());
         }
     }
