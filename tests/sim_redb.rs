@@ -7,7 +7,9 @@
 //!   refused without halting). A write is acknowledged only after `commit_local` returned `Ok`
 //!   (and the backend shows it synced); then `handle_local_commit`.
 //! * The network drops (0–20 %), duplicates (0–10 %), delays and reorders (up to 2 s) messages,
-//!   and partitions that heal.
+//!   and partitions that heal. The store's `message_bytes_target` is the replica's (256 B –
+//!   4 KiB, as a node configures them), so commit groups and remote inflations are often logged
+//!   in several records, and an interval may end inside such a run.
 //! * Crash-restarts lose the node's volatile state (its `Replica`, the inputs queued for it) and
 //!   reopen its store from a crash image of its backend: "durable only", "durable + a random
 //!   subset of the unsynced writes", and the other cuts of [`ImageKind`] (torn last write, header
@@ -271,6 +273,8 @@ struct Counts {
     /// Retirements a restore lost although the retiring op survived (its commit's removal part
     /// was held only by the restored node).
     restore_lost_retirements: u64,
+    /// Commit groups logged in several records.
+    split_commits: u64,
     /// Ops acknowledged by restored replicas (under their new ids).
     restored_ops_acked: u64,
     /// A restore under the snapshot source's replica id refused.
@@ -327,6 +331,7 @@ impl Counts {
             restore_lost_ops,
             restore_lost_retirements,
             restored_ops_acked,
+            split_commits,
             restore_source_id_refused
         );
         for (k, v) in &o.images {
@@ -450,11 +455,21 @@ impl Sim {
         let cfg = sim_config(seed);
         // Small caches make redb write pages out before a commit's sync, too.
         let cache_bytes = [64 * 1024, 512 * 1024, 4 << 20][rng.random_range(0..3)];
+        // The store cuts its log records at the replica's message target, as a node configures
+        // it (`node.rs`: the replica's target is at most the store's): commit groups and remote
+        // inflations are then often logged in several records, which an interval may cut.
+        let target = cfg.message_bytes_target;
+        let limits = Limits {
+            cache_bytes,
+            message_bytes_target: target,
+            key_bytes_max: 16,
+            value_bytes_max: target / 4 - 16,
+            element_bytes_max: target / 4 - 16,
+            ..Limits::default()
+        };
+        limits.validate().expect("valid limits");
         let options = OpenOptions {
-            limits: Limits {
-                cache_bytes,
-                ..Limits::default()
-            },
+            limits,
             ..OpenOptions::default()
         };
         let mut nodes = Vec::new();
@@ -951,6 +966,9 @@ impl Sim {
             self.retired_ids
         );
         let log_seq = log_seq.expect("a non-empty group is logged");
+        if node.store.log_bounds().1 > log_seq + 1 {
+            self.counts.split_commits += 1;
+        }
         let delta = node
             .store
             .log_interval(log_seq, None, usize::MAX)
@@ -1956,6 +1974,11 @@ fn coverage(c: &Counts) -> Vec<(&'static str, u64, bool)> {
             false,
         ),
         ("log compacted", c.compactions, true),
+        (
+            "commit group logged in several records",
+            c.split_commits,
+            true,
+        ),
         ("peer evicted for silence", c.evictions, false),
         (
             "interval filtered by the receiver's context",
