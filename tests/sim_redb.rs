@@ -382,6 +382,17 @@ fn key_of(idx: usize) -> Key {
     Key::new(KeyKind::ALL[idx % 5], format!("k{idx}"))
 }
 
+/// A temporary directory for snapshot files and restored data directories: in memory where
+/// `/dev/shm` exists (their fsyncs cost seconds on a busy disk, and durability of the files is
+/// not what this simulation checks; `tests/snapshot.rs` does).
+fn files_dir() -> tempfile::TempDir {
+    let shm = std::path::Path::new("/dev/shm");
+    shm.is_dir()
+        .then(|| tempfile::tempdir_in(shm).ok())
+        .flatten()
+        .unwrap_or_else(|| tempfile::tempdir().expect("temp dir"))
+}
+
 /// What changes with every commit: log bounds, context and cursors.
 type DurableMark = ((u64, u64), CausalContext, Vec<Option<(ReplicaId, u64)>>);
 
@@ -562,7 +573,7 @@ impl Sim {
             serial: 0,
             counts: Counts::default(),
             trace: 0xcbf2_9ce4_8422_2325,
-            files: tempfile::tempdir().expect("temp dir"),
+            files: files_dir(),
             files_made: 0,
             backups: Vec::new(),
             used_ids,
