@@ -7,7 +7,10 @@
 //!   refused without halting). A write is acknowledged only after `commit_local` returned `Ok`
 //!   (and the backend shows it synced); then `handle_local_commit`.
 //! * The network drops (0–20 %), duplicates (0–10 %), delays and reorders (up to 2 s) messages,
-//!   and partitions that heal.
+//!   and partitions that heal. The store's `message_bytes_target` is the replica's (256 B –
+//!   4 KiB, as a node configures them), so commit groups and remote inflations are often logged
+//!   in several records, and an interval may end inside such a run. Compaction keeps the last 0
+//!   or 64 log entries (by seed), as the driver keeps `log_retain_entries`.
 //! * Crash-restarts lose the node's volatile state (its `Replica`, the inputs queued for it) and
 //!   reopen its store from a crash image of its backend: "durable only", "durable + a random
 //!   subset of the unsynced writes", and the other cuts of [`ImageKind`] (torn last write, header
@@ -27,18 +30,44 @@
 //!   never see a dot twice, and every dot in a message sent, in a reopened store and in the
 //!   final stores must be in it with the same content (a dot from a lost commit that leaked out
 //!   or was reissued with other content shows up as a mismatch).
+//! * Restores (issue 10): now and then a snapshot of a node's store (running or down) is taken
+//!   and kept ([`RedbStore::snapshot`]). A restore wipes node `i` — its process, its disk, the
+//!   inputs queued for it and every message it had in flight — and recreates its store with
+//!   [`restore_snapshot`] from a kept snapshot or one taken at that moment, of `i` itself or of
+//!   another node (`tempfile` directories; the restored database's bytes then back a recording
+//!   backend), under a fresh replica id drawn from the seed; sometimes a second node is
+//!   restored from the same snapshot file right after. Checked: a restore under the source's
+//!   id is refused; the restored store has an id never used in the run, an epoch above the
+//!   source's, exactly the snapshot's entries and context, an empty log truncated at that
+//!   context, the seed cursor `(source, source log end)`; a new `Replica` over it (same
+//!   `PeerId`) restarts later and keeps writing (when the source still runs and retains its
+//!   log from the seed end, it serves the restored store by deltas from there), and every
+//!   commit takes exactly the next dots of the store's current id (never one of a retired id).
+//!   Exactly what nothing else holds is lost: an op survives iff its dot is in the restored store's or a remaining store's
+//!   committed context; the others are dropped from the oracle (kept in the dot map) and
+//!   their dots must never appear in a message or store again. A commit logged in several
+//!   records can survive in part (a peer joined the part with its dots, only the restored
+//!   node held the part with its removals): a surviving add/set that no remaining state
+//!   retired no longer counts as seen by the ops that retired it. Every other kept snapshot is
+//!   dropped at a restore (it could hold lost ops). No node is ever detected as a data dir
+//!   copied back under its old id (`take_restored_copy`, checked after every input): a
+//!   restored store has a new id, so no peer holds more of it than it does.
 //! * After the schedule: heal, stop writes, and require every store to hold identical entries
 //!   and contexts within [`CONVERGE_MS`] of virtual time, equal to the sequential-specification
 //!   oracle (`tests/sim/oracle.rs`) over the acknowledged ops plus the in-flight commits the
 //!   crash images kept (the reopened context tells exactly whether the one unacknowledged
 //!   commit before a crash survived): exact counter sums; every orset add no remove/delete
-//!   observed present, every observed one gone; registers. Each final state is durable: its
-//!   "durable only" image reopens to it.
+//!   observed present, every observed one gone; registers. Every store holds the dot of every
+//!   acknowledged op no restore lost. Each final state is durable: its "durable only" image
+//!   reopens to it.
 //! * Coverage: each interesting case (a crash that recovered unsynced writes, a commit in flight
 //!   kept and one lost, a state transfer, a duplicate interval, compaction, ...) must occur at
 //!   least once over the seeds.
 //!
 //! Env: `SEEDS=n` (default 60), `SOAK=1` (×20), `SEED=n` (replay one seed, verbose).
+//!
+//! `two_nodes_restored_from_each_others_snapshots_converge` (ignored: a product bug, see there)
+//! runs the same simulation with two nodes that keep 64 log entries.
 
 mod common;
 #[allow(dead_code)]
@@ -49,15 +78,18 @@ use common::{FaultBackend, ImageKind, Rec, crash_image, durable_prefix};
 use oracle::Oracle;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::time::Instant;
 use tidemark::codec;
 use tidemark::config::Limits;
 use tidemark::proto::{
     Event, Message, Now, PeerId, Replica, ReplicaConfig, ReplicaStats, StateStore,
 };
-use tidemark::store::{LocalWrite, OpenOptions, RedbStore, StoreError};
-use tidemark_crdts::{CausalContext, Dot, Entry, Key, KeyKind, Mutation, ReplicaId};
+use tidemark::store::{
+    DB_FILE, LocalWrite, OpenOptions, RedbStore, SnapshotInfo, StoreError, restore_snapshot,
+};
+use tidemark_crdts::{CausalContext, Dot, DotStore, Entry, Key, KeyKind, Mutation, ReplicaId};
 
 const BASE_WALL_MS: u64 = 1_700_000_000_000;
 const FAULT_WINDOW_MS: u64 = 90_000;
@@ -118,6 +150,29 @@ enum Action {
         down_ms: u64,
         mode: CrashMode,
     },
+    /// Take a snapshot of this node's store and keep it for restores.
+    Snapshot(usize),
+    /// `node` loses its disk and is restored from a kept snapshot (`pick` chooses one) or, with
+    /// none kept or `pick` unset, from one taken of `fresh_from` at that moment; `also`: another
+    /// node restored from the same snapshot right after.
+    Restore {
+        node: usize,
+        down_ms: u64,
+        pick: Option<usize>,
+        fresh_from: usize,
+        also: Option<usize>,
+    },
+}
+
+/// A snapshot file the simulation keeps for restores, with what its source held when it was
+/// taken.
+struct Backup {
+    path: PathBuf,
+    info: SnapshotInfo,
+    node: usize,
+    entries: Vec<(Key, Entry)>,
+    /// Stores restored from it so far.
+    restored: u32,
 }
 
 struct Node {
@@ -206,6 +261,31 @@ struct Counts {
     stale_chunks: u64,
     rejected: u64,
     hlc_rejected: u64,
+    snapshots: u64,
+    restores: u64,
+    /// Restored from a snapshot of its own store / of another node's.
+    restored_from_own: u64,
+    restored_from_other: u64,
+    /// The snapshot's source was still running under the snapshot's replica id (the restored
+    /// store's seed cursor names a live log).
+    restored_source_live: u64,
+    /// A second store restored from one snapshot file.
+    restored_twice: u64,
+    /// Restores that lost acknowledged ops (held by no remaining store and not in the
+    /// snapshot), and those ops.
+    restore_lost_writes: u64,
+    restore_lost_ops: u64,
+    /// Retirements a restore lost although the retiring op survived (its commit's removal part
+    /// was held only by the restored node).
+    restore_lost_retirements: u64,
+    /// Commit groups logged in several records.
+    split_commits: u64,
+    /// Ops acknowledged by restored replicas (under their new ids).
+    restored_ops_acked: u64,
+    /// A restore under the snapshot source's replica id refused.
+    restore_source_id_refused: u64,
+    /// A restored store got its source's log from the seed cursor on, as deltas.
+    restore_seeded_by_deltas: u64,
 }
 
 impl Counts {
@@ -247,7 +327,20 @@ impl Counts {
             filtered,
             stale_chunks,
             rejected,
-            hlc_rejected
+            hlc_rejected,
+            snapshots,
+            restores,
+            restored_from_own,
+            restored_from_other,
+            restored_source_live,
+            restored_twice,
+            restore_lost_writes,
+            restore_lost_ops,
+            restore_lost_retirements,
+            restored_ops_acked,
+            split_commits,
+            restore_source_id_refused,
+            restore_seeded_by_deltas
         );
         for (k, v) in &o.images {
             *self.images.entry(k).or_default() += v;
@@ -287,6 +380,17 @@ fn pick_image(rng: &mut ChaCha8Rng) -> ImageKind {
 
 fn key_of(idx: usize) -> Key {
     Key::new(KeyKind::ALL[idx % 5], format!("k{idx}"))
+}
+
+/// A temporary directory for snapshot files and restored data directories: in memory where
+/// `/dev/shm` exists (their fsyncs cost seconds on a busy disk, and durability of the files is
+/// not what this simulation checks; `tests/snapshot.rs` does).
+fn files_dir() -> tempfile::TempDir {
+    let shm = std::path::Path::new("/dev/shm");
+    shm.is_dir()
+        .then(|| tempfile::tempdir_in(shm).ok())
+        .flatten()
+        .unwrap_or_else(|| tempfile::tempdir().expect("temp dir"))
 }
 
 /// What changes with every commit: log bounds, context and cursors.
@@ -350,20 +454,58 @@ struct Sim {
     serial: u64,
     counts: Counts,
     trace: u64,
+    /// Snapshot files and restored data directories live here.
+    files: tempfile::TempDir,
+    files_made: u64,
+    backups: Vec<Backup>,
+    /// Every replica id any store ever had, and those no longer in use (restored away).
+    used_ids: BTreeSet<ReplicaId>,
+    retired_ids: BTreeSet<ReplicaId>,
+    /// Ids of restored stores.
+    restored_ids: BTreeSet<ReplicaId>,
+    /// Dots of acknowledged ops a restore lost: never seen again anywhere.
+    lost_ctx: CausalContext,
+    /// Log entries a compaction keeps (a node's `log_retain_entries`).
+    log_retain: u64,
+    /// Restored nodes whose seed cursor names a running source: `(restored, source, log id,
+    /// seed end)`, until the source's first interval from the seed end reaches it.
+    seeded: Vec<(usize, usize, ReplicaId, u64)>,
+}
+
+/// What a seed's cluster looks like besides what the seed draws.
+#[derive(Clone, Copy, Debug, Default)]
+struct Shape {
+    /// Number of nodes (default: 3 or 4, drawn).
+    nodes: Option<usize>,
+    /// Log entries a compaction keeps (default: 0 or 64, by seed).
+    log_retain: Option<u64>,
 }
 
 impl Sim {
-    fn new(seed: u64, verbose: bool) -> Self {
+    fn new(seed: u64, verbose: bool, shape: Shape) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let n = rng.random_range(3..=4);
+        let n = match shape.nodes {
+            Some(k) => rng.random_range(k..=k),
+            None => rng.random_range(3..=4),
+        };
         let cfg = sim_config(seed);
         // Small caches make redb write pages out before a commit's sync, too.
         let cache_bytes = [64 * 1024, 512 * 1024, 4 << 20][rng.random_range(0..3)];
+        // The store cuts its log records at the replica's message target, as a node configures
+        // it (`node.rs`: the replica's target is at most the store's): commit groups and remote
+        // inflations are then often logged in several records, which an interval may cut.
+        let target = cfg.message_bytes_target;
+        let limits = Limits {
+            cache_bytes,
+            message_bytes_target: target,
+            key_bytes_max: 16,
+            value_bytes_max: target / 4 - 16,
+            element_bytes_max: target / 4 - 16,
+            ..Limits::default()
+        };
+        limits.validate().expect("valid limits");
         let options = OpenOptions {
-            limits: Limits {
-                cache_bytes,
-                ..Limits::default()
-            },
+            limits,
             ..OpenOptions::default()
         };
         let mut nodes = Vec::new();
@@ -405,6 +547,12 @@ impl Sim {
             });
         }
         let n_keys = rng.random_range(3..=40);
+        let used_ids: BTreeSet<ReplicaId> = nodes.iter().map(|n| n.id).collect();
+        assert_eq!(
+            used_ids.len(),
+            n,
+            "seed {seed}: two nodes drew one replica id"
+        );
         let mut sim = Self {
             seed,
             verbose,
@@ -425,6 +573,17 @@ impl Sim {
             serial: 0,
             counts: Counts::default(),
             trace: 0xcbf2_9ce4_8422_2325,
+            files: files_dir(),
+            files_made: 0,
+            backups: Vec::new(),
+            used_ids,
+            retired_ids: BTreeSet::new(),
+            restored_ids: BTreeSet::new(),
+            lost_ctx: CausalContext::new(),
+            log_retain: shape
+                .log_retain
+                .unwrap_or([0, 64][((seed / 6) % 2) as usize]),
+            seeded: Vec::new(),
         };
         for i in 0..n {
             sim.sync_links(i);
@@ -545,7 +704,8 @@ impl Sim {
             self.send(i, t.to.0 as usize, t.msg);
         }
         // No correct peer ever shows a node more of its own id than it holds (DESIGN.md D1 c):
-        // crashes, crash images and wipes must never look like a data dir copied back.
+        // crashes, crash images and restores from snapshots (new ids) must never look like a
+        // data dir copied back.
         let restored = self.nodes[i].replica.take_restored_copy();
         assert!(
             restored.is_none(),
@@ -555,11 +715,17 @@ impl Sim {
         while let Some(e) = self.nodes[i].replica.poll_event() {
             self.mix(format!("{i}:{e:?}").as_bytes());
             if let Event::Compact { below } = e {
-                self.counts.compactions += 1;
-                self.nodes[i]
-                    .store
-                    .truncate_log(below)
-                    .expect("compaction: the store does not fail");
+                // As the driver does: keep the last `log_retain` entries for peers briefly away
+                // (and for stores restored from a snapshot of this one: their seed cursor).
+                let (start, end) = self.nodes[i].store.log_bounds();
+                let below = below.min(end.saturating_sub(self.log_retain));
+                if below > start {
+                    self.counts.compactions += 1;
+                    self.nodes[i]
+                        .store
+                        .truncate_log(below)
+                        .expect("compaction: the store does not fail");
+                }
             }
         }
         self.check_node(i);
@@ -640,6 +806,16 @@ impl Sim {
                 "seed {}: {what}: holds dots no acknowledged or kept commit issued: {stray:?}",
                 self.seed
             );
+        }
+        if !self.lost_ctx.is_empty() {
+            let back = ctx.intersection(&self.lost_ctx);
+            if !back.is_empty() {
+                let back: Vec<Dot> = back.iter_dots().take(5).collect();
+                panic!(
+                    "seed {}: {what}: holds dots of ops a restore lost: {back:?}",
+                    self.seed
+                );
+            }
         }
     }
 
@@ -824,7 +1000,21 @@ impl Sim {
             base + ops.len() as u64,
             "seed {seed}: node {i}: a commit group must take the next contiguous dots"
         );
+        // Exactly those dots, under the store's current id: never one of an earlier id (a
+        // restored snapshot's source, this node before a restore).
+        let gained = node.store.ctx().diff(before);
+        assert!(
+            gained == CausalContext::from_range(me, base + 1, base + ops.len() as u64)
+                && !self.retired_ids.contains(&me)
+                && node.store.replica() == me,
+            "seed {seed}: node {i} ({me:?}): a commit took dots {:?} (retired ids {:?})",
+            gained.iter_dots().take(8).collect::<Vec<_>>(),
+            self.retired_ids
+        );
         let log_seq = log_seq.expect("a non-empty group is logged");
+        if node.store.log_bounds().1 > log_seq + 1 {
+            self.counts.split_commits += 1;
+        }
         let delta = node
             .store
             .log_interval(log_seq, None, usize::MAX)
@@ -837,6 +1027,9 @@ impl Sim {
             self.issue(Dot::new(me, base + 1 + k as u64), key, m);
         }
         self.counts.ops_acked += ops.len() as u64;
+        if self.restored_ids.contains(&me) {
+            self.counts.restored_ops_acked += ops.len() as u64;
+        }
         self.mix(&codec::encode("delta", &delta).expect("encodable"));
     }
 
@@ -1095,6 +1288,249 @@ impl Sim {
         self.reconnect_to(i);
     }
 
+    // ---- snapshots and restores ------------------------------------------------------------
+
+    /// A fresh path under the simulation's temporary directory.
+    fn file(&mut self, what: &str) -> PathBuf {
+        self.files_made += 1;
+        self.files
+            .path()
+            .join(format!("{what}-{}", self.files_made))
+    }
+
+    /// Takes a snapshot of node `s`'s committed state (running or down) and keeps it; returns
+    /// its index. The header must describe the store exactly.
+    fn take_snapshot(&mut self, s: usize) -> usize {
+        let seed = self.seed;
+        let path = self.file("snapshot");
+        let wall = self.now_of(s).wall_ms;
+        let node = &self.nodes[s];
+        let info = node
+            .store
+            .snapshot(&path, wall)
+            .unwrap_or_else(|e| panic!("seed {seed}: node {s}: snapshot: {e}"));
+        assert!(
+            info.source_replica == node.id
+                && info.source_epoch == node.epoch
+                && info.source_log_end == node.store.log_bounds().1
+                && &info.context == node.store.ctx(),
+            "seed {seed}: node {s}: the snapshot header differs from the store: {info:?}"
+        );
+        let entries = node.store.reader().entries().expect("read entries");
+        self.counts.snapshots += 1;
+        self.log(|| format!("snapshot of node {s}: {:?}", info.context));
+        self.mix(format!("snapshot {s} {}", info.source_log_end).as_bytes());
+        self.backups.push(Backup {
+            path,
+            info,
+            node: s,
+            entries,
+            restored: 0,
+        });
+        if self.backups.len() > 3 {
+            self.backups.remove(0);
+        }
+        self.backups.len() - 1
+    }
+
+    /// Node `i` loses its disk (and its process) and is restored from backup `b` under a new
+    /// replica id; it restarts `down_ms` later.
+    ///
+    /// What the cluster still holds decides what survives, exactly: an acknowledged op survives
+    /// iff its dot is in the restored snapshot's context or in a remaining store's committed
+    /// context (in-flight messages from `i` are dropped: a legal loss). Nothing else holds
+    /// state: queued inputs die with the process, and the transfers other nodes buffer from
+    /// `i` are dropped when its connection goes down, before they complete. The other ops are
+    /// removed from the oracle (they stay in the dot map: one reissued with other content is
+    /// still caught) and their dots must never be seen again.
+    fn restore(&mut self, i: usize, down_ms: u64, b: usize) {
+        let seed = self.seed;
+        let n = self.n();
+        let old = self.nodes[i].id;
+        self.counts.restores += 1;
+        self.nodes[i].crash_armed = None;
+        // The process dies with its disk: what was queued for it and what it sent is gone.
+        self.net.retain(|_, p| p.to != i && p.from != i);
+        let (src_path, info, source_node) = {
+            let bk = &self.backups[b];
+            (bk.path.clone(), bk.info.clone(), bk.node)
+        };
+        let source = info.source_replica;
+        let limits = self.options.limits.clone();
+        if self.counts.restore_source_id_refused == 0 {
+            // Restoring under the source's id is refused and leaves nothing behind.
+            let dir = self.file("refused");
+            match restore_snapshot(&src_path, &dir, Some(source), &limits) {
+                Err(StoreError::Snapshot(_)) => {}
+                other => panic!(
+                    "seed {seed}: a restore under the snapshot source's id was not refused: \
+                     {other:?}"
+                ),
+            }
+            assert!(
+                !dir.join(DB_FILE).exists(),
+                "seed {seed}: a refused restore left a database"
+            );
+            self.counts.restore_source_id_refused += 1;
+        }
+        let id = loop {
+            let id = ReplicaId(self.rng.random());
+            if !self.used_ids.contains(&id) {
+                break id;
+            }
+        };
+        let dir = self.file("restored");
+        let what = format!("node {i} restored from a snapshot of {source:?} as {id:?}");
+        self.log(|| what.clone());
+        let got = restore_snapshot(&src_path, &dir, Some(id), &limits)
+            .unwrap_or_else(|e| panic!("seed {seed}: {what}: restore: {e}"));
+        assert_eq!(
+            got, info,
+            "seed {seed}: {what}: restore read another header"
+        );
+        let image = std::fs::read(dir.join(DB_FILE)).expect("read the restored database");
+        std::fs::remove_dir_all(&dir).expect("remove the restored directory");
+        let backend = FaultBackend::recording_from_image(image);
+        let mut store = RedbStore::open_with_backend(backend.clone(), self.options.clone())
+            .unwrap_or_else(|e| panic!("seed {seed}: {what}: open: {e}"));
+        // A new id never used in this run (not the source's, not any node's, current or past),
+        // an epoch above the source's, the snapshot's state with an empty log whose truncated
+        // context is the snapshot's, and the seed cursor into the source's log.
+        let me = store.replica();
+        assert!(
+            me == id && me != source && !self.used_ids.contains(&me),
+            "seed {seed}: {what}: the restored store has replica id {me:?}"
+        );
+        assert!(
+            store.epoch() > info.source_epoch,
+            "seed {seed}: {what}: epoch {} not above the source's {}",
+            store.epoch(),
+            info.source_epoch
+        );
+        let (start, end) = store.log_bounds();
+        assert!(
+            store.ctx() == &info.context
+                && store.truncated_context() == &info.context
+                && start == end
+                && store.ctx().max_seq(me) == 0
+                && store.seed_cursor() == Some((source, info.source_log_end))
+                && (0..n).all(|j| store.peer_cursor(PeerId(j as u64)) == store.seed_cursor()),
+            "seed {seed}: {what}: the restored store is not the snapshot: log ({start}, {end}), \
+             seed {:?}, ctx {:?}, snapshot {:?}",
+            store.seed_cursor(),
+            store.ctx(),
+            info.context
+        );
+        assert!(
+            store.reader().entries().expect("read entries") == self.backups[b].entries,
+            "seed {seed}: {what}: the restored entries differ from the source's at the snapshot"
+        );
+        assert!(
+            store.check_integrity().expect("integrity check runs"),
+            "seed {seed}: {what}: redb integrity check failed"
+        );
+        store
+            .verify()
+            .unwrap_or_else(|e| panic!("seed {seed}: {what}: verify: {e}"));
+        self.used_ids.insert(me);
+        self.retired_ids.insert(old);
+        self.restored_ids.insert(me);
+        if source_node == i {
+            self.counts.restored_from_own += 1;
+        } else {
+            self.counts.restored_from_other += 1;
+        }
+        self.seeded.retain(|(r, s, _, _)| *r != i && *s != i);
+        if let Some(s) = (0..n).find(|j| *j != i && self.nodes[*j].id == source) {
+            self.counts.restored_source_live += 1;
+            self.seeded.push((i, s, source, info.source_log_end));
+        }
+        self.backups[b].restored += 1;
+        if self.backups[b].restored == 2 {
+            self.counts.restored_twice += 1;
+        }
+        // What survives: the restored state and every other node's committed state.
+        let states: Vec<(CausalContext, CausalContext)> = std::iter::once(&store)
+            .chain((0..n).filter(|j| *j != i).map(|j| &self.nodes[j].store))
+            .map(|st| {
+                let mut live = CausalContext::new();
+                for (_, e) in st.reader().entries().expect("read entries") {
+                    live.join(&e.dots());
+                }
+                (st.ctx().clone(), live)
+            })
+            .collect();
+        let lost = self
+            .oracle
+            .mark_lost_unless(|d| states.iter().any(|(ctx, _)| ctx.contains(d)));
+        if !lost.is_empty() {
+            self.counts.restore_lost_writes += 1;
+            self.counts.restore_lost_ops += lost.len() as u64;
+            self.log(|| format!("{what}: lost {lost:?}"));
+        }
+        for d in &lost {
+            self.lost_ctx.insert(*d);
+        }
+        self.counts.restore_lost_retirements += self.oracle.forget_lost_retirements(|d| {
+            states
+                .iter()
+                .any(|(ctx, live)| ctx.contains(d) && !live.contains(d))
+        });
+        // A new replica core over the restored store; the node restarts later.
+        let epoch = store.epoch();
+        let peers = (0..n).filter(|j| *j != i).map(|j| PeerId(j as u64));
+        let replica = Replica::new(self.cfg.clone(), epoch, self.rng.random(), peers);
+        let node = &mut self.nodes[i];
+        let old_replica = std::mem::replace(&mut node.replica, replica);
+        node.past_stats.push(old_replica.stats().clone());
+        node.id = me;
+        node.acked_max_seq = 0;
+        node.last_ctx = store.ctx().clone();
+        node.last_mark = durable_mark(&store, n);
+        node.last_syncs = backend.syncs();
+        node.store = store;
+        node.backend = backend;
+        node.epoch = epoch;
+        node.state = NodeState::Down {
+            restart_at: self.now + down_ms,
+        };
+        node.conn = vec![false; n];
+        self.check_store(i, &what);
+        self.mix(format!("restore {i} {me:?} {}", lost.len()).as_bytes());
+        for j in 0..n {
+            if j != i {
+                self.sync_links(j);
+                // Nothing a remaining store holds is lost.
+                self.check_store(j, &format!("node {j} after {what}"));
+            }
+        }
+    }
+
+    /// The `Restore` action: one snapshot, one or two nodes restored from it. Every other kept
+    /// snapshot is dropped (it may hold ops this restore lost, which must never come back).
+    fn restore_action(
+        &mut self,
+        node: usize,
+        down_ms: u64,
+        pick: Option<usize>,
+        fresh_from: usize,
+        also: Option<usize>,
+    ) {
+        let b = match pick {
+            Some(k) if !self.backups.is_empty() => k % self.backups.len(),
+            _ => self.take_snapshot(fresh_from),
+        };
+        self.restore(node, down_ms, b);
+        if let Some(k) = also.filter(|k| *k != node) {
+            self.restore(k, down_ms, b);
+        }
+        let kept = self.backups.swap_remove(b);
+        for other in self.backups.drain(..) {
+            let _ = std::fs::remove_file(other.path);
+        }
+        self.backups.push(kept);
+    }
+
     /// Restarts crashed nodes, lifts partitions and network faults, disarms crashes.
     fn heal(&mut self) {
         for node in &mut self.nodes {
@@ -1183,6 +1619,14 @@ impl Sim {
             return;
         }
         self.counts.delivered += 1;
+        if let Message::Delta { log, from, .. } = &p.msg {
+            let hit = (p.to, p.from, *log, *from);
+            if self.seeded.contains(&hit) {
+                // The source serves the restored store from the seed end: no transfer to it.
+                self.counts.restore_seeded_by_deltas += 1;
+                self.seeded.retain(|x| *x != hit);
+            }
+        }
         let bytes = codec::encode("message", &p.msg).expect("encodable");
         self.mix(&(p.from as u64 * 31 + p.to as u64).to_le_bytes());
         self.mix(&self.now.to_le_bytes());
@@ -1333,6 +1777,38 @@ fn schedule(rng: &mut ChaCha8Rng, n: usize) -> Vec<(u64, Action)> {
     actions
 }
 
+/// Snapshots and restores (0–2 restores a seed, some restoring two nodes from one snapshot).
+fn restore_schedule(seed: u64, n: usize) -> Vec<(u64, Action)> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x7e57_0de5_0f5a_f00d);
+    let mut actions = Vec::new();
+    for _ in 0..rng.random_range(0..=3) {
+        let t = rng.random_range(0..FAULT_WINDOW_MS - 10_000);
+        actions.push((t, Action::Snapshot(rng.random_range(0..n))));
+    }
+    let restores = match rng.random_range(0..10) {
+        0..3 => 0,
+        3..8 => 1,
+        _ => 2,
+    };
+    for _ in 0..restores {
+        let t = rng.random_range(5_000..FAULT_WINDOW_MS - 10_000);
+        let node = rng.random_range(0..n);
+        actions.push((
+            t,
+            Action::Restore {
+                node,
+                down_ms: rng.random_range(50..=3_000),
+                pick: rng.random_bool(0.5).then(|| rng.random_range(0..3)),
+                fresh_from: rng.random_range(0..n),
+                also: rng
+                    .random_bool(0.35)
+                    .then(|| (node + rng.random_range(1..n)) % n),
+            },
+        ));
+    }
+    actions
+}
+
 // ---- one seed ----------------------------------------------------------------------------
 
 struct SeedResult {
@@ -1341,10 +1817,14 @@ struct SeedResult {
     converge_ms: u64,
 }
 
-fn run_seed(seed: u64, verbose: bool) -> SeedResult {
-    let mut sim = Sim::new(seed, verbose);
+fn run_seed(seed: u64, verbose: bool, shape: Shape) -> SeedResult {
+    let mut sim = Sim::new(seed, verbose, shape);
     let n = sim.n();
-    let actions = schedule(&mut sim.rng, n);
+    let mut actions = schedule(&mut sim.rng, n);
+    // Snapshots and restores come from their own generator: the rest of the schedule is the
+    // same as without them.
+    actions.extend(restore_schedule(seed, n));
+    actions.sort_by_key(|(t, _)| *t);
     if verbose {
         println!(
             "seed {seed}: {n} nodes, {} keys, config {:?}",
@@ -1371,6 +1851,16 @@ fn run_seed(seed: u64, verbose: bool) -> SeedResult {
                 down_ms,
                 mode,
             } => sim.crash(node, down_ms, mode, None),
+            Action::Snapshot(s) => {
+                sim.take_snapshot(s);
+            }
+            Action::Restore {
+                node,
+                down_ms,
+                pick,
+                fresh_from,
+                also,
+            } => sim.restore_action(node, down_ms, pick, fresh_from, also),
         }
     }
     sim.run_until(FAULT_WINDOW_MS);
@@ -1432,6 +1922,16 @@ fn run_seed(seed: u64, verbose: bool) -> SeedResult {
                 "seed {seed}: node {i} lacks acknowledged dots of node {j}"
             );
         }
+        // Every acknowledged (or kept) op no restore lost is held, under any id.
+        let missing = sim
+            .issued_ctx
+            .diff(&sim.lost_ctx)
+            .diff(sim.nodes[i].store.ctx());
+        assert!(
+            missing.is_empty(),
+            "seed {seed}: node {i} lacks surviving acknowledged dots {:?}",
+            missing.iter_dots().take(8).collect::<Vec<_>>()
+        );
         sim.check_store(i, &format!("node {i} after convergence"));
         // The converged state is durable.
         let log = sim.nodes[i].backend.log();
@@ -1530,6 +2030,11 @@ fn coverage(c: &Counts) -> Vec<(&'static str, u64, bool)> {
             false,
         ),
         ("log compacted", c.compactions, true),
+        (
+            "commit group logged in several records",
+            c.split_commits,
+            true,
+        ),
         ("peer evicted for silence", c.evictions, false),
         (
             "interval filtered by the receiver's context",
@@ -1545,6 +2050,41 @@ fn coverage(c: &Counts) -> Vec<(&'static str, u64, bool)> {
             false,
         ),
         ("backend log checkpoint", c.checkpoints, false),
+        ("snapshot taken", c.snapshots, true),
+        ("restore from a snapshot (new replica id)", c.restores, true),
+        ("  of the node's own snapshot", c.restored_from_own, true),
+        ("  of another node's snapshot", c.restored_from_other, true),
+        (
+            "  whose source still runs under its id",
+            c.restored_source_live,
+            true,
+        ),
+        ("  a second store from one snapshot", c.restored_twice, true),
+        (
+            "  lost acknowledged ops (no copy left)",
+            c.restore_lost_writes,
+            true,
+        ),
+        (
+            "  lost a retirement of a surviving op",
+            c.restore_lost_retirements,
+            false,
+        ),
+        (
+            "  refused under the source's id",
+            c.restore_source_id_refused,
+            true,
+        ),
+        (
+            "  caught up from its source's log (seed cursor)",
+            c.restore_seeded_by_deltas,
+            true,
+        ),
+        (
+            "op acknowledged by a restored replica",
+            c.restored_ops_acked,
+            true,
+        ),
     ]
 }
 
@@ -1552,7 +2092,7 @@ fn coverage(c: &Counts) -> Vec<(&'static str, u64, bool)> {
 fn redb_cluster_simulation_converges_to_the_oracle() {
     if let Some(seed) = env_u64("SEED") {
         println!("sim_redb: SEED={seed}");
-        let r = run_seed(seed, true);
+        let r = run_seed(seed, true, Shape::default());
         println!(
             "seed {seed}: trace {:016x}, converged {} ms after the heal, {:?}",
             r.trace, r.converge_ms, r.counts
@@ -1562,10 +2102,10 @@ fn redb_cluster_simulation_converges_to_the_oracle() {
     let seeds = env_u64("SEEDS").unwrap_or(60) * if common::soak() { 20 } else { 1 };
     println!("sim_redb: seeds 1..={seeds} (replay one with SEED=<n>)");
     let started = Instant::now();
-    let results = common::run_seeds(seeds, 4, |seed| run_seed(seed, false));
+    let results = common::run_seeds(seeds, 4, |seed| run_seed(seed, false, Shape::default()));
     // Determinism: the first seeds replay with identical trace hashes.
     for (seed, r) in results.iter().take(2) {
-        let again = run_seed(*seed, false);
+        let again = run_seed(*seed, false, Shape::default());
         assert_eq!(
             r.trace, again.trace,
             "seed {seed}: trace hash differs between two runs"
@@ -1602,4 +2142,31 @@ fn redb_cluster_simulation_converges_to_the_oracle() {
             }
         }
     }
+}
+
+/// Two nodes that keep 64 log entries, restores included: a store restored from a snapshot of
+/// the other (running) node must converge with it.
+///
+/// Fails (seeds 5, 67 and 174 of 1..=200; all 200 converge with `back_propagation_avoidance`
+/// off): the source serves the restored store from its seed
+/// cursor by deltas, and back-propagation avoidance leaves out of them every log record that
+/// came from the same peer — the restored node's previous incarnation. Its writes the source
+/// joined after the snapshot are never sent to the restored store, which the source then counts
+/// as caught up; with no third node to bring them (by a transfer or from its own log), the two
+/// stores never converge. Replay: `SEED=5 cargo test --test sim_redb -- --ignored two_nodes`.
+#[test]
+#[ignore = "product bug: a restored store seeded from a running source never gets the writes \
+            of its own previous incarnation that the source logged after the snapshot (BP)"]
+fn two_nodes_restored_from_each_others_snapshots_converge() {
+    let shape = Shape {
+        nodes: Some(2),
+        log_retain: Some(64),
+    };
+    if let Some(seed) = env_u64("SEED") {
+        let r = run_seed(seed, true, shape);
+        println!("seed {seed}: {:?}", r.counts);
+        return;
+    }
+    let seeds = env_u64("SEEDS").unwrap_or(60);
+    common::run_seeds(seeds, 4, |seed| run_seed(seed, false, shape));
 }

@@ -26,6 +26,16 @@ pub struct OpRec {
     pub ts: Option<Timestamp>,
     /// Lost by a wipe before any other store saw it (the one allowed loss).
     pub lost: bool,
+    /// Dots of `seen` whose retirement by this op was lost (a restore dropped the only store
+    /// holding that part of the op's commit): the op counts as concurrent with them.
+    pub unseen: BTreeSet<Dot>,
+}
+
+impl OpRec {
+    /// The op saw `dot` (and its retirement of it, if any, took effect).
+    pub fn saw(&self, dot: &Dot) -> bool {
+        self.seen.contains(dot) && !self.unseen.contains(dot)
+    }
 }
 
 #[derive(Default)]
@@ -97,6 +107,7 @@ impl Oracle {
                 seen: seen.clone(),
                 ts,
                 lost: false,
+                unseen: BTreeSet::new(),
             };
             let idx = self.ops.len();
             let same_key = self.by_key.entry(key.clone()).or_default();
@@ -163,6 +174,49 @@ impl Oracle {
         n
     }
 
+    /// Marks as lost every op whose dot does not `survive` (a restore: no remaining store and
+    /// not the restored snapshot holds it); returns the dots newly lost.
+    #[allow(dead_code)] // restores: tests/sim_redb.rs only
+    pub fn mark_lost_unless(&mut self, survives: impl Fn(&Dot) -> bool) -> Vec<Dot> {
+        let mut lost = Vec::new();
+        for op in self.ops.iter_mut().filter(|o| !o.lost) {
+            if !survives(&op.dot) {
+                op.lost = true;
+                lost.push(op.dot);
+            }
+        }
+        lost
+    }
+
+    /// After a restore: a surviving add/set `a` that no remaining state retired (`retired`:
+    /// some store holds its dot in its context but not in its entries) is live in the join of
+    /// what remains, so every surviving op that retired it lost that retirement (the part of
+    /// its commit carrying the removal was held only by the restored node; the op's own dot
+    /// survived in an earlier part). Those ops no longer count as having seen `a`. Returns the
+    /// retirements forgotten. Counters are exempt: a counter dot's removals travel with it.
+    #[allow(dead_code)] // restores: tests/sim_redb.rs only
+    pub fn forget_lost_retirements(&mut self, retired: impl Fn(&Dot) -> bool) -> u64 {
+        let mut n = 0;
+        for a in 0..self.ops.len() {
+            let op = &self.ops[a];
+            if op.lost
+                || !matches!(op.mutation, Mutation::Add(_) | Mutation::Set(_))
+                || retired(&op.dot)
+            {
+                continue;
+            }
+            let dot = op.dot;
+            for w in self.retirers[a].clone() {
+                let w = &mut self.ops[w];
+                if !w.lost && w.saw(&dot) {
+                    w.unseen.insert(dot);
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
     /// Every key any op touched.
     pub fn keys(&self) -> BTreeSet<Key> {
         self.ops.iter().map(|o| o.key.clone()).collect()
@@ -193,7 +247,7 @@ impl Oracle {
         // `retires(o, a)`: o is a later op on the key that removes/overwrites a's effect.
         let dominated = |a: &OpRec, retires: &dyn Fn(&OpRec) -> bool| {
             ops.iter()
-                .any(|o| o.dot != a.dot && retires(o) && o.seen.contains(&a.dot))
+                .any(|o| o.dot != a.dot && retires(o) && o.saw(&a.dot))
         };
         match key.kind {
             KeyKind::GCounter => {
