@@ -2147,16 +2147,16 @@ fn redb_cluster_simulation_converges_to_the_oracle() {
 /// Two nodes that keep 64 log entries, restores included: a store restored from a snapshot of
 /// the other (running) node must converge with it.
 ///
-/// Fails (seeds 5, 67 and 174 of 1..=200; all 200 converge with `back_propagation_avoidance`
-/// off): the source serves the restored store from its seed
-/// cursor by deltas, and back-propagation avoidance leaves out of them every log record that
-/// came from the same peer — the restored node's previous incarnation. Its writes the source
-/// joined after the snapshot are never sent to the restored store, which the source then counts
-/// as caught up; with no third node to bring them (by a transfer or from its own log), the two
-/// stores never converge. Replay: `SEED=5 cargo test --test sim_redb -- --ignored two_nodes`.
+/// Found by this simulation (seeds 5, 67 and 174 of 1..=200 failed; all converged with
+/// `back_propagation_avoidance` off): the source served the restored store from its seed
+/// cursor by deltas, and back-propagation avoidance left out of them every log record tagged
+/// with the same peer id — records that came from the restored node's previous replica. Its
+/// writes the source joined after the snapshot never reached the restored store, which the
+/// source then counted as caught up; with no third node to bring them, the two stores never
+/// converged. Fixed in the replication core: BP holds back only entries logged after the peer's
+/// current replica id first said Hello (`Peer::bp_from`). Replay: `SEED=5 cargo test --test
+/// sim_redb two_nodes`.
 #[test]
-#[ignore = "product bug: a restored store seeded from a running source never gets the writes \
-            of its own previous incarnation that the source logged after the snapshot (BP)"]
 fn two_nodes_restored_from_each_others_snapshots_converge() {
     let shape = Shape {
         nodes: Some(2),

@@ -58,6 +58,11 @@ pub(crate) struct Peer {
     pub down_since: Option<u64>,
     /// Our rank among the senders of a peer that needs a bootstrap (0: we transfer at once).
     pub bootstrap_rank: u64,
+    /// Back-propagation avoidance holds back only log entries from this seq on: our log end
+    /// when we first heard the peer's current replica id. Entries below it that are tagged
+    /// with the peer's id may come from a previous replica under the same peer id (a node
+    /// restored from a snapshot, or wiped), which does not hold them.
+    pub bp_from: u64,
 }
 
 impl Peer {
@@ -78,6 +83,7 @@ impl Peer {
             serve_after: None,
             down_since: None,
             bootstrap_rank: 0,
+            bp_from: u64::MAX,
         }
     }
 

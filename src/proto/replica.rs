@@ -842,7 +842,9 @@ impl Replica {
         log_end: u64,
         store: &mut S,
     ) -> Result<(), S::Error> {
-        let exclude = self.config.back_propagation_avoidance.then_some(id);
+        // Not below `bp_from`: entries tagged with `id` there may be a previous replica's.
+        let bp_from = self.peers.get(&id).map_or(u64::MAX, |p| p.bp_from);
+        let exclude = (self.config.back_propagation_avoidance && from >= bp_from).then_some(id);
         let interval = store.log_interval(from, exclude, self.config.message_bytes_target)?;
         if interval.end <= from {
             // No progress is possible (a store bug); do not spin.
@@ -1007,6 +1009,14 @@ impl Replica {
         let quiet = self.config.retransmit_timeout_ms;
         let t = now.mono_ms;
         let p = self.peer_mut(from);
+        if p.incarnation.is_none_or(|(r, _)| r != incarnation.0) {
+            // A replica id we have not served under this peer id yet: what the log tags with
+            // the peer id may have come from a previous replica (a restore from a snapshot, a
+            // wipe), which does not hold it, so back-propagation avoidance applies only to
+            // what we log from now on. (Unknown after our own restart too: then the peer gets
+            // back, once, what it sent us between its cursor and our log end.)
+            p.bp_from = log_end;
+        }
         if p.incarnation != Some(incarnation) {
             // A new incarnation lost whatever we had in flight to it.
             p.incarnation = Some(incarnation);
