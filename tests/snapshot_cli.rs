@@ -41,6 +41,18 @@ fn serve_on(data: &std::path::Path, extra: &[&OsStr]) -> (Child, String) {
     (child, url)
 }
 
+/// A child process killed when dropped (a failed assertion must not leave a daemon running).
+struct KillOnDrop(Option<Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// `serve --restore FILE` on free ports; returns the child and its HTTP URL.
 fn serve(data: &std::path::Path, restore: &std::path::Path) -> (Child, String) {
     serve_on(data, &["--restore".as_ref(), restore.as_os_str()])
@@ -168,7 +180,9 @@ fn a_running_daemon_is_snapshotted_over_http_while_it_takes_writes() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let tmp = tempfile::tempdir().expect("tempdir");
     let data = tmp.path().join("data");
-    let (mut child, url) = serve_on(&data, &["--token".as_ref(), "s3cret".as_ref()]);
+    let (child, url) = serve_on(&data, &["--token".as_ref(), "s3cret".as_ref()]);
+    // Killed if an assertion fails before the clean stop below.
+    let mut daemon = KillOnDrop(Some(child));
     let cli = |args: &[&OsStr]| {
         Command::new(BIN)
             .args(["--url", &url, "--token", "s3cret"])
@@ -196,7 +210,12 @@ fn a_running_daemon_is_snapshotted_over_http_while_it_takes_writes() {
             }
         })
     };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while acked.load(Ordering::SeqCst) < 3 {
+        assert!(
+            std::time::Instant::now() < deadline && !writer.is_finished(),
+            "the writer made no progress"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let by_data = tmp.path().join("by-data.tmsnap");
@@ -245,6 +264,7 @@ fn a_running_daemon_is_snapshotted_over_http_while_it_takes_writes() {
         .filter(|n| n.starts_with('.'))
         .collect();
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+    let mut child = daemon.0.take().expect("daemon");
     let pid = child.id().to_string();
     let _ = Command::new("kill").args(["-TERM", &pid]).status();
     assert_eq!(child.wait().expect("wait").code(), Some(0));

@@ -65,23 +65,36 @@ impl Drop for TempFile {
     }
 }
 
+/// Whether the node that answered `status` (`GET /v1/cluster`) serves the data directory
+/// `dir`: the same database file (`device:inode`) where both sides can tell, else the same
+/// canonical path.
+fn serves(status: &serde_json::Value, dir: &Path) -> anyhow::Result<bool> {
+    let node = &status["node"];
+    let local = tidemark::store::file_identity(&dir.join(tidemark::store::DB_FILE));
+    if let (Some(theirs), Some(ours)) = (node["data_file"].as_str(), local.as_deref()) {
+        return Ok(theirs == ours);
+    }
+    let want =
+        std::fs::canonicalize(dir).with_context(|| format!("cannot resolve {}", dir.display()))?;
+    Ok(node["data_dir"].as_str().map(Path::new) == Some(want.as_path()))
+}
+
 /// Snapshots the node at `client` into `out` (see the module doc). When `dir` is given, the
-/// node must report it as its data directory.
+/// node must serve it.
 fn download(client: &Client, dir: Option<&Path>, out: &Path) -> anyhow::Result<SnapshotInfo> {
     let status = super::client::accept(client.get("/v1/cluster", &[])?)?;
-    let serves = status["node"]["data_dir"].as_str().unwrap_or_default();
-    let replica = status["node"]["replica"].as_str().unwrap_or_default();
-    if let Some(dir) = dir {
-        let want = std::fs::canonicalize(dir)
-            .with_context(|| format!("cannot resolve {}", dir.display()))?;
-        if Path::new(serves) != want {
-            bail!(
-                "{} is locked by a running node, but the node at the --url given serves {serves:?}; \
-                 pass --url of the node that runs {}",
-                dir.display(),
-                dir.display()
-            );
-        }
+    if let Some(dir) = dir
+        && !serves(&status, dir)?
+    {
+        bail!(
+            "{} is locked by a running node, but the node at the --url given serves {}; \
+             pass --url of the node that runs {}",
+            dir.display(),
+            status["node"]["data_dir"]
+                .as_str()
+                .unwrap_or("another directory"),
+            dir.display()
+        );
     }
     let parent = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -89,12 +102,19 @@ fn download(client: &Client, dir: Option<&Path>, out: &Path) -> anyhow::Result<S
     };
     let name = out
         .file_name()
-        .with_context(|| format!("{} is not a file name", out.display()))?;
-    let tmp = parent.join(format!(
-        ".{}.partial-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+        .with_context(|| format!("{} is not a file name", out.display()))?
+        .to_string_lossy()
+        .into_owned();
+    // Partial downloads of this name that an interrupted run left behind.
+    let partial = format!(".{name}.partial-");
+    if let Ok(entries) = std::fs::read_dir(&parent) {
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with(&partial) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    let tmp = parent.join(format!("{partial}{}", std::process::id()));
     let mut guard = TempFile(Some(tmp.clone()));
     let mut file = std::fs::OpenOptions::new()
         .write(true)
@@ -102,27 +122,30 @@ fn download(client: &Client, dir: Option<&Path>, out: &Path) -> anyhow::Result<S
         .open(&tmp)
         .with_context(|| format!("cannot create {}", tmp.display()))?;
     let bar = std::io::stderr().is_terminal().then(|| {
-        let bar = indicatif::ProgressBar::no_length();
-        if let Ok(style) = indicatif::ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] [{wide_bar}] {bytes}/{total_bytes} ({bytes_per_sec})",
-        ) {
-            bar.set_style(style);
-        }
+        // Spins while the node writes and verifies the snapshot, then shows the download.
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_message("the node is taking the snapshot");
+        bar.enable_steady_tick(std::time::Duration::from_millis(120));
         bar
     });
     let mut writer = std::io::BufWriter::with_capacity(1 << 20, &mut file);
     let answer = client.download("/v1/snapshot", &mut writer, |done, total| {
         if let Some(bar) = &bar {
-            if let Some(t) = total {
+            if let (Some(t), None) = (total, bar.length()) {
+                if let Ok(style) = indicatif::ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] [{wide_bar}] {bytes}/{total_bytes} ({bytes_per_sec})",
+                ) {
+                    bar.set_style(style);
+                }
                 bar.set_length(t);
             }
             bar.set_position(done);
         }
-    })?;
+    });
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
-    let (bytes, _) = answer.map_err(anyhow::Error::new)?;
+    let (bytes, headers) = answer?.map_err(anyhow::Error::new)?;
     writer.flush().context("writing the snapshot")?;
     drop(writer);
     file.sync_all()
@@ -130,26 +153,19 @@ fn download(client: &Client, dir: Option<&Path>, out: &Path) -> anyhow::Result<S
     drop(file);
     let info = verify_snapshot(&tmp, &Limits::default())
         .with_context(|| format!("the {bytes} bytes received are not a valid snapshot"))?;
-    if info.source_replica.to_string() != replica {
+    let announced = headers
+        .get("x-tidemark-snapshot-replica")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if info.source_replica.to_string() != announced {
         bail!(
-            "the snapshot received is of replica {}, not of the node asked ({replica})",
+            "the snapshot received is of replica {}, but the node announced {announced:?}",
             info.source_replica
         );
     }
-    std::fs::hard_link(&tmp, out).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::AlreadyExists {
-            anyhow::anyhow!(
-                "{} already exists; snapshots are never overwritten",
-                out.display()
-            )
-        } else {
-            anyhow::Error::new(e).context(format!("cannot publish {}", out.display()))
-        }
-    })?;
-    drop(guard.0.take().map(std::fs::remove_file));
-    if let Ok(d) = std::fs::File::open(&parent) {
-        let _ = d.sync_all();
-    }
+    tidemark::store::publish_file(&tmp, out)
+        .with_context(|| format!("cannot publish {}", out.display()))?;
+    guard.0 = None;
     Ok(info)
 }
 

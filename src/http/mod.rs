@@ -243,6 +243,8 @@ impl HttpServer {
                 "HTTP is bound to a non-loopback address without a token: anyone who can reach it can read and write; set http.token"
             );
         }
+        // Temporary snapshot files a crashed process left (none can be in use yet).
+        snapshot::remove_leftovers(&node.config().data_dir);
         let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);
         let config = Arc::new(config);
         let metrics = metrics::HttpMetrics::default();

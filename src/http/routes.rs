@@ -571,11 +571,13 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
             "peer": format!("{:016x}", node.peer_id().0),
             "epoch": node.epoch(),
             "http": state.listen.to_string(),
-            // Absolute, so `tidemark snapshot --data DIR` can tell it is talking to DIR's node.
             "data_dir": std::fs::canonicalize(&node.config().data_dir)
                 .unwrap_or_else(|_| node.config().data_dir.clone())
                 .display()
                 .to_string(),
+            // Which file holds the data (`device:inode`), so `tidemark snapshot --data DIR`
+            // can tell it is talking to DIR's own node whatever the path looks like.
+            "data_file": crate::store::file_identity(&node.config().data_dir.join(crate::store::DB_FILE)),
             "log": {"start": log_start, "end": log_end},
             "writes_applied": m.ops_applied,
             "name": net.as_ref().map(|n| n.name.clone()),

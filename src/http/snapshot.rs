@@ -5,15 +5,20 @@
 //! and verified by [`crate::Node::snapshot`] before the first byte is sent (an error before
 //! that is an ordinary error answer); its temporary file lives in the data directory (same
 //! filesystem as the data, so its size is never limited by `/tmp`) and is unlinked as soon as
-//! it is open for streaming, so no copy outlives the request; one snapshot at a time (429
-//! while another is under way). The client must still verify what it received: a connection
-//! cut mid-stream shows only as a short body (`Content-Length` tells).
+//! it is open for streaming, so no copy outlives the request — also when the request is
+//! cancelled while the snapshot is written (the work runs as its own task, which owns the
+//! permit and removes the file); one snapshot at a time (429 while another is under way, also
+//! while a cancelled one finishes); a client that stops reading for `http.body_read_timeout_ms`
+//! is cut off (the file and the permit are freed); HEAD is refused (405), not served by taking
+//! a snapshot. Leftovers of a crashed process are removed when the server starts and before
+//! each snapshot. The client must still verify what it received: a connection cut mid-stream
+//! shows only as a short body (`Content-Length` tells).
 
 use super::AppState;
 use super::error::ApiError;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use tokio::io::AsyncReadExt;
 
@@ -24,7 +29,7 @@ const CHUNK_BYTES: usize = 256 * 1024;
 
 /// Removes temporary snapshot files a crashed process left (only while no snapshot runs): the
 /// published ones and the writer's own hidden temporaries of them (`.<name>.tmp-…`).
-fn remove_leftovers(dir: &std::path::Path) {
+pub(crate) fn remove_leftovers(dir: &std::path::Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -40,8 +45,67 @@ fn remove_leftovers(dir: &std::path::Path) {
     }
 }
 
-pub(crate) async fn get_snapshot(State(state): State<AppState>) -> Response {
-    let Ok(_permit) = state.snapshots.clone().try_acquire_owned() else {
+/// What the preparing task hands the response: the open (already unlinked) snapshot file,
+/// its size and header, and the permit, which travels on with the body.
+type Prepared = (
+    tokio::fs::File,
+    u64,
+    crate::store::SnapshotInfo,
+    tokio::sync::OwnedSemaphorePermit,
+);
+
+fn failed(message: String) -> Response {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "snapshot_failed",
+        message,
+    )
+    .into_response()
+}
+
+/// Writes the snapshot into the data directory, opens it and removes its name, owning the
+/// permit throughout: run as its own task, so a request cancelled meanwhile (client gone,
+/// shutdown) neither leaves a file behind nor lets a second snapshot start before this one
+/// ends.
+async fn prepare(
+    node: crate::Node,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> Result<Prepared, String> {
+    let dir = node.config().data_dir.clone();
+    remove_leftovers(&dir);
+    let path = dir.join(format!("{TEMP_PREFIX}{}.tmsnap", uuid::Uuid::new_v4()));
+    let written = node.snapshot(&path).await;
+    let opened = match &written {
+        Ok(_) => Some(tokio::fs::File::open(&path).await),
+        Err(_) => None,
+    };
+    // Whatever happened, the name goes: an open file keeps its bytes until it is closed.
+    let _ = std::fs::remove_file(&path);
+    let info = written.map_err(|e| format!("the snapshot could not be taken: {e}"))?;
+    let unreadable = |e: std::io::Error| format!("cannot read the snapshot just written: {e}");
+    let file = match opened {
+        Some(Ok(f)) => f,
+        Some(Err(e)) => return Err(unreadable(e)),
+        None => return Err("the snapshot was not written".into()),
+    };
+    let len = file.metadata().await.map_err(unreadable)?.len();
+    Ok((file, len, info, permit))
+}
+
+pub(crate) async fn get_snapshot(State(state): State<AppState>, method: Method) -> Response {
+    if method != Method::GET {
+        // axum routes HEAD to GET handlers: a probe must not cost a whole snapshot.
+        let mut resp = ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "GET /v1/snapshot only",
+        )
+        .into_response();
+        resp.headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("GET"));
+        return resp;
+    }
+    let Ok(permit) = state.snapshots.clone().try_acquire_owned() else {
         return ApiError::too_many(
             "busy",
             "a snapshot is already being taken; retry when it is done",
@@ -49,59 +113,44 @@ pub(crate) async fn get_snapshot(State(state): State<AppState>) -> Response {
         )
         .into_response();
     };
-    let dir = state.node.config().data_dir.clone();
-    remove_leftovers(&dir);
-    let path = dir.join(format!("{TEMP_PREFIX}{}.tmsnap", uuid::Uuid::new_v4()));
-    let info = match state.node.snapshot(&path).await {
-        Ok(info) => info,
-        Err(e) => {
-            let _ = std::fs::remove_file(&path);
-            tracing::error!(error = %e, "snapshot over HTTP failed");
-            return ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "snapshot_failed",
-                format!("the snapshot could not be taken: {e}"),
-            )
-            .into_response();
-        }
-    };
-    let opened = tokio::fs::File::open(&path).await;
-    // Unlinked now: the open file keeps its bytes until the stream ends or is dropped.
-    let _ = std::fs::remove_file(&path);
-    let unreadable = |e: std::io::Error| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "snapshot_failed",
-            format!("cannot read the snapshot just written: {e}"),
-        )
-        .into_response()
-    };
-    let file = match opened {
-        Ok(f) => f,
-        Err(e) => return unreadable(e),
-    };
-    let len = match file.metadata().await {
-        Ok(m) => m.len(),
-        Err(e) => return unreadable(e),
-    };
+    let (mut file, len, info, permit) =
+        match tokio::spawn(prepare(state.node.clone(), permit)).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(message)) => {
+                tracing::error!(error = %message, "snapshot over HTTP failed");
+                return failed(message);
+            }
+            Err(e) => return failed(format!("the snapshot task failed: {e}")),
+        };
     tracing::info!(
         bytes = len,
         log_end = info.source_log_end,
         "streaming a snapshot over HTTP"
     );
-    // The permit travels with the stream: the next snapshot waits until this one is sent.
-    let stream = futures_util::stream::unfold(Some((file, _permit)), |open| async move {
-        let (mut file, permit) = open?;
-        let mut buf = vec![0u8; CHUNK_BYTES];
-        match file.read(&mut buf).await {
-            Ok(0) => None,
-            Ok(n) => {
-                buf.truncate(n);
-                Some((Ok(Bytes::from(buf)), Some((file, permit))))
+    // A pump task feeds the body; a client that stops reading for the body timeout ends the
+    // stream (it sees fewer bytes than `Content-Length`) and frees the file and the permit.
+    let stall = std::time::Duration::from_millis(state.config.body_read_timeout_ms);
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(2);
+    tokio::spawn(async move {
+        let _permit = permit;
+        loop {
+            let mut buf = vec![0u8; CHUNK_BYTES];
+            let item = match file.read(&mut buf).await {
+                Ok(0) => return,
+                Ok(n) => {
+                    buf.truncate(n);
+                    Ok(Bytes::from(buf))
+                }
+                Err(e) => Err(e),
+            };
+            let last = item.is_err();
+            if tx.send_timeout(item, stall).await.is_err() || last {
+                return;
             }
-            // The error ends the body: the client sees fewer bytes than `Content-Length`.
-            Err(e) => Some((Err(e), None)),
         }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
     });
     let name = format!(
         "tidemark-{}-{}.tmsnap",

@@ -31,7 +31,9 @@ pub use local::{DedupRefusal, EventId, LocalCommit, LocalWrite};
 pub use purge::RemoteFilter;
 pub use read::Reader;
 pub use replicate::DeltasSince;
-pub use snapshot::{SNAPSHOT_FORMAT, SnapshotInfo, restore_snapshot, verify_snapshot};
+pub use snapshot::{
+    SNAPSHOT_FORMAT, SnapshotInfo, publish_file, restore_snapshot, verify_snapshot,
+};
 pub(crate) use split::marks_bytes;
 pub use split::write_bytes_estimate;
 pub use tables::LogRecord;
@@ -52,6 +54,24 @@ use tidemark_crdts::{CausalContext, Hlc, ReplicaId};
 
 /// The database file inside the data directory.
 pub const DB_FILE: &str = "tidemark.redb";
+
+/// The identity of the file at `path` as `device:inode` (Unix), so two processes can tell they
+/// mean the same database file whatever paths (links, mounts, relative names) they use; `None`
+/// where the platform has no such identity or the file cannot be read.
+pub fn file_identity(path: &Path) -> Option<String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path)
+            .ok()
+            .map(|m| format!("{}:{}", m.dev(), m.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        None
+    }
+}
 
 /// Counters for metrics (monotonic since open).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

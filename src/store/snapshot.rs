@@ -258,7 +258,7 @@ pub(crate) fn write_snapshot(
         std::process::id(),
         uuid::Uuid::new_v4().simple()
     ));
-    let mut guard = TempFile(Some(tmp.clone()));
+    let guard = TempFile(Some(tmp.clone()));
     let source_replica: ReplicaId = meta_read(rtxn, META_REPLICA, max)?
         .ok_or_else(|| StoreError::Corrupt("the store has no replica id".into()))?;
     let info = {
@@ -300,10 +300,23 @@ pub(crate) fn write_snapshot(
             "the written snapshot reads back differently".into(),
         ));
     }
-    // No-clobber publish: a hard link fails if `out` appeared meanwhile (rename would replace
-    // it); filesystems without hard links fall back to a rename.
-    match std::fs::hard_link(&tmp, out) {
-        Ok(()) => {}
+    publish_file(&tmp, out)?;
+    drop(guard); // the temporary name is gone already; nothing left to remove
+    Ok(info)
+}
+
+/// Gives the complete, synced file `tmp` its final name `out` without ever replacing a file:
+/// a hard link (which fails if `out` exists), falling back to a rename on filesystems without
+/// hard links; then removes the temporary name and syncs the directory. `tmp` and `out` must
+/// be in the same directory.
+///
+/// # Errors
+/// [`StoreError::Snapshot`] when `out` exists; filesystem failures.
+pub fn publish_file(tmp: &Path, out: &Path) -> Result<(), StoreError> {
+    match std::fs::hard_link(tmp, out) {
+        Ok(()) => {
+            let _ = std::fs::remove_file(tmp);
+        }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             return Err(StoreError::Snapshot(format!(
                 "{} already exists; refusing to overwrite it",
@@ -311,13 +324,10 @@ pub(crate) fn write_snapshot(
             )));
         }
         Err(_) => {
-            std::fs::rename(&tmp, out).map_err(io_err(out))?;
-            guard.0 = None;
+            std::fs::rename(tmp, out).map_err(io_err(out))?;
         }
     }
-    drop(guard); // removes the temporary name if it is still there
-    fsync_dir(&dir)?;
-    Ok(info)
+    fsync_dir(&parent_of(out))
 }
 
 /// Checks an open snapshot database: redb integrity, header, row counts, no stray tables, and
