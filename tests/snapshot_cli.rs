@@ -324,3 +324,78 @@ fn a_running_daemon_is_snapshotted_over_http_while_it_takes_writes() {
         100 + total
     );
 }
+
+/// A daemon whose data directory lacks room for a snapshot refuses it (507, exit 1) instead of
+/// filling the disk its own writes need, and keeps serving. Needs root for a small tmpfs (CI
+/// runs as root and sets `TIDEMARK_REQUIRE_MOUNT`; elsewhere the test says it was skipped).
+#[test]
+fn a_snapshot_without_room_in_the_data_directory_is_refused() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mnt = tmp.path().join("small");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=32m", "tmpfs"])
+        .arg(&mnt)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !mounted {
+        // CI runs as root and sets TIDEMARK_REQUIRE_MOUNT: there the test must run.
+        assert!(
+            std::env::var_os("TIDEMARK_REQUIRE_MOUNT").is_none(),
+            "cannot mount a tmpfs, and TIDEMARK_REQUIRE_MOUNT is set"
+        );
+        println!(
+            "a_snapshot_without_room_in_the_data_directory_is_refused: skipped (cannot mount a tmpfs: not root?)"
+        );
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(mnt.clone());
+    let data = mnt.join("data");
+    let (child, url) = serve_on(&data, &[]);
+    let mut daemon = KillOnDrop(Some(child));
+    let cli = |args: &[&OsStr]| {
+        Command::new(BIN)
+            .args(["--url", &url])
+            .args(args)
+            .env_remove("TIDEMARK_TOKEN")
+            .output()
+            .expect("run")
+    };
+    let o = cli(&["inc".as_ref(), "gcounter/hits".as_ref(), "1".as_ref()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = tmp.path().join("b.tmsnap");
+    let o = cli(&[
+        "snapshot".as_ref(),
+        "--data".as_ref(),
+        data.as_os_str(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("507") && text(&o).contains("MiB free"),
+        "{}",
+        text(&o)
+    );
+    assert!(!out.exists());
+    // Nothing was left in the data directory, and the node still takes writes.
+    let hidden: Vec<_> = std::fs::read_dir(&data)
+        .expect("read_dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+        .map(|e| e.file_name())
+        .collect();
+    assert!(hidden.is_empty(), "left in the data directory: {hidden:?}");
+    let o = cli(&["inc".as_ref(), "gcounter/hits".as_ref(), "1".as_ref()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let mut child = daemon.0.take().expect("daemon");
+    let pid = child.id().to_string();
+    let _ = Command::new("kill").args(["-TERM", &pid]).status();
+    assert_eq!(child.wait().expect("wait").code(), Some(0));
+}

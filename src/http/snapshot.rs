@@ -45,6 +45,37 @@ pub(crate) fn remove_leftovers(dir: &std::path::Path) {
     }
 }
 
+/// Free space a snapshot must leave in the data directory besides its own size: the node's
+/// writes go on meanwhile, and a full disk would halt them.
+const ROOM_SPARE_BYTES: u64 = 256 << 20;
+
+/// `Err` with a message when the data directory's filesystem has less free space than the
+/// database (an upper bound of the snapshot's size: it holds the same rows without the log)
+/// plus [`ROOM_SPARE_BYTES`].
+fn check_room(dir: &std::path::Path) -> Result<(), String> {
+    #[cfg(unix)]
+    {
+        let need = std::fs::metadata(dir.join(crate::store::DB_FILE))
+            .map_or(0, |m| m.len())
+            .saturating_add(ROOM_SPARE_BYTES);
+        if let Ok(st) = rustix::fs::statvfs(dir) {
+            let free = st.f_bavail.saturating_mul(st.f_frsize);
+            if free < need {
+                return Err(format!(
+                    "the data directory has {} MiB free; a snapshot of this node needs about {} MiB \
+                     there (the database's size plus {} MiB for the node's own writes)",
+                    free >> 20,
+                    need >> 20,
+                    ROOM_SPARE_BYTES >> 20
+                ));
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
+}
+
 /// What the preparing task hands the response: the open (already unlinked) snapshot file,
 /// its size and header, and the permit, which travels on with the body.
 type Prepared = (
@@ -70,9 +101,14 @@ fn failed(message: String) -> Response {
 async fn prepare(
     node: crate::Node,
     permit: tokio::sync::OwnedSemaphorePermit,
-) -> Result<Prepared, String> {
+) -> Result<Prepared, Response> {
     let dir = node.config().data_dir.clone();
     remove_leftovers(&dir);
+    if let Err(message) = check_room(&dir) {
+        return Err(
+            ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "no_room", message).into_response(),
+        );
+    }
     let path = dir.join(format!("{TEMP_PREFIX}{}.tmsnap", uuid::Uuid::new_v4()));
     let written = node.snapshot(&path).await;
     let opened = match &written {
@@ -81,12 +117,13 @@ async fn prepare(
     };
     // Whatever happened, the name goes: an open file keeps its bytes until it is closed.
     let _ = std::fs::remove_file(&path);
-    let info = written.map_err(|e| format!("the snapshot could not be taken: {e}"))?;
-    let unreadable = |e: std::io::Error| format!("cannot read the snapshot just written: {e}");
+    let info = written.map_err(|e| failed(format!("the snapshot could not be taken: {e}")))?;
+    let unreadable =
+        |e: std::io::Error| failed(format!("cannot read the snapshot just written: {e}"));
     let file = match opened {
         Some(Ok(f)) => f,
         Some(Err(e)) => return Err(unreadable(e)),
-        None => return Err("the snapshot was not written".into()),
+        None => return Err(failed("the snapshot was not written".into())),
     };
     let len = file.metadata().await.map_err(unreadable)?.len();
     Ok((file, len, info, permit))
@@ -116,9 +153,9 @@ pub(crate) async fn get_snapshot(State(state): State<AppState>, method: Method) 
     let (mut file, len, info, permit) =
         match tokio::spawn(prepare(state.node.clone(), permit)).await {
             Ok(Ok(p)) => p,
-            Ok(Err(message)) => {
-                tracing::error!(error = %message, "snapshot over HTTP failed");
-                return failed(message);
+            Ok(Err(resp)) => {
+                tracing::error!(status = %resp.status(), "snapshot over HTTP failed");
+                return resp;
             }
             Err(e) => return failed(format!("the snapshot task failed: {e}")),
         };
