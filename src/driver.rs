@@ -3,7 +3,7 @@
 //! It takes every write waiting in its queue, commits them as one durable transaction (group
 //! commit), and only then acknowledges each caller and publishes the changes to watchers.
 
-use crate::apply::Rejected;
+use crate::model::Rejected;
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::{Delta, StateChunk};

@@ -6,7 +6,7 @@
 //!
 //! Layers, lowest first (each may use only those before it):
 //! [`tidemark_crdts`] (pure lattices) → [`model`], [`config`], [`codec`] → [`proto`] (sans-IO
-//! replication core) → [`apply`] + [`store`] (redb) → [`node`] (the embedded `Node`).
+//! replication core) → [`admission`] + [`store`] (redb) → [`node`] (the embedded `Node`).
 //!
 //! ## Example
 //! ```
@@ -27,9 +27,10 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-pub mod apply;
+pub mod admission;
 pub mod codec;
 pub mod config;
+pub mod limits;
 mod driver;
 pub mod error;
 pub mod http;

@@ -110,3 +110,99 @@ impl DotSlice {
         }
     }
 }
+
+/// Why a remote delta or chunk was rejected. Nothing of it was applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejected {
+    /// A key name is empty, too long or holds control characters.
+    #[error("invalid key name {name:?}: {why}")]
+    KeyName {
+        /// The name (truncated for display).
+        name: String,
+        /// What is wrong.
+        why: &'static str,
+    },
+    /// An entry's variant does not match its key's type.
+    #[error("entry for {key} holds a {found} payload")]
+    KindMismatch {
+        /// The key.
+        key: String,
+        /// The payload's kind.
+        found: &'static str,
+    },
+    /// An entry is not canonical (unsorted dots, empty children).
+    #[error("entry for {key} is not canonical")]
+    NotCanonical {
+        /// The key.
+        key: String,
+    },
+    /// A dot of the store is outside the delta's context (invariant I3).
+    #[error("entry for {key} holds a dot outside the delta's context")]
+    DotOutsideContext {
+        /// The key.
+        key: String,
+    },
+    /// A value or element is over its size limit.
+    #[error("value of {key} is {len} bytes, over the limit of {limit}")]
+    ValueTooLarge {
+        /// The key.
+        key: String,
+        /// The size.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The delta claims dots of this replica that it never issued (it would poison `next_dot`).
+    #[error("delta claims own dot {claimed} above the local counter {local}")]
+    ForgedOwnDot {
+        /// The highest own seq claimed.
+        claimed: u64,
+        /// The local counter.
+        local: u64,
+    },
+    /// A set element or register value is not the canonical JSON text a local write stores
+    /// (not JSON at all, or a set element that is not a string, number or boolean).
+    #[error("value of {key} is not canonical JSON")]
+    NotJson {
+        /// The key.
+        key: String,
+    },
+    /// A dot appears twice in the delta or chunk (under two keys, or twice in one entry):
+    /// correct replicas give every write its own dot.
+    #[error("dot {dot:?} appears twice (under {key})")]
+    DuplicateDot {
+        /// The dot.
+        dot: tidemark_crdts::Dot,
+        /// The key of its second appearance.
+        key: String,
+    },
+    /// A chunk's range or entries are inconsistent.
+    #[error("state chunk is malformed: {0}")]
+    BadChunk(&'static str),
+    /// Dedup marks are malformed (a stream or source name outside 1..=`key_bytes_max` bytes
+    /// or holding control characters, or a source with no seqs).
+    #[error("dedup marks are malformed: {0}")]
+    BadMarks(&'static str),
+}
+
+/// Encoded bytes of one context or dedup range at most (replica index, two varint u64s) plus
+/// a share of the replica table.
+pub(crate) const RANGE_BYTES: usize = 40;
+
+/// Bytes a dedup mark adds besides its stream and source names.
+pub(crate) const MARK_OVERHEAD_BYTES: usize = 48;
+
+/// Bytes a dedup entry costs in a message (estimate).
+pub(crate) fn marks_bytes(stream: &str, source: &str, seqs: &tidemark_crdts::IntervalSet) -> usize {
+    stream.len() + source.len() + MARK_OVERHEAD_BYTES + seqs.ranges().len() * RANGE_BYTES
+}
+
+/// The reserved key namespace: prefix of view cell keys (written only by views).
+pub const VIEW_PREFIX: &str = "~view/";
+/// Prefix of watermark announcement keys.
+pub const WM_PREFIX: &str = "~wm/";
+
+/// True for key names only views may write (client ops naming them are refused).
+pub fn is_reserved(name: &str) -> bool {
+    name.starts_with(VIEW_PREFIX) || name.starts_with(WM_PREFIX)
+}

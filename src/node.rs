@@ -1,7 +1,7 @@
 //! The embedded node: open a data directory, apply ops and events, read typed values, watch
 //! changes, shut down cleanly. Works fully offline; replication layers on top.
 
-use crate::apply::Rejected;
+use crate::model::Rejected;
 use crate::config::NodeConfig;
 use crate::driver::{Change, CompactReport, Driver, Input, ReplicationStatus};
 use crate::error::Error;
@@ -211,7 +211,7 @@ impl Node {
                 .unwrap_or([7; 8]),
         );
         let core = Replica::new(replication, epoch, seed, store.known_peers());
-        let relaxed = config.durability == crate::config::Durability::Relaxed;
+        let relaxed = config.durability == crate::limits::Durability::Relaxed;
         let durable = crate::driver::DurablePoint::new(&store, relaxed);
         let driver = Driver {
             store,
@@ -221,8 +221,8 @@ impl Node {
             changes: changes.clone(),
             group_ops_max: config.limits.commit_group_ops_max,
             tick: match config.durability {
-                crate::config::Durability::Relaxed => config.relaxed_sync_interval,
-                crate::config::Durability::Immediate => Duration::from_millis(100),
+                crate::limits::Durability::Relaxed => config.relaxed_sync_interval,
+                crate::limits::Durability::Immediate => Duration::from_millis(100),
             },
             durable,
             replica: core,
@@ -823,7 +823,7 @@ impl Node {
             snapshot.as_ref(),
             dir.as_ref(),
             None,
-            &crate::config::Limits::default(),
+            &crate::limits::Limits::default(),
         )?)
     }
 

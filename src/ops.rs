@@ -1,7 +1,7 @@
 //! Operations and events as clients send them (API.md "Operations", "Events"), and their
 //! validation into lattice mutations. Every rejection names the op's index and the field.
 
-use crate::config::Limits;
+use crate::limits::Limits;
 use crate::error::Error;
 use crate::store::{EventId, LocalWrite};
 use serde::{Deserialize, Serialize};
@@ -151,9 +151,9 @@ pub fn validate_op(op: &Op, index: usize, limits: &Limits) -> Result<(Key, Mutat
             ),
         )
     })?;
-    crate::apply::check_key_name(&op.key, limits)
+    crate::admission::check_key_name(&op.key, limits)
         .map_err(|e| invalid(index, "key", e.to_string()))?;
-    if crate::views::keys::is_reserved(&op.key) {
+    if crate::model::is_reserved(&op.key) {
         return Err(invalid(
             index,
             "key",

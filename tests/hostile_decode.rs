@@ -22,7 +22,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseResult, TestRng, TestRunner};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tidemark::Limits;
-use tidemark::apply::{Rejected, validate_chunk, validate_delta};
+use tidemark::admission::{validate_chunk, validate_delta};
+use tidemark::model::Rejected;
 use tidemark::codec::{self, CodecError, FORMAT_VERSION};
 use tidemark::crdts::dotstore::{DotFun, DotMap};
 use tidemark::crdts::{

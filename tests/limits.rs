@@ -648,8 +648,8 @@ fn remote_dedup_marks_are_validated() {
             marks,
         };
         assert!(matches!(
-            tidemark::apply::validate_delta(&delta, &limits, ReplicaId(2), b.ctx()),
-            Err(tidemark::apply::Rejected::BadMarks(_))
+            tidemark::admission::validate_delta(&delta, &limits, ReplicaId(2), b.ctx()),
+            Err(tidemark::model::Rejected::BadMarks(_))
         ));
         let r = b
             .apply_remote_delta(PeerId(1), delta, 1)

@@ -10,7 +10,7 @@
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tidemark::Limits;
-use tidemark::apply::{validate_chunk, validate_delta};
+use tidemark::admission::{validate_chunk, validate_delta};
 use tidemark::codec;
 use tidemark::crdts::{CausalContext, DedupMarks, Hlc, Key, KeyKind, Mutation, ReplicaId, Store};
 use tidemark::model::{Delta, StateChunk};

@@ -187,7 +187,7 @@ fn key_json(key: &Key, value: &Value) -> serde_json::Value {
 }
 
 fn check_name(state: &AppState, name: &str, at: &str) -> Result<(), ApiError> {
-    crate::apply::check_key_name(name, &state.node.config().limits)
+    crate::admission::check_key_name(name, &state.node.config().limits)
         .map_err(|e| ApiError::bad_request("invalid_key", e.to_string()).at(at.to_owned()))
 }
 

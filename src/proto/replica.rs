@@ -6,7 +6,7 @@
 //! passed into every call that needs it. It never reads a clock, never draws OS randomness and
 //! never iterates a `HashMap`: the same inputs give the same outputs, byte for byte.
 
-use crate::apply::Rejected;
+use crate::model::Rejected;
 use crate::proto::peers::{Inflight, Peer, PeerCursor};
 use crate::proto::transfer::{InTransfer, OutTransfer};
 use crate::proto::{ChunkRead, MarksRead, Message, PeerId, StateStore};
@@ -1512,7 +1512,7 @@ pub(crate) fn without_seen(
 #[cfg(test)]
 mod overlay_tests {
     use super::*;
-    use crate::config::Limits;
+    use crate::limits::Limits;
     use crate::proto::tests::TestStore as MemStateStore;
     use tidemark_crdts::{KeyKind, Mutation};
 
@@ -1594,7 +1594,7 @@ mod overlay_tests {
 #[cfg(test)]
 mod origin_tag_tests {
     use super::*;
-    use crate::config::Limits;
+    use crate::limits::Limits;
     use crate::proto::tests::TestStore as MemStateStore;
     use tidemark_crdts::{KeyKind, Mutation};
 

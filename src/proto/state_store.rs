@@ -3,7 +3,7 @@
 //! The durable node implements it over redb tables ([`crate::store::RedbStore`]); tests and
 //! simulations may implement it in memory. Every mutating call is durable when it returns.
 
-use crate::apply::Rejected;
+use crate::model::Rejected;
 use crate::model::{Delta, StateChunk};
 use crate::proto::PeerId;
 use tidemark_crdts::{CausalContext, DedupMarks, Key, ReplicaId};
@@ -79,7 +79,7 @@ pub fn page_marks(
         if after.is_some_and(|a| (&stream, &source) <= (&a.0, &a.1)) {
             continue;
         }
-        let len = crate::store::marks_bytes(&stream, &source, &seqs);
+        let len = crate::model::marks_bytes(&stream, &source, &seqs);
         if page.last.is_some() && bytes.saturating_add(len) > bytes_max {
             page.done = false;
             break;

@@ -3,7 +3,7 @@
 //! with messages moved by hand so each test can drop, hold, forge or reorder exactly the message
 //! it is about.
 
-use crate::config::Limits;
+use crate::limits::Limits;
 use crate::model::Delta;
 use crate::proto::replica::without_seen;
 use crate::proto::{

@@ -178,9 +178,9 @@ pub(crate) struct InTransfer {
 pub(crate) fn merge_chunks(
     held: Vec<StateChunk>,
     last: StateChunk,
-) -> Result<StateChunk, crate::apply::Rejected> {
+) -> Result<StateChunk, crate::model::Rejected> {
     use tidemark_crdts::DotStore;
-    let bad = crate::apply::Rejected::BadChunk;
+    let bad = crate::model::Rejected::BadChunk;
     let mut entries: Vec<(Key, tidemark_crdts::Entry)> = Vec::new();
     let mut marks = tidemark_crdts::DedupMarks::new();
     // A large row in progress: its key and the last dot of the parts seen so far.

@@ -34,12 +34,11 @@ pub use replicate::DeltasSince;
 pub use snapshot::{
     SNAPSHOT_FORMAT, SnapshotInfo, publish_file, restore_snapshot, verify_snapshot,
 };
-pub(crate) use split::marks_bytes;
 pub use split::write_bytes_estimate;
 pub use tables::LogRecord;
 
 use crate::codec;
-use crate::config::{Durability, Limits};
+use crate::limits::{Durability, Limits};
 use crate::proto::PeerId;
 use redb::{Database, ReadableTable, StorageBackend, WriteTransaction};
 use std::collections::BTreeMap;

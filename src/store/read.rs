@@ -7,7 +7,7 @@ use super::tables::{
     DOTS, ELEMS, META, META_CONTEXT, dot_bytes, elem_key, key_bytes, kind_prefix, parse_key,
 };
 use crate::codec;
-use crate::config::Limits;
+use crate::limits::Limits;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use std::ops::Bound;
 use std::sync::Arc;

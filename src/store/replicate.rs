@@ -5,13 +5,15 @@ use super::big_row::BigRow;
 use super::error::StoreError;
 use super::local::append_log;
 use super::rows::{TxnRows, with_txn_rows};
-use super::split::{marks_bytes, split_delta};
+use super::split::split_delta;
+use crate::model::marks_bytes;
 use super::tables::{
     CURSORS, DEDUP, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, META_TRUNCATED,
     dedup_key,
 };
 use super::{RedbStore, meta_put};
-use crate::apply::{self, Rejected};
+use crate::admission;
+use crate::model::Rejected;
 use crate::codec;
 use crate::model::{Delta, StateChunk};
 use crate::proto::{ApplyOutcome, ChunkRead, LogInterval, MarksRead, PeerId, StateStore};
@@ -225,7 +227,7 @@ impl RedbStore {
         now_ms: u64,
     ) -> (tidemark_crdts::Hlc, u64) {
         let mut hlc = self.hlc.clone();
-        let rejected = match apply::max_timestamp(entries) {
+        let rejected = match admission::max_timestamp(entries) {
             Some(ts) => u64::from(hlc.observe(&ts, now_ms).is_err()),
             None => 0,
         };
@@ -373,7 +375,7 @@ impl StateStore for RedbStore {
         cursor: Option<(ReplicaId, u64)>,
         now_ms: u64,
     ) -> Result<Result<ApplyOutcome, Rejected>, StoreError> {
-        if let Err(r) = apply::validate_delta(&delta, &self.options.limits, self.replica, &self.ctx)
+        if let Err(r) = admission::validate_delta(&delta, &self.options.limits, self.replica, &self.ctx)
         {
             self.stats.rejected += 1;
             return Ok(Err(r));
@@ -521,7 +523,7 @@ impl StateStore for RedbStore {
         cursor: Option<(ReplicaId, u64)>,
         now_ms: u64,
     ) -> Result<Result<ApplyOutcome, Rejected>, StoreError> {
-        if let Err(r) = apply::validate_chunk(&chunk, &self.options.limits, self.replica, &self.ctx)
+        if let Err(r) = admission::validate_chunk(&chunk, &self.options.limits, self.replica, &self.ctx)
         {
             self.stats.rejected += 1;
             return Ok(Err(r));
@@ -533,7 +535,7 @@ impl StateStore for RedbStore {
             // Marks come in pages after the rows (issue 11, 2c): every chunk's are joined.
             let marks = chunk.marks.clone();
             s.remote_join(origin, &marks, cursor, observed, |rows, ctx| {
-                apply::join_chunk(rows, ctx, chunk)
+                admission::join_chunk(rows, ctx, chunk)
             })
             .map(Ok)
         })

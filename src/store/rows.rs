@@ -13,7 +13,7 @@ use super::tables::{
     DOTS, ELEMS, ROWS, dot_bytes, dot_key, elem_key, key_bytes, parse_index_value, parse_key,
     set_prefix,
 };
-use crate::apply::KeyRange;
+use crate::admission::KeyRange;
 use crate::codec;
 use redb::{ReadableTable, Table};
 use std::ops::Bound;

@@ -39,7 +39,7 @@ use super::tables::{
 };
 use super::{DB_FILE, RedbStore, meta_put, random_replica_id};
 use crate::codec;
-use crate::config::Limits;
+use crate::limits::Limits;
 use redb::{
     Database, ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata,
     TableDefinition, TableHandle, WriteTransaction,

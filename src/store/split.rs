@@ -7,7 +7,7 @@
 //! carries.
 
 use crate::codec::{self, CodecError};
-use crate::model::Delta;
+use crate::model::{Delta, MARK_OVERHEAD_BYTES, RANGE_BYTES, marks_bytes};
 use crate::store::LocalWrite;
 use tidemark_crdts::{CausalContext, DedupMarks, Dot, DotStore, Entry, IntervalSet, Key, Mutation};
 
@@ -15,12 +15,6 @@ use tidemark_crdts::{CausalContext, DedupMarks, Dot, DotStore, Entry, IntervalSe
 /// its context dots, varints); deliberately generous.
 pub(crate) const OP_OVERHEAD_BYTES: usize = 96;
 
-/// Encoded bytes of one context or dedup range at most (replica index, two varint u64s) plus
-/// a share of the replica table.
-const RANGE_BYTES: usize = 40;
-
-/// Bytes a dedup mark adds besides its stream and source names.
-const MARK_OVERHEAD_BYTES: usize = 48;
 
 /// An upper estimate of the bytes a local write adds to a log record (what
 /// [`crate::ops`] checks against `message_bytes_target` before accepting a write, and what the
@@ -44,10 +38,6 @@ pub fn write_bytes_estimate(w: &LocalWrite) -> usize {
     ops + mark
 }
 
-/// Bytes a dedup entry costs in a message (estimate).
-pub(crate) fn marks_bytes(stream: &str, source: &str, seqs: &IntervalSet) -> usize {
-    stream.len() + source.len() + MARK_OVERHEAD_BYTES + seqs.ranges().len() * RANGE_BYTES
-}
 
 /// The dots of `entry`, ascending.
 fn sorted_dots(entry: &Entry) -> Vec<Dot> {

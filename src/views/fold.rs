@@ -4,7 +4,7 @@
 
 use super::def::{CompiledView, ViewKind};
 use super::keys;
-use crate::config::Limits;
+use crate::limits::Limits;
 use crate::error::Error;
 use crate::ops::{Event, Op};
 use serde::{Deserialize, Serialize};

@@ -11,15 +11,7 @@
 
 use tidemark_crdts::{Entry, Key, KeyKind, Mutation, ReplicaId, Timestamp};
 
-/// Prefix of view cell keys.
-pub const VIEW_PREFIX: &str = "~view/";
-/// Prefix of watermark announcement keys.
-pub const WM_PREFIX: &str = "~wm/";
-
-/// True for key names only views may write.
-pub fn is_reserved(name: &str) -> bool {
-    name.starts_with(VIEW_PREFIX) || name.starts_with(WM_PREFIX)
-}
+pub use crate::model::{VIEW_PREFIX, WM_PREFIX, is_reserved};
 
 /// The key name of a view cell of the definition with `digest`.
 pub fn view_key(view: &str, digest: &str, window_start: Option<u64>, group_json: &str) -> String {

@@ -50,7 +50,7 @@ pub use def::{CompiledView, FieldEquals, Hopping, ViewDef, ViewKind, Window, Win
 pub use fold::{FoldedEvent, StreamEvent, ViewOp};
 pub use read::{ViewCounters, ViewPage, ViewQuery, ViewRow};
 
-use crate::config::Limits;
+use crate::limits::Limits;
 use crate::error::Error;
 use crate::store::LocalWrite;
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,89 +1,17 @@
-//! Validation and join algorithms shared by every [`crate::proto::StateStore`] backend.
+//! Admission of remote input: validation of untrusted deltas, chunks and dedup marks
+//! before any of it reaches state, and the range-scoped join of state-transfer chunks.
 //!
 //! The store-level delta join itself lives in the lattice crate
 //! ([`tidemark_crdts::store::join_delta`]); this module adds what a node needs around it:
 //! validation of untrusted deltas and chunks, and the range-scoped join of state-transfer chunks.
 
-use crate::config::Limits;
-use crate::model::{Delta, StateChunk};
+use crate::limits::Limits;
+use crate::model::{Delta, Rejected, StateChunk};
 use tidemark_crdts::store::JoinOutcome;
 use tidemark_crdts::{
     Causal, CausalContext, DotMap, DotStore, Entry, Key, ReplicaId, Rows, Timestamp,
 };
 
-/// Why a remote delta or chunk was rejected. Nothing of it was applied.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Rejected {
-    /// A key name is empty, too long or holds control characters.
-    #[error("invalid key name {name:?}: {why}")]
-    KeyName {
-        /// The name (truncated for display).
-        name: String,
-        /// What is wrong.
-        why: &'static str,
-    },
-    /// An entry's variant does not match its key's type.
-    #[error("entry for {key} holds a {found} payload")]
-    KindMismatch {
-        /// The key.
-        key: String,
-        /// The payload's kind.
-        found: &'static str,
-    },
-    /// An entry is not canonical (unsorted dots, empty children).
-    #[error("entry for {key} is not canonical")]
-    NotCanonical {
-        /// The key.
-        key: String,
-    },
-    /// A dot of the store is outside the delta's context (invariant I3).
-    #[error("entry for {key} holds a dot outside the delta's context")]
-    DotOutsideContext {
-        /// The key.
-        key: String,
-    },
-    /// A value or element is over its size limit.
-    #[error("value of {key} is {len} bytes, over the limit of {limit}")]
-    ValueTooLarge {
-        /// The key.
-        key: String,
-        /// The size.
-        len: usize,
-        /// The limit.
-        limit: usize,
-    },
-    /// The delta claims dots of this replica that it never issued (it would poison `next_dot`).
-    #[error("delta claims own dot {claimed} above the local counter {local}")]
-    ForgedOwnDot {
-        /// The highest own seq claimed.
-        claimed: u64,
-        /// The local counter.
-        local: u64,
-    },
-    /// A set element or register value is not the canonical JSON text a local write stores
-    /// (not JSON at all, or a set element that is not a string, number or boolean).
-    #[error("value of {key} is not canonical JSON")]
-    NotJson {
-        /// The key.
-        key: String,
-    },
-    /// A dot appears twice in the delta or chunk (under two keys, or twice in one entry):
-    /// correct replicas give every write its own dot.
-    #[error("dot {dot:?} appears twice (under {key})")]
-    DuplicateDot {
-        /// The dot.
-        dot: tidemark_crdts::Dot,
-        /// The key of its second appearance.
-        key: String,
-    },
-    /// A chunk's range or entries are inconsistent.
-    #[error("state chunk is malformed: {0}")]
-    BadChunk(&'static str),
-    /// Dedup marks are malformed (a stream or source name outside 1..=`key_bytes_max` bytes
-    /// or holding control characters, or a source with no seqs).
-    #[error("dedup marks are malformed: {0}")]
-    BadMarks(&'static str),
-}
 
 /// Validates remote dedup marks like local ones: stream and source names 1..=`key_bytes_max`
 /// bytes without control characters, and no empty seq set.
