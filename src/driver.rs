@@ -8,12 +8,13 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::{Delta, StateChunk};
 use crate::proto::replica::{Event as ReplicaEvent, Now, Replica};
-use crate::proto::{ApplyOutcome, ChunkRead, LogInterval, Message, PeerId, StateStore};
+use crate::proto::{ApplyOutcome, ChunkRead, LogInterval, PeerId, StateStore};
+use crate::net::link::{NetEvent, PeerLink};
 use crate::store::{DeltasSince, LocalCommit, LocalWrite, RedbStore, StoreError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 use tidemark_crdts::{CausalContext, DedupMarks, Key, ReplicaId, Value};
 use tokio::sync::{broadcast, oneshot};
@@ -61,43 +62,9 @@ pub(crate) enum Input {
     Shutdown {
         reply: oneshot::Sender<()>,
     },
-    /// A peer became reachable through `outbox` (in-process transport: the peer's own inputs).
-    Connect {
-        peer: PeerId,
-        outbox: Sender<Input>,
-    },
-    /// The peer is no longer reachable.
-    Disconnect {
-        peer: PeerId,
-    },
-    /// An encoded protocol message from a peer.
-    Frame {
-        from: PeerId,
-        bytes: Vec<u8>,
-    },
-    /// An authenticated network peer is connected through `link` (replaces an older link).
-    NetUp {
-        peer: PeerId,
-        link: crate::net::transport::PeerLink,
-    },
-    /// Network link `link` to `peer` ended (ignored if a newer link replaced it).
-    NetDown {
-        peer: PeerId,
-        link: u64,
-    },
-    /// SWIM reports the network peer alive (given to the replica as up once its link is
-    /// connected too) or down (taken down, evicted after the replica's grace period).
-    NetAlive {
-        peer: PeerId,
-        alive: bool,
-    },
-    /// A decoded message from a network peer; `permit` returns its bytes to the connection's
-    /// inbound budget once handled (bounded apply queue).
-    NetMessage {
-        from: PeerId,
-        msg: Box<Message>,
-        permit: tokio::sync::OwnedSemaphorePermit,
-    },
+    /// What the network layer reports: links up and down, SWIM liveness, peer messages
+    /// (QUIC and in-process peers alike: the writer's one peer path).
+    Net(NetEvent),
     /// A read transaction at a durable point, for a snapshot (relaxed commits are made
     /// durable first, so a snapshot never holds what a crash could lose).
     SnapshotRead {
@@ -144,19 +111,17 @@ pub(crate) struct Driver {
     pub(crate) durable: DurablePoint,
     /// The sans-IO replication core this writer drives.
     pub(crate) replica: Replica,
-    /// This node's peer id (what peers call us).
-    pub(crate) me: PeerId,
-    /// Reachable peers: where their frames go.
-    pub(crate) outboxes: BTreeMap<PeerId, Sender<Input>>,
     /// Start of monotonic time for the protocol.
     pub(crate) started: Instant,
     /// Retain at least this many log entries before compacting to the stable frontier.
     pub(crate) log_retain_entries: u64,
-    pub(crate) frames_rejected: u64,
+    /// Frames from peers that could not be decoded (in-process links count here too).
+    pub(crate) frames_rejected: Arc<std::sync::atomic::AtomicU64>,
     pub(crate) frame_bytes_max: usize,
-    /// Network peers: where their frames go.
-    pub(crate) links: BTreeMap<PeerId, crate::net::transport::PeerLink>,
-    /// Network peers SWIM reports alive: only these are up in the replica (with a link).
+    /// Reachable peers (QUIC connections and in-process nodes): where their frames go.
+    pub(crate) links: BTreeMap<PeerId, PeerLink>,
+    /// Peers that are alive (SWIM's verdict for network peers; in-process peers while
+    /// connected): only these are up in the replica (with a link).
     pub(crate) net_alive: std::collections::BTreeSet<PeerId>,
     /// Frees committed groups' writes off the writer thread.
     pub(crate) freer: Freer,
@@ -187,11 +152,7 @@ impl Freer {
     }
 }
 
-pub(crate) fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
+pub(crate) use crate::clock::wall_ms;
 
 impl Driver {
     /// Runs until shutdown or until every sender is gone.
@@ -281,7 +242,7 @@ impl Driver {
         // sync. While a peer is connected they are made durable at the core's next timer (its
         // gossip tick): one forced durable commit per tick at most, then served as usual.
         if self.durable.relaxed
-            && (!self.outboxes.is_empty() || !self.links.is_empty())
+            && !self.links.is_empty()
             && self.store.log_bounds().1 > self.durable.log_end
             && let Err(e) = self.durable.sync(&mut self.store)
         {
@@ -298,34 +259,18 @@ impl Driver {
     /// Sends what the core wants sent and acts on its events (quinn's poll order).
     fn drive_outputs(&mut self) {
         while let Some(t) = self.replica.poll_transmit() {
-            if let Some(link) = self.links.get(&t.to) {
-                match crate::codec::encode("protocol frame", &t.msg) {
-                    Ok(bytes) if bytes.len() <= self.frame_bytes_max => {
-                        if !link.send(bytes) {
-                            self.links.remove(&t.to);
-                        }
-                    }
-                    Ok(bytes) => {
-                        tracing::error!(len = bytes.len(), "frame over the limit not sent")
-                    }
-                    Err(e) => tracing::error!(error = %e, "cannot encode frame"),
-                }
-                continue;
-            }
-            let Some(outbox) = self.outboxes.get(&t.to) else {
+            let Some(link) = self.links.get(&t.to) else {
                 continue; // unreachable peer: like a lost packet; the protocol retransmits
             };
+            debug_assert!(
+                self.frame_bytes_max > 0,
+                "frames are checked against a positive limit"
+            );
             match crate::codec::encode("protocol frame", &t.msg) {
                 Ok(bytes) if bytes.len() <= self.frame_bytes_max => {
-                    if outbox
-                        .send(Input::Frame {
-                            from: self.me,
-                            bytes,
-                        })
-                        .is_err()
-                    {
-                        // The peer's writer is gone (shut down or dropped).
-                        self.outboxes.remove(&t.to);
+                    if !link.send(bytes) {
+                        // The peer is gone (connection closed, or its writer stopped).
+                        self.links.remove(&t.to);
                         let now = self.now();
                         self.replica.peer_down(now, t.to);
                     }
@@ -365,7 +310,9 @@ impl Driver {
                     Metrics::add(&self.metrics.remote_rejected, 1);
                     // A network peer that sends what we refuse is disconnected (it reconnects
                     // and is served again; nothing it sent was applied).
-                    if let Some(link) = self.links.remove(&from) {
+                    if self.links.get(&from).is_some_and(|l| !l.is_local())
+                        && let Some(link) = self.links.remove(&from)
+                    {
                         link.close_hostile(kind);
                         let now = self.now();
                         self.replica.peer_down(now, from);
@@ -482,84 +429,7 @@ impl Driver {
     fn handle(&mut self, input: Input) {
         match input {
             Input::Write { .. } | Input::Shutdown { .. } => {}
-            Input::Connect { peer, outbox } => {
-                self.outboxes.insert(peer, outbox);
-                let now = self.now();
-                let mut served = Served::new(&mut self.store, &mut self.durable);
-                if let Err(e) = self.replica.peer_up(now, peer, &mut served) {
-                    tracing::error!(error = %e, "replication storage failure");
-                }
-            }
-            Input::NetUp { peer, link } => {
-                self.links.insert(peer, link);
-                // Authenticated, but up in the replica only once SWIM reports it alive.
-                if self.net_alive.contains(&peer) {
-                    let now = self.now();
-                    let mut served = Served::new(&mut self.store, &mut self.durable);
-                    if let Err(e) = self.replica.peer_up(now, peer, &mut served) {
-                        tracing::error!(error = %e, "replication storage failure");
-                    }
-                }
-            }
-            Input::NetDown { peer, link } => {
-                if self.links.get(&peer).is_some_and(|l| l.id == link) {
-                    self.links.remove(&peer);
-                    let now = self.now();
-                    self.replica.peer_down(now, peer);
-                }
-            }
-            Input::NetAlive { peer, alive } => {
-                let now = self.now();
-                if alive {
-                    if self.net_alive.insert(peer) && self.links.contains_key(&peer) {
-                        let mut served = Served::new(&mut self.store, &mut self.durable);
-                        if let Err(e) = self.replica.peer_up(now, peer, &mut served) {
-                            tracing::error!(error = %e, "replication storage failure");
-                        }
-                    }
-                } else if self.net_alive.remove(&peer) {
-                    self.replica.member_down(now, peer);
-                }
-            }
-            Input::NetMessage { from, msg, permit } => {
-                if self.links.contains_key(&from) {
-                    let now = self.now();
-                    let mut served = Served::new(&mut self.store, &mut self.durable);
-                    if let Err(e) = self.replica.handle_message(now, from, *msg, &mut served) {
-                        tracing::error!(error = %e, "replication storage failure");
-                    }
-                    self.reidentify_if_restored();
-                    // Act on a refusal before the next message of this peer is handled.
-                    self.drive_outputs();
-                }
-                drop(permit);
-            }
-            Input::Disconnect { peer } => {
-                self.outboxes.remove(&peer);
-                let now = self.now();
-                self.replica.peer_down(now, peer);
-            }
-            Input::Frame { from, bytes } => {
-                match crate::codec::decode::<Message>(
-                    "protocol frame",
-                    &bytes,
-                    self.frame_bytes_max,
-                ) {
-                    Ok(msg) => {
-                        let now = self.now();
-                        let mut served = Served::new(&mut self.store, &mut self.durable);
-                        if let Err(e) = self.replica.handle_message(now, from, msg, &mut served) {
-                            tracing::error!(error = %e, "replication storage failure");
-                        }
-                        self.reidentify_if_restored();
-                    }
-                    Err(e) => {
-                        self.frames_rejected += 1;
-                        Metrics::add(&self.metrics.remote_rejected, 1);
-                        tracing::warn!(?from, error = %e, "undecodable frame dropped");
-                    }
-                }
-            }
+            Input::Net(event) => self.on_net(event),
             Input::SnapshotRead { reply } => {
                 let r = self
                     .durable
@@ -568,12 +438,7 @@ impl Driver {
                 let _ = reply.send(r.map_err(Error::from));
             }
             Input::Status { reply } => {
-                let peers: Vec<PeerId> = self
-                    .outboxes
-                    .keys()
-                    .chain(self.links.keys())
-                    .copied()
-                    .collect();
+                let peers: Vec<PeerId> = self.links.keys().copied().collect();
                 let _ = reply.send(ReplicationStatus {
                     peer_acked: peers
                         .iter()
@@ -582,7 +447,7 @@ impl Driver {
                     peers_connected: peers,
                     log_bounds: self.store.log_bounds(),
                     stats: self.replica.stats().clone(),
-                    frames_rejected: self.frames_rejected,
+                    frames_rejected: self.frames_rejected.load(Ordering::Relaxed),
                 });
             }
             Input::ApplyRemote {
@@ -643,6 +508,61 @@ impl Driver {
         }
     }
 
+    /// The one peer path: a link up or down, liveness, or a message, whatever the transport.
+    fn on_net(&mut self, event: NetEvent) {
+        match event {
+            NetEvent::Up { peer, link } => {
+                // In-process peers are alive while connected; network peers once SWIM says so.
+                if link.is_local() {
+                    self.net_alive.insert(peer);
+                }
+                self.links.insert(peer, link);
+                if self.net_alive.contains(&peer) {
+                    let now = self.now();
+                    let mut served = Served::new(&mut self.store, &mut self.durable);
+                    if let Err(e) = self.replica.peer_up(now, peer, &mut served) {
+                        tracing::error!(error = %e, "replication storage failure");
+                    }
+                }
+            }
+            NetEvent::Down { peer, link } => {
+                if self.links.get(&peer).is_some_and(|l| l.id == link) {
+                    if self.links.remove(&peer).is_some_and(|l| l.is_local()) {
+                        self.net_alive.remove(&peer);
+                    }
+                    let now = self.now();
+                    self.replica.peer_down(now, peer);
+                }
+            }
+            NetEvent::Alive { peer, alive } => {
+                let now = self.now();
+                if alive {
+                    if self.net_alive.insert(peer) && self.links.contains_key(&peer) {
+                        let mut served = Served::new(&mut self.store, &mut self.durable);
+                        if let Err(e) = self.replica.peer_up(now, peer, &mut served) {
+                            tracing::error!(error = %e, "replication storage failure");
+                        }
+                    }
+                } else if self.net_alive.remove(&peer) {
+                    self.replica.member_down(now, peer);
+                }
+            }
+            NetEvent::Message { from, msg, permit } => {
+                if self.links.contains_key(&from) {
+                    let now = self.now();
+                    let mut served = Served::new(&mut self.store, &mut self.durable);
+                    if let Err(e) = self.replica.handle_message(now, from, *msg, &mut served) {
+                        tracing::error!(error = %e, "replication storage failure");
+                    }
+                    self.reidentify_if_restored();
+                    // Act on a refusal before the next message of this peer is handled.
+                    self.drive_outputs();
+                }
+                drop(permit);
+            }
+        }
+    }
+
     /// Acts on the core's evidence that our store is a copy restored under its old replica id
     /// (DESIGN.md D1 c): switches the store to a fresh id and epoch durably — before the next
     /// local write takes a dot, since this runs right after the message that showed it — and
@@ -676,7 +596,7 @@ impl Driver {
             }
         }
         let config = self.replica.config().clone();
-        peers.extend(self.outboxes.keys().chain(self.links.keys()).copied());
+        peers.extend(self.links.keys().copied());
         peers.sort();
         peers.dedup();
         let seed = u64::from_le_bytes(
@@ -685,12 +605,11 @@ impl Driver {
                 .unwrap_or([5; 8]),
         );
         self.replica = Replica::new(config, self.store.epoch(), seed, peers);
-        // Up again: in-process peers, and network peers with a link that SWIM reports alive
-        // (as `NetUp`/`NetAlive` do).
+        // Up again: the peers with a link that are alive (as `NetEvent::Up`/`Alive` do).
         let up: Vec<PeerId> = self
-            .outboxes
+            .links
             .keys()
-            .chain(self.links.keys().filter(|p| self.net_alive.contains(p)))
+            .filter(|p| self.net_alive.contains(p))
             .copied()
             .collect();
         let now = self.now();

@@ -28,6 +28,7 @@
 #![deny(missing_docs)]
 
 pub mod admission;
+mod clock;
 pub mod codec;
 pub mod config;
 pub mod limits;

@@ -7,6 +7,7 @@ use crate::driver::{Change, CompactReport, Driver, Input, ReplicationStatus};
 use crate::error::Error;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::model::Delta;
+use crate::net::link::{EventSink, LinkLimits, NetEvent, PeerLink};
 use crate::net::transport::Net;
 use crate::net::{NetError, NetOptions, NetStatus, TlsDir, certs};
 use crate::ops::{self, Event, Op};
@@ -113,6 +114,10 @@ struct Shared {
     views: Arc<crate::views::Views>,
     /// The peer network endpoint, once [`Node::listen`] was called.
     net: Mutex<Option<Arc<crate::net::transport::Net>>>,
+    /// Frames from peers that could not be decoded (shared with in-process links to us).
+    frames_rejected: Arc<std::sync::atomic::AtomicU64>,
+    /// Our in-process links (`Node::connect`): peer → link id, to take the link down.
+    local_links: Mutex<std::collections::BTreeMap<PeerId, u64>>,
 }
 
 impl Drop for Shared {
@@ -200,7 +205,6 @@ impl Node {
             store.set_remote_filter(Arc::new(move |key: &Key| views.keep_remote(key)));
         }
         let epoch = store.epoch();
-        let me = peer_id_of(replica);
         let mut replication = config.replication.clone();
         replication.message_bytes_target = replication
             .message_bytes_target
@@ -212,6 +216,7 @@ impl Node {
         );
         let core = Replica::new(replication, epoch, seed, store.known_peers());
         let relaxed = config.durability == crate::limits::Durability::Relaxed;
+        let frames_rejected = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let durable = crate::driver::DurablePoint::new(&store, relaxed);
         let driver = Driver {
             store,
@@ -226,11 +231,9 @@ impl Node {
             },
             durable,
             replica: core,
-            me,
-            outboxes: std::collections::BTreeMap::new(),
             started: std::time::Instant::now(),
             log_retain_entries: config.log_retain_entries,
-            frames_rejected: 0,
+            frames_rejected: Arc::clone(&frames_rejected),
             frame_bytes_max: config.limits.frame_bytes_max,
             links: std::collections::BTreeMap::new(),
             net_alive: std::collections::BTreeSet::new(),
@@ -254,6 +257,8 @@ impl Node {
                 thread: Mutex::new(Some(thread)),
                 views,
                 net: Mutex::new(None),
+                frames_rejected,
+                local_links: Mutex::new(std::collections::BTreeMap::new()),
             }),
         };
         if node.shared.views.needs_maintenance() {
@@ -301,20 +306,22 @@ impl Node {
     /// # Errors
     /// [`Error::Closed`] if either node is shut down.
     pub fn connect(&self, other: &Node) -> Result<(), Error> {
-        let (mine, theirs) = (self.input_sender()?, other.input_sender()?);
         for (a, b) in [(self, other), (other, self)] {
             if let Ok(mut met) = a.shared.views.met.lock() {
                 met.insert(b.peer_id());
             }
         }
-        self.send(Input::Connect {
-            peer: other.peer_id(),
-            outbox: theirs,
-        })?;
-        other.send(Input::Connect {
-            peer: self.peer_id(),
-            outbox: mine,
-        })
+        for (from, to) in [(self, other), (other, self)] {
+            let link = PeerLink::local(from.peer_id(), to.event_sink()?, to.link_limits());
+            if let Ok(mut links) = from.shared.local_links.lock() {
+                links.insert(to.peer_id(), link.id);
+            }
+            from.send(Input::Net(NetEvent::Up {
+                peer: to.peer_id(),
+                link,
+            }))?;
+        }
+        Ok(())
     }
 
     /// Disconnects two in-process nodes ("going offline"); each keeps writing locally.
@@ -322,12 +329,35 @@ impl Node {
     /// # Errors
     /// [`Error::Closed`] if either node is shut down.
     pub fn disconnect(&self, other: &Node) -> Result<(), Error> {
-        self.send(Input::Disconnect {
-            peer: other.peer_id(),
-        })?;
-        other.send(Input::Disconnect {
-            peer: self.peer_id(),
-        })
+        for (from, to) in [(self, other), (other, self)] {
+            let link = from
+                .shared
+                .local_links
+                .lock()
+                .ok()
+                .and_then(|mut l| l.remove(&to.peer_id()));
+            if let Some(link) = link {
+                from.send(Input::Net(NetEvent::Down {
+                    peer: to.peer_id(),
+                    link,
+                }))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Where the network layer (and in-process peers) deliver events to this node's writer.
+    fn event_sink(&self) -> Result<EventSink, Error> {
+        let tx = self.input_sender()?;
+        Ok(EventSink::new(move |e| tx.send(Input::Net(e)).is_ok()))
+    }
+
+    /// What an in-process link to this node decodes frames under (as our network would).
+    fn link_limits(&self) -> LinkLimits {
+        LinkLimits {
+            frame_bytes_max: self.shared.config.limits.frame_bytes_max,
+            frames_rejected: Arc::clone(&self.shared.frames_rejected),
+        }
     }
 
     /// Starts this node's peer endpoint (QUIC, mutual TLS) on `addr` — port 0 picks a free
@@ -355,7 +385,7 @@ impl Node {
         tls: TlsDir,
         mut opts: NetOptions,
     ) -> Result<SocketAddr, Error> {
-        let inputs = self.input_sender()?;
+        let events = self.event_sink()?;
         opts.frame_bytes_max = opts
             .frame_bytes_max
             .min(self.shared.config.limits.frame_bytes_max);
@@ -369,7 +399,7 @@ impl Node {
                 .unwrap_or([9; 8]),
         );
         let member = (self.shared.replica.0, self.shared.epoch);
-        let net = Net::start(addr, &tls, opts, inputs, seed, member)?;
+        let net = Net::start(addr, &tls, opts, events, seed, member)?;
         let local = net.local_addr();
         *guard = Some(net);
         Ok(local)

@@ -16,7 +16,7 @@
 //!
 //! # What SWIM decides
 //! Only members SWIM reports alive (and connected) are given to the replica as up peers
-//! ([`crate::driver::Input::NetAlive`]); a member declared down is taken down at once and
+//! (`NetEvent::Alive`); a member declared down is taken down at once and
 //! evicted from the replica after `member_down_grace_ms`. Seeds (`join_peer`) are only for
 //! joining: every new authenticated connection is announced to, and SWIM keeps dialing the
 //! members it probes.
@@ -26,7 +26,7 @@
 
 use super::NetStats;
 use super::transport::Net;
-use crate::driver::Input;
+use super::link::{EventSink, NetEvent};
 use bytes::{Buf, BufMut, Bytes};
 use foca::{AccumulatingRuntime, Foca, Header, Identity, Member, OwnedNotification, State, Timer};
 use rand::SeedableRng;
@@ -290,7 +290,7 @@ impl Membership {
             tx: tx.clone(),
             view: Arc::clone(&view),
             alive: Arc::clone(&alive),
-            inputs: net.inputs.clone(),
+            events: net.events.clone(),
             stats: Arc::clone(&net.stats),
         };
         tokio::spawn(task.run(rx));
@@ -340,7 +340,7 @@ struct Task {
     tx: mpsc::Sender<SwimInput>,
     view: Arc<Mutex<Vec<MemberStatus>>>,
     alive: Arc<Mutex<BTreeMap<String, MemberId>>>,
-    inputs: std::sync::mpsc::Sender<Input>,
+    events: EventSink,
     stats: Arc<NetStats>,
 }
 
@@ -477,7 +477,7 @@ impl Task {
             tracing::info!(member = %id.name, "member down");
         }
         if changed {
-            let _ = self.inputs.send(Input::NetAlive { peer, alive });
+            let _ = self.events.send(NetEvent::Alive { peer, alive });
         }
     }
 }

@@ -15,6 +15,7 @@
 
 pub mod certs;
 mod faults;
+pub(crate) mod link;
 mod membership;
 mod tls;
 pub(crate) mod transport;

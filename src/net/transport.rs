@@ -29,7 +29,7 @@ use super::faults::{Faults, FaultySocket};
 use super::membership::{MemberId, MemberStatus, Membership, SwimOptions};
 use super::tls::{self, DIAL_NAME};
 use super::{NetError, NetStats, NetStatsSnapshot, NetStatus, peer_id_of_name};
-use crate::driver::Input;
+use super::link::{EventSink, NetEvent, PeerLink};
 use crate::proto::{Message, PeerId};
 use bytes::Bytes;
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
@@ -121,39 +121,6 @@ const DATAGRAM_BUFFER_BYTES: usize = 64 * 1024;
 /// SWIM datagrams kept per member while a connection to it is being dialled.
 const PENDING_DATAGRAMS_MAX: usize = 16;
 
-/// The writer thread's handle on one peer connection: a bounded queue of encoded frames and
-/// the means to close the connection. What the driver holds instead of an in-process outbox.
-#[derive(Debug)]
-pub(crate) struct PeerLink {
-    pub(crate) id: u64,
-    outbox: mpsc::Sender<Vec<u8>>,
-    conn: Connection,
-    stats: Arc<NetStats>,
-}
-
-impl PeerLink {
-    /// Queues a frame without waiting; a full queue drops it (counted). `false` when the
-    /// connection is gone.
-    pub(crate) fn send(&self, bytes: Vec<u8>) -> bool {
-        match self.outbox.try_send(bytes) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                NetStats::add(&self.stats.frames_dropped_full, 1);
-                true
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
-        }
-    }
-
-    /// Closes the connection because the peer broke the protocol (counted).
-    pub(crate) fn close_hostile(&self, why: &str) {
-        NetStats::add(&self.stats.peers_disconnected, 1);
-        tracing::warn!(peer = %self.conn.remote_address(), why, "disconnecting a peer");
-        self.conn
-            .close(VarInt::from_u32(close::PROTOCOL), why.as_bytes());
-    }
-}
-
 struct LinkEntry {
     id: u64,
     instance: u64,
@@ -167,7 +134,7 @@ pub(crate) struct Net {
     client: quinn::ClientConfig,
     name: String,
     instance: u64,
-    pub(crate) inputs: std::sync::mpsc::Sender<Input>,
+    pub(crate) events: EventSink,
     opts: NetOptions,
     membership: OnceLock<Membership>,
     /// Addresses being dialled now (one attempt each).
@@ -234,7 +201,7 @@ impl Net {
         addr: SocketAddr,
         tls: &TlsDir,
         mut opts: NetOptions,
-        inputs: std::sync::mpsc::Sender<Input>,
+        events: EventSink,
         seed: u64,
         (replica, epoch): (u128, u64),
     ) -> Result<Arc<Net>, NetError> {
@@ -269,7 +236,7 @@ impl Net {
             client,
             name: tls.name().to_owned(),
             instance: seed,
-            inputs,
+            events,
             opts,
             membership: OnceLock::new(),
             dialing: Mutex::new(BTreeSet::new()),
@@ -287,7 +254,7 @@ impl Net {
             addr: advertised,
             replica,
             epoch,
-            boot_ms: crate::driver::wall_ms(),
+            boot_ms: crate::clock::wall_ms(),
             bump: 0,
         };
         let membership = Membership::start(&net, me, &net.opts.swim, seed);
@@ -518,13 +485,8 @@ impl Net {
         NetStats::add(&self.stats.connections_established, 1);
         let peer = peer_id_of_name(&peer_name);
         let (tx, rx) = mpsc::channel(self.opts.outbox_frames_max.max(1));
-        let link = PeerLink {
-            id,
-            outbox: tx,
-            conn: conn.clone(),
-            stats: Arc::clone(&self.stats),
-        };
-        if self.inputs.send(Input::NetUp { peer, link }).is_err() {
+        let link = PeerLink::quic(id, tx, conn.clone(), Arc::clone(&self.stats));
+        if !self.events.send(NetEvent::Up { peer, link }) {
             conn.close(VarInt::from_u32(close::SHUTDOWN), b"shutdown");
             return Ok(peer_name);
         }
@@ -573,7 +535,7 @@ impl Net {
                 links.remove(&peer_name);
             }
         }
-        let _ = self.inputs.send(Input::NetDown { peer, link: id });
+        let _ = self.events.send(NetEvent::Down { peer, link: id });
         Ok(peer_name)
     }
 
@@ -695,12 +657,12 @@ impl Net {
                 Ok(p) => p,
                 Err(_) => return None,
             };
-            let input = Input::NetMessage {
+            let event = NetEvent::Message {
                 from: peer,
                 msg: Box::new(msg),
-                permit,
+                permit: Some(permit),
             };
-            if self.inputs.send(input).is_err() {
+            if !self.events.send(event) {
                 return None;
             }
         }
