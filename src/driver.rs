@@ -68,7 +68,7 @@ pub(crate) enum Input {
     /// A read transaction at a durable point, for a snapshot (relaxed commits are made
     /// durable first, so a snapshot never holds what a crash could lose).
     SnapshotRead {
-        reply: oneshot::Sender<Result<redb::ReadTransaction, Error>>,
+        reply: oneshot::Sender<Result<crate::store::SnapshotRead, Error>>,
     },
     /// Replication counters.
     Status {

@@ -829,7 +829,7 @@ impl Node {
         let out = out.as_ref().to_path_buf();
         let limits = self.shared.config.limits.clone();
         tokio::task::spawn_blocking(move || {
-            crate::store::snapshot::write_snapshot(&rtxn, &out, &limits, crate::driver::wall_ms())
+            rtxn.write_to(&out, &limits, crate::clock::wall_ms())
         })
         .await
         .map_err(|_| Error::Closed)?

@@ -89,7 +89,7 @@ impl<'de> serde::Deserialize<'de> for CausalContext {
         #[derive(serde::Deserialize)]
         #[serde(rename = "CausalContext")]
         struct Raw {
-            dots: crate::codec::StrictMap<ReplicaId, IntervalSet>,
+            dots: crate::strict_map::StrictMap<ReplicaId, IntervalSet>,
         }
         let raw = Raw::deserialize(d)?;
         if raw.dots.0.iter().any(|(_, s)| s.is_empty()) {

@@ -1091,7 +1091,7 @@ mod serde_impls {
             #[derive(serde::Deserialize)]
             #[serde(rename = "DotMap")]
             #[serde(bound = "K: Ord + Deserialize<'de>, S: Deserialize<'de>")]
-            struct Raw<K, S>(crate::codec::StrictMap<K, S>);
+            struct Raw<K, S>(crate::strict_map::StrictMap<K, S>);
             let entries = Raw::<K, S>::deserialize(d)?.0.0;
             for (k, child) in &entries {
                 if child.is_bottom() {

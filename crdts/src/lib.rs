@@ -51,6 +51,7 @@ pub mod mvreg;
 pub mod orset;
 pub mod replica;
 pub mod store;
+mod strict_map;
 
 pub use context::{CausalContext, DotsExhausted, VersionVector};
 pub use counter::{GCounter, PNCounter};

@@ -932,7 +932,7 @@ impl<'de> serde::Deserialize<'de> for DedupMarks {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(serde::Deserialize)]
         #[serde(rename = "DedupMarks")]
-        struct Raw(crate::codec::StrictMap<(String, String), crate::IntervalSet>);
+        struct Raw(crate::strict_map::StrictMap<(String, String), crate::IntervalSet>);
         let entries = Raw::deserialize(d)?.0.0;
         if entries.iter().any(|(_, s)| s.is_empty()) {
             return Err(serde::de::Error::custom(

@@ -244,7 +244,7 @@ impl HttpServer {
             );
         }
         // Temporary snapshot files a crashed process left (none can be in use yet).
-        snapshot::remove_leftovers(&node.config().data_dir);
+        crate::store::remove_stream_leftovers(&node.config().data_dir);
         let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);
         let config = Arc::new(config);
         let metrics = metrics::HttpMetrics::default();

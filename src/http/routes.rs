@@ -577,7 +577,7 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
                 .to_string(),
             // Which file holds the data (`device:inode`), so `tidemark snapshot --data DIR`
             // can tell it is talking to DIR's own node whatever the path looks like.
-            "data_file": crate::store::file_identity(&node.config().data_dir.join(crate::store::DB_FILE)),
+            "data_file": crate::store::data_file_identity(&node.config().data_dir),
             "log": {"start": log_start, "end": log_end},
             "writes_applied": m.ops_applied,
             "name": net.as_ref().map(|n| n.name.clone()),

@@ -22,59 +22,8 @@ use axum::http::{Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use tokio::io::AsyncReadExt;
 
-/// Prefix of the temporary snapshot files in the data directory.
-const TEMP_PREFIX: &str = ".http-snapshot-";
 /// Bytes read from the file per body chunk.
 const CHUNK_BYTES: usize = 256 * 1024;
-
-/// Removes temporary snapshot files a crashed process left (only while no snapshot runs): the
-/// published ones and the writer's own hidden temporaries of them (`.<name>.tmp-…`).
-pub(crate) fn remove_leftovers(dir: &std::path::Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    let ours = TEMP_PREFIX.trim_start_matches('.');
-    for e in entries.flatten() {
-        if e.file_name()
-            .to_string_lossy()
-            .trim_start_matches('.')
-            .starts_with(ours)
-        {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
-}
-
-/// Free space a snapshot must leave in the data directory besides its own size: the node's
-/// writes go on meanwhile, and a full disk would halt them.
-const ROOM_SPARE_BYTES: u64 = 256 << 20;
-
-/// `Err` with a message when the data directory's filesystem has less free space than the
-/// database (an upper bound of the snapshot's size: it holds the same rows without the log)
-/// plus [`ROOM_SPARE_BYTES`].
-fn check_room(dir: &std::path::Path) -> Result<(), String> {
-    #[cfg(unix)]
-    {
-        let need = std::fs::metadata(dir.join(crate::store::DB_FILE))
-            .map_or(0, |m| m.len())
-            .saturating_add(ROOM_SPARE_BYTES);
-        if let Ok(st) = rustix::fs::statvfs(dir) {
-            let free = st.f_bavail.saturating_mul(st.f_frsize);
-            if free < need {
-                return Err(format!(
-                    "the data directory has {} MiB free; a snapshot of this node needs about {} MiB \
-                     there (the database's size plus {} MiB for the node's own writes)",
-                    free >> 20,
-                    need >> 20,
-                    ROOM_SPARE_BYTES >> 20
-                ));
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = dir;
-    Ok(())
-}
 
 /// What the preparing task hands the response: the open (already unlinked) snapshot file,
 /// its size and header, and the permit, which travels on with the body.
@@ -103,13 +52,13 @@ async fn prepare(
     permit: tokio::sync::OwnedSemaphorePermit,
 ) -> Result<Prepared, Response> {
     let dir = node.config().data_dir.clone();
-    remove_leftovers(&dir);
-    if let Err(message) = check_room(&dir) {
+    crate::store::remove_stream_leftovers(&dir);
+    if let Err(message) = crate::store::check_snapshot_room(&dir) {
         return Err(
             ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "no_room", message).into_response(),
         );
     }
-    let path = dir.join(format!("{TEMP_PREFIX}{}.tmsnap", uuid::Uuid::new_v4()));
+    let path = crate::store::stream_snapshot_path(&dir);
     let written = node.snapshot(&path).await;
     let opened = match &written {
         Ok(_) => Some(tokio::fs::File::open(&path).await),

@@ -187,7 +187,19 @@ impl PeerLink {
         if let Via::Quic { conn, stats, .. } = &self.via {
             NetStats::add(&stats.peers_disconnected, 1);
             tracing::warn!(peer = %conn.remote_address(), why, "disconnecting a peer");
-            conn.close(VarInt::from_u32(super::transport::close::PROTOCOL), why.as_bytes());
+            conn.close(VarInt::from_u32(close::PROTOCOL), why.as_bytes());
         }
     }
+}
+
+/// Close codes sent to a peer (QUIC application error codes).
+pub(crate) mod close {
+    /// The node shuts down.
+    pub(crate) const SHUTDOWN: u32 = 0;
+    /// The peer's claimed name is not the one its certificate names (or no hello came).
+    pub(crate) const IDENTITY: u32 = 1;
+    /// The peer broke the protocol (oversized or undecodable frame, refused message).
+    pub(crate) const PROTOCOL: u32 = 2;
+    /// Another connection to the same peer is kept.
+    pub(crate) const DUPLICATE: u32 = 3;
 }

@@ -25,7 +25,6 @@
 //! 2-byte length, which is what foca's `Codec` needs (one item read per call).
 
 use super::NetStats;
-use super::transport::Net;
 use super::link::{EventSink, NetEvent};
 use bytes::{Buf, BufMut, Bytes};
 use foca::{AccumulatingRuntime, Foca, Header, Identity, Member, OwnedNotification, State, Timer};
@@ -250,9 +249,24 @@ pub(crate) struct Membership {
 
 const INPUT_QUEUE: usize = 1024;
 
+/// What SWIM needs of the transport under it (the QUIC endpoint): datagrams to a member, and
+/// a link to every member it finds alive.
+pub(crate) trait SwimLinks: Send + Sync + 'static {
+    /// Sends one SWIM datagram to member `name` at `addr` (queued until a link exists).
+    fn send_swim(self: &Arc<Self>, name: &str, addr: SocketAddr, bytes: Bytes);
+    /// Makes sure a connection to member `name` at `addr` exists or is being made.
+    fn ensure_link(self: &Arc<Self>, name: &str, addr: SocketAddr);
+}
+
 impl Membership {
-    /// Starts the membership task of `net` as `me`.
-    pub(crate) fn start(net: &Arc<Net>, me: MemberId, opts: &SwimOptions, seed: u64) -> Self {
+    /// Starts the membership task of `net` as `me`, reporting liveness to `events`.
+    pub(crate) fn start<N: SwimLinks>(
+        net: &Arc<N>,
+        (events, stats): (EventSink, Arc<NetStats>),
+        me: MemberId,
+        opts: &SwimOptions,
+        seed: u64,
+    ) -> Self {
         let (tx, rx) = mpsc::channel(INPUT_QUEUE);
         let view = Arc::new(Mutex::new(Vec::new()));
         let alive = Arc::new(Mutex::new(BTreeMap::new()));
@@ -290,8 +304,8 @@ impl Membership {
             tx: tx.clone(),
             view: Arc::clone(&view),
             alive: Arc::clone(&alive),
-            events: net.events.clone(),
-            stats: Arc::clone(&net.stats),
+            events,
+            stats,
         };
         tokio::spawn(task.run(rx));
         Self { tx, view, alive }
@@ -332,8 +346,8 @@ impl Membership {
 
 type SwimFoca = Foca<MemberId, SwimCodec, ChaCha8Rng, foca::NoCustomBroadcast>;
 
-struct Task {
-    net: std::sync::Weak<Net>,
+struct Task<N> {
+    net: std::sync::Weak<N>,
     foca: SwimFoca,
     codec: SwimCodec,
     rt: AccumulatingRuntime<MemberId>,
@@ -344,7 +358,7 @@ struct Task {
     stats: Arc<NetStats>,
 }
 
-impl Task {
+impl<N: SwimLinks> Task<N> {
     async fn run(mut self, mut rx: mpsc::Receiver<SwimInput>) {
         while let Some(input) = rx.recv().await {
             let result = match input {
@@ -456,7 +470,7 @@ impl Task {
         }
     }
 
-    fn set_alive(&mut self, net: &Arc<Net>, id: MemberId, alive: bool) {
+    fn set_alive(&mut self, net: &Arc<N>, id: MemberId, alive: bool) {
         let peer = super::peer_id_of_name(&id.name);
         let changed = match self.alive.lock() {
             Ok(mut a) if alive => a.insert(id.name.clone(), id.clone()).is_none(),

@@ -26,10 +26,10 @@
 
 use super::certs::TlsDir;
 use super::faults::{Faults, FaultySocket};
-use super::membership::{MemberId, MemberStatus, Membership, SwimOptions};
+use super::membership::{MemberId, MemberStatus, Membership, SwimLinks, SwimOptions};
 use super::tls::{self, DIAL_NAME};
 use super::{NetError, NetStats, NetStatsSnapshot, NetStatus, peer_id_of_name};
-use super::link::{EventSink, NetEvent, PeerLink};
+use super::link::{EventSink, NetEvent, PeerLink, close};
 use crate::proto::{Message, PeerId};
 use bytes::Bytes;
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
@@ -39,18 +39,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
-
-/// Close codes sent to a peer (QUIC application error codes).
-pub(crate) mod close {
-    /// The node shuts down.
-    pub(crate) const SHUTDOWN: u32 = 0;
-    /// The peer's claimed name is not the one its certificate names (or no hello came).
-    pub(crate) const IDENTITY: u32 = 1;
-    /// The peer broke the protocol (oversized or undecodable frame, refused message).
-    pub(crate) const PROTOCOL: u32 = 2;
-    /// Another connection to the same peer is kept.
-    pub(crate) const DUPLICATE: u32 = 3;
-}
 
 /// Network options of a node (timeouts and bounds of the transport).
 #[derive(Clone, Debug)]
@@ -257,7 +245,8 @@ impl Net {
             boot_ms: crate::clock::wall_ms(),
             bump: 0,
         };
-        let membership = Membership::start(&net, me, &net.opts.swim, seed);
+        let sinks = (net.events.clone(), Arc::clone(&net.stats));
+        let membership = Membership::start(&net, sinks, me, &net.opts.swim, seed);
         let _ = net.membership.set(membership);
         tokio::spawn(Arc::clone(&net).accept_loop());
         tracing::info!(name = %net.name, %local_addr, %advertised, "peer endpoint listening");
@@ -737,5 +726,15 @@ mod tests {
         let lo: SocketAddr = "127.0.0.1:7801".parse().expect("addr");
         assert_eq!(advertised_addr(lo, None).expect("bound"), lo);
         assert!(advertised_addr(lo, Some(any)).is_err());
+    }
+}
+
+impl SwimLinks for Net {
+    fn send_swim(self: &Arc<Self>, name: &str, addr: SocketAddr, bytes: Bytes) {
+        Net::send_swim(self, name, addr, bytes);
+    }
+
+    fn ensure_link(self: &Arc<Self>, name: &str, addr: SocketAddr) {
+        Net::ensure_link(self, name, addr);
     }
 }

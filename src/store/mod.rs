@@ -22,6 +22,7 @@ mod set_rows_review_tests;
 mod set_rows_tests;
 pub mod snapshot;
 mod split;
+mod stream_snapshot;
 pub(crate) mod tables;
 #[cfg(test)]
 mod test_rng;
@@ -32,9 +33,12 @@ pub use purge::RemoteFilter;
 pub use read::Reader;
 pub use replicate::DeltasSince;
 pub use snapshot::{
-    SNAPSHOT_FORMAT, SnapshotInfo, publish_file, restore_snapshot, verify_snapshot,
+    SNAPSHOT_FORMAT, SnapshotInfo, SnapshotRead, publish_file, restore_snapshot, verify_snapshot,
 };
 pub use split::write_bytes_estimate;
+pub use stream_snapshot::{
+    check_snapshot_room, data_file_identity, remove_stream_leftovers, stream_snapshot_path,
+};
 pub use tables::LogRecord;
 
 use crate::codec;

@@ -227,6 +227,31 @@ impl Drop for TempFile {
     }
 }
 
+/// One point in time of the store, held open for a snapshot: the writer takes it at a
+/// durable point and hands it out, and [`SnapshotRead::write_to`] writes it while writes go on.
+pub struct SnapshotRead(ReadTransaction);
+
+impl SnapshotRead {
+    /// Writes this point in time to the snapshot file `out` (see [`write_snapshot`]).
+    ///
+    /// # Errors
+    /// As [`write_snapshot`].
+    pub(crate) fn write_to(
+        &self,
+        out: &Path,
+        limits: &Limits,
+        wall_ms: u64,
+    ) -> Result<SnapshotInfo, StoreError> {
+        write_snapshot(&self.0, out, limits, wall_ms)
+    }
+}
+
+impl std::fmt::Debug for SnapshotRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SnapshotRead")
+    }
+}
+
 /// Writes the state seen by `rtxn` (a read transaction of a store) as a snapshot at `out`:
 /// temporary file in the same directory, durable commit, verification, rename, directory
 /// fsync. Returns what the snapshot holds.
@@ -514,8 +539,8 @@ impl RedbStore {
     ///
     /// # Errors
     /// Storage failures.
-    pub(crate) fn begin_snapshot_read(&self) -> Result<ReadTransaction, StoreError> {
-        self.db.begin_read().map_err(StoreError::redb)
+    pub(crate) fn begin_snapshot_read(&self) -> Result<SnapshotRead, StoreError> {
+        self.db.begin_read().map(SnapshotRead).map_err(StoreError::redb)
     }
 
     /// Writes a snapshot of the committed state to `out` (see [`write_snapshot`]); the store
@@ -526,7 +551,7 @@ impl RedbStore {
     /// As [`write_snapshot`].
     pub fn snapshot(&self, out: &Path, wall_ms: u64) -> Result<SnapshotInfo, StoreError> {
         let rtxn = self.begin_snapshot_read()?;
-        write_snapshot(&rtxn, out, &self.options.limits, wall_ms)
+        rtxn.write_to(out, &self.options.limits, wall_ms)
     }
 
     /// The seed cursor of a store restored from a snapshot: `(source log id, source log end)`.
