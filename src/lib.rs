@@ -44,7 +44,8 @@ pub mod proto;
 pub mod store;
 pub mod views;
 
-pub use config::{Durability, Limits, NodeConfig};
+pub use config::NodeConfig;
+pub use limits::{Durability, Limits};
 pub use driver::{Change, CompactReport, ReplicationStatus};
 pub use error::Error;
 pub use node::{KeyFilter, Node, Watch, WatchEvent, WriteOutcome};
