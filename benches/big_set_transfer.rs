@@ -34,6 +34,7 @@ fn main() {
                 .map(|i| LocalWrite {
                     ops: vec![(key.clone(), Mutation::Add(format!("\"element-{i:09}\"")))],
                     event: None,
+                    stamps: Vec::new(),
                 })
                 .collect();
             store.commit_local(&writes, 1).expect("commit");

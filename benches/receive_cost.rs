@@ -119,6 +119,7 @@ fn main() {
                 .map(|(k, m)| LocalWrite {
                     ops: vec![(k.clone(), m.clone())],
                     event: None,
+                    stamps: Vec::new(),
                 })
                 .collect();
             store.commit_local(&writes, 0).expect("commit");

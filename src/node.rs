@@ -604,6 +604,7 @@ impl Node {
                 self.shared.replica,
                 coalesce.then_some(&reader),
             );
+            crate::views::keys::stamp_latest_writes(&mut writes);
             guard.pending = Some(self.enqueue(writes)?);
             if let Some(wm) = admitted.new_wm {
                 wms.entry(stream.to_owned()).or_default().wm = Some(wm);

@@ -368,6 +368,7 @@ pub fn validate_ops(ops: &[Op], limits: &Limits) -> Result<Vec<LocalWrite>, Erro
             let w = LocalWrite {
                 ops: vec![(key, mutation)],
                 event,
+                stamps: Vec::new(),
             };
             check_write_size(&w, i, limits)?;
             Ok(w)
@@ -423,6 +424,7 @@ pub fn validate_events(
                     source: ev.source.clone(),
                     seq: ev.seq,
                 }),
+                stamps: Vec::new(),
             };
             check_write_size(&w, i, limits)?;
             Ok(w)

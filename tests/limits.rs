@@ -62,6 +62,7 @@ fn lww(name: &str, value_len: usize, tag: usize) -> LocalWrite {
             tidemark::crdts::Mutation::Set(text(value_len - 2, tag)),
         )],
         event: None,
+        stamps: Vec::new(),
     }
 }
 
@@ -72,6 +73,7 @@ fn set_add(name: &str, elem_len: usize, tag: usize) -> LocalWrite {
             tidemark::crdts::Mutation::Add(text(elem_len - 2, tag)),
         )],
         event: None,
+        stamps: Vec::new(),
     }
 }
 
@@ -87,6 +89,7 @@ fn event(source: &str, seq: u64) -> LocalWrite {
             source: source.into(),
             seq,
         }),
+        stamps: Vec::new(),
     }
 }
 
@@ -351,6 +354,7 @@ fn a_set_larger_than_a_frame_transfers_in_parts_without_losing_dots() {
                 tidemark::crdts::Mutation::Remove(text(ELEM - 2, i)),
             )],
             event: None,
+            stamps: Vec::new(),
         });
     }
     for i in ELEMS..ELEMS + 20 {
@@ -410,6 +414,7 @@ fn a_large_set_of_small_elements_is_transferred_again_in_parts_exactly() {
         writes.push(LocalWrite {
             ops: vec![(key.clone(), tidemark::crdts::Mutation::Remove(text(22, i)))],
             event: None,
+            stamps: Vec::new(),
         });
     }
     for i in N..N + 50 {

@@ -976,7 +976,7 @@ impl Sim {
                     ops.push((k, Mutation::Delete));
                     invalid = true;
                 }
-                LocalWrite { ops, event: None }
+                LocalWrite { ops, event: None, stamps: Vec::new() }
             })
             .collect();
         (writes, invalid)

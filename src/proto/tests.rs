@@ -56,6 +56,7 @@ impl TestStore {
         let write = LocalWrite {
             ops: ops.to_vec(),
             event: None,
+            stamps: Vec::new(),
         };
         let seq = self.0.commit_local(&[write], wall_ms)?.log_seq;
         let seq = seq.expect("a non-empty group is logged");

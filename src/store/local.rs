@@ -20,7 +20,7 @@ use std::sync::Arc;
 use tidemark_crdts::store::mutate_in_place;
 use tidemark_crdts::{
     Causal, CausalContext, DedupMarks, Dot, DotFun, DotMap, DotSet, DotStore, Entry, IntervalSet,
-    Key, KeyKind, Mutation, Rows, Value,
+    Key, KeyKind, Mutation, Rows, Timestamp, Value,
 };
 
 /// Identity of an ingested event: `(stream, source, seq)`; a retry with the same identity is
@@ -43,6 +43,11 @@ pub struct LocalWrite {
     pub ops: Vec<(Key, Mutation)>,
     /// Present for idempotent events and ops carrying `source`/`seq`.
     pub event: Option<EventId>,
+    /// Event stamps, one per op where present (empty: no op is stamped). A stamped op is an
+    /// LWW `Set` written at its stamp instead of the node clock's timestamp, and skipped when
+    /// the key already holds a value stamped at or after it: the register then keeps the
+    /// value of the latest event whatever order events arrive in (what `latest` views use).
+    pub stamps: Vec<Option<Timestamp>>,
 }
 
 /// A write of a commit group refused because its event's seq would open a dedup range beyond
@@ -369,14 +374,19 @@ impl RedbStore {
                     rec.marks.entry(mk).or_default().insert(ev.seq);
                 }
                 duplicate.push(false);
-                for (key, m) in &w.ops {
-                    // A `latest` view write is stamped by its event, not the clock, and
-                    // skipped when a later-stamped value is already there (issue 9).
-                    let stamp = crate::views::keys::event_stamp(key, m);
-                    if let Some(ts) = stamp {
-                        if crate::views::keys::superseded(rows.entry(key)?, ts) {
-                            continue;
-                        }
+                for (i, (key, m)) in w.ops.iter().enumerate() {
+                    // A stamped write is timed by its event, not the clock, and skipped when
+                    // a value stamped at or after it is already there.
+                    let stamp = w
+                        .stamps
+                        .get(i)
+                        .copied()
+                        .flatten()
+                        .filter(|_| key.kind == KeyKind::Lww && matches!(m, Mutation::Set(_)));
+                    if let Some(ts) = stamp
+                        && superseded(rows.entry(key)?, ts)
+                    {
+                        continue;
                     }
                     let dot = ctx
                         .next_dot(me)
@@ -1016,6 +1026,15 @@ impl<'r, 't> GroupRows<'r, 't> {
     }
 }
 
+/// True when `current` already holds an LWW value stamped at or after `ts`: a write stamped
+/// `ts` would not change what the register reads, so it is skipped.
+fn superseded(current: Option<&Entry>, ts: Timestamp) -> bool {
+    match current {
+        Some(Entry::Lww(f)) => f.iter().any(|(_, (t, _))| *t >= ts),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1047,7 +1066,7 @@ mod tests {
         .expect("open b");
         let c = Key::new(KeyKind::GCounter, "c");
         let r = Key::new(KeyKind::Lww, "r");
-        let write = |ops: Vec<(Key, Mutation)>| LocalWrite { ops, event: None };
+        let write = |ops: Vec<(Key, Mutation)>| LocalWrite { ops, event: None, stamps: Vec::new() };
         let value = |s: &RedbStore, k: &Key| s.reader().get(k).expect("read");
         a.commit_local(
             &[write(vec![
@@ -1224,6 +1243,7 @@ mod tests {
                 source: format!("source-{src}"),
                 seq,
             }),
+            stamps: Vec::new(),
         };
         let all: Vec<u64> = (0..sources).collect();
         for chunk in all.chunks(10_000) {
@@ -1299,6 +1319,7 @@ mod tests {
                             source: format!("src{}", seq % 3),
                             seq: seq / 3,
                         }),
+                        stamps: Vec::new(),
                     });
                 }
                 let out = store.commit_local(&writes, 1_000 + group).expect("commit");

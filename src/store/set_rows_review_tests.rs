@@ -70,6 +70,7 @@ fn group_with(store: &mut RedbStore, model: &mut Store, ops: &[(Key, Mutation)],
         .map(|(k, m)| LocalWrite {
             ops: vec![(k.clone(), m.clone())],
             event: None,
+            stamps: Vec::new(),
         })
         .collect();
     let commit = store.commit_local(&writes, 1_000).expect("commit");
@@ -294,6 +295,7 @@ fn a_remote_delta_removing_thousands_across_sets_and_adding_joins_exactly() {
             .map(|op| LocalWrite {
                 ops: vec![op],
                 event: None,
+                stamps: Vec::new(),
             })
             .collect();
         store.commit_local(&writes, 1_000).expect("commit");
@@ -576,6 +578,7 @@ fn three_replicas_run(seed: u64) {
             batch.push(LocalWrite {
                 ops: w,
                 event: None,
+                stamps: Vec::new(),
             });
         }
         let me = stores[i].replica();
@@ -681,6 +684,7 @@ fn re_add_in_pieces(bytes_max: usize) {
     let writes = vec![LocalWrite {
         ops: many.clone(),
         event: None,
+        stamps: Vec::new(),
     }];
     a.commit_local(&writes, 1_000).expect("commit");
     for (k, m) in &many {

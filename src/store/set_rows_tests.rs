@@ -93,6 +93,7 @@ fn group(
         writes.push(LocalWrite {
             ops: vec![(key, m)],
             event: None,
+            stamps: Vec::new(),
         });
     }
     store.commit_local(&writes, 1_000).expect("commit");
@@ -227,6 +228,7 @@ fn sets_as_element_rows_match_the_reference_through_deltas_reopen_and_transfers(
                 LocalWrite {
                     ops: vec![(set("big"), Mutation::Add(format!("\"a{fa}\"")))],
                     event: None,
+                    stamps: Vec::new(),
                 }
             })
             .collect();
@@ -330,6 +332,7 @@ fn bytes_per_commit(size: u64, adds: u64) -> (f64, f64) {
             .map(|i| LocalWrite {
                 ops: vec![(set("big"), Mutation::Add(format!("\"e{i}\"")))],
                 event: None,
+                stamps: Vec::new(),
             })
             .collect();
         store.commit_local(&writes, 1_000).expect("fill");
@@ -341,6 +344,7 @@ fn bytes_per_commit(size: u64, adds: u64) -> (f64, f64) {
                 &[LocalWrite {
                     ops: vec![(set("big"), m)],
                     event: None,
+                    stamps: Vec::new(),
                 }],
                 1_000,
             )

@@ -9,7 +9,7 @@
 //!
 //! Client ops may not name keys under these prefixes ([`is_reserved`]).
 
-use tidemark_crdts::{Entry, Key, KeyKind, Mutation, ReplicaId, Timestamp};
+use tidemark_crdts::{Key, KeyKind, Mutation, ReplicaId, Timestamp};
 
 pub use crate::model::{VIEW_PREFIX, WM_PREFIX, is_reserved};
 
@@ -170,12 +170,15 @@ pub fn event_stamp(key: &Key, m: &Mutation) -> Option<Timestamp> {
     ))
 }
 
-/// True when `current` already holds a value stamped at or after `ts`: the write would not
-/// change what `latest` reads, so it is skipped (writing it would overwrite the later value).
-pub fn superseded(current: Option<&Entry>, ts: Timestamp) -> bool {
-    match current {
-        Some(Entry::Lww(f)) => f.iter().any(|(_, (t, _))| *t >= ts),
-        _ => false,
+/// Attaches to every `latest` view write of `writes` its event stamp
+/// ([`crate::store::LocalWrite::stamps`]): the store writes it at that timestamp and skips it
+/// when a later-stamped value is already there, reading no view value itself.
+pub fn stamp_latest_writes(writes: &mut [crate::store::LocalWrite]) {
+    for w in writes {
+        if !w.ops.iter().any(|(k, m)| event_stamp(k, m).is_some()) {
+            continue;
+        }
+        w.stamps = w.ops.iter().map(|(k, m)| event_stamp(k, m)).collect();
     }
 }
 

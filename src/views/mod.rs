@@ -406,6 +406,7 @@ impl Views {
                 )),
             )],
             event: None,
+            stamps: Vec::new(),
         }
     }
 
@@ -459,7 +460,7 @@ impl Views {
                 self.skip_present(&mut ops, r);
             }
             if !ops.is_empty() {
-                writes.push(LocalWrite { ops, event: None });
+                writes.push(LocalWrite { ops, event: None, stamps: Vec::new() });
             }
         }
         if let Some(m) = max_wm {

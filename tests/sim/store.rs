@@ -68,6 +68,7 @@ impl SimStore {
         let write = LocalWrite {
             ops: ops.to_vec(),
             event,
+            stamps: Vec::new(),
         };
         let commit = self.db.commit_local(&[write], wall_ms)?;
         let Some(seq) = commit.log_seq else {
