@@ -33,7 +33,9 @@ fn main() {
     let rate = env_u64("BENCH_RATE", 10).max(1);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
-        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("tempdir")).collect();
+        let dirs: Vec<_> = (0..3)
+            .map(|_| tempfile::tempdir().expect("tempdir"))
+            .collect();
         let mut nodes = Vec::new();
         for d in &dirs {
             nodes.push(Node::open(NodeConfig::new(d.path())).await.expect("open"));

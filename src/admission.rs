@@ -12,7 +12,6 @@ use tidemark_crdts::{
     Causal, CausalContext, DotMap, DotStore, Entry, Key, ReplicaId, Rows, Timestamp,
 };
 
-
 /// Validates remote dedup marks like local ones: stream and source names 1..=`key_bytes_max`
 /// bytes without control characters, and no empty seq set.
 ///

@@ -3,13 +3,13 @@
 //! It takes every write waiting in its queue, commits them as one durable transaction (group
 //! commit), and only then acknowledges each caller and publishes the changes to watchers.
 
-use crate::model::Rejected;
 use crate::error::Error;
 use crate::metrics::Metrics;
+use crate::model::Rejected;
 use crate::model::{Delta, StateChunk};
+use crate::net::link::{NetEvent, PeerLink};
 use crate::proto::replica::{Event as ReplicaEvent, Now, Replica};
 use crate::proto::{ApplyOutcome, ChunkRead, LogInterval, PeerId, StateStore};
-use crate::net::link::{NetEvent, PeerLink};
 use crate::store::{DeltasSince, LocalCommit, LocalWrite, RedbStore, StoreError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -262,10 +262,6 @@ impl Driver {
             let Some(link) = self.links.get(&t.to) else {
                 continue; // unreachable peer: like a lost packet; the protocol retransmits
             };
-            debug_assert!(
-                self.frame_bytes_max > 0,
-                "frames are checked against a positive limit"
-            );
             match crate::codec::encode("protocol frame", &t.msg) {
                 Ok(bytes) if bytes.len() <= self.frame_bytes_max => {
                     if !link.send(bytes) {
@@ -277,7 +273,14 @@ impl Driver {
                 }
                 Ok(bytes) => {
                     // By the size invariants this cannot happen; if it does, it is an error
-                    // counted in metrics, not only a trace line.
+                    // counted in metrics, not only a trace line (and a failed test build).
+                    debug_assert!(
+                        false,
+                        "a {} frame of {} bytes is over frame_bytes_max {}",
+                        t.msg.kind(),
+                        bytes.len(),
+                        self.frame_bytes_max
+                    );
                     Metrics::add(&self.metrics.frames_oversize, 1);
                     tracing::error!(
                         len = bytes.len(),

@@ -1,12 +1,12 @@
 //! The embedded node: open a data directory, apply ops and events, read typed values, watch
 //! changes, shut down cleanly. Works fully offline; replication layers on top.
 
-use crate::model::Rejected;
 use crate::config::NodeConfig;
 use crate::driver::{Change, CompactReport, Driver, Input, ReplicationStatus};
 use crate::error::Error;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::model::Delta;
+use crate::model::Rejected;
 use crate::net::link::{EventSink, LinkLimits, NetEvent, PeerLink};
 use crate::net::transport::Net;
 use crate::net::{NetError, NetOptions, NetStatus, TlsDir, certs};
@@ -829,12 +829,10 @@ impl Node {
         let rtxn = rx.await.map_err(|_| Error::Closed)??;
         let out = out.as_ref().to_path_buf();
         let limits = self.shared.config.limits.clone();
-        tokio::task::spawn_blocking(move || {
-            rtxn.write_to(&out, &limits, crate::clock::wall_ms())
-        })
-        .await
-        .map_err(|_| Error::Closed)?
-        .map_err(Error::from)
+        tokio::task::spawn_blocking(move || rtxn.write_to(&out, &limits, crate::clock::wall_ms()))
+            .await
+            .map_err(|_| Error::Closed)?
+            .map_err(Error::from)
     }
 
     /// Creates the data directory `dir` from a snapshot file, under a NEW replica id (and an

@@ -1,8 +1,8 @@
 //! Operations and events as clients send them (API.md "Operations", "Events"), and their
 //! validation into lattice mutations. Every rejection names the op's index and the field.
 
-use crate::limits::Limits;
 use crate::error::Error;
+use crate::limits::Limits;
 use crate::store::{EventId, LocalWrite};
 use serde::{Deserialize, Serialize};
 use tidemark_crdts::{Key, KeyKind, Mutation};

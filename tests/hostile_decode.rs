@@ -23,12 +23,12 @@ use proptest::test_runner::{Config, RngAlgorithm, TestCaseResult, TestRng, TestR
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tidemark::Limits;
 use tidemark::admission::{validate_chunk, validate_delta};
-use tidemark::model::Rejected;
 use tidemark::codec::{self, CodecError, FORMAT_VERSION};
 use tidemark::crdts::dotstore::{DotFun, DotMap};
 use tidemark::crdts::{
     Causal, CausalContext, DedupMarks, Dot, Entry, Hlc, Key, KeyKind, Mutation, ReplicaId, Store,
 };
+use tidemark::model::Rejected;
 use tidemark::model::{Delta, StateChunk};
 use tidemark::ops::{Op, validate_ops};
 use tidemark::proto::Message;

@@ -21,33 +21,80 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // Admission of remote input (validation before anything reaches state).
     ("admission", &["model", "limits", "proto", "codec"]),
     // Storage (redb) and the network (quinn): neither knows the other.
-    ("store", &["model", "limits", "proto", "admission", "codec", "clock"]),
+    (
+        "store",
+        &["model", "limits", "proto", "admission", "codec", "clock"],
+    ),
     ("net", &["model", "limits", "proto", "codec", "clock"]),
     // The crate's error type wraps the storage and network errors.
     ("error", &["store", "net", "model", "limits", "codec"]),
     // Client operations, then stream views over them.
-    ("ops", &["error", "store", "model", "limits", "admission", "codec"]),
-    ("views", &["ops", "error", "store", "proto", "model", "limits", "codec", "clock"]),
+    (
+        "ops",
+        &["error", "store", "model", "limits", "admission", "codec"],
+    ),
+    (
+        "views",
+        &[
+            "ops", "error", "store", "proto", "model", "limits", "codec", "clock",
+        ],
+    ),
     ("config", &["limits", "proto", "views"]),
     // The single writer thread: storage + replication core + network links.
     (
         "driver",
-        &["store", "proto", "net", "error", "metrics", "model", "codec", "admission", "limits", "clock"],
+        &[
+            "store",
+            "proto",
+            "net",
+            "error",
+            "metrics",
+            "model",
+            "codec",
+            "admission",
+            "limits",
+            "clock",
+        ],
     ),
     // The embedded node: everything below.
     (
         "node",
         &[
-            "config", "driver", "error", "metrics", "model", "net", "ops", "proto", "store",
-            "views", "admission", "limits", "codec", "clock",
+            "config",
+            "driver",
+            "error",
+            "metrics",
+            "model",
+            "net",
+            "ops",
+            "proto",
+            "store",
+            "views",
+            "admission",
+            "limits",
+            "codec",
+            "clock",
         ],
     ),
     // The HTTP API: the node and the types it serves.
     (
         "http",
         &[
-            "node", "ops", "views", "net", "proto", "store", "admission", "error", "metrics",
-            "driver", "model", "limits", "config", "codec", "clock",
+            "node",
+            "ops",
+            "views",
+            "net",
+            "proto",
+            "store",
+            "admission",
+            "error",
+            "metrics",
+            "driver",
+            "model",
+            "limits",
+            "config",
+            "codec",
+            "clock",
         ],
     ),
 ];
@@ -201,7 +248,11 @@ fn every_crate_import_follows_the_layer_table() {
     let mut files = Vec::new();
     rust_files(&src, &mut files);
     files.sort();
-    assert!(files.len() > 40, "found only {} files under src/", files.len());
+    assert!(
+        files.len() > 40,
+        "found only {} files under src/",
+        files.len()
+    );
     let mut violations = Vec::new();
     let mut back_up_used = BTreeSet::new();
     for path in &files {
@@ -214,7 +265,9 @@ fn every_crate_import_follows_the_layer_table() {
         }
         let shown = format!("src/{}", rel.display());
         let Some(deps) = allowed.get(module.as_str()) else {
-            violations.push(format!("{shown}: module `{module}` is not in the layer table"));
+            violations.push(format!(
+                "{shown}: module `{module}` is not in the layer table"
+            ));
             continue;
         };
         let text = std::fs::read_to_string(path).expect("readable source");
@@ -254,7 +307,10 @@ fn every_crate_import_follows_the_layer_table() {
         .iter()
         .filter(|(f, m)| !back_up_used.contains(&((*f).to_owned(), (*m).to_owned())))
         .collect();
-    assert!(stale.is_empty(), "BACK_UP entries no longer used: {stale:?}");
+    assert!(
+        stale.is_empty(),
+        "BACK_UP entries no longer used: {stale:?}"
+    );
 }
 
 #[test]
@@ -270,10 +326,16 @@ fn the_layer_table_has_no_circle() {
         if done.contains(m) {
             return;
         }
-        assert!(!stack.contains(&m), "circle in the layer table: {stack:?} -> {m}");
+        assert!(
+            !stack.contains(&m),
+            "circle in the layer table: {stack:?} -> {m}"
+        );
         stack.push(m);
         for d in graph.get(m).copied().unwrap_or_default() {
-            assert!(graph.contains_key(d), "`{m}` may use `{d}`, which the table lacks");
+            assert!(
+                graph.contains_key(d),
+                "`{m}` may use `{d}`, which the table lacks"
+            );
             visit(d, graph, stack, done);
         }
         stack.pop();
@@ -295,7 +357,8 @@ fn the_parser_sees_grouped_and_inline_paths() {
         crate_paths("    let x = crate::views::keys::f(tidemark_crdts::X, $crate::y);"),
         ["views"]
     );
-    let code = "fn a() {}\n#[cfg(test)]\nmod tests {\n    use crate::store::X;\n}\nuse crate::net::Y;\n";
+    let code =
+        "fn a() {}\n#[cfg(test)]\nmod tests {\n    use crate::store::X;\n}\nuse crate::net::Y;\n";
     let kept: Vec<_> = code_lines(code).into_iter().map(|(n, _)| n).collect();
     assert_eq!(kept, [1, 6]);
 }

@@ -976,7 +976,11 @@ impl Sim {
                     ops.push((k, Mutation::Delete));
                     invalid = true;
                 }
-                LocalWrite { ops, event: None, stamps: Vec::new() }
+                LocalWrite {
+                    ops,
+                    event: None,
+                    stamps: Vec::new(),
+                }
             })
             .collect();
         (writes, invalid)

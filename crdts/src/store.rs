@@ -523,6 +523,11 @@ pub fn mutate_in_place(
                 removed.push(old);
             }
             f.insert(dot, total);
+            debug_assert_eq!(
+                f.iter().filter(|(d, _)| d.replica == dot.replica).count(),
+                1,
+                "one live counter dot per replica"
+            );
             Ok(())
         }
         (Entry::PNCounter(f), Mutation::Inc(by) | Mutation::Dec(by)) => {
@@ -538,6 +543,11 @@ pub fn mutate_in_place(
                 (p, n.saturating_add(*by))
             };
             f.insert(dot, pair);
+            debug_assert_eq!(
+                f.iter().filter(|(d, _)| d.replica == dot.replica).count(),
+                1,
+                "one live counter dot per replica"
+            );
             Ok(())
         }
         (Entry::ORSet(m), Mutation::Add(e)) => {

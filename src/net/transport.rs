@@ -26,10 +26,10 @@
 
 use super::certs::TlsDir;
 use super::faults::{Faults, FaultySocket};
+use super::link::{EventSink, NetEvent, PeerLink, close};
 use super::membership::{MemberId, MemberStatus, Membership, SwimLinks, SwimOptions};
 use super::tls::{self, DIAL_NAME};
 use super::{NetError, NetStats, NetStatsSnapshot, NetStatus, peer_id_of_name};
-use super::link::{EventSink, NetEvent, PeerLink, close};
 use crate::proto::{Message, PeerId};
 use bytes::Bytes;
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
@@ -705,6 +705,16 @@ pub(crate) async fn read_frame(
     Ok(Some(body))
 }
 
+impl SwimLinks for Net {
+    fn send_swim(self: &Arc<Self>, name: &str, addr: SocketAddr, bytes: Bytes) {
+        Net::send_swim(self, name, addr, bytes);
+    }
+
+    fn ensure_link(self: &Arc<Self>, name: &str, addr: SocketAddr) {
+        Net::ensure_link(self, name, addr);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -726,15 +736,5 @@ mod tests {
         let lo: SocketAddr = "127.0.0.1:7801".parse().expect("addr");
         assert_eq!(advertised_addr(lo, None).expect("bound"), lo);
         assert!(advertised_addr(lo, Some(any)).is_err());
-    }
-}
-
-impl SwimLinks for Net {
-    fn send_swim(self: &Arc<Self>, name: &str, addr: SocketAddr, bytes: Bytes) {
-        Net::send_swim(self, name, addr, bytes);
-    }
-
-    fn ensure_link(self: &Arc<Self>, name: &str, addr: SocketAddr) {
-        Net::ensure_link(self, name, addr);
     }
 }

@@ -280,7 +280,23 @@ impl RedbStore {
                     .map_err(|e| StoreError::InvalidOp(format!("{key}: {e}")))?;
             }
         }
-        self.guarded(|s| s.commit_local_inner(writes, wall_ms))
+        #[cfg(debug_assertions)]
+        let before = (self.log_start, self.log_end, self.ctx.len());
+        let result = self.guarded(|s| s.commit_local_inner(writes, wall_ms));
+        #[cfg(debug_assertions)]
+        {
+            // The context only grows, and the log bounds move only with a commit: its end
+            // never goes back and its start moves only by compaction.
+            let after = (self.log_start, self.log_end, self.ctx.len());
+            debug_assert!(after.2 >= before.2, "context shrank in a local commit");
+            debug_assert_eq!(after.0, before.0, "a local commit moved the log start");
+            debug_assert!(after.1 >= before.1, "a local commit moved the log end back");
+            debug_assert!(
+                result.is_ok() || after.1 == before.1,
+                "a failed local commit moved the log end"
+            );
+        }
+        result
     }
 
     fn commit_local_inner(
@@ -303,144 +319,143 @@ impl RedbStore {
         let changed: Vec<Arc<Key>>;
         let mut marks: GroupMap<(&str, &str), IntervalSet> = GroupMap::default();
         let mut values = Vec::new();
-        let row_cache = {
-            let (mut rows_t, mut elems_t, mut dots_t) = open_state_tables(&txn)?;
-            let mut dedup_t = txn.open_table(DEDUP).map_err(StoreError::redb)?;
-            let mut rows = GroupRows::new(
-                TxnRows {
-                    rows: &mut rows_t,
-                    elems: &mut elems_t,
-                    dots: &mut dots_t,
-                    record_bytes_max: max,
-                },
-                row_cache,
-            );
-            let mut rec = RecordBuilder::new(&ctx, me);
-            let mut changed_rc: Vec<Arc<Key>> = Vec::new();
-            // Records finished before the last one.
-            let mut runs = 0usize;
-            for (index, w) in writes.iter().enumerate() {
-                if let Some(ev) = &w.event {
-                    let mk = (ev.stream.as_str(), ev.source.as_str());
-                    let seen = match marks.entry(mk) {
-                        std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-                        std::collections::hash_map::Entry::Vacant(v) => {
-                            // The writer's copy of the committed marks; the table is read
-                            // only for a source this writer has not seen since open.
-                            let owned = (ev.stream.clone(), ev.source.clone());
-                            let seen = match self.dedup_cache.get(&owned) {
-                                Some(seen) => seen.clone(),
-                                None => match dedup_t
-                                    .get(dedup_key(&ev.stream, &ev.source).as_slice())
-                                    .map_err(StoreError::redb)?
-                                {
-                                    Some(g) => codec::decode("dedup marks", g.value(), max)
-                                        .map_err(|source| StoreError::Codec {
-                                            table: "dedup",
-                                            source,
-                                        })?,
-                                    None => IntervalSet::new(),
-                                },
-                            };
-                            v.insert(seen)
+        let row_cache =
+            {
+                let (mut rows_t, mut elems_t, mut dots_t) = open_state_tables(&txn)?;
+                let mut dedup_t = txn.open_table(DEDUP).map_err(StoreError::redb)?;
+                let mut rows = GroupRows::new(
+                    TxnRows {
+                        rows: &mut rows_t,
+                        elems: &mut elems_t,
+                        dots: &mut dots_t,
+                        record_bytes_max: max,
+                    },
+                    row_cache,
+                );
+                let mut rec = RecordBuilder::new(&ctx, me);
+                let mut changed_rc: Vec<Arc<Key>> = Vec::new();
+                // Records finished before the last one.
+                let mut runs = 0usize;
+                for (index, w) in writes.iter().enumerate() {
+                    if let Some(ev) = &w.event {
+                        let mk = (ev.stream.as_str(), ev.source.as_str());
+                        let seen = match marks.entry(mk) {
+                            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                            std::collections::hash_map::Entry::Vacant(v) => {
+                                // The writer's copy of the committed marks; the table is read
+                                // only for a source this writer has not seen since open.
+                                let owned = (ev.stream.clone(), ev.source.clone());
+                                let seen = match self.dedup_cache.get(&owned) {
+                                    Some(seen) => seen.clone(),
+                                    None => match dedup_t
+                                        .get(dedup_key(&ev.stream, &ev.source).as_slice())
+                                        .map_err(StoreError::redb)?
+                                    {
+                                        Some(g) => codec::decode("dedup marks", g.value(), max)
+                                            .map_err(|source| StoreError::Codec {
+                                                table: "dedup",
+                                                source,
+                                            })?,
+                                        None => IntervalSet::new(),
+                                    },
+                                };
+                                v.insert(seen)
+                            }
+                        };
+                        if seen.contains(ev.seq) {
+                            duplicate.push(true);
+                            continue;
                         }
-                    };
-                    if seen.contains(ev.seq) {
-                        duplicate.push(true);
-                        continue;
+                        if opens_range(seen, ev.seq) && seen.ranges().len() >= ranges_max {
+                            refused.push(DedupRefusal {
+                                index,
+                                source: ev.source.clone(),
+                                ranges: seen.ranges().len(),
+                            });
+                            duplicate.push(false);
+                            continue;
+                        }
                     }
-                    if opens_range(seen, ev.seq) && seen.ranges().len() >= ranges_max {
-                        refused.push(DedupRefusal {
-                            index,
-                            source: ev.source.clone(),
-                            ranges: seen.ranges().len(),
-                        });
-                        duplicate.push(false);
-                        continue;
+                    let estimate = write_bytes_estimate(w);
+                    if rec.bytes > 0 && rec.bytes.saturating_add(estimate) > target {
+                        let (pieces, keys) = rec.finish(&mut rows, me, target)?;
+                        records.extend(pieces);
+                        changed_rc.extend(keys);
+                        runs += 1;
+                        rec = RecordBuilder::new(&ctx, me);
                     }
-                }
-                let estimate = write_bytes_estimate(w);
-                if rec.bytes > 0 && rec.bytes.saturating_add(estimate) > target {
-                    let (pieces, keys) = rec.finish(&mut rows, me, target)?;
-                    records.extend(pieces);
-                    changed_rc.extend(keys);
-                    runs += 1;
-                    rec = RecordBuilder::new(&ctx, me);
-                }
-                rec.bytes = rec.bytes.saturating_add(estimate);
-                if let Some(ev) = &w.event {
-                    let mk = (ev.stream.as_str(), ev.source.as_str());
-                    marks.entry(mk).or_default().insert(ev.seq);
-                    rec.marks.entry(mk).or_default().insert(ev.seq);
-                }
-                duplicate.push(false);
-                for (i, (key, m)) in w.ops.iter().enumerate() {
-                    // A stamped write is timed by its event, not the clock, and skipped when
-                    // a value stamped at or after it is already there.
-                    let stamp = w
-                        .stamps
-                        .get(i)
-                        .copied()
-                        .flatten()
-                        .filter(|_| key.kind == KeyKind::Lww && matches!(m, Mutation::Set(_)));
-                    if let Some(ts) = stamp
-                        && superseded(rows.entry(key)?, ts)
-                    {
-                        continue;
+                    rec.bytes = rec.bytes.saturating_add(estimate);
+                    if let Some(ev) = &w.event {
+                        let mk = (ev.stream.as_str(), ev.source.as_str());
+                        marks.entry(mk).or_default().insert(ev.seq);
+                        rec.marks.entry(mk).or_default().insert(ev.seq);
                     }
-                    let dot = ctx
-                        .next_dot(me)
-                        .map_err(|e| StoreError::Exhausted(e.to_string()))?;
-                    let ts = (stamp.is_none()
-                        && key.kind == KeyKind::Lww
-                        && matches!(m, Mutation::Set(_)))
-                    .then(|| hlc.now(wall_ms))
-                    .transpose()
-                    .map_err(|e| StoreError::Exhausted(e.to_string()))?
-                    .or(stamp);
-                    // In place: the join of the op's delta (its context is `dot` plus the
-                    // dots it overwrote, all of this key's entry; `rec.dots` gets the latter,
-                    // `dot` is in the record's fresh range).
-                    let k = rows.apply_local(key, m, dot, ts, &mut rec.dots)?;
-                    ctx.insert(dot);
-                    rec.last = dot.seq;
-                    if let Some(k) = k {
-                        rec.keys.push(k);
+                    duplicate.push(false);
+                    for (i, (key, m)) in w.ops.iter().enumerate() {
+                        // A stamped write is timed by its event, not the clock, and skipped when
+                        // a value stamped at or after it is already there.
+                        let stamp =
+                            w.stamps.get(i).copied().flatten().filter(|_| {
+                                key.kind == KeyKind::Lww && matches!(m, Mutation::Set(_))
+                            });
+                        if let Some(ts) = stamp
+                            && superseded(rows.entry(key)?, ts)
+                        {
+                            continue;
+                        }
+                        let dot = ctx
+                            .next_dot(me)
+                            .map_err(|e| StoreError::Exhausted(e.to_string()))?;
+                        let ts = (stamp.is_none()
+                            && key.kind == KeyKind::Lww
+                            && matches!(m, Mutation::Set(_)))
+                        .then(|| hlc.now(wall_ms))
+                        .transpose()
+                        .map_err(|e| StoreError::Exhausted(e.to_string()))?
+                        .or(stamp);
+                        // In place: the join of the op's delta (its context is `dot` plus the
+                        // dots it overwrote, all of this key's entry; `rec.dots` gets the latter,
+                        // `dot` is in the record's fresh range).
+                        let k = rows.apply_local(key, m, dot, ts, &mut rec.dots)?;
+                        ctx.insert(dot);
+                        rec.last = dot.seq;
+                        if let Some(k) = k {
+                            rec.keys.push(k);
+                        }
                     }
                 }
-            }
-            let (pieces, keys) = rec.finish(&mut rows, me, target)?;
-            records.extend(pieces);
-            changed_rc.extend(keys);
-            if runs > 0 {
-                // Several records: their ascending key lists merged (a stable sort merges runs).
-                changed_rc.sort();
-                changed_rc.dedup();
-            }
-            // Every dirty row is a changed key: written in the order just computed.
-            rows.flush_sorted(&changed_rc)?;
-            changed = changed_rc;
-            if self.change_values {
-                for key in &changed {
-                    let entry = rows.whole(key)?;
-                    let v = entry
-                        .as_deref()
-                        .map_or_else(|| Value::empty(key.kind), Entry::value);
-                    values.push((Key::clone(key), v));
+                let (pieces, keys) = rec.finish(&mut rows, me, target)?;
+                records.extend(pieces);
+                changed_rc.extend(keys);
+                if runs > 0 {
+                    // Several records: their ascending key lists merged (a stable sort merges runs).
+                    changed_rc.sort();
+                    changed_rc.dedup();
                 }
-            }
-            for ((stream, source), seqs) in &marks {
-                let bytes =
-                    codec::encode("dedup marks", seqs).map_err(|source| StoreError::Codec {
-                        table: "dedup",
-                        source,
-                    })?;
-                dedup_t
-                    .insert(dedup_key(stream, source).as_slice(), bytes.as_slice())
-                    .map_err(StoreError::redb)?;
-            }
-            rows.into_cache()
-        };
+                // Every dirty row is a changed key: written in the order just computed.
+                rows.flush_sorted(&changed_rc)?;
+                changed = changed_rc;
+                if self.change_values {
+                    for key in &changed {
+                        let entry = rows.whole(key)?;
+                        let v = entry
+                            .as_deref()
+                            .map_or_else(|| Value::empty(key.kind), Entry::value);
+                        values.push((Key::clone(key), v));
+                    }
+                }
+                for ((stream, source), seqs) in &marks {
+                    let bytes =
+                        codec::encode("dedup marks", seqs).map_err(|source| StoreError::Codec {
+                            table: "dedup",
+                            source,
+                        })?;
+                    dedup_t
+                        .insert(dedup_key(stream, source).as_slice(), bytes.as_slice())
+                        .map_err(StoreError::redb)?;
+                }
+                rows.into_cache()
+            };
         let log_seq = (!records.is_empty()).then_some(self.log_end);
         let log_end = append_log(&txn, None, records, self.log_end, max)?;
         if log_seq.is_some() {
@@ -1066,7 +1081,11 @@ mod tests {
         .expect("open b");
         let c = Key::new(KeyKind::GCounter, "c");
         let r = Key::new(KeyKind::Lww, "r");
-        let write = |ops: Vec<(Key, Mutation)>| LocalWrite { ops, event: None, stamps: Vec::new() };
+        let write = |ops: Vec<(Key, Mutation)>| LocalWrite {
+            ops,
+            event: None,
+            stamps: Vec::new(),
+        };
         let value = |s: &RedbStore, k: &Key| s.reader().get(k).expect("read");
         a.commit_local(
             &[write(vec![

@@ -6,15 +6,15 @@ use super::error::StoreError;
 use super::local::append_log;
 use super::rows::{TxnRows, with_txn_rows};
 use super::split::split_delta;
-use crate::model::marks_bytes;
 use super::tables::{
     CURSORS, DEDUP, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, META_TRUNCATED,
     dedup_key,
 };
 use super::{RedbStore, meta_put};
 use crate::admission;
-use crate::model::Rejected;
 use crate::codec;
+use crate::model::Rejected;
+use crate::model::marks_bytes;
 use crate::model::{Delta, StateChunk};
 use crate::proto::{ApplyOutcome, ChunkRead, LogInterval, MarksRead, PeerId, StateStore};
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
@@ -375,7 +375,8 @@ impl StateStore for RedbStore {
         cursor: Option<(ReplicaId, u64)>,
         now_ms: u64,
     ) -> Result<Result<ApplyOutcome, Rejected>, StoreError> {
-        if let Err(r) = admission::validate_delta(&delta, &self.options.limits, self.replica, &self.ctx)
+        if let Err(r) =
+            admission::validate_delta(&delta, &self.options.limits, self.replica, &self.ctx)
         {
             self.stats.rejected += 1;
             return Ok(Err(r));
@@ -523,7 +524,8 @@ impl StateStore for RedbStore {
         cursor: Option<(ReplicaId, u64)>,
         now_ms: u64,
     ) -> Result<Result<ApplyOutcome, Rejected>, StoreError> {
-        if let Err(r) = admission::validate_chunk(&chunk, &self.options.limits, self.replica, &self.ctx)
+        if let Err(r) =
+            admission::validate_chunk(&chunk, &self.options.limits, self.replica, &self.ctx)
         {
             self.stats.rejected += 1;
             return Ok(Err(r));

@@ -540,7 +540,10 @@ impl RedbStore {
     /// # Errors
     /// Storage failures.
     pub(crate) fn begin_snapshot_read(&self) -> Result<SnapshotRead, StoreError> {
-        self.db.begin_read().map(SnapshotRead).map_err(StoreError::redb)
+        self.db
+            .begin_read()
+            .map(SnapshotRead)
+            .map_err(StoreError::redb)
     }
 
     /// Writes a snapshot of the committed state to `out` (see [`write_snapshot`]); the store

@@ -15,7 +15,6 @@ use tidemark_crdts::{CausalContext, DedupMarks, Dot, DotStore, Entry, IntervalSe
 /// its context dots, varints); deliberately generous.
 pub(crate) const OP_OVERHEAD_BYTES: usize = 96;
 
-
 /// An upper estimate of the bytes a local write adds to a log record (what
 /// [`crate::ops`] checks against `message_bytes_target` before accepting a write, and what the
 /// commit group uses to cut its records).
@@ -37,7 +36,6 @@ pub fn write_bytes_estimate(w: &LocalWrite) -> usize {
         .map_or(0, |e| e.stream.len() + e.source.len() + MARK_OVERHEAD_BYTES);
     ops + mark
 }
-
 
 /// The dots of `entry`, ascending.
 fn sorted_dots(entry: &Entry) -> Vec<Dot> {

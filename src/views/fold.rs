@@ -4,8 +4,8 @@
 
 use super::def::{CompiledView, ViewKind};
 use super::keys;
-use crate::limits::Limits;
 use crate::error::Error;
+use crate::limits::Limits;
 use crate::ops::{Event, Op};
 use serde::{Deserialize, Serialize};
 use tidemark_crdts::{Key, KeyKind, Mutation};

@@ -50,8 +50,8 @@ pub use def::{CompiledView, FieldEquals, Hopping, ViewDef, ViewKind, Window, Win
 pub use fold::{FoldedEvent, StreamEvent, ViewOp};
 pub use read::{ViewCounters, ViewPage, ViewQuery, ViewRow};
 
-use crate::limits::Limits;
 use crate::error::Error;
+use crate::limits::Limits;
 use crate::store::LocalWrite;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -460,7 +460,11 @@ impl Views {
                 self.skip_present(&mut ops, r);
             }
             if !ops.is_empty() {
-                writes.push(LocalWrite { ops, event: None, stamps: Vec::new() });
+                writes.push(LocalWrite {
+                    ops,
+                    event: None,
+                    stamps: Vec::new(),
+                });
             }
         }
         if let Some(m) = max_wm {
