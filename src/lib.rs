@@ -33,6 +33,7 @@ pub mod codec;
 pub mod config;
 mod driver;
 pub mod error;
+#[cfg(feature = "server")]
 pub mod http;
 pub mod limits;
 pub mod metrics;
