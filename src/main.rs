@@ -209,7 +209,12 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         return Ok(true);
     }
     if let Command::Completions { shell } = &cli.command {
-        clap_complete::generate(*shell, &mut Cli::command(), "tidemark", &mut std::io::stdout());
+        clap_complete::generate(
+            *shell,
+            &mut Cli::command(),
+            "tidemark",
+            &mut std::io::stdout(),
+        );
         return Ok(true);
     }
     let c = Client::new(&cli.url, cli.token.clone());
@@ -354,7 +359,10 @@ mod tests {
         }
         let mut missing = Vec::new();
         walk(&Cli::command(), "tidemark", &mut missing);
-        assert!(missing.is_empty(), "positionals without an example: {missing:#?}");
+        assert!(
+            missing.is_empty(),
+            "positionals without an example: {missing:#?}"
+        );
     }
 
     #[test]

@@ -192,7 +192,10 @@ impl ProcessStats {
 fn read_proc_self() -> Option<ProcessStats> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     // Fields from the state (field 3) on; field n of proc(5) is at index n - 3.
-    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().collect();
+    let fields: Vec<&str> = stat
+        .get(stat.rfind(')')? + 1..)?
+        .split_whitespace()
+        .collect();
     let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
     let ticks = rustix::param::clock_ticks_per_second().max(1) as f64;
     let page = rustix::param::page_size() as u64;
@@ -204,9 +207,13 @@ fn read_proc_self() -> Option<ProcessStats> {
     let max_fds = std::fs::read_to_string("/proc/self/limits")
         .ok()
         .and_then(|limits| {
-            limits
-                .lines()
-                .find_map(|l| l.strip_prefix("Max open files")?.split_whitespace().next()?.parse().ok())
+            limits.lines().find_map(|l| {
+                l.strip_prefix("Max open files")?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
         });
     Some(ProcessStats {
         cpu_seconds: (field(14)? + field(15)?) as f64 / ticks,
@@ -235,7 +242,10 @@ mod tests {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
         // Started within the last day, not in the future (clock-tick rounding aside).
-        assert!(p.start_time_seconds <= now + 1.0 && p.start_time_seconds > now - 86_400.0, "{p:?} now {now}");
+        assert!(
+            p.start_time_seconds <= now + 1.0 && p.start_time_seconds > now - 86_400.0,
+            "{p:?} now {now}"
+        );
         assert!(p.cpu_seconds >= 0.0, "{p:?}");
     }
 }

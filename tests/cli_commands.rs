@@ -134,10 +134,10 @@ fn client_commands_print_tables_json_and_exit_codes() {
     let listed = json_of(&d.run(&["--json", "list", "--type", "orset"]));
     assert_eq!(listed["keys"][0]["key"], "online");
     ok(&d.run(&["delete", "orset/online"]));
-    assert_eq!(
-        json_of(&d.run(&["--json", "get", "orset/online"]))["value"],
-        json!([])
-    );
+    // A deleted key holds nothing: the node answers 404, the command exits 1.
+    let o = d.run(&["--json", "get", "orset/online"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("key_not_found"), "{}", stderr(&o));
     let status = ok(&d.run(&["status"]));
     assert!(
         status.contains("NODE") && status.contains("true"),
@@ -524,7 +524,12 @@ fn usage_errors_exit_2_urls_without_scheme_version_and_completions() {
         format!("tidemark {version}")
     );
     assert_eq!(
-        json_of(&Command::new(BIN).args(["version", "--json"]).output().expect("run")),
+        json_of(
+            &Command::new(BIN)
+                .args(["version", "--json"])
+                .output()
+                .expect("run")
+        ),
         json!({"version": version})
     );
     let status = ok(&d.run(&["status"]));
@@ -609,8 +614,15 @@ fn a_busy_port_fails_in_one_line_before_anything_is_created() {
     let missing_snapshot = dir.path().join("backup.tmsnap");
     for restore in [false, true] {
         let mut cmd = Command::new(BIN);
-        cmd.args(["serve", "--http", &http, "--peer-listen", "127.0.0.1:0", "--data"])
-            .arg(&data);
+        cmd.args([
+            "serve",
+            "--http",
+            &http,
+            "--peer-listen",
+            "127.0.0.1:0",
+            "--data",
+        ])
+        .arg(&data);
         if restore {
             cmd.arg("--restore").arg(&missing_snapshot);
         }
@@ -624,12 +636,22 @@ fn a_busy_port_fails_in_one_line_before_anything_is_created() {
             ),
             "restore {restore}"
         );
-        assert!(!data.exists(), "the data directory was created (restore {restore})");
+        assert!(
+            !data.exists(),
+            "the data directory was created (restore {restore})"
+        );
     }
     let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind udp");
     let peer = udp.local_addr().expect("addr").to_string();
     let o = Command::new(BIN)
-        .args(["serve", "--http", "127.0.0.1:0", "--peer-listen", &peer, "--data"])
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--peer-listen",
+            &peer,
+            "--data",
+        ])
         .arg(&data)
         .output()
         .expect("run");
@@ -669,7 +691,10 @@ fn logs_have_an_access_line_per_request_no_colour_and_json_throughout() {
     assert_eq!(get(&url, "gcounter/missing").status.code(), Some(1));
     assert_eq!(sigterm(&mut child).code(), Some(0));
     let text = std::fs::read_to_string(&log).expect("log");
-    assert!(!text.contains('\u{1b}'), "ANSI codes in a log file: {text:?}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "ANSI codes in a log file: {text:?}"
+    );
     let access: Vec<&str> = text
         .lines()
         .filter(|l| l.contains("tidemark::http::access"))
@@ -716,7 +741,15 @@ fn logs_have_an_access_line_per_request_no_colour_and_json_throughout() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let http = taken.local_addr().expect("addr").to_string();
     let o = Command::new(BIN)
-        .args(["serve", "--log-format", "json", "--peer-listen", "127.0.0.1:0", "--http", &http])
+        .args([
+            "serve",
+            "--log-format",
+            "json",
+            "--peer-listen",
+            "127.0.0.1:0",
+            "--http",
+            &http,
+        ])
         .arg("--data")
         .arg(dir.path().join("c"))
         .output()

@@ -429,7 +429,9 @@ pub fn status(client: &Client, out: &Output) -> anyhow::Result<()> {
     }
     let n = &cluster["node"];
     print_table(
-        &["NODE", "VERSION", "HTTP", "PEERS ON", "EPOCH", "LOG", "READY"],
+        &[
+            "NODE", "VERSION", "HTTP", "PEERS ON", "EPOCH", "LOG", "READY",
+        ],
         &[vec![
             n["name"]
                 .as_str()

@@ -219,12 +219,12 @@ fn listen_error(addr: SocketAddr, flag: &str, e: &std::io::Error) -> anyhow::Err
             "address already in use — is another tidemark running?".to_owned()
         }
         std::io::ErrorKind::PermissionDenied => {
-            "permission denied (ports below 1024 need privileges)".to_owned()
+            "permission denied (ports below 1024 need privileges);".to_owned()
         }
         std::io::ErrorKind::AddrNotAvailable => {
-            "no interface of this machine has that address".to_owned()
+            "no interface of this machine has that address;".to_owned()
         }
-        _ => e.to_string(),
+        _ => format!("{e};"),
     };
     anyhow::anyhow!("cannot listen on {addr}: {why} use {flag} ADDR")
 }

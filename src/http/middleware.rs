@@ -26,7 +26,10 @@ pub(crate) async fn observe(State(state): State<AppState>, req: Request, next: N
     state
         .metrics
         .requests
-        .get_or_create(&vec![("route", route.clone()), ("status", status.to_string())])
+        .get_or_create(&vec![
+            ("route", route.clone()),
+            ("status", status.to_string()),
+        ])
         .inc();
     state
         .metrics
@@ -74,7 +77,7 @@ impl AccessLogged {
                 method = %e.method,
                 route = %e.route,
                 status = e.status,
-                duration_ms = e.started.elapsed().as_secs_f64() * 1e3,
+                duration_ms = e.started.elapsed().as_micros() as f64 / 1e3,
                 bytes = self.bytes,
                 "request"
             );

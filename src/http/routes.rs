@@ -116,11 +116,8 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics_text(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    let format = metrics::Format::negotiate(
-        headers
-            .get(header::ACCEPT)
-            .and_then(|v| v.to_str().ok()),
-    );
+    let format =
+        metrics::Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
     let replication = state.node.replication_status().await.ok();
     let scrape = metrics::Scrape {
         net: state.node.net_status().map(|n| n.stats),

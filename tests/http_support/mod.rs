@@ -223,7 +223,11 @@ pub fn missing(s: &Served, kind: &str, name: &str) {
 }
 
 /// `METHOD url` with extra request headers; the answer and its response headers.
-pub fn request(method: &str, url: &str, headers: &[(&str, &str)]) -> (Answer, ureq::http::HeaderMap) {
+pub fn request(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> (Answer, ureq::http::HeaderMap) {
     let mut req = ureq::http::Request::builder().method(method).uri(url);
     for (k, v) in headers {
         req = req.header(*k, *v);
