@@ -778,3 +778,64 @@ fn logs_have_an_access_line_per_request_no_colour_and_json_throughout() {
     let text = std::fs::read_to_string(&log).expect("log");
     assert!(!text.contains("tidemark::http::access"), "{text}");
 }
+
+#[test]
+fn the_quickstart_example_keeps_out_of_the_daemons_data_directory() {
+    // `cargo test` builds the examples beside the binary; `cargo test --test cli_commands`
+    // alone does not (the example is then checked by `.ci/run`, which runs every example).
+    let Some(example) = std::path::Path::new(BIN)
+        .parent()
+        .map(|d| d.join("examples").join("quickstart"))
+        .filter(|p| p.is_file())
+    else {
+        eprintln!(
+            "examples/quickstart is not built (run `cargo test` or `cargo build --examples`): skipped"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let serve_in = |data: &str| {
+        let mut child = Command::new(BIN)
+            .current_dir(dir.path())
+            .args([
+                "serve",
+                "--http",
+                "127.0.0.1:0",
+                "--peer-listen",
+                "127.0.0.1:0",
+                "--data",
+                data,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("serve");
+        assert!(first_line(&mut child).contains("serving HTTP"));
+        child
+    };
+    let quickstart = || {
+        Command::new(&example)
+            .current_dir(dir.path())
+            .output()
+            .expect("quickstart")
+    };
+    // The daemon's default directory in use: the example runs beside it.
+    let mut daemon = serve_in("./tidemark-data");
+    let o = quickstart();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "online = [\"alice\"]\n");
+    // Its own directory in use: one readable line, not the error's Debug form.
+    let mut holder = serve_in("./quickstart-data");
+    let o = quickstart();
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.starts_with("quickstart: data directory")
+            && err.contains("in use")
+            && err.lines().count() == 1,
+        "{err}"
+    );
+    assert!(!err.contains("AlreadyOpen"), "{err}");
+    assert_eq!(sigterm(&mut holder).code(), Some(0));
+    assert_eq!(sigterm(&mut daemon).code(), Some(0));
+}
