@@ -6,7 +6,7 @@
 
 mod cli;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use cli::client::{self, Client, KeyArg, parse_key};
 use cli::output::Output;
 use serde_json::json;
@@ -16,12 +16,13 @@ use std::process::ExitCode;
 #[derive(Debug, Parser)]
 #[command(name = "tidemark", version, about, propagate_version = true)]
 struct Cli {
-    /// The node to talk to (client commands).
+    /// The node to talk to (client commands): http://HOST:PORT or HOST:PORT (localhost:7700).
     #[arg(
         long,
         global = true,
         env = "TIDEMARK_URL",
-        default_value = "http://127.0.0.1:7700"
+        default_value = "http://127.0.0.1:7700",
+        value_parser = client::parse_url
     )]
     url: String,
     /// Bearer token for a node with `http.token` set (client commands).
@@ -47,59 +48,70 @@ enum Command {
     Snapshot(cli::snapshot::SnapshotArgs),
     /// Increment a counter: `inc gcounter/visits 3` (a negative BY decrements a pncounter).
     Inc {
-        #[arg(value_parser = parse_key)]
+        /// The counter, TYPE/NAME with TYPE gcounter or pncounter, e.g. gcounter/visits.
+        #[arg(value_parser = parse_key, value_name = "KEY")]
         key: KeyArg,
+        /// How much to add, e.g. 3 (a negative amount decrements a pncounter).
         #[arg(default_value_t = 1, allow_negative_numbers = true)]
         by: i64,
     },
     /// Decrement a pncounter: `dec pncounter/stock 2`.
     Dec {
-        #[arg(value_parser = parse_key)]
+        /// The counter, pncounter/NAME, e.g. pncounter/stock.
+        #[arg(value_parser = parse_key, value_name = "KEY")]
         key: KeyArg,
+        /// How much to subtract, e.g. 2.
         #[arg(default_value_t = 1)]
         by: i64,
     },
     /// Add an element to an orset: `add orset/online alice`.
     Add {
-        #[arg(value_parser = parse_key)]
+        /// The set, orset/NAME, e.g. orset/online.
+        #[arg(value_parser = parse_key, value_name = "KEY")]
         key: KeyArg,
+        /// The element, e.g. alice (a JSON number or quoted string is taken as such: 42, '"42"').
         value: String,
     },
     /// Remove an element from an orset: `remove orset/online alice`.
     Remove {
-        #[arg(value_parser = parse_key)]
+        /// The set, orset/NAME, e.g. orset/online.
+        #[arg(value_parser = parse_key, value_name = "KEY")]
         key: KeyArg,
+        /// The element, e.g. alice (as for `add`).
         value: String,
     },
     /// Write a register (lww or mvreg) with a JSON value: `set lww/config '{"mode":"fast"}'`.
     Set {
-        #[arg(value_parser = parse_key)]
+        /// The register, lww/NAME or mvreg/NAME, e.g. lww/config.
+        #[arg(value_parser = parse_key, value_name = "KEY")]
         key: KeyArg,
-        /// The value, as JSON.
+        /// The value, as JSON, e.g. '{"mode":"fast"}' or '"text"'.
         #[arg(value_name = "JSON")]
         value: String,
     },
-    /// Delete an orset, lww or mvreg key.
+    /// Delete an orset, lww or mvreg key: `delete orset/online`.
     Delete {
-        #[arg(value_parser = parse_key)]
+        /// The key, TYPE/NAME with TYPE orset, lww or mvreg, e.g. orset/online.
+        #[arg(value_parser = parse_key, value_name = "KEY")]
         key: KeyArg,
     },
-    /// Read one key.
+    /// Read one key: `get orset/online` (exit status 1 when the node holds nothing for it).
     Get {
-        #[arg(value_parser = parse_key)]
+        /// The key, TYPE/NAME (gcounter, pncounter, orset, lww, mvreg), e.g. orset/online.
+        #[arg(value_parser = parse_key, value_name = "KEY")]
         key: KeyArg,
     },
     /// List keys (paged).
     List {
         /// Only this type.
-        #[arg(long = "type")]
+        #[arg(long = "type", value_parser = KIND_NAMES)]
         kind: Option<String>,
         /// Only names starting with this.
         #[arg(long, default_value = "")]
         prefix: String,
         /// Page size (1..=1000).
-        #[arg(long, default_value_t = 100)]
-        limit: usize,
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..=1000))]
+        limit: u16,
         /// Continue after this cursor (the `next` of the previous page).
         #[arg(long)]
         after: Option<String>,
@@ -109,23 +121,32 @@ enum Command {
         /// The stream.
         #[arg(long)]
         stream: String,
-        /// NDJSON file, or `-` for stdin.
+        /// NDJSON file, or `-` for stdin, e.g. events.ndjson.
+        #[arg(value_name = "FILE")]
         input: String,
     },
     /// Print every change of matching keys as it commits.
     Watch {
         /// Only this type.
-        #[arg(long = "type")]
+        #[arg(long = "type", value_parser = KIND_NAMES)]
         kind: Option<String>,
         /// Only names starting with this.
         #[arg(long, default_value = "")]
         prefix: String,
     },
-    /// Show the node, its peers and readiness.
+    /// Show the node (with its version), its peers and readiness.
     Status,
+    /// Print this program's version.
+    Version,
+    /// Print a shell completion script: `tidemark completions bash > ~/.local/share/bash-completion/completions/tidemark`.
+    Completions {
+        /// The shell, e.g. bash (also zsh, fish, elvish, powershell).
+        shell: clap_complete::Shell,
+    },
     /// Read a stream view.
     View {
-        /// The view's name.
+        /// The view's name (a `[[views]]` name of the node's config), e.g. clicks_per_minute.
+        #[arg(value_name = "VIEW")]
         name: String,
         /// Only this group: FIELD=VALUE (repeatable; VALUE as JSON when it parses, e.g. 3).
         #[arg(long = "group", value_name = "FIELD=VALUE")]
@@ -136,9 +157,9 @@ enum Command {
         /// Only windows starting before this time (epoch ms or RFC 3339).
         #[arg(long)]
         to: Option<String>,
-        /// Most rows (default 1000).
-        #[arg(long)]
-        limit: Option<usize>,
+        /// Most rows (1..=10000; default 1000).
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..=10000))]
+        limit: Option<u16>,
         /// Continue after this cursor (a page's `next`).
         #[arg(long)]
         after: Option<String>,
@@ -154,15 +175,21 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             return Ok(true);
         }
         cli::serve::init_logging(config.log.format);
-        if let Some(file) = &args.restore {
-            cli::serve::restore(&config, file)?;
-        }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
+        let json_logs = config.log.format == cli::config::LogFormat::Json;
+        let served = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .thread_name("tidemark")
-            .build()?;
-        runtime.block_on(cli::serve::run(config))?;
-        return Ok(true);
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|runtime| runtime.block_on(cli::serve::run(config, args.restore.clone())));
+        return match served {
+            // With JSON logs every line on stderr is JSON, the last error's too.
+            Err(e) if json_logs => {
+                tracing::error!(error = format!("{e:#}"), "tidemark serve failed");
+                Ok(false)
+            }
+            other => other.map(|()| true),
+        };
     }
     if let Command::Snapshot(args) = &cli.command {
         cli::snapshot::run(args, cli.json, &Client::new(&cli.url, cli.token.clone()))?;
@@ -170,6 +197,24 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
     }
     if let Command::Certs(cmd) = &cli.command {
         cli::certs::run(cmd)?;
+        return Ok(true);
+    }
+    if let Command::Version = &cli.command {
+        let version = env!("CARGO_PKG_VERSION");
+        if out.json {
+            println!("{}", json!({"version": version}));
+        } else {
+            println!("tidemark {version}");
+        }
+        return Ok(true);
+    }
+    if let Command::Completions { shell } = &cli.command {
+        clap_complete::generate(
+            *shell,
+            &mut Cli::command(),
+            "tidemark",
+            &mut std::io::stdout(),
+        );
         return Ok(true);
     }
     let c = Client::new(&cli.url, cli.token.clone());
@@ -181,7 +226,11 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         o
     };
     match &cli.command {
-        Command::Serve(_) | Command::Certs(_) | Command::Snapshot(_) => {}
+        Command::Serve(_)
+        | Command::Certs(_)
+        | Command::Snapshot(_)
+        | Command::Version
+        | Command::Completions { .. } => {}
         Command::Inc { key, by } => {
             client::write_ops(&c, &out, &[client::counter_op(key, "inc", *by)?])?
         }
@@ -218,7 +267,8 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             limit,
             after,
         } => {
-            client::list(&c, &out, kind.as_deref(), prefix, *limit, after.as_deref())?;
+            let limit = usize::from(*limit);
+            client::list(&c, &out, kind.as_deref(), prefix, limit, after.as_deref())?;
         }
         Command::Ingest { stream, input } => return cli::ingest::run(&c, &out, stream, input),
         Command::Watch { kind, prefix } => client::watch(&c, &out, kind.as_deref(), prefix)?,
@@ -257,7 +307,11 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-/// A usage error found after parsing (bad config file or `--set`): exit status 2.
+/// The key types, as `--type` takes them.
+const KIND_NAMES: [&str; 5] = ["gcounter", "pncounter", "orset", "lww", "mvreg"];
+
+/// A usage error found after parsing (bad config file or `--set`, an argument the command
+/// cannot take): exit status 2.
 #[derive(Debug)]
 struct Usage(String);
 
@@ -282,5 +336,37 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every positional argument of every command says what it is and shows an example.
+    #[test]
+    fn every_positional_is_documented_with_an_example() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_positionals() {
+                let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+                if !help.contains("e.g.") {
+                    missing.push(format!("{path} <{}>: {help:?}", arg.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "tidemark", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "positionals without an example: {missing:#?}"
+        );
+    }
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        Cli::command().debug_assert();
     }
 }

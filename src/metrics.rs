@@ -153,3 +153,99 @@ impl Metrics {
         }
     }
 }
+
+/// Resource use of this process, as the `process_*` metrics of Prometheus client libraries
+/// report it (read from `/proc/self` on Linux).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ProcessStats {
+    /// User and system CPU time spent, in seconds.
+    pub cpu_seconds: f64,
+    /// Resident memory, in bytes.
+    pub resident_memory_bytes: u64,
+    /// Virtual memory, in bytes.
+    pub virtual_memory_bytes: u64,
+    /// Open file descriptors.
+    pub open_fds: u64,
+    /// The soft limit on open file descriptors, when known.
+    pub max_fds: Option<u64>,
+    /// Start time of the process since the Unix epoch, in seconds.
+    pub start_time_seconds: f64,
+}
+
+impl ProcessStats {
+    /// This process's figures; `None` where `/proc/self` cannot be read (not Linux).
+    pub fn read() -> Option<Self> {
+        #[cfg(target_os = "linux")]
+        {
+            read_proc_self()
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            None
+        }
+    }
+}
+
+/// `/proc/self/stat` (fields after the command name, whose parentheses may hold anything),
+/// `/proc/stat`'s boot time, `/proc/self/fd` and `/proc/self/limits`.
+#[cfg(target_os = "linux")]
+fn read_proc_self() -> Option<ProcessStats> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields from the state (field 3) on; field n of proc(5) is at index n - 3.
+    let fields: Vec<&str> = stat
+        .get(stat.rfind(')')? + 1..)?
+        .split_whitespace()
+        .collect();
+    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
+    let ticks = rustix::param::clock_ticks_per_second().max(1) as f64;
+    let page = rustix::param::page_size() as u64;
+    let boot_secs = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<u64>().ok())?;
+    let open_fds = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
+    let max_fds = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|limits| {
+            limits.lines().find_map(|l| {
+                l.strip_prefix("Max open files")?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+        });
+    Some(ProcessStats {
+        cpu_seconds: (field(14)? + field(15)?) as f64 / ticks,
+        resident_memory_bytes: field(24)?.saturating_mul(page),
+        virtual_memory_bytes: field(23)?,
+        open_fds,
+        max_fds,
+        start_time_seconds: boot_secs as f64 + field(22)? as f64 / ticks,
+    })
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_stats_are_read_from_proc() {
+        let p = ProcessStats::read();
+        let Some(p) = p else {
+            panic!("/proc/self is unreadable");
+        };
+        assert!(p.resident_memory_bytes > 1024 * 1024, "{p:?}");
+        assert!(p.virtual_memory_bytes >= p.resident_memory_bytes, "{p:?}");
+        assert!(p.open_fds >= 3, "{p:?}");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        // Started within the last day, not in the future (clock-tick rounding aside).
+        assert!(
+            p.start_time_seconds <= now + 1.0 && p.start_time_seconds > now - 86_400.0,
+            "{p:?} now {now}"
+        );
+        assert!(p.cpu_seconds >= 0.0, "{p:?}");
+    }
+}

@@ -726,6 +726,16 @@ impl Node {
             .unwrap_or_else(|| Value::empty(key.kind)))
     }
 
+    /// The committed value of `key`, or `None` when the store holds nothing for it (never
+    /// written, or deleted with no state left): what tells a missing key from one whose value
+    /// is its type's empty value.
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub fn find(&self, key: &Key) -> Result<Option<Value>, Error> {
+        Ok(self.reader()?.get(key)?)
+    }
+
     /// Up to `limit` keys of `kind` with names starting with `prefix`, after `after`, ascending.
     ///
     /// # Errors

@@ -134,10 +134,10 @@ fn client_commands_print_tables_json_and_exit_codes() {
     let listed = json_of(&d.run(&["--json", "list", "--type", "orset"]));
     assert_eq!(listed["keys"][0]["key"], "online");
     ok(&d.run(&["delete", "orset/online"]));
-    assert_eq!(
-        json_of(&d.run(&["--json", "get", "orset/online"]))["value"],
-        json!([])
-    );
+    // A deleted key holds nothing: the node answers 404, the command exits 1.
+    let o = d.run(&["--json", "get", "orset/online"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("key_not_found"), "{}", stderr(&o));
     let status = ok(&d.run(&["status"]));
     assert!(
         status.contains("NODE") && status.contains("true"),
@@ -466,4 +466,376 @@ fn two_daemons_with_issued_certificates_converge() {
     );
     assert_eq!(alpha.terminate().code(), Some(0));
     assert_eq!(beta.terminate().code(), Some(0));
+}
+
+#[test]
+fn usage_errors_exit_2_urls_without_scheme_version_and_completions() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = Daemon::start(dir.path(), &[]);
+    // A command that cannot take its arguments is a usage error (2), found before any request.
+    let o = d.run(&["inc", "orset/online"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("gcounter or pncounter"),
+        "{}",
+        stderr(&o)
+    );
+    for args in [
+        &["list", "--type", "sparkles"][..],
+        &["list", "--limit", "0"],
+        &["watch", "--type", "sparkles"],
+        &["view", "v", "--limit", "0"],
+        &["completions", "tcsh"],
+    ] {
+        let o = d.run(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+    }
+    for url in ["ftp://127.0.0.1:7700", "", "http://"] {
+        let o = Command::new(BIN)
+            .args(["--url", url, "get", "gcounter/x"])
+            .output()
+            .expect("run");
+        assert_eq!(o.status.code(), Some(2), "--url {url:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("localhost:7700"),
+            "the hint shows the form: {}",
+            stderr(&o)
+        );
+    }
+    // `--url HOST:PORT` without a scheme, by address and by name.
+    ok(&d.run(&["inc", "gcounter/visits"]));
+    let hostport = d.url.trim_start_matches("http://").to_owned();
+    let port = hostport.rsplit(':').next().unwrap_or_default().to_owned();
+    for url in [hostport.clone(), format!("localhost:{port}")] {
+        let o = Command::new(BIN)
+            .args(["--url", &url, "--json", "get", "gcounter/visits"])
+            .output()
+            .expect("run");
+        assert_eq!(json_of(&o)["value"], 1, "--url {url}");
+    }
+    // A key the node holds nothing for: 404 key_not_found, exit 1.
+    let o = d.run(&["get", "gcounter/never-written"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("404 key_not_found"), "{}", stderr(&o));
+    // The version: of the program, and of the node in `status`.
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        ok(&Command::new(BIN).arg("version").output().expect("run")).trim(),
+        format!("tidemark {version}")
+    );
+    assert_eq!(
+        json_of(
+            &Command::new(BIN)
+                .args(["version", "--json"])
+                .output()
+                .expect("run")
+        ),
+        json!({"version": version})
+    );
+    let status = ok(&d.run(&["status"]));
+    assert!(
+        status.lines().next().is_some_and(|l| l.contains("VERSION")) && status.contains(version),
+        "{status}"
+    );
+    assert_eq!(
+        json_of(&d.run(&["--json", "status"]))["cluster"]["node"]["version"],
+        version
+    );
+    // Completion scripts for each shell; bash's parses.
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let script = ok(&Command::new(BIN)
+            .args(["completions", shell])
+            .output()
+            .expect("run"));
+        assert!(
+            script.contains("tidemark") && script.contains("snapshot"),
+            "{shell}: {script}"
+        );
+    }
+    let script = dir.path().join("tidemark.bash");
+    std::fs::write(
+        &script,
+        ok(&Command::new(BIN)
+            .args(["completions", "bash"])
+            .output()
+            .expect("run")),
+    )
+    .expect("write");
+    let o = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {} && complete -p tidemark",
+            script.display()
+        ))
+        .output()
+        .expect("bash");
+    assert!(
+        stdout(&o).contains("tidemark"),
+        "{} {}",
+        stdout(&o),
+        stderr(&o)
+    );
+    assert_eq!(d.terminate().code(), Some(0));
+}
+
+/// `tidemark serve ARGS` with stdout piped and stderr written to `log`.
+fn serve_logged(args: &[&str], log: &std::path::Path) -> Child {
+    Command::new(BIN)
+        .arg("serve")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).expect("log file"))
+        .spawn()
+        .expect("spawn serve")
+}
+
+/// The first stdout line of a `serve_logged` child.
+fn first_line(child: &mut Child) -> String {
+    let mut line = String::new();
+    if let Some(out) = child.stdout.as_mut() {
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line);
+    }
+    line
+}
+
+fn sigterm(child: &mut Child) -> std::process::ExitStatus {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    child.wait().expect("wait")
+}
+
+#[test]
+fn a_busy_port_fails_in_one_line_before_anything_is_created() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let http = taken.local_addr().expect("addr").to_string();
+    let data = dir.path().join("data");
+    let missing_snapshot = dir.path().join("backup.tmsnap");
+    for restore in [false, true] {
+        let mut cmd = Command::new(BIN);
+        cmd.args([
+            "serve",
+            "--http",
+            &http,
+            "--peer-listen",
+            "127.0.0.1:0",
+            "--data",
+        ])
+        .arg(&data);
+        if restore {
+            cmd.arg("--restore").arg(&missing_snapshot);
+        }
+        let o = cmd.output().expect("run");
+        assert_eq!(o.status.code(), Some(1));
+        assert_eq!(
+            stderr(&o),
+            format!(
+                "tidemark: cannot listen on {http}: address already in use — is another tidemark \
+                 running? use --http ADDR\n"
+            ),
+            "restore {restore}"
+        );
+        assert!(
+            !data.exists(),
+            "the data directory was created (restore {restore})"
+        );
+    }
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind udp");
+    let peer = udp.local_addr().expect("addr").to_string();
+    let o = Command::new(BIN)
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--peer-listen",
+            &peer,
+            "--data",
+        ])
+        .arg(&data)
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "tidemark: cannot listen on {peer}: address already in use — is another tidemark \
+             running? use --peer-listen ADDR\n"
+        )
+    );
+    assert!(!data.exists());
+}
+
+#[test]
+fn logs_have_an_access_line_per_request_no_colour_and_json_throughout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = ["--http", "127.0.0.1:0", "--peer-listen", "127.0.0.1:0"];
+    // Text: stderr is a file, so no ANSI colour codes; one access line per request.
+    let log = dir.path().join("text.log");
+    let data = dir.path().join("a").to_string_lossy().into_owned();
+    let mut args = base.to_vec();
+    args.extend(["--data", &data]);
+    let mut child = serve_logged(&args, &log);
+    let line = first_line(&mut child);
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .expect("url")
+        .to_owned();
+    let get = |url: &str, key: &str| {
+        Command::new(BIN)
+            .args(["--url", url, "get", key])
+            .output()
+            .expect("run")
+    };
+    assert_eq!(get(&url, "gcounter/missing").status.code(), Some(1));
+    assert_eq!(sigterm(&mut child).code(), Some(0));
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(
+        !text.contains('\u{1b}'),
+        "ANSI codes in a log file: {text:?}"
+    );
+    let access: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("tidemark::http::access"))
+        .collect();
+    assert_eq!(access.len(), 1, "{text}");
+    for field in [
+        "method=GET",
+        "route=/v1/keys/{type}/{*name}",
+        "status=404",
+        "duration_ms=",
+        "bytes=",
+    ] {
+        assert!(access[0].contains(field), "{field} missing: {}", access[0]);
+    }
+    assert!(access[0].contains(" INFO "), "{}", access[0]);
+    // JSON: every line on both streams is a JSON object, the banner and the access line too.
+    let log = dir.path().join("json.log");
+    let data = dir.path().join("b").to_string_lossy().into_owned();
+    let mut args = base.to_vec();
+    args.extend(["--data", &data, "--log-format", "json"]);
+    let mut child = serve_logged(&args, &log);
+    let banner: J = serde_json::from_str(&first_line(&mut child)).expect("a JSON banner");
+    let url = banner["http"].as_str().expect("http").to_owned();
+    assert!(url.starts_with("http://127.0.0.1:"), "{banner}");
+    assert_eq!(banner["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(get(&url, "gcounter/missing").status.code(), Some(1));
+    assert_eq!(sigterm(&mut child).code(), Some(0));
+    let mut rest = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        let _ = std::io::Read::read_to_string(&mut out, &mut rest);
+    }
+    let text = std::fs::read_to_string(&log).expect("log");
+    let mut saw_access = false;
+    for line in text.lines().chain(rest.lines()).filter(|l| !l.is_empty()) {
+        let v: J = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+        if v["target"] == "tidemark::http::access" {
+            assert_eq!(v["fields"]["route"], "/v1/keys/{type}/{*name}", "{v}");
+            assert_eq!(v["fields"]["status"], 404, "{v}");
+            saw_access = true;
+        }
+    }
+    assert!(saw_access, "{text}");
+    // A serve error in JSON mode is a JSON line as well.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let http = taken.local_addr().expect("addr").to_string();
+    let o = Command::new(BIN)
+        .args([
+            "serve",
+            "--log-format",
+            "json",
+            "--peer-listen",
+            "127.0.0.1:0",
+            "--http",
+            &http,
+        ])
+        .arg("--data")
+        .arg(dir.path().join("c"))
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(1));
+    let err: J = serde_json::from_str(stderr(&o).trim()).expect("a JSON error line");
+    assert!(
+        err["fields"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("address already in use")),
+        "{err}"
+    );
+    // http.access_log = false: no access lines.
+    let log = dir.path().join("quiet.log");
+    let mut args = base.to_vec();
+    args.extend(["--data", &data, "--set", "http.access_log=false"]);
+    let mut child = serve_logged(&args, &log);
+    let line = first_line(&mut child);
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .expect("url")
+        .to_owned();
+    assert_eq!(get(&url, "gcounter/missing").status.code(), Some(1));
+    assert_eq!(sigterm(&mut child).code(), Some(0));
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(!text.contains("tidemark::http::access"), "{text}");
+}
+
+#[test]
+fn the_quickstart_example_keeps_out_of_the_daemons_data_directory() {
+    // `cargo test` builds the examples beside the binary; `cargo test --test cli_commands`
+    // alone does not (the example is then checked by `.ci/run`, which runs every example).
+    let Some(example) = std::path::Path::new(BIN)
+        .parent()
+        .map(|d| d.join("examples").join("quickstart"))
+        .filter(|p| p.is_file())
+    else {
+        eprintln!(
+            "examples/quickstart is not built (run `cargo test` or `cargo build --examples`): skipped"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let serve_in = |data: &str| {
+        let mut child = Command::new(BIN)
+            .current_dir(dir.path())
+            .args([
+                "serve",
+                "--http",
+                "127.0.0.1:0",
+                "--peer-listen",
+                "127.0.0.1:0",
+                "--data",
+                data,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("serve");
+        assert!(first_line(&mut child).contains("serving HTTP"));
+        child
+    };
+    let quickstart = || {
+        Command::new(&example)
+            .current_dir(dir.path())
+            .output()
+            .expect("quickstart")
+    };
+    // The daemon's default directory in use: the example runs beside it.
+    let mut daemon = serve_in("./tidemark-data");
+    let o = quickstart();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "online = [\"alice\"]\n");
+    // Its own directory in use: one readable line, not the error's Debug form.
+    let mut holder = serve_in("./quickstart-data");
+    let o = quickstart();
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.starts_with("quickstart: data directory")
+            && err.contains("in use")
+            && err.lines().count() == 1,
+        "{err}"
+    );
+    assert!(!err.contains("AlreadyOpen"), "{err}");
+    assert_eq!(sigterm(&mut holder).code(), Some(0));
+    assert_eq!(sigterm(&mut daemon).code(), Some(0));
 }

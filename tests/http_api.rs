@@ -52,7 +52,8 @@ fn ops_json_array_and_ndjson_apply_durably_and_read_back() {
         r#"[{"type":"orset","key":"online","op":"delete"}]"#,
     );
     assert_eq!(del.status, 200);
-    assert_eq!(value(&s, "orset", "online"), json!([]));
+    // A deleted key holds nothing: 404, like one never written.
+    http_support::missing(&s, "orset", "online");
     // Names with '/' and non-ASCII bytes round-trip through the path.
     let name = "a/b c/é";
     let w = post(
@@ -81,11 +82,8 @@ fn rejected(s: &Served, body: &str, status: u16, code: &str, at: &str) {
             .as_str()
             .is_some_and(|m| !m.is_empty())
     );
-    assert_eq!(
-        value(s, "gcounter", "untouched"),
-        json!(0),
-        "a rejected batch applied something"
-    );
+    // The key was never written: the node holds nothing for it.
+    http_support::missing(s, "gcounter", "untouched");
 }
 
 #[test]
@@ -180,7 +178,7 @@ fn body_and_header_limits_answer_413() {
     );
     let a = post(&s.url("/v1/ops"), &big);
     assert_eq!((a.status, a.code()), (413, "body_too_large"), "{a:?}");
-    assert_eq!(value(&s, "gcounter", "untouched"), json!(0));
+    http_support::missing(&s, "gcounter", "untouched");
     let a = http_support::get_auth(&s.url("/v1/keys"), Some(&"t".repeat(4000)));
     assert_eq!((a.status, a.code()), (413, "headers_too_large"), "{a:?}");
 }
@@ -451,7 +449,6 @@ fn token_guards_every_route_but_healthz() {
         "/v1/keys/gcounter/x",
         "/v1/cluster",
         "/metrics",
-        "/readyz",
         "/v1/watch",
         "/v1/views/v",
     ] {
@@ -468,6 +465,12 @@ fn token_guards_every_route_but_healthz() {
     let a = post_auth(&s.url("/v1/streams/s/events"), "{}", None);
     assert_eq!(a.status, 401);
     assert_eq!(get(&s.url("/healthz")).status, 200);
+    // Probes cannot hold the token: /readyz answers without it, and says nothing but its state.
+    let ready = get(&s.url("/readyz"));
+    assert_eq!(
+        (ready.status, &ready.json),
+        (200, &json!({"status":"ready"}))
+    );
     let a = post_auth(
         &s.url("/v1/ops"),
         r#"[{"type":"gcounter","key":"x","op":"inc"}]"#,
@@ -638,4 +641,253 @@ fn shutdown_finishes_in_flight_requests_durably_and_refuses_new_ones() {
         assert_eq!(v, tidemark::Value::GCounter(2));
         node.shutdown().await.expect("shutdown");
     });
+}
+
+#[test]
+fn a_missing_key_is_404_key_not_found() {
+    let s = Served::start();
+    let a = get(&s.url("/v1/keys/orset/online"));
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (404, "key_not_found", "path name"),
+        "{a:?}"
+    );
+    assert!(a.content_type.starts_with("application/json"), "{a:?}");
+    let w = post(
+        &s.url("/v1/ops"),
+        r#"[{"type":"orset","key":"online","op":"add","value":"alice"},{"type":"gcounter","key":"zero","op":"inc","by":1}]"#,
+    );
+    assert_eq!(w.status, 200);
+    assert_eq!(value(&s, "orset", "online"), json!(["alice"]));
+    // Another type under the same name is another key.
+    http_support::missing(&s, "lww", "online");
+    // A counter once written holds state, whatever its value.
+    let d = post(
+        &s.url("/v1/ops"),
+        r#"[{"type":"pncounter","key":"net","op":"inc"},{"type":"pncounter","key":"net","op":"dec"}]"#,
+    );
+    assert_eq!(d.status, 200);
+    assert_eq!(value(&s, "pncounter", "net"), json!(0));
+    // A set whose last element was removed holds nothing, like a deleted key.
+    let r = post(
+        &s.url("/v1/ops"),
+        r#"[{"type":"orset","key":"online","op":"remove","value":"alice"}]"#,
+    );
+    assert_eq!(r.status, 200);
+    http_support::missing(&s, "orset", "online");
+}
+
+#[test]
+fn wrong_methods_answer_405_in_the_error_shape() {
+    let s = Served::start();
+    for (method, path, allowed) in [
+        ("POST", "/v1/keys", "GET"),
+        ("GET", "/v1/ops", "POST"),
+        ("DELETE", "/v1/keys/gcounter/x", "GET"),
+        ("PUT", "/metrics", "GET"),
+    ] {
+        let (a, headers) = http_support::request(method, &s.url(path), &[]);
+        assert_eq!(
+            (a.status, a.code()),
+            (405, "method_not_allowed"),
+            "{method} {path}: {a:?}"
+        );
+        assert!(a.content_type.starts_with("application/json"), "{a:?}");
+        let allow = headers
+            .get("allow")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        assert!(allow.contains(allowed), "{method} {path}: Allow {allow:?}");
+    }
+}
+
+/// `# TYPE` and `# HELP` name the same families, and every sample belongs to a typed family.
+fn check_exposition(text: &str) {
+    let mut typed = std::collections::BTreeMap::new();
+    let mut helped = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').expect("TYPE line");
+            typed.insert(name.to_owned(), kind.to_owned());
+        } else if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').expect("HELP line");
+            assert!(!help.trim().is_empty(), "empty help: {line}");
+            helped.insert(name.to_owned());
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let name = line.split(['{', ' ']).next().unwrap_or_default();
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| {
+                    name.strip_suffix(s)
+                        .filter(|f| typed.get(*f).is_some_and(|k| k == "histogram"))
+                })
+                .unwrap_or(name);
+            assert!(
+                typed.contains_key(family),
+                "sample of an untyped family: {line}"
+            );
+            if typed[family] == "counter" {
+                assert!(name.ends_with("_total"), "{line}");
+            }
+        }
+    }
+    let untyped: Vec<_> = typed.keys().filter(|n| !helped.contains(*n)).collect();
+    assert!(untyped.is_empty(), "no help text: {untyped:?}");
+}
+
+/// `promtool check metrics` on `text`, when promtool is installed (required when
+/// `TIDEMARK_REQUIRE_PROMTOOL=1`): its lint findings, if any.
+fn promtool(text: &str) -> Option<String> {
+    let mut child = match std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(
+                std::env::var("TIDEMARK_REQUIRE_PROMTOOL").as_deref() != Ok("1"),
+                "promtool is required (TIDEMARK_REQUIRE_PROMTOOL=1) but cannot run: {e}"
+            );
+            eprintln!("promtool not installed (Debian package `prometheus`): check skipped");
+            return None;
+        }
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(text.as_bytes()).expect("promtool stdin");
+    }
+    let out = child.wait_with_output().expect("promtool");
+    let findings = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool check metrics: {findings}");
+    Some(findings)
+}
+
+#[test]
+fn metrics_are_prometheus_text_by_default_and_openmetrics_when_asked() {
+    let s = Served::start();
+    let w = post(
+        &s.url("/v1/ops"),
+        r#"[{"type":"gcounter","key":"m","op":"inc"}]"#,
+    );
+    assert_eq!(w.status, 200);
+    let _ = get(&s.url("/v1/keys/gcounter/m"));
+    let text = get(&s.url("/metrics"));
+    assert_eq!(
+        text.content_type, "text/plain; version=0.0.4; charset=utf-8",
+        "{text:?}"
+    );
+    assert!(!text.text.contains("# EOF") && !text.text.contains("# UNIT"));
+    check_exposition(&text.text);
+    let version = env!("CARGO_PKG_VERSION");
+    let build = format!("tidemark_build_info{{version=\"{version}\"}} 1\n");
+    assert!(text.text.contains(&build), "{}", text.text);
+    assert!(text.text.contains("# TYPE tidemark_writes_total counter\n"));
+    assert!(
+        text.text
+            .contains("tidemark_writes_total{result=\"applied\"} 1\n")
+    );
+    #[cfg(target_os = "linux")]
+    for family in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_virtual_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_start_time_seconds",
+    ] {
+        let sample = text
+            .text
+            .lines()
+            .find(|l| l.starts_with(&format!("{family} ")))
+            .unwrap_or_else(|| panic!("no {family}: {}", text.text));
+        let v: f64 = sample
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .expect("a number");
+        assert!(v > 0.0 || family == "process_cpu_seconds_total", "{sample}");
+    }
+    if let Some(findings) = promtool(&text.text) {
+        assert_eq!(findings.trim(), "", "promtool lint findings");
+    }
+    for accept in [
+        "text/plain",
+        "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+        "*/*",
+    ] {
+        let (a, _) = http_support::request("GET", &s.url("/metrics"), &[("accept", accept)]);
+        assert!(
+            a.content_type.starts_with("text/plain; version=0.0.4"),
+            "{accept}: {a:?}"
+        );
+    }
+    let (om, _) = http_support::request(
+        "GET",
+        &s.url("/metrics"),
+        &[(
+            "accept",
+            "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+        )],
+    );
+    assert_eq!(
+        om.content_type,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    assert!(om.text.ends_with("# EOF\n"), "{}", om.text);
+    assert!(om.text.contains("# TYPE tidemark_writes counter\n"));
+    assert!(om.text.contains(&build));
+}
+
+#[test]
+fn the_watchers_gauge_falls_when_a_watch_client_disconnects() {
+    let s = Served::start();
+    let watchers = || {
+        get(&s.url("/metrics"))
+            .text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("tidemark_http_watchers ")?
+                    .parse::<i64>()
+                    .ok()
+            })
+            .expect("tidemark_http_watchers")
+    };
+    assert_eq!(watchers(), 0);
+    let first = open_watch(&s, "prefix=w");
+    let second = open_watch(&s, "prefix=w");
+    assert_eq!(watchers(), 2);
+    drop(first);
+    // The server notices the closed connection when it next writes to it: make a change.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut n = 0;
+    while watchers() != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the gauge stayed at {}",
+            watchers()
+        );
+        n += 1;
+        let op = json!([{"type":"gcounter","key":format!("w{n}"),"op":"inc"}]);
+        assert_eq!(post(&s.url("/v1/ops"), op.to_string()).status, 200);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(second);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while watchers() != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the gauge stayed at {}",
+            watchers()
+        );
+        n += 1;
+        let op = json!([{"type":"gcounter","key":format!("w{n}"),"op":"inc"}]);
+        assert_eq!(post(&s.url("/v1/ops"), op.to_string()).status, 200);
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

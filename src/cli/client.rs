@@ -37,6 +37,34 @@ pub fn parse_key(s: &str) -> Result<KeyArg, String> {
     })
 }
 
+/// Parses `--url`: `http://HOST:PORT[/base]`, or `HOST:PORT` (`localhost:7700`,
+/// `10.0.0.5:7700`) taken as `http://HOST:PORT` (a usage error, exit 2, otherwise).
+pub fn parse_url(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    let url = if text.contains("://") {
+        text.to_owned()
+    } else {
+        format!("http://{text}")
+    };
+    let hint = "expected http://HOST:PORT or HOST:PORT, e.g. localhost:7700";
+    let uri: ureq::http::Uri = url
+        .parse()
+        .map_err(|e| format!("{text:?} is not a URL ({e}); {hint}"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(other) => {
+            return Err(format!(
+                "{text:?}: the node's API is plain HTTP, not {other}://; {hint}"
+            ));
+        }
+        None => return Err(format!("{text:?} has no host; {hint}")),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("{text:?} has no host; {hint}"));
+    }
+    Ok(url)
+}
+
 /// A request the server answered with an error (exit status 1).
 #[derive(Debug)]
 pub struct Rejected {
@@ -280,10 +308,11 @@ pub fn write_ops(client: &Client, out: &Output, ops: &[J]) -> anyhow::Result<()>
 /// `tidemark inc`/`dec`.
 pub fn counter_op(key: &KeyArg, op: &str, by: i64) -> anyhow::Result<J> {
     if !matches!(key.kind.as_str(), "gcounter" | "pncounter") {
-        bail!(
-            "{op} applies to gcounter or pncounter keys, not {}",
-            key.kind
-        );
+        return Err(crate::Usage(format!(
+            "{op} applies to gcounter or pncounter keys, not {} (e.g. {op} gcounter/{})",
+            key.kind, key.name
+        ))
+        .into());
     }
     let (op, by) = if by < 0 {
         (if op == "inc" { "dec" } else { "inc" }, by.unsigned_abs())
@@ -400,13 +429,16 @@ pub fn status(client: &Client, out: &Output) -> anyhow::Result<()> {
     }
     let n = &cluster["node"];
     print_table(
-        &["NODE", "HTTP", "PEERS ON", "EPOCH", "LOG", "READY"],
+        &[
+            "NODE", "VERSION", "HTTP", "PEERS ON", "EPOCH", "LOG", "READY",
+        ],
         &[vec![
             n["name"]
                 .as_str()
                 .or_else(|| n["replica"].as_str())
                 .unwrap_or_default()
                 .to_owned(),
+            n["version"].as_str().unwrap_or("-").to_owned(),
             n["http"].as_str().unwrap_or_default().to_owned(),
             n["peer_listen"].as_str().unwrap_or("-").to_owned(),
             n["epoch"].to_string(),

@@ -130,12 +130,17 @@ pub fn restore(config: &Config, file: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Logs to stderr through `tracing` (`RUST_LOG`, default `info`).
+/// Logs to stderr through `tracing` (`RUST_LOG`, default `info`); text lines are coloured
+/// only when stderr is a terminal (and `NO_COLOR` is unset).
 pub fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour && format == LogFormat::Text)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
@@ -206,12 +211,50 @@ async fn start_peers(node: &Node, config: &Config) -> anyhow::Result<SocketAddr>
     Ok(bound)
 }
 
+/// One line saying why `addr` cannot be listened on and which flag picks another address
+/// (the I/O error's own text only when it is not one of the usual causes).
+fn listen_error(addr: SocketAddr, flag: &str, e: &std::io::Error) -> anyhow::Error {
+    let why = match e.kind() {
+        std::io::ErrorKind::AddrInUse => {
+            "address already in use — is another tidemark running?".to_owned()
+        }
+        std::io::ErrorKind::PermissionDenied => {
+            "permission denied (ports below 1024 need privileges);".to_owned()
+        }
+        std::io::ErrorKind::AddrNotAvailable => {
+            "no interface of this machine has that address;".to_owned()
+        }
+        _ => format!("{e};"),
+    };
+    anyhow::anyhow!("cannot listen on {addr}: {why} use {flag} ADDR")
+}
+
 /// Runs the node until a stop signal; every acknowledged write is durable when this returns.
-pub async fn run(config: Config) -> anyhow::Result<()> {
+///
+/// The HTTP port is bound and the peer port checked first, so a port in use fails before
+/// anything is created on disk (no data directory, no replica id, no half-done `restore`).
+pub async fn run(config: Config, restore_from: Option<PathBuf>) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(config.http.listen)
+        .await
+        .map_err(|e| listen_error(config.http.listen, "--http", &e))?;
+    // The peer endpoint binds its UDP socket when the node starts listening; a free port is
+    // checked here (released at once) so a busy one is reported before anything is created.
+    if config.peer.listen.port() != 0 {
+        std::net::UdpSocket::bind(config.peer.listen)
+            .map_err(|e| listen_error(config.peer.listen, "--peer-listen", &e))?;
+    }
+    if let Some(file) = &restore_from {
+        restore(&config, file)?;
+    }
     let node = Node::open(config.node_config())
         .await
         .with_context(|| format!("cannot open the node in {}", config.data_dir.display()))?;
-    let server = match HttpServer::bind(node.clone(), config.http.clone()).await {
+    let server = match HttpServer::on_listener(
+        node.clone(),
+        config.http.clone(),
+        listener,
+        std::sync::Arc::new(tidemark::http::SingleNode),
+    ) {
         Ok(s) => s,
         Err(e) => {
             let _ = node.shutdown().await;
@@ -227,10 +270,26 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     };
     let name = node.net_status().map(|s| s.name).unwrap_or_default();
-    println!(
-        "tidemark: node {name} serving HTTP on http://{addr} (peers on {peer_addr}; data in {}; console at http://{addr}/)",
-        config.data_dir.display()
-    );
+    if config.log.format == LogFormat::Json {
+        // The same stream may be collected with the logs: one JSON object, like them.
+        println!(
+            "{}",
+            serde_json::json!({
+                "message": "serving",
+                "node": name,
+                "version": env!("CARGO_PKG_VERSION"),
+                "http": format!("http://{addr}"),
+                "peer_listen": peer_addr.to_string(),
+                "data_dir": config.data_dir.display().to_string(),
+                "console": format!("http://{addr}/"),
+            })
+        );
+    } else {
+        println!(
+            "tidemark: node {name} serving HTTP on http://{addr} (peers on {peer_addr}; data in {}; console at http://{addr}/)",
+            config.data_dir.display()
+        );
+    }
     tracing::info!(%addr, replica = %node.replica_id(), "serving");
     let served = server.run(stop_signal()).await;
     tracing::info!("closing the store");

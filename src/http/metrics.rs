@@ -73,10 +73,12 @@ pub(crate) struct Scrape<'a> {
     pub(crate) store_bytes: u64,
     pub(crate) net: Option<crate::net::NetStatsSnapshot>,
     pub(crate) http: &'a HttpMetrics,
+    /// This process's resource use (`process_*`), where the platform reports it.
+    pub(crate) process: Option<crate::metrics::ProcessStats>,
 }
 
-/// Renders a scrape as Prometheus text (OpenMetrics-compatible).
-pub(crate) fn render(s: &Scrape<'_>) -> Result<String, std::fmt::Error> {
+/// Renders a scrape in `format`.
+pub(crate) fn render(s: &Scrape<'_>, format: Format) -> Result<String, std::fmt::Error> {
     let mut r = Registry::with_prefix("tidemark");
     let n = &s.node;
     r.register(
@@ -276,9 +278,150 @@ pub(crate) fn render(s: &Scrape<'_>) -> Result<String, std::fmt::Error> {
         h.connections_refused.clone(),
     );
     r.register("http_watchers", "Open watch streams", h.watchers.clone());
+    let build: Family<Labels, Gauge> = Family::default();
+    build
+        .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())])
+        .set(1);
+    r.register(
+        "build_info",
+        "Always 1; the version label is this node's release",
+        build,
+    );
+    // The standard `process_*` metrics, without the `tidemark` prefix.
+    let mut process = Registry::default();
+    if let Some(p) = &s.process {
+        process.register_with_unit(
+            "process_cpu",
+            "Total user and system CPU time spent",
+            Unit::Seconds,
+            ConstCounter::new(p.cpu_seconds),
+        );
+        process.register_with_unit(
+            "process_resident_memory",
+            "Resident memory size",
+            Unit::Bytes,
+            ConstGauge::new(p.resident_memory_bytes as i64),
+        );
+        process.register_with_unit(
+            "process_virtual_memory",
+            "Virtual memory size",
+            Unit::Bytes,
+            ConstGauge::new(p.virtual_memory_bytes as i64),
+        );
+        process.register(
+            "process_open_fds",
+            "Open file descriptors",
+            ConstGauge::new(p.open_fds as i64),
+        );
+        if let Some(max) = p.max_fds {
+            process.register(
+                "process_max_fds",
+                "Limit on open file descriptors",
+                ConstGauge::new(max as i64),
+            );
+        }
+        process.register_with_unit(
+            "process_start_time",
+            "Start time of the process since the Unix epoch",
+            Unit::Seconds,
+            ConstGauge::new(p.start_time_seconds),
+        );
+    }
     let mut out = String::new();
-    prometheus_client::encoding::text::encode(&mut out, &r)?;
-    Ok(out)
+    prometheus_client::encoding::text::encode_registry(&mut out, &r)?;
+    prometheus_client::encoding::text::encode_registry(&mut out, &process)?;
+    match format {
+        Format::OpenMetrics => {
+            prometheus_client::encoding::text::encode_eof(&mut out)?;
+            Ok(out)
+        }
+        Format::Text004 => Ok(text_004(&out)),
+    }
+}
+
+/// The two exposition formats of `GET /metrics`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// Prometheus text format 0.0.4 (`text/plain; version=0.0.4`): the default.
+    Text004,
+    /// OpenMetrics 1.0 (`application/openmetrics-text`): when the client's `Accept` asks.
+    OpenMetrics,
+}
+
+impl Format {
+    /// OpenMetrics when `accept` names `application/openmetrics-text` (with a non-zero
+    /// quality), else the Prometheus text format.
+    pub(crate) fn negotiate(accept: Option<&str>) -> Self {
+        let asks = accept.is_some_and(|a| {
+            a.split(',').any(|item| {
+                let mut parts = item.split(';').map(str::trim);
+                let media = parts.next().unwrap_or_default();
+                let refused = parts.any(|p| {
+                    p.strip_prefix("q=")
+                        .and_then(|q| q.parse::<f64>().ok())
+                        .is_some_and(|q| q <= 0.0)
+                });
+                media.eq_ignore_ascii_case("application/openmetrics-text") && !refused
+            })
+        });
+        if asks {
+            Format::OpenMetrics
+        } else {
+            Format::Text004
+        }
+    }
+
+    /// The `Content-Type` of an answer in this format.
+    pub(crate) fn content_type(self) -> &'static str {
+        match self {
+            Format::Text004 => "text/plain; version=0.0.4; charset=utf-8",
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
+}
+
+/// Rewrites prometheus-client's OpenMetrics text as Prometheus text 0.0.4: a counter family is
+/// named by its samples' `_total` name (its `# HELP` and `# TYPE` lines would otherwise name
+/// no sample, which Prometheus and promtool read as metrics without help), and the
+/// OpenMetrics-only `# UNIT` and `# EOF` lines go.
+pub(crate) fn text_004(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    let mut help: Option<&str> = None;
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            if let Some(h) = help.take() {
+                out.push_str(h);
+                out.push('\n');
+            }
+            help = Some(rest);
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
+            let renamed = if kind == "counter" && !name.ends_with("_total") {
+                format!("{name}_total")
+            } else {
+                name.to_owned()
+            };
+            if let Some(h) = help.take() {
+                let text = h.split_once(' ').map_or("", |(_, t)| t);
+                out.push_str(&format!("# HELP {renamed} {text}\n"));
+            }
+            out.push_str(&format!("# TYPE {renamed} {kind}\n"));
+            continue;
+        }
+        if let Some(h) = help.take() {
+            out.push_str("# HELP ");
+            out.push_str(h);
+            out.push('\n');
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }
 
 /// Bytes of the regular files directly in `dir` (the redb file and its companions).
@@ -293,4 +436,39 @@ pub(crate) fn dir_bytes(dir: &std::path::Path) -> u64 {
                 .sum()
         })
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_selects_openmetrics_only_when_asked() {
+        assert_eq!(Format::negotiate(None), Format::Text004);
+        assert_eq!(Format::negotiate(Some("text/plain")), Format::Text004);
+        assert_eq!(Format::negotiate(Some("*/*")), Format::Text004);
+        assert_eq!(
+            Format::negotiate(Some(
+                "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+            )),
+            Format::OpenMetrics
+        );
+        assert_eq!(
+            Format::negotiate(Some("application/openmetrics-text; q=0, text/plain")),
+            Format::Text004
+        );
+    }
+
+    #[test]
+    fn counters_are_named_by_their_samples_in_text_004() {
+        let om = "# HELP t_writes Writes.\n# TYPE t_writes counter\nt_writes_total{r=\"a\"} 3\n\
+                  # HELP t_d Time.\n# TYPE t_d_seconds counter\n# UNIT t_d_seconds seconds\n\
+                  t_d_seconds_total 0.5\n# HELP t_g G.\n# TYPE t_g gauge\nt_g 1\n# EOF\n";
+        assert_eq!(
+            text_004(om),
+            "# HELP t_writes_total Writes.\n# TYPE t_writes_total counter\nt_writes_total{r=\"a\"} 3\n\
+             # HELP t_d_seconds_total Time.\n# TYPE t_d_seconds_total counter\nt_d_seconds_total 0.5\n\
+             # HELP t_g G.\n# TYPE t_g gauge\nt_g 1\n"
+        );
+    }
 }

@@ -85,6 +85,9 @@ pub struct HttpConfig {
     pub retry_after_secs: u64,
     /// How long shutdown waits for in-flight requests (default 30 s).
     pub shutdown_grace_ms: u64,
+    /// One INFO line per request (target `tidemark::http::access`: method, matched route,
+    /// status, duration, bytes sent), written when its answer has been sent (default true).
+    pub access_log: bool,
 }
 
 impl Default for HttpConfig {
@@ -105,6 +108,7 @@ impl Default for HttpConfig {
             ingest_backpressure_wait_ms: 5_000,
             retry_after_secs: 1,
             shutdown_grace_ms: 30_000,
+            access_log: true,
         }
     }
 }
@@ -144,8 +148,8 @@ pub enum HttpError {
     /// The configuration is invalid.
     #[error("invalid http configuration: {0}")]
     Config(String),
-    /// The listen address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    /// The listen address could not be bound (the cause is the error's source).
+    #[error("cannot listen on {addr}")]
     Bind {
         /// The address.
         addr: SocketAddr,
@@ -233,6 +237,22 @@ impl HttpServer {
                     addr: config.listen,
                     source,
                 })?;
+        Self::on_listener(node, config, listener, cluster)
+    }
+
+    /// Serves `node` on `listener`, already bound (so a daemon can find its port taken before
+    /// it creates or restores a data directory); `config.listen` is not used.
+    ///
+    /// # Errors
+    /// [`HttpError::Config`] for invalid settings; [`HttpError::Bind`] when the listener's
+    /// address cannot be read.
+    pub fn on_listener(
+        node: Node,
+        config: HttpConfig,
+        listener: TcpListener,
+        cluster: Arc<dyn ClusterView>,
+    ) -> Result<Self, HttpError> {
+        config.validate().map_err(HttpError::Config)?;
         let listen = listener.local_addr().map_err(|source| HttpError::Bind {
             addr: config.listen,
             source,

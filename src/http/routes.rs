@@ -36,6 +36,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/views/{view}", get(view))
         .route("/v1/snapshot", get(super::snapshot::get_snapshot))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::concurrency,
@@ -60,6 +61,16 @@ async fn not_found() -> ApiError {
         StatusCode::NOT_FOUND,
         "not_found",
         "no such route (see API.md)",
+    )
+}
+
+/// A known path with a method it does not serve: 405 in the API's error shape (axum's own
+/// answer has an empty body). `Allow` is the route's, set by axum on this fallback's answer.
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} does not serve {method} (see API.md)", uri.path()),
     )
 }
 
@@ -104,7 +115,9 @@ async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
-async fn metrics_text(State(state): State<AppState>) -> Response {
+async fn metrics_text(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let format =
+        metrics::Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
     let replication = state.node.replication_status().await.ok();
     let scrape = metrics::Scrape {
         net: state.node.net_status().map(|n| n.stats),
@@ -113,16 +126,10 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
         replication,
         store_bytes: metrics::dir_bytes(&state.node.config().data_dir),
         http: &state.metrics,
+        process: crate::metrics::ProcessStats::read(),
     };
-    match metrics::render(&scrape) {
-        Ok(text) => (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response(),
+    match metrics::render(&scrape, format) {
+        Ok(text) => ([(header::CONTENT_TYPE, format.content_type())], text).into_response(),
         Err(_) => ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "metrics",
@@ -200,8 +207,16 @@ async fn get_key(
     let key = Key::new(kind, name);
     let value = state
         .node
-        .get(&key)
-        .map_err(|e| ApiError::from_node(e, Pos::Index, state.config.retry_after_secs))?;
+        .find(&key)
+        .map_err(|e| ApiError::from_node(e, Pos::Index, state.config.retry_after_secs))?
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "key_not_found",
+                format!("no {} key named {:?}", key.kind.as_str(), key.name),
+            )
+            .at("path name")
+        })?;
     Ok(axum::Json(key_json(&key, &value)).into_response())
 }
 
@@ -460,6 +475,23 @@ async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
 }
 
+/// One open watch stream in `tidemark_http_watchers`: counted while the stream lives, whether
+/// it ends (shutdown, node closed) or is dropped because the client disconnected.
+struct Watching(prometheus_client::metrics::gauge::Gauge);
+
+impl Watching {
+    fn new(gauge: prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 async fn watch(
     State(state): State<AppState>,
     Query(q): Query<WatchQuery>,
@@ -484,8 +516,7 @@ async fn watch(
         kind,
         prefix: q.prefix,
     });
-    let gauge = state.metrics.watchers.clone();
-    gauge.inc();
+    let gauge = Watching::new(state.metrics.watchers.clone());
     let shutdown = state.shutdown.clone();
     let stream = futures_util::stream::unfold(
         (watch, shutdown, permit, gauge),
@@ -494,10 +525,7 @@ async fn watch(
                 () = stopped(&mut shutdown) => None,
                 ev = watch.next() => ev,
             };
-            let Some(ev) = next else {
-                gauge.dec();
-                return None;
-            };
+            let ev = next?;
             let sse = match ev {
                 WatchEvent::Changed(change) => SseEvent::default()
                     .event("change")
@@ -567,6 +595,7 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
     let m = node.metrics();
     Ok(axum::Json(json!({
         "node": {
+            "version": env!("CARGO_PKG_VERSION"),
             "replica": node.replica_id().to_string(),
             "peer": format!("{:016x}", node.peer_id().0),
             "epoch": node.epoch(),

@@ -215,3 +215,25 @@ pub fn rss_bytes() -> u64 {
         })
         .map_or(0, |kb| kb * 1024)
 }
+
+/// Asserts the node holds nothing for `type/name`: 404 `key_not_found`.
+pub fn missing(s: &Served, kind: &str, name: &str) {
+    let a = get(&s.url(&format!("/v1/keys/{kind}/{name}")));
+    assert_eq!((a.status, a.code()), (404, "key_not_found"), "{a:?}");
+}
+
+/// `METHOD url` with extra request headers; the answer and its response headers.
+pub fn request(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> (Answer, ureq::http::HeaderMap) {
+    let mut req = ureq::http::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(()).expect("request");
+    let resp = agent().run(req).expect("request");
+    let headers = resp.headers().clone();
+    (answer(Ok(resp)), headers)
+}
