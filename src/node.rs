@@ -469,6 +469,16 @@ impl Node {
         &self,
         writes: Vec<LocalWrite>,
     ) -> Result<oneshot::Receiver<Result<LocalCommit, Error>>, Error> {
+        self.enqueue_with(writes, None)
+    }
+
+    /// [`Node::enqueue`] of a view batch whose view mutations were coalesced (`fallback`: how
+    /// the writer un-coalesces it if some event would not be applied).
+    fn enqueue_with(
+        &self,
+        writes: Vec<LocalWrite>,
+        fallback: Option<crate::views::coalesce::Fallback>,
+    ) -> Result<oneshot::Receiver<Result<LocalCommit, Error>>, Error> {
         let ops: usize = writes.iter().map(|w| w.ops.len().max(1)).sum();
         let limit = self.shared.config.limits.write_queue_ops_max;
         let before = self.shared.queued_ops.fetch_add(ops, Ordering::AcqRel);
@@ -478,7 +488,11 @@ impl Node {
             return Err(Error::Backpressure { queued: before });
         }
         let (reply, rx) = oneshot::channel();
-        if let Err(e) = self.send(Input::Write { writes, reply }) {
+        if let Err(e) = self.send(Input::Write {
+            writes,
+            fallback,
+            reply,
+        }) {
             self.shared.queued_ops.fetch_sub(ops, Ordering::AcqRel);
             return Err(e);
         }
@@ -543,6 +557,18 @@ impl Node {
         stream: &str,
         events: Vec<crate::views::StreamEvent>,
     ) -> Result<WriteOutcome, Error> {
+        self.ingest_events_then(stream, events, std::future::ready(()))
+            .await
+    }
+
+    /// [`Node::ingest_events`], awaiting `between` after the batch's coalescing was decided
+    /// and before its writes are queued (tests use it to join a peer's delta in that gap).
+    async fn ingest_events_then(
+        &self,
+        stream: &str,
+        events: Vec<crate::views::StreamEvent>,
+        between: impl std::future::Future<Output = ()>,
+    ) -> Result<WriteOutcome, Error> {
         let limits = &self.shared.config.limits;
         let plain: Vec<Event> = events.iter().map(|e| e.to_event()).collect();
         let mut writes = self.count_rejection(ops::validate_events(stream, &plain, limits))?;
@@ -563,10 +589,11 @@ impl Node {
             inflight,
             pending: None,
         };
+        between.await;
         let reader = self.reader()?;
         let admitted = {
             let mut wms = views.watermarks.lock().map_err(|_| Error::Closed)?;
-            let admitted = views.admit(
+            let mut admitted = views.admit(
                 wms.get(stream).copied().unwrap_or_default(),
                 stream,
                 &mut writes,
@@ -574,7 +601,7 @@ impl Node {
                 self.shared.replica,
                 coalesce.then_some(&reader),
             );
-            guard.pending = Some(self.enqueue(writes)?);
+            guard.pending = Some(self.enqueue_with(writes, admitted.fallback.take())?);
             if let Some(wm) = admitted.new_wm {
                 wms.entry(stream.to_owned()).or_default().wm = Some(wm);
             }
@@ -866,6 +893,10 @@ impl Node {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "node_trust_tests.rs"]
+mod trust_tests;
 
 /// Runs [`Node::maintain_views`] every [`crate::views::maintain::TICK`] while the node is
 /// open (holding it only during a round).

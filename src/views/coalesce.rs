@@ -9,6 +9,32 @@ use super::keys;
 use std::collections::{BTreeMap, HashMap};
 use tidemark_crdts::{Key, KeyKind, Mutation};
 
+/// A coalesced batch's way back to per-event view mutations. Coalescing is decided before the
+/// batch is queued, on the committed dedup marks; a peer's delta joined before the batch
+/// commits can make some of its events duplicates. The writer, which decides duplicates,
+/// checks the batch again right before its commit ([`Fallback::settle`]) and, if any event
+/// would not be applied, gives every event its own view mutations back and empties the
+/// coalesced write, so the views change by exactly the events applied.
+#[derive(Debug)]
+pub(crate) struct Fallback {
+    /// Index of the coalesced write in the batch.
+    pub(crate) merged: usize,
+    /// Per event write (the first writes of the batch, in order): its on-time view mutations.
+    pub(crate) per_event: Vec<Vec<(Key, Mutation)>>,
+}
+
+impl Fallback {
+    /// Un-coalesces `writes` (the batch this fallback was made for).
+    pub(crate) fn apply(self, writes: &mut [crate::store::LocalWrite]) {
+        if let Some(w) = writes.get_mut(self.merged) {
+            w.ops.clear();
+        }
+        for (w, ops) in writes.iter_mut().zip(self.per_event) {
+            w.ops.extend(ops);
+        }
+    }
+}
+
 enum Acc {
     Counter {
         inc: u64,

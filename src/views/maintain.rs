@@ -66,7 +66,8 @@ pub fn plan(
         });
         let horizon = if retains {
             let digest = views.digests.get(stream).map_or("", String::as_str);
-            let c = cluster_watermark(reader, stream, digest, me, known, peer_of)?;
+            let bound = views.time_bound(stream, now_ms);
+            let c = cluster_watermark(reader, stream, digest, me, known, peer_of, bound)?;
             c.wm.max(c.horizon)
         } else {
             None

@@ -95,6 +95,8 @@ pub struct Views {
     ooo: BTreeMap<String, u64>,
     /// Stream → idle timeout (smallest of its views'), for streams that have one.
     idle: BTreeMap<String, u64>,
+    /// Stream → how far ahead of the clock event times may be (smallest of its views').
+    max_future: BTreeMap<String, u64>,
     /// Stream → digest of its view definitions (announced with the watermark).
     pub(crate) digests: BTreeMap<String, String>,
     /// Stream → this node's marks. Locked from the lateness decision of an ingest until its
@@ -131,6 +133,9 @@ pub(crate) struct Admitted {
     /// The stream's new watermark, when the batch moved it (its announcement is the last
     /// write of the batch).
     pub(crate) new_wm: Option<u64>,
+    /// When the batch's view mutations were coalesced into one write: what the writer uses
+    /// instead if some event of the batch turns out a duplicate or is refused at commit.
+    pub(crate) fallback: Option<coalesce::Fallback>,
 }
 
 impl Views {
@@ -143,7 +148,12 @@ impl Views {
         let mut by_stream: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         let mut ooo: BTreeMap<String, u64> = BTreeMap::new();
         let mut idle: BTreeMap<String, u64> = BTreeMap::new();
+        let mut max_future: BTreeMap<String, u64> = BTreeMap::new();
         for (i, v) in views.iter().enumerate() {
+            let e = max_future
+                .entry(v.def.stream.clone())
+                .or_insert(v.max_future_ms);
+            *e = (*e).min(v.max_future_ms);
             by_stream.entry(v.def.stream.clone()).or_default().push(i);
             let o = v.window.map_or(0, |w| w.out_of_orderness_ms);
             let e = ooo.entry(v.def.stream.clone()).or_default();
@@ -166,6 +176,7 @@ impl Views {
             by_stream,
             ooo,
             idle,
+            max_future,
             digests,
             watermarks: Mutex::new(BTreeMap::new()),
             horizons: Mutex::new(BTreeMap::new()),
@@ -219,6 +230,20 @@ impl Views {
         };
         w.retention_ms
             .is_some_and(|r| start.saturating_add(w.size_ms).saturating_add(r) < horizon)
+    }
+
+    /// How far ahead of the clock event times of `stream` may be (ms).
+    pub(crate) fn max_future(&self, stream: &str) -> u64 {
+        self.max_future
+            .get(stream)
+            .copied()
+            .unwrap_or(def::MAX_FUTURE_DEFAULT_MS)
+    }
+
+    /// The latest time a watermark or horizon of `stream` is taken at, at clock `now_ms`:
+    /// the clock plus the stream's `max_future`.
+    pub(crate) fn time_bound(&self, stream: &str, now_ms: u64) -> u64 {
+        now_ms.saturating_add(self.max_future(stream))
     }
 
     /// The horizon this node acts on for `stream`.
@@ -308,11 +333,12 @@ impl Views {
             return Ok(Vec::new());
         };
         let views: Vec<(usize, &CompiledView)> = idx.iter().map(|&i| (i, &self.views[i])).collect();
+        let max_future = self.max_future(stream);
         events
             .iter()
             .enumerate()
             .map(|(i, ev)| {
-                fold::fold_event(ev, i, &views, now_ms, limits).map_err(|(v, e)| {
+                fold::fold_event(ev, i, &views, now_ms, max_future, limits).map_err(|(v, e)| {
                     for &(vi, _) in &views {
                         if v.is_none_or(|v| v == vi) {
                             self.counters[vi].rejected.fetch_add(1, Ordering::Relaxed);
@@ -430,9 +456,11 @@ impl Views {
         let ooo = self.ooo.get(stream).copied().unwrap_or(0);
         let mut out = Admitted::default();
         let mut max_wm = None::<u64>;
+        let mut per_event = Vec::new();
         for (w, f) in writes.iter_mut().zip(folded) {
             let mut late = Vec::new();
             let mut applied = Vec::new();
+            let mut own = Vec::new();
             for op in f.ops {
                 let removed = matches!((op.start, horizon), (Some(s), Some(h)) if self.expired(op.view, s, h));
                 let is_late = removed || matches!((op.deadline, wm), (Some(d), Some(wm)) if d < wm);
@@ -442,12 +470,14 @@ impl Views {
                 }
                 if !is_late {
                     if coalesce.is_some() {
+                        own.push((op.key.clone(), op.mutation.clone()));
                         merged.push((op.key, op.mutation));
                     } else {
                         w.ops.push((op.key, op.mutation));
                     }
                 }
             }
+            per_event.push(own);
             out.late.push(late);
             out.applied.push(applied);
             let t = f.time_ms.saturating_sub(ooo);
@@ -459,6 +489,10 @@ impl Views {
                 self.skip_present(&mut ops, r);
             }
             if !ops.is_empty() {
+                out.fallback = Some(coalesce::Fallback {
+                    merged: writes.len(),
+                    per_event,
+                });
                 writes.push(LocalWrite { ops, event: None });
             }
         }

@@ -125,7 +125,10 @@ pub(crate) struct Cluster {
 /// in its context (whose writes it has seen) and every peer met since open — with the same
 /// definitions digest as ours, and its context holds every dot of each announcer up to the
 /// announcement's dot. Also returns the replicas whose definitions differ and the largest
-/// announced horizon.
+/// announced horizon. Every announced watermark and horizon is taken at most at `bound` (this
+/// node's clock plus the stream's `max_future`): a peer announcing one further ahead (its
+/// clock or its `max_future` differs) moves nothing here beyond what this node would accept.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn cluster_watermark(
     reader: &Reader,
     stream: &str,
@@ -133,6 +136,7 @@ pub(crate) fn cluster_watermark(
     me: ReplicaId,
     known: &[PeerId],
     peer_of: fn(ReplicaId) -> PeerId,
+    bound: u64,
 ) -> Result<Cluster, Error> {
     let ctx: CausalContext = reader.context()?;
     let prefix = keys::wm_prefix(stream);
@@ -156,10 +160,11 @@ pub(crate) fn cluster_watermark(
             if a.defs != digest {
                 conflicts.push(replica.to_string());
             }
-            horizon = horizon.max(a.horizon);
+            horizon = horizon.max(a.horizon.map(|h| h.min(bound)));
             unsure |= !CausalContext::from_range(dot.replica, 1, dot.seq).is_subset(&ctx);
             announcers.push(replica);
-            min = Some(min.map_or(a.wm, |m| m.min(a.wm)));
+            let wm = a.wm.min(bound);
+            min = Some(min.map_or(wm, |m| m.min(wm)));
         }
         after = page.last().map(|(k, _)| k.name.clone());
         if done {
@@ -226,7 +231,15 @@ impl Views {
             wm: cluster,
             conflicts,
             horizon: announced_h,
-        } = cluster_watermark(reader, stream, digest, me, known, peer_of)?;
+        } = cluster_watermark(
+            reader,
+            stream,
+            digest,
+            me,
+            known,
+            peer_of,
+            self.time_bound(stream, crate::driver::wall_ms()),
+        )?;
         let watermark = announcement_of(reader, &keys::wm_key(stream, me))?.map(|a| a.wm);
         // Windows are hidden by a monotone horizon: the largest ever seen by reads, the one
         // this node acts on, any announced, and the cluster watermark now.

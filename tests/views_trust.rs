@@ -1,0 +1,224 @@
+//! Views you can trust: event times within reason (`max_future`, ambiguous magnitudes refused,
+//! watermarks and horizons never beyond the clock plus `max_future`, also when a peer announces
+//! one), a write answered as duplicate changes no view, a restored node keeps its source's
+//! promises, and a node that never synced a stream does not make the cluster remove windows.
+
+mod http_support;
+
+use serde_json::json;
+use std::time::{Duration, Instant};
+use tidemark::views::{StreamEvent, ViewDef, ViewPage, ViewQuery};
+use tidemark::{Error, Node, NodeConfig};
+
+const MIN: u64 = 60_000;
+const HOUR: u64 = 60 * MIN;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .expect("clock after 1970")
+}
+
+/// A windowed count of stream `s`, with extra top-level definition members.
+fn count_def(extra: serde_json::Value, window: serde_json::Value) -> Vec<ViewDef> {
+    let mut d = json!({"name": "c", "stream": "s", "kind": "count", "window": window});
+    if let (Some(d), Some(extra)) = (d.as_object_mut(), extra.as_object()) {
+        d.extend(extra.clone());
+    }
+    vec![serde_json::from_value(d).expect("def")]
+}
+
+async fn open_with(dir: &std::path::Path, defs: Vec<ViewDef>) -> Node {
+    let mut cfg = NodeConfig::new(dir);
+    cfg.views = defs;
+    Node::open(cfg).await.expect("open")
+}
+
+async fn read(node: &Node, view: &str) -> ViewPage {
+    node.view(view, &ViewQuery::default()).await.expect("view")
+}
+
+fn ev(src: &str, seq: u64, t: u64) -> StreamEvent {
+    StreamEvent::new(src, seq, json!({})).at(t)
+}
+
+async fn converge(nodes: &[&Node]) {
+    let started = Instant::now();
+    loop {
+        let ctxs: Vec<_> = nodes.iter().map(|n| n.context().expect("ctx")).collect();
+        if ctxs.windows(2).all(|w| w[0] == w[1]) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no convergence within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn total(page: &ViewPage) -> u64 {
+    page.rows.iter().filter_map(|r| r.value.as_u64()).sum()
+}
+
+/// An event more than `max_future` (default 1 h) ahead of the node's clock is refused, naming
+/// the event and the field, and nothing of its batch is applied; within the bound it is
+/// accepted; a configured `max_future` replaces the default.
+#[tokio::test]
+async fn an_event_too_far_in_the_future_is_refused_with_nothing_of_its_batch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = open_with(dir.path(), count_def(json!({}), json!({"tumbling": "1m"}))).await;
+    let now = now_ms();
+    let err = node
+        .ingest_events("s", vec![ev("p", 1, now - MIN), ev("p", 2, now + 2 * HOUR)])
+        .await
+        .expect_err("a time 2 h ahead is refused");
+    match &err {
+        Error::InvalidEvent { index, field, .. } => {
+            assert_eq!((*index, field.as_str()), (1, "time"), "{err}");
+        }
+        other => panic!("unexpected error {other:?}"),
+    }
+    assert!(err.to_string().contains("max_future"), "{err}");
+    let page = read(&node, "c").await;
+    assert!(page.rows.is_empty(), "nothing of the batch applied: {page:?}");
+    assert_eq!(page.watermark, None, "the watermark did not move");
+    // The first event alone (and one 30 min ahead) is accepted; its retry is a duplicate.
+    let out = node
+        .ingest_events("s", vec![ev("p", 1, now - MIN), ev("p", 3, now + 30 * MIN)])
+        .await
+        .expect("within max_future");
+    assert_eq!((out.applied, out.duplicates), (2, 0));
+    node.shutdown().await.expect("shutdown");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let strict = open_with(
+        dir.path(),
+        count_def(json!({"max_future": "5m"}), json!({"tumbling": "1m"})),
+    )
+    .await;
+    let err = strict
+        .ingest_events("s", vec![ev("p", 1, now + 30 * MIN)])
+        .await
+        .expect_err("30 min ahead is beyond max_future = 5m");
+    assert!(
+        matches!(&err, Error::InvalidEvent { index: 0, field, .. } if field == "time"),
+        "{err:?}"
+    );
+    strict
+        .ingest_events("s", vec![ev("p", 1, now + MIN)])
+        .await
+        .expect("1 min ahead is within 5m");
+    strict.shutdown().await.expect("shutdown");
+}
+
+/// A producer that sends epoch microseconds or nanoseconds (or seconds as a float) gets an
+/// error saying what the number looks like, not a silently accepted far-future time.
+#[tokio::test]
+async fn ambiguous_time_magnitudes_are_refused_saying_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Even with a generous max_future the magnitudes are refused.
+    let node = open_with(
+        dir.path(),
+        count_def(json!({"max_future": "100000d"}), json!({"tumbling": "1m"})),
+    )
+    .await;
+    let now = now_ms();
+    for (t, says) in [
+        (json!(now * 1_000), "microseconds"),
+        (json!(now * 1_000_000), "nanoseconds"),
+        (json!(now as f64 / 1000.0), "whole number"),
+        (json!(-5), "whole number"),
+    ] {
+        let mut e = StreamEvent::new("p", 1, json!({}));
+        e.time = Some(t.clone());
+        let err = node
+            .ingest_events("s", vec![e])
+            .await
+            .expect_err("ambiguous time refused");
+        assert!(
+            matches!(&err, Error::InvalidEvent { field, .. } if field == "time"),
+            "{t}: {err:?}"
+        );
+        assert!(err.to_string().contains(says), "{t}: {err}");
+    }
+    assert!(read(&node, "c").await.rows.is_empty());
+    node.shutdown().await.expect("shutdown");
+}
+
+/// Over HTTP (NDJSON): 400 naming the line and the field, nothing of the batch applied.
+#[test]
+fn http_ingest_refuses_a_far_future_time_naming_the_line() {
+    let served = http_support::Served::start_with(|node, _| {
+        node.views = count_def(json!({}), json!({"tumbling": "1m"}));
+    });
+    let now = now_ms();
+    let body = format!(
+        "{}\n{}\n",
+        json!({"source": "p", "seq": 1, "time": now - MIN}),
+        json!({"source": "p", "seq": 2, "time": now * 1000}),
+    );
+    let a = http_support::post(&served.url("/v1/streams/s/events"), body);
+    assert_eq!(a.status, 400, "{a:?}");
+    assert_eq!(a.json["error"]["at"], "line 2, field time", "{a:?}");
+    assert!(
+        a.json["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("microseconds")),
+        "{a:?}"
+    );
+    let body = format!("{}\n", json!({"source": "p", "seq": 3, "time": now + 3 * HOUR}));
+    let a = http_support::post(&served.url("/v1/streams/s/events"), body);
+    assert_eq!(a.status, 400, "{a:?}");
+    assert_eq!(a.json["error"]["at"], "line 1, field time", "{a:?}");
+    let page = http_support::get(&served.url("/v1/views/c"));
+    assert_eq!(page.status, 200);
+    assert_eq!(page.json["rows"], json!([]), "nothing applied: {page:?}");
+    served.stop();
+}
+
+/// A peer that announces a watermark and horizon far beyond this node's clock (it runs a huge
+/// `max_future`) does not make this node remove its windows: announcements are clamped to
+/// the clock plus this node's `max_future` on receipt.
+#[tokio::test]
+async fn a_peers_far_future_watermark_is_clamped_on_receipt() {
+    let now = now_ms();
+    let window = json!({"tumbling": "1m", "retention": "2h"});
+    let (da, db) = (tempfile::tempdir().expect("a"), tempfile::tempdir().expect("b"));
+    let a = open_with(
+        da.path(),
+        count_def(json!({"max_future": "1000d"}), window.clone()),
+    )
+    .await;
+    let b = open_with(db.path(), count_def(json!({}), window)).await;
+    // B holds a window 30 min old: kept while the horizon is below its end + 2 h.
+    b.ingest_events("s", vec![ev("b", 1, now - 30 * MIN)])
+        .await
+        .expect("b ingests");
+    // A (its own max_future allows it) moves its watermark 500 days ahead and announces it.
+    a.ingest_events("s", vec![ev("a", 1, now + 500 * 24 * HOUR)])
+        .await
+        .expect("a ingests");
+    a.maintain_views().await.expect("a maintains");
+    a.connect(&b).expect("connect");
+    converge(&[&a, &b]).await;
+    for _ in 0..3 {
+        b.maintain_views().await.expect("b maintains");
+    }
+    let page = read(&b, "c").await;
+    let bound = now_ms() + HOUR + MIN;
+    assert!(
+        page.horizon.is_none_or(|h| h <= bound),
+        "horizon {:?} beyond the clock + max_future",
+        page.horizon
+    );
+    assert!(
+        page.cluster_watermark.is_none_or(|w| w <= bound),
+        "cluster watermark {:?} beyond the clock + max_future",
+        page.cluster_watermark
+    );
+    assert_eq!(total(&page), 1, "B's window is kept: {page:?}");
+    a.shutdown().await.expect("shutdown");
+    b.shutdown().await.expect("shutdown");
+}
