@@ -193,7 +193,7 @@ impl Node {
         let (changes, _) = broadcast::channel(config.limits.watch_buffer_max);
         let reader = store.reader();
         let replica = store.replica();
-        views.restore(&reader, replica)?;
+        let announce = views.restore(&reader, replica, crate::driver::wall_ms())?;
         {
             // Stream-view retention: entries of removed windows are dropped on receipt.
             let views = Arc::clone(&views);
@@ -256,6 +256,11 @@ impl Node {
                 net: Mutex::new(None),
             }),
         };
+        if !announce.is_empty() {
+            // The promises of the state this node opened with, announced before any write of
+            // its own (the writer commits in queue order; nobody waits for this one).
+            drop(node.enqueue(announce)?);
+        }
         if node.shared.views.needs_maintenance() {
             // Idle watermarks and retention run in the background while the node lives.
             match tokio::runtime::Handle::try_current() {

@@ -58,10 +58,6 @@ async fn converge(nodes: &[&Node]) {
     }
 }
 
-fn total(page: &ViewPage) -> u64 {
-    page.rows.iter().filter_map(|r| r.value.as_u64()).sum()
-}
-
 /// An event more than `max_future` (default 1 h) ahead of the node's clock is refused, naming
 /// the event and the field, and nothing of its batch is applied; within the bound it is
 /// accepted; a configured `max_future` replaces the default.
@@ -218,7 +214,120 @@ async fn a_peers_far_future_watermark_is_clamped_on_receipt() {
         "cluster watermark {:?} beyond the clock + max_future",
         page.cluster_watermark
     );
-    assert_eq!(total(&page), 1, "B's window is kept: {page:?}");
+    let own = (now - 30 * MIN) / MIN * MIN;
+    assert!(
+        page.rows.iter().any(|r| r.window_start == Some(own)),
+        "B's window is kept: {page:?}"
+    );
     a.shutdown().await.expect("shutdown");
     b.shutdown().await.expect("shutdown");
+}
+
+/// A node restored from a snapshot (a new replica id) starts from the watermarks and horizons
+/// in the state it restored: it refuses as late an event for a window its source reported
+/// final, announces at least the source's watermark at once, and the window keeps its value.
+#[tokio::test]
+async fn a_restored_node_keeps_the_promises_of_its_source() {
+    let defs = || {
+        serde_json::from_value::<Vec<ViewDef>>(json!([
+            {"name": "c", "stream": "s", "kind": "count", "window": {"tumbling": "1m"}},
+            {"name": "r", "stream": "s", "kind": "count",
+             "window": {"tumbling": "1m", "retention": "1m"}},
+        ]))
+        .expect("defs")
+    };
+    let (da, dr) = (tempfile::tempdir().expect("a"), tempfile::tempdir().expect("r"));
+    let a = open_with(da.path(), defs()).await;
+    a.ingest_events("s", vec![ev("p", 1, 10_000), ev("p", 2, 5 * MIN + 1)])
+        .await
+        .expect("a ingests");
+    a.maintain_views().await.expect("a maintains");
+    let page = read(&a, "c").await;
+    assert!(
+        page.rows.iter().any(|r| r.window_start == Some(0) && r.is_final),
+        "window 0 is final on A: {page:?}"
+    );
+    let snap = da.path().join("a.snap");
+    a.snapshot(&snap).await.expect("snapshot");
+    a.shutdown().await.expect("shutdown");
+    let restored_dir = dr.path().join("r");
+    Node::restore(&snap, &restored_dir).expect("restore");
+    let r = open_with(&restored_dir, defs()).await;
+    let out = r
+        .ingest_events("s", vec![ev("q", 1, 20_000)])
+        .await
+        .expect("r ingests");
+    assert_eq!(out.late, 1, "the event for A's final window is late on R: {out:?}");
+    let page = read(&r, "c").await;
+    let w0: Vec<_> = page
+        .rows
+        .iter()
+        .filter(|row| row.window_start == Some(0))
+        .map(|row| (row.value.clone(), row.is_final))
+        .collect();
+    assert_eq!(w0, vec![(json!(1), true)], "window 0 unchanged and final: {page:?}");
+    assert!(
+        page.watermark.is_some_and(|w| w > 5 * MIN),
+        "R announced at least A's watermark: {:?}",
+        page.watermark
+    );
+    r.shutdown().await.expect("shutdown");
+}
+
+/// A is at 2.5 min, B at 1.5 min, so window [1m, 2m) is open on B. A fresh node C that met
+/// nobody ingests one event at 60 min and announces a horizon of 60 min (its own watermark).
+/// When it connects, no node removes a window it still holds open: B keeps [1m, 2m) and
+/// applies an on-time event to it.
+#[tokio::test]
+async fn a_fresh_nodes_horizon_removes_no_open_window() {
+    let defs = || count_def(json!({}), json!({"tumbling": "1m", "retention": "1m"}));
+    let root = tempfile::tempdir().expect("tempdir");
+    let a = open_with(&root.path().join("a"), defs()).await;
+    let b = open_with(&root.path().join("b"), defs()).await;
+    let c = open_with(&root.path().join("c"), defs()).await;
+    a.connect(&b).expect("connect");
+    a.ingest_events("s", vec![ev("a", 1, 5 * MIN / 2)])
+        .await
+        .expect("a ingests");
+    b.ingest_events("s", vec![ev("b", 1, 3 * MIN / 2)])
+        .await
+        .expect("b ingests");
+    converge(&[&a, &b]).await;
+    for n in [&a, &b] {
+        n.maintain_views().await.expect("maintain");
+    }
+    c.ingest_events("s", vec![ev("c", 1, 60 * MIN)])
+        .await
+        .expect("c ingests");
+    c.maintain_views().await.expect("c maintains");
+    assert_eq!(read(&c, "c").await.horizon, Some(60 * MIN), "C vouches for itself");
+    c.connect(&a).expect("connect");
+    c.connect(&b).expect("connect");
+    converge(&[&a, &b, &c]).await;
+    for _ in 0..3 {
+        for n in [&a, &b, &c] {
+            n.maintain_views().await.expect("maintain");
+        }
+    }
+    let page = read(&b, "c").await;
+    assert!(
+        page.rows.iter().any(|r| r.window_start == Some(MIN)),
+        "B's open window [1m, 2m) is kept: {page:?}"
+    );
+    let out = b
+        .ingest_events("s", vec![ev("b", 2, 3 * MIN / 2 + 1)])
+        .await
+        .expect("b ingests on time");
+    assert_eq!((out.applied, out.late), (1, 0), "on time on B: {out:?}");
+    let page = read(&b, "c").await;
+    let w1: Vec<_> = page
+        .rows
+        .iter()
+        .filter(|r| r.window_start == Some(MIN))
+        .map(|r| r.value.clone())
+        .collect();
+    assert_eq!(w1, vec![json!(3)], "A's, B's and the new event: {page:?}");
+    for n in [&a, &b, &c] {
+        n.shutdown().await.expect("shutdown");
+    }
 }

@@ -251,7 +251,14 @@ impl Views {
         self.horizons.lock().ok()?.get(stream).copied()
     }
 
-    /// Restores this node's watermarks and horizons from its announcements (at open).
+    /// Restores this node's watermarks and horizons from its announcements (at open). A node
+    /// without an announcement of its own for a stream whose state holds announcements of
+    /// others — restored from a snapshot under a new replica id, re-identified, or synced
+    /// before it ever ingested — starts from the largest watermark and horizon among them
+    /// (at most the clock plus the stream's `max_future`), so it keeps every promise of the
+    /// node its state came from: events for windows that node reported final are late here
+    /// too, and windows it removed stay removed. Returns the announcements to write at once
+    /// for such streams (so peers count this node as past those windows as well).
     ///
     /// # Errors
     /// Storage failures.
@@ -259,23 +266,35 @@ impl Views {
         &self,
         reader: &crate::store::Reader,
         me: ReplicaId,
-    ) -> Result<(), Error> {
+        now_ms: u64,
+    ) -> Result<Vec<LocalWrite>, Error> {
         let mut wms = self.watermarks.lock().map_err(|_| Error::Closed)?;
         let mut hs = self.horizons.lock().map_err(|_| Error::Closed)?;
         let now = Instant::now();
+        let mut announce = Vec::new();
         for stream in self.by_stream.keys() {
-            let a = read::announcement_of(reader, &keys::wm_key(stream, me))?;
+            let own = read::announcement_of(reader, &keys::wm_key(stream, me))?;
             let m = wms.entry(stream.clone()).or_default();
             m.active = Some(now);
-            if let Some(a) = a {
-                m.wm = Some(a.wm);
-                m.horizon = a.horizon;
-                if let Some(h) = a.horizon {
-                    hs.insert(stream.clone(), h);
+            let (wm, horizon) = match own {
+                Some(a) => (Some(a.wm), a.horizon),
+                None => {
+                    let (wm, h) = read::largest_announced(reader, stream)?;
+                    let bound = self.time_bound(stream, now_ms);
+                    let (wm, h) = (wm.map(|w| w.min(bound)), h.map(|h| h.min(bound)));
+                    if wm.is_some() || h.is_some() {
+                        announce.push(self.announcement(stream, wm.unwrap_or(0), h, me));
+                    }
+                    (wm, h)
                 }
+            };
+            m.wm = wm;
+            m.horizon = horizon;
+            if let Some(h) = horizon {
+                hs.insert(stream.clone(), h);
             }
         }
-        Ok(())
+        Ok(announce)
     }
 
     /// Whether the entry under `key`, arriving from a peer, is joined: `false` for a cell of

@@ -109,6 +109,34 @@ pub(crate) fn announcement_of(
     Ok(announcement(reader, key)?.map(|(a, _)| a))
 }
 
+/// The largest watermark and the largest horizon among every announcement of `stream` this
+/// node holds (whoever made them).
+///
+/// # Errors
+/// Storage failures.
+pub(crate) fn largest_announced(
+    reader: &Reader,
+    stream: &str,
+) -> Result<(Option<u64>, Option<u64>), Error> {
+    let prefix = keys::wm_prefix(stream);
+    let (mut wm, mut horizon) = (None::<u64>, None::<u64>);
+    let mut after: Option<String> = None;
+    loop {
+        let page = reader.list(KeyKind::Lww, &prefix, after.as_deref(), 256)?;
+        let done = page.len() < 256;
+        for (key, _) in &page {
+            if let Some(a) = announcement_of(reader, key)? {
+                wm = wm.max(Some(a.wm));
+                horizon = horizon.max(a.horizon);
+            }
+        }
+        after = page.last().map(|(k, _)| k.name.clone());
+        if done {
+            return Ok((wm, horizon));
+        }
+    }
+}
+
 /// What the announcements of a stream say, as this node can vouch for it.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Cluster {
