@@ -281,7 +281,8 @@ impl Views {
                 None => {
                     let (wm, h) = read::largest_announced(reader, stream)?;
                     let bound = self.time_bound(stream, now_ms);
-                    let (wm, h) = (wm.map(|w| w.min(bound)), h.map(|h| h.min(bound)));
+                    let wm = wm.map(|w| w.min(bound));
+                    let h = maintain::adopted(h, wm);
                     if wm.is_some() || h.is_some() {
                         announce.push(self.announcement(stream, wm.unwrap_or(0), h, me));
                     }

@@ -276,7 +276,7 @@ impl Views {
             let h = [
                 rh.get(stream).copied(),
                 self.horizon(stream),
-                announced_h,
+                super::maintain::adopted(announced_h, watermark),
                 cluster,
             ]
             .into_iter()
