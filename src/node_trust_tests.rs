@@ -35,7 +35,10 @@ async fn totals(node: &Node) -> (u64, i64) {
 
 #[tokio::test]
 async fn a_duplicate_whose_mark_arrives_from_a_peer_mid_batch_changes_no_view() {
-    let (da, db) = (tempfile::tempdir().expect("a"), tempfile::tempdir().expect("b"));
+    let (da, db) = (
+        tempfile::tempdir().expect("a"),
+        tempfile::tempdir().expect("b"),
+    );
     let (a, b) = (open(da.path()).await, open(db.path()).await);
     let e = |seq: u64| StreamEvent::new("p", seq, json!({"n": 5})).at(1_000 + seq);
     // A applies event 1.
@@ -65,10 +68,7 @@ async fn a_duplicate_whose_mark_arrives_from_a_peer_mid_batch_changes_no_view() 
     // Exactly the two applied events are counted: one from A, one from B.
     assert_eq!(totals(&b).await, (2, 10), "the duplicate changed a view");
     // The same on a batch that turns all-duplicate.
-    let out = b
-        .ingest_events("s", vec![e(1), e(2)])
-        .await
-        .expect("retry");
+    let out = b.ingest_events("s", vec![e(1), e(2)]).await.expect("retry");
     assert_eq!((out.applied, out.duplicates), (0, 2));
     assert_eq!(totals(&b).await, (2, 10));
     a.shutdown().await.expect("shutdown");

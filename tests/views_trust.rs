@@ -78,7 +78,10 @@ async fn an_event_too_far_in_the_future_is_refused_with_nothing_of_its_batch() {
     }
     assert!(err.to_string().contains("max_future"), "{err}");
     let page = read(&node, "c").await;
-    assert!(page.rows.is_empty(), "nothing of the batch applied: {page:?}");
+    assert!(
+        page.rows.is_empty(),
+        "nothing of the batch applied: {page:?}"
+    );
     assert_eq!(page.watermark, None, "the watermark did not move");
     // The first event alone (and one 30 min ahead) is accepted; its retry is a duplicate.
     let out = node
@@ -164,7 +167,10 @@ fn http_ingest_refuses_a_far_future_time_naming_the_line() {
             .is_some_and(|m| m.contains("microseconds")),
         "{a:?}"
     );
-    let body = format!("{}\n", json!({"source": "p", "seq": 3, "time": now + 3 * HOUR}));
+    let body = format!(
+        "{}\n",
+        json!({"source": "p", "seq": 3, "time": now + 3 * HOUR})
+    );
     let a = http_support::post(&served.url("/v1/streams/s/events"), body);
     assert_eq!(a.status, 400, "{a:?}");
     assert_eq!(a.json["error"]["at"], "line 1, field time", "{a:?}");
@@ -181,7 +187,10 @@ fn http_ingest_refuses_a_far_future_time_naming_the_line() {
 async fn a_peers_far_future_watermark_is_clamped_on_receipt() {
     let now = now_ms();
     let window = json!({"tumbling": "1m", "retention": "2h"});
-    let (da, db) = (tempfile::tempdir().expect("a"), tempfile::tempdir().expect("b"));
+    let (da, db) = (
+        tempfile::tempdir().expect("a"),
+        tempfile::tempdir().expect("b"),
+    );
     let a = open_with(
         da.path(),
         count_def(json!({"max_future": "1000d"}), window.clone()),
@@ -236,7 +245,10 @@ async fn a_restored_node_keeps_the_promises_of_its_source() {
         ]))
         .expect("defs")
     };
-    let (da, dr) = (tempfile::tempdir().expect("a"), tempfile::tempdir().expect("r"));
+    let (da, dr) = (
+        tempfile::tempdir().expect("a"),
+        tempfile::tempdir().expect("r"),
+    );
     let a = open_with(da.path(), defs()).await;
     a.ingest_events("s", vec![ev("p", 1, 10_000), ev("p", 2, 5 * MIN + 1)])
         .await
@@ -244,7 +256,9 @@ async fn a_restored_node_keeps_the_promises_of_its_source() {
     a.maintain_views().await.expect("a maintains");
     let page = read(&a, "c").await;
     assert!(
-        page.rows.iter().any(|r| r.window_start == Some(0) && r.is_final),
+        page.rows
+            .iter()
+            .any(|r| r.window_start == Some(0) && r.is_final),
         "window 0 is final on A: {page:?}"
     );
     let snap = da.path().join("a.snap");
@@ -257,7 +271,10 @@ async fn a_restored_node_keeps_the_promises_of_its_source() {
         .ingest_events("s", vec![ev("q", 1, 20_000)])
         .await
         .expect("r ingests");
-    assert_eq!(out.late, 1, "the event for A's final window is late on R: {out:?}");
+    assert_eq!(
+        out.late, 1,
+        "the event for A's final window is late on R: {out:?}"
+    );
     let page = read(&r, "c").await;
     let w0: Vec<_> = page
         .rows
@@ -265,7 +282,11 @@ async fn a_restored_node_keeps_the_promises_of_its_source() {
         .filter(|row| row.window_start == Some(0))
         .map(|row| (row.value.clone(), row.is_final))
         .collect();
-    assert_eq!(w0, vec![(json!(1), true)], "window 0 unchanged and final: {page:?}");
+    assert_eq!(
+        w0,
+        vec![(json!(1), true)],
+        "window 0 unchanged and final: {page:?}"
+    );
     assert!(
         page.watermark.is_some_and(|w| w > 5 * MIN),
         "R announced at least A's watermark: {:?}",
@@ -300,7 +321,11 @@ async fn a_fresh_nodes_horizon_removes_no_open_window() {
         .await
         .expect("c ingests");
     c.maintain_views().await.expect("c maintains");
-    assert_eq!(read(&c, "c").await.horizon, Some(60 * MIN), "C vouches for itself");
+    assert_eq!(
+        read(&c, "c").await.horizon,
+        Some(60 * MIN),
+        "C vouches for itself"
+    );
     c.connect(&a).expect("connect");
     c.connect(&b).expect("connect");
     converge(&[&a, &b, &c]).await;

@@ -29,10 +29,17 @@
 //! and announces it — the same promise as any announcement (events for windows whose deadline
 //! is below it are refused as late), so the argument above is unchanged.
 //!
+//! **Event times** are refused more than the stream's `max_future` (default 1 h) ahead of the
+//! node's clock, so the local watermark never passes the clock plus `max_future`; announced
+//! watermarks and horizons of others are taken at most at that bound. A node with no
+//! announcement of its own (restored under a new replica id, re-identified) starts from the
+//! largest watermark and horizon its state holds ([`Views::restore`]).
+//!
 //! **Retention** ([`maintain`]): a window of a view with `retention` is removed once
 //! `end + retention < H`, where `H` is the stream's *horizon*: the largest cluster watermark
 //! any node vouched for (see above), announced in the watermark keys and adopted by every node
-//! as the maximum it holds — monotone and replicated, so every node reaches the same removals.
+//! up to its own watermark (a horizon vouched over a membership without this node must not
+//! remove a window it holds open) — monotone and replicated.
 //! A node raises the horizon it acts on only after an announcement carrying it is committed in
 //! its own state (so its log holds the announcement before anything it drops for it), then
 //! refuses local events for removed windows (late), drops remote entries for them on receipt
