@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
-use tidemark_crdts::{CausalContext, DedupMarks, Key, ReplicaId, Value};
+use tidemark_crdts::{CausalContext, DedupMarks, IntervalSet, Key, ReplicaId, Value};
 use tokio::sync::{broadcast, oneshot};
 
 /// One change published to watchers after its commit.
@@ -43,6 +43,8 @@ pub struct CompactReport {
 pub(crate) enum Input {
     Write {
         writes: Vec<LocalWrite>,
+        /// For a view batch with coalesced view mutations: how to un-coalesce it.
+        fallback: Option<crate::store::BatchFallback>,
         reply: oneshot::Sender<Result<LocalCommit, Error>>,
     },
     ApplyRemote {
@@ -97,7 +99,11 @@ pub struct ReplicationStatus {
 }
 
 /// One caller's writes and where to acknowledge them.
-type PendingWrite = (Vec<LocalWrite>, oneshot::Sender<Result<LocalCommit, Error>>);
+type PendingWrite = (
+    Vec<LocalWrite>,
+    Option<crate::store::BatchFallback>,
+    oneshot::Sender<Result<LocalCommit, Error>>,
+);
 
 pub(crate) struct Driver {
     pub(crate) store: RedbStore,
@@ -189,9 +195,13 @@ impl Driver {
             let mut next = Some(first);
             while let Some(input) = next.take() {
                 match input {
-                    Input::Write { writes: w, reply } => {
+                    Input::Write {
+                        writes: w,
+                        fallback,
+                        reply,
+                    } => {
                         ops += w.iter().map(|x| x.ops.len().max(1)).sum::<usize>();
-                        writes.push((w, reply));
+                        writes.push((w, fallback, reply));
                     }
                     other => others.push(other),
                 }
@@ -334,15 +344,59 @@ impl Driver {
         }
     }
 
-    fn commit_group(&mut self, group: Vec<PendingWrite>) {
-        let sizes: Vec<usize> = group.iter().map(|(w, _)| w.len()).collect();
+    /// Un-coalesces every view batch of `group` of which some event would not be applied
+    /// (a duplicate, or refused for dedup gaps) when the group commits: replays the store's
+    /// dedup rule over the group, in order, on the committed marks. Coalescing was decided
+    /// before the batch was queued; a peer's delta joined since may carry marks of its events.
+    fn settle_view_batches(&self, group: &mut [PendingWrite]) {
+        if group.iter().all(|(_, f, _)| f.is_none()) {
+            return;
+        }
+        let reader = self.store.reader();
+        let ranges_max = self.store.limits().dedup_ranges_max;
+        let mut marks: std::collections::HashMap<(String, String), Option<IntervalSet>> =
+            std::collections::HashMap::new();
+        for (writes, fallback, _) in group.iter_mut() {
+            let mut all_applied = true;
+            for w in writes.iter() {
+                let Some(ev) = &w.event else { continue };
+                let seen = marks
+                    .entry((ev.stream.clone(), ev.source.clone()))
+                    .or_insert_with(|| reader.dedup_marks_of(&ev.stream, &ev.source).ok());
+                // Marks that cannot be read: assume the worst (per-event mutations are
+                // always right, only slower).
+                let Some(seen) = seen.as_mut() else {
+                    all_applied = false;
+                    continue;
+                };
+                let below = ev.seq.checked_sub(1).is_some_and(|s| seen.contains(s));
+                let above = ev.seq.checked_add(1).is_some_and(|s| seen.contains(s));
+                if seen.contains(ev.seq) || (!below && !above && seen.ranges().len() >= ranges_max)
+                {
+                    all_applied = false;
+                    continue;
+                }
+                seen.insert(ev.seq);
+            }
+            if !all_applied {
+                if let Some(f) = fallback.take() {
+                    f.apply(writes);
+                }
+            }
+        }
+    }
+
+    fn commit_group(&mut self, mut group: Vec<PendingWrite>) {
+        let sizes: Vec<usize> = group.iter().map(|(w, _, _)| w.len()).collect();
         let group_ops: usize = group
             .iter()
-            .map(|(w, _)| w.iter().map(|x| x.ops.len().max(1)).sum::<usize>())
+            .map(|(w, _, _)| w.iter().map(|x| x.ops.len().max(1)).sum::<usize>())
             .sum();
+        // After `group_ops` (what was queued is what is released).
+        self.settle_view_batches(&mut group);
         let mut all = Vec::with_capacity(sizes.iter().sum());
         let mut replies = Vec::with_capacity(group.len());
-        for (w, r) in group {
+        for (w, _, r) in group {
             all.extend(w);
             replies.push(r);
         }

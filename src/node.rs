@@ -198,7 +198,7 @@ impl Node {
         let (changes, _) = broadcast::channel(config.limits.watch_buffer_max);
         let reader = store.reader();
         let replica = store.replica();
-        views.restore(&reader, replica)?;
+        let announce = views.restore(&reader, replica, crate::clock::wall_ms())?;
         {
             // Stream-view retention: entries of removed windows are dropped on receipt.
             let views = Arc::clone(&views);
@@ -261,6 +261,11 @@ impl Node {
                 local_links: Mutex::new(std::collections::BTreeMap::new()),
             }),
         };
+        if !announce.is_empty() {
+            // The promises of the state this node opened with, announced before any write of
+            // its own (the writer commits in queue order; nobody waits for this one).
+            drop(node.enqueue(announce)?);
+        }
         if node.shared.views.needs_maintenance() {
             // Idle watermarks and retention run in the background while the node lives.
             match tokio::runtime::Handle::try_current() {
@@ -499,6 +504,16 @@ impl Node {
         &self,
         writes: Vec<LocalWrite>,
     ) -> Result<oneshot::Receiver<Result<LocalCommit, Error>>, Error> {
+        self.enqueue_with(writes, None)
+    }
+
+    /// [`Node::enqueue`] of a view batch whose view mutations were coalesced (`fallback`: how
+    /// the writer un-coalesces it if some event would not be applied).
+    fn enqueue_with(
+        &self,
+        writes: Vec<LocalWrite>,
+        fallback: Option<crate::store::BatchFallback>,
+    ) -> Result<oneshot::Receiver<Result<LocalCommit, Error>>, Error> {
         let ops: usize = writes.iter().map(|w| w.ops.len().max(1)).sum();
         let limit = self.shared.config.limits.write_queue_ops_max;
         let before = self.shared.queued_ops.fetch_add(ops, Ordering::AcqRel);
@@ -508,7 +523,11 @@ impl Node {
             return Err(Error::Backpressure { queued: before });
         }
         let (reply, rx) = oneshot::channel();
-        if let Err(e) = self.send(Input::Write { writes, reply }) {
+        if let Err(e) = self.send(Input::Write {
+            writes,
+            fallback,
+            reply,
+        }) {
             self.shared.queued_ops.fetch_sub(ops, Ordering::AcqRel);
             return Err(e);
         }
@@ -573,12 +592,24 @@ impl Node {
         stream: &str,
         events: Vec<crate::views::StreamEvent>,
     ) -> Result<WriteOutcome, Error> {
+        self.ingest_events_then(stream, events, std::future::ready(()))
+            .await
+    }
+
+    /// [`Node::ingest_events`], awaiting `between` after the batch's coalescing was decided
+    /// and before its writes are queued (tests use it to join a peer's delta in that gap).
+    async fn ingest_events_then(
+        &self,
+        stream: &str,
+        events: Vec<crate::views::StreamEvent>,
+        between: impl std::future::Future<Output = ()>,
+    ) -> Result<WriteOutcome, Error> {
         let limits = &self.shared.config.limits;
         let plain: Vec<Event> = events.iter().map(|e| e.to_event()).collect();
         let mut writes = self.count_rejection(ops::validate_events(stream, &plain, limits))?;
         let views = &self.shared.views;
         let folded =
-            self.count_rejection(views.fold(stream, &events, crate::driver::wall_ms(), limits))?;
+            self.count_rejection(views.fold(stream, &events, crate::clock::wall_ms(), limits))?;
         if folded.is_empty() {
             return self.submit(writes).await;
         }
@@ -593,10 +624,11 @@ impl Node {
             inflight,
             pending: None,
         };
+        between.await;
         let reader = self.reader()?;
         let admitted = {
             let mut wms = views.watermarks.lock().map_err(|_| Error::Closed)?;
-            let admitted = views.admit(
+            let mut admitted = views.admit(
                 wms.get(stream).copied().unwrap_or_default(),
                 stream,
                 &mut writes,
@@ -605,7 +637,7 @@ impl Node {
                 coalesce.then_some(&reader),
             );
             crate::views::keys::stamp_latest_writes(&mut writes);
-            guard.pending = Some(self.enqueue(writes)?);
+            guard.pending = Some(self.enqueue_with(writes, admitted.fallback.take())?);
             if let Some(wm) = admitted.new_wm {
                 wms.entry(stream.to_owned()).or_default().wm = Some(wm);
             }
@@ -680,7 +712,7 @@ impl Node {
             me,
             &known,
             peer_id_of,
-            crate::driver::wall_ms(),
+            crate::clock::wall_ms(),
         )?;
         let mut purged = 0;
         for plan in plans {
@@ -905,6 +937,10 @@ impl Node {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "node_trust_tests.rs"]
+mod trust_tests;
 
 /// Runs [`Node::maintain_views`] every [`crate::views::maintain::TICK`] while the node is
 /// open (holding it only during a round).

@@ -11,6 +11,7 @@
 
 mod big_row;
 mod error;
+mod fallback;
 mod local;
 mod purge;
 mod read;
@@ -28,6 +29,7 @@ pub(crate) mod tables;
 mod test_rng;
 
 pub use error::StoreError;
+pub use fallback::BatchFallback;
 pub use local::{DedupRefusal, EventId, LocalCommit, LocalWrite};
 pub use purge::RemoteFilter;
 pub use read::Reader;

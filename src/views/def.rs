@@ -103,7 +103,17 @@ pub struct ViewDef {
     /// The event-time window (none: one value per group, never final).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<WindowDef>,
+    /// How far ahead of the ingesting node's clock an event time may be (default `1h`; a
+    /// stream uses the smallest of its views'). An event further ahead is refused, and no
+    /// watermark or horizon of the stream is taken beyond the clock plus this. An ingest
+    /// policy, not part of the view's value: it is left out of the definition digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_future: Option<String>,
 }
+
+/// The default of [`ViewDef::max_future`]: one hour (as Kafka's
+/// `message.timestamp.after.max.ms`).
+pub const MAX_FUTURE_DEFAULT_MS: u64 = 3_600_000;
 
 /// A validated window, in milliseconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,6 +171,8 @@ pub struct CompiledView {
     pub def: ViewDef,
     /// The validated window.
     pub window: Option<Window>,
+    /// The validated `max_future` (ms).
+    pub max_future_ms: u64,
     /// Digest of the definition (16 hex digits): the view's cells are keyed by it, so state of
     /// a differing definition of the same name lives under other keys and is never merged.
     pub digest: String,
@@ -348,9 +360,14 @@ pub fn compile(defs: &[ViewDef]) -> Result<Vec<CompiledView>, String> {
             .as_ref()
             .map(|w| compile_window(name, w))
             .transpose()?;
+        let max_future_ms = match &d.max_future {
+            None => MAX_FUTURE_DEFAULT_MS,
+            Some(t) => parse_duration_ms(t).map_err(|e| err(name, "max_future", e))?,
+        };
         out.push(CompiledView {
             def: d.clone(),
             window,
+            max_future_ms,
             digest: super::keys::defs_digest(&[d]),
         });
     }

@@ -141,33 +141,84 @@ fn bad(index: usize, field: &str, message: impl Into<String>) -> Error {
     }
 }
 
-/// The event time of event `index`, or `now_ms` when absent.
+/// Epoch milliseconds at or above this (the year 5138) are taken for a mistake in units.
+const MICROS_FROM: u64 = 100_000_000_000_000;
+/// Epoch milliseconds at or above this are taken for nanoseconds.
+const NANOS_FROM: u64 = 100_000_000_000_000_000;
+
+/// The event time of event `index`, or `now_ms` when absent; never more than `max_future_ms`
+/// ahead of `now_ms`.
 ///
 /// # Errors
-/// [`Error::InvalidEvent`] (field `time`) for anything but RFC 3339 text or epoch millis.
-pub fn event_time(ev: &StreamEvent, index: usize, now_ms: u64) -> Result<u64, Error> {
-    match &ev.time {
-        None | Some(serde_json::Value::Null) => Ok(now_ms),
-        Some(serde_json::Value::Number(n)) => n.as_u64().ok_or_else(|| {
-            bad(
-                index,
-                "time",
-                "epoch milliseconds must be a whole number ≥ 0",
-            )
-        }),
+/// [`Error::InvalidEvent`] (field `time`) for anything but RFC 3339 text or whole epoch
+/// milliseconds, for a number that looks like epoch microseconds or nanoseconds, and for a
+/// time more than `max_future_ms` ahead of `now_ms`.
+pub fn event_time(
+    ev: &StreamEvent,
+    index: usize,
+    now_ms: u64,
+    max_future_ms: u64,
+) -> Result<u64, Error> {
+    let t = match &ev.time {
+        None | Some(serde_json::Value::Null) => return Ok(now_ms),
+        Some(serde_json::Value::Number(n)) => {
+            let t = n.as_u64().ok_or_else(|| {
+                bad(
+                    index,
+                    "time",
+                    "epoch milliseconds must be a whole number ≥ 0",
+                )
+            })?;
+            if t >= NANOS_FROM {
+                return Err(bad(
+                    index,
+                    "time",
+                    format!(
+                        "{t} looks like epoch nanoseconds; `time` is epoch milliseconds \
+                         (divide by 1000000) or RFC 3339 text"
+                    ),
+                ));
+            }
+            if t >= MICROS_FROM {
+                return Err(bad(
+                    index,
+                    "time",
+                    format!(
+                        "{t} looks like epoch microseconds; `time` is epoch milliseconds \
+                         (divide by 1000) or RFC 3339 text"
+                    ),
+                ));
+            }
+            t
+        }
         Some(serde_json::Value::String(s)) => parse_rfc3339_ms(s).ok_or_else(|| {
             bad(
                 index,
                 "time",
                 "`time` must be RFC 3339 (2026-11-29T10:00:00.123Z) or epoch milliseconds",
             )
-        }),
-        Some(_) => Err(bad(
+        })?,
+        Some(_) => {
+            return Err(bad(
+                index,
+                "time",
+                "`time` must be RFC 3339 text or epoch milliseconds",
+            ));
+        }
+    };
+    let limit = now_ms.saturating_add(max_future_ms);
+    if t > limit {
+        return Err(bad(
             index,
             "time",
-            "`time` must be RFC 3339 text or epoch milliseconds",
-        )),
+            format!(
+                "{t} is {} ms ahead of this node's clock ({now_ms}), more than the stream's \
+                 max_future ({max_future_ms} ms)",
+                t - now_ms
+            ),
+        ));
     }
+    Ok(t)
 }
 
 /// One candidate view mutation of an event.
@@ -203,15 +254,17 @@ fn scalar(v: &serde_json::Value) -> bool {
 /// # Errors
 /// [`Error::InvalidEvent`] naming the event and the field: a missing group or value field, a
 /// non-integer `sum` field, a non-scalar `distinct`/`members` element, a value or group over
-/// its size limit, a malformed `time`. The `usize` is the view at fault (for its counters).
+/// its size limit, a malformed, ambiguous or too-far-future `time` (see [`event_time`]). The
+/// `usize` is the view at fault (for its counters).
 pub fn fold_event(
     ev: &StreamEvent,
     index: usize,
     views: &[(usize, &CompiledView)],
     now_ms: u64,
+    max_future_ms: u64,
     limits: &Limits,
 ) -> Result<FoldedEvent, (Option<usize>, Error)> {
-    let time_ms = event_time(ev, index, now_ms).map_err(|e| (None, e))?;
+    let time_ms = event_time(ev, index, now_ms, max_future_ms).map_err(|e| (None, e))?;
     let mut ops = Vec::new();
     // The group text of each distinct `group_by` list, computed once per event.
     let mut groups: Vec<(&[String], String)> = Vec::new();

@@ -129,7 +129,14 @@ pub fn parse_announcement(text: &str) -> Option<Announcement> {
 /// The digest of a stream's view definitions (sorted by name), the same on every node that
 /// runs the same definitions.
 pub fn defs_digest(defs: &[&super::ViewDef]) -> String {
-    let mut defs = defs.to_vec();
+    // `max_future` is an ingest policy, not part of what a view computes.
+    let mut defs: Vec<super::ViewDef> = defs
+        .iter()
+        .map(|d| super::ViewDef {
+            max_future: None,
+            ..(*d).clone()
+        })
+        .collect();
     defs.sort_by(|a, b| a.name.cmp(&b.name));
     let text = serde_json::to_string(&defs).unwrap_or_default();
     format!("{:016x}", fnv64(text.as_bytes()))

@@ -66,8 +66,13 @@ pub fn plan(
         });
         let horizon = if retains {
             let digest = views.digests.get(stream).map_or("", String::as_str);
-            let c = cluster_watermark(reader, stream, digest, me, known, peer_of)?;
-            c.wm.max(c.horizon)
+            let bound = views.time_bound(stream, now_ms);
+            let c = cluster_watermark(reader, stream, digest, me, known, peer_of, bound)?;
+            // Another node's horizon is adopted only as far as this node's own watermark: it
+            // may have been vouched over a membership without this node (a fresh node alone
+            // vouches for itself), and no node removes a window it still holds open.
+            let own = marks.get(stream).and_then(|m| m.wm);
+            c.wm.max(adopted(c.horizon, own))
         } else {
             None
         };
@@ -92,6 +97,11 @@ pub fn plan(
         }
     }
     Ok(out)
+}
+
+/// The part of an announced `horizon` a node with watermark `own` adopts: at most `own`.
+pub(crate) fn adopted(horizon: Option<u64>, own: Option<u64>) -> Option<u64> {
+    horizon.zip(own).map(|(h, w)| h.min(w))
 }
 
 impl Views {

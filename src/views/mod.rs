@@ -29,10 +29,17 @@
 //! and announces it — the same promise as any announcement (events for windows whose deadline
 //! is below it are refused as late), so the argument above is unchanged.
 //!
+//! **Event times** are refused more than the stream's `max_future` (default 1 h) ahead of the
+//! node's clock, so the local watermark never passes the clock plus `max_future`; announced
+//! watermarks and horizons of others are taken at most at that bound. A node with no
+//! announcement of its own (restored under a new replica id, re-identified) starts from the
+//! largest watermark and horizon its state holds ([`Views::restore`]).
+//!
 //! **Retention** ([`maintain`]): a window of a view with `retention` is removed once
 //! `end + retention < H`, where `H` is the stream's *horizon*: the largest cluster watermark
 //! any node vouched for (see above), announced in the watermark keys and adopted by every node
-//! as the maximum it holds — monotone and replicated, so every node reaches the same removals.
+//! up to its own watermark (a horizon vouched over a membership without this node must not
+//! remove a window it holds open) — monotone and replicated.
 //! A node raises the horizon it acts on only after an announcement carrying it is committed in
 //! its own state (so its log holds the announcement before anything it drops for it), then
 //! refuses local events for removed windows (late), drops remote entries for them on receipt
@@ -95,6 +102,8 @@ pub struct Views {
     ooo: BTreeMap<String, u64>,
     /// Stream → idle timeout (smallest of its views'), for streams that have one.
     idle: BTreeMap<String, u64>,
+    /// Stream → how far ahead of the clock event times may be (smallest of its views').
+    max_future: BTreeMap<String, u64>,
     /// Stream → digest of its view definitions (announced with the watermark).
     pub(crate) digests: BTreeMap<String, String>,
     /// Stream → this node's marks. Locked from the lateness decision of an ingest until its
@@ -131,6 +140,9 @@ pub(crate) struct Admitted {
     /// The stream's new watermark, when the batch moved it (its announcement is the last
     /// write of the batch).
     pub(crate) new_wm: Option<u64>,
+    /// When the batch's view mutations were coalesced into one write: what the writer uses
+    /// instead if some event of the batch turns out a duplicate or is refused at commit.
+    pub(crate) fallback: Option<crate::store::BatchFallback>,
 }
 
 impl Views {
@@ -143,7 +155,12 @@ impl Views {
         let mut by_stream: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         let mut ooo: BTreeMap<String, u64> = BTreeMap::new();
         let mut idle: BTreeMap<String, u64> = BTreeMap::new();
+        let mut max_future: BTreeMap<String, u64> = BTreeMap::new();
         for (i, v) in views.iter().enumerate() {
+            let e = max_future
+                .entry(v.def.stream.clone())
+                .or_insert(v.max_future_ms);
+            *e = (*e).min(v.max_future_ms);
             by_stream.entry(v.def.stream.clone()).or_default().push(i);
             let o = v.window.map_or(0, |w| w.out_of_orderness_ms);
             let e = ooo.entry(v.def.stream.clone()).or_default();
@@ -166,6 +183,7 @@ impl Views {
             by_stream,
             ooo,
             idle,
+            max_future,
             digests,
             watermarks: Mutex::new(BTreeMap::new()),
             horizons: Mutex::new(BTreeMap::new()),
@@ -221,12 +239,33 @@ impl Views {
             .is_some_and(|r| start.saturating_add(w.size_ms).saturating_add(r) < horizon)
     }
 
+    /// How far ahead of the clock event times of `stream` may be (ms).
+    pub(crate) fn max_future(&self, stream: &str) -> u64 {
+        self.max_future
+            .get(stream)
+            .copied()
+            .unwrap_or(def::MAX_FUTURE_DEFAULT_MS)
+    }
+
+    /// The latest time a watermark or horizon of `stream` is taken at, at clock `now_ms`:
+    /// the clock plus the stream's `max_future`.
+    pub(crate) fn time_bound(&self, stream: &str, now_ms: u64) -> u64 {
+        now_ms.saturating_add(self.max_future(stream))
+    }
+
     /// The horizon this node acts on for `stream`.
     pub(crate) fn horizon(&self, stream: &str) -> Option<u64> {
         self.horizons.lock().ok()?.get(stream).copied()
     }
 
-    /// Restores this node's watermarks and horizons from its announcements (at open).
+    /// Restores this node's watermarks and horizons from its announcements (at open). A node
+    /// without an announcement of its own for a stream whose state holds announcements of
+    /// others — restored from a snapshot under a new replica id, re-identified, or synced
+    /// before it ever ingested — starts from the largest watermark and horizon among them
+    /// (at most the clock plus the stream's `max_future`), so it keeps every promise of the
+    /// node its state came from: events for windows that node reported final are late here
+    /// too, and windows it removed stay removed. Returns the announcements to write at once
+    /// for such streams (so peers count this node as past those windows as well).
     ///
     /// # Errors
     /// Storage failures.
@@ -234,23 +273,36 @@ impl Views {
         &self,
         reader: &crate::store::Reader,
         me: ReplicaId,
-    ) -> Result<(), Error> {
+        now_ms: u64,
+    ) -> Result<Vec<LocalWrite>, Error> {
         let mut wms = self.watermarks.lock().map_err(|_| Error::Closed)?;
         let mut hs = self.horizons.lock().map_err(|_| Error::Closed)?;
         let now = Instant::now();
+        let mut announce = Vec::new();
         for stream in self.by_stream.keys() {
-            let a = read::announcement_of(reader, &keys::wm_key(stream, me))?;
+            let own = read::announcement_of(reader, &keys::wm_key(stream, me))?;
             let m = wms.entry(stream.clone()).or_default();
             m.active = Some(now);
-            if let Some(a) = a {
-                m.wm = Some(a.wm);
-                m.horizon = a.horizon;
-                if let Some(h) = a.horizon {
-                    hs.insert(stream.clone(), h);
+            let (wm, horizon) = match own {
+                Some(a) => (Some(a.wm), a.horizon),
+                None => {
+                    let (wm, h) = read::largest_announced(reader, stream)?;
+                    let bound = self.time_bound(stream, now_ms);
+                    let wm = wm.map(|w| w.min(bound));
+                    let h = maintain::adopted(h, wm);
+                    if wm.is_some() || h.is_some() {
+                        announce.push(self.announcement(stream, wm.unwrap_or(0), h, me));
+                    }
+                    (wm, h)
                 }
+            };
+            m.wm = wm;
+            m.horizon = horizon;
+            if let Some(h) = horizon {
+                hs.insert(stream.clone(), h);
             }
         }
-        Ok(())
+        Ok(announce)
     }
 
     /// Whether the entry under `key`, arriving from a peer, is joined: `false` for a cell of
@@ -308,11 +360,12 @@ impl Views {
             return Ok(Vec::new());
         };
         let views: Vec<(usize, &CompiledView)> = idx.iter().map(|&i| (i, &self.views[i])).collect();
+        let max_future = self.max_future(stream);
         events
             .iter()
             .enumerate()
             .map(|(i, ev)| {
-                fold::fold_event(ev, i, &views, now_ms, limits).map_err(|(v, e)| {
+                fold::fold_event(ev, i, &views, now_ms, max_future, limits).map_err(|(v, e)| {
                     for &(vi, _) in &views {
                         if v.is_none_or(|v| v == vi) {
                             self.counters[vi].rejected.fetch_add(1, Ordering::Relaxed);
@@ -431,9 +484,11 @@ impl Views {
         let ooo = self.ooo.get(stream).copied().unwrap_or(0);
         let mut out = Admitted::default();
         let mut max_wm = None::<u64>;
+        let mut per_event = Vec::new();
         for (w, f) in writes.iter_mut().zip(folded) {
             let mut late = Vec::new();
             let mut applied = Vec::new();
+            let mut own = Vec::new();
             for op in f.ops {
                 let removed = matches!((op.start, horizon), (Some(s), Some(h)) if self.expired(op.view, s, h));
                 let is_late = removed || matches!((op.deadline, wm), (Some(d), Some(wm)) if d < wm);
@@ -443,12 +498,14 @@ impl Views {
                 }
                 if !is_late {
                     if coalesce.is_some() {
+                        own.push((op.key.clone(), op.mutation.clone()));
                         merged.push((op.key, op.mutation));
                     } else {
                         w.ops.push((op.key, op.mutation));
                     }
                 }
             }
+            per_event.push(own);
             out.late.push(late);
             out.applied.push(applied);
             let t = f.time_ms.saturating_sub(ooo);
@@ -460,6 +517,20 @@ impl Views {
                 self.skip_present(&mut ops, r);
             }
             if !ops.is_empty() {
+                out.fallback = Some(crate::store::BatchFallback {
+                    merged: writes.len(),
+                    per_event: per_event
+                        .into_iter()
+                        .map(|ops| {
+                            ops.into_iter()
+                                .map(|(k, m)| {
+                                    let stamp = keys::event_stamp(&k, &m);
+                                    (k, m, stamp)
+                                })
+                                .collect()
+                        })
+                        .collect(),
+                });
                 writes.push(LocalWrite {
                     ops,
                     event: None,

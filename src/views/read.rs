@@ -109,6 +109,34 @@ pub(crate) fn announcement_of(
     Ok(announcement(reader, key)?.map(|(a, _)| a))
 }
 
+/// The largest watermark and the largest horizon among every announcement of `stream` this
+/// node holds (whoever made them).
+///
+/// # Errors
+/// Storage failures.
+pub(crate) fn largest_announced(
+    reader: &Reader,
+    stream: &str,
+) -> Result<(Option<u64>, Option<u64>), Error> {
+    let prefix = keys::wm_prefix(stream);
+    let (mut wm, mut horizon) = (None::<u64>, None::<u64>);
+    let mut after: Option<String> = None;
+    loop {
+        let page = reader.list(KeyKind::Lww, &prefix, after.as_deref(), 256)?;
+        let done = page.len() < 256;
+        for (key, _) in &page {
+            if let Some(a) = announcement_of(reader, key)? {
+                wm = wm.max(Some(a.wm));
+                horizon = horizon.max(a.horizon);
+            }
+        }
+        after = page.last().map(|(k, _)| k.name.clone());
+        if done {
+            return Ok((wm, horizon));
+        }
+    }
+}
+
 /// What the announcements of a stream say, as this node can vouch for it.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Cluster {
@@ -125,7 +153,10 @@ pub(crate) struct Cluster {
 /// in its context (whose writes it has seen) and every peer met since open — with the same
 /// definitions digest as ours, and its context holds every dot of each announcer up to the
 /// announcement's dot. Also returns the replicas whose definitions differ and the largest
-/// announced horizon.
+/// announced horizon. Every announced watermark and horizon is taken at most at `bound` (this
+/// node's clock plus the stream's `max_future`): a peer announcing one further ahead (its
+/// clock or its `max_future` differs) moves nothing here beyond what this node would accept.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn cluster_watermark(
     reader: &Reader,
     stream: &str,
@@ -133,6 +164,7 @@ pub(crate) fn cluster_watermark(
     me: ReplicaId,
     known: &[PeerId],
     peer_of: fn(ReplicaId) -> PeerId,
+    bound: u64,
 ) -> Result<Cluster, Error> {
     let ctx: CausalContext = reader.context()?;
     let prefix = keys::wm_prefix(stream);
@@ -156,10 +188,11 @@ pub(crate) fn cluster_watermark(
             if a.defs != digest {
                 conflicts.push(replica.to_string());
             }
-            horizon = horizon.max(a.horizon);
+            horizon = horizon.max(a.horizon.map(|h| h.min(bound)));
             unsure |= !CausalContext::from_range(dot.replica, 1, dot.seq).is_subset(&ctx);
             announcers.push(replica);
-            min = Some(min.map_or(a.wm, |m| m.min(a.wm)));
+            let wm = a.wm.min(bound);
+            min = Some(min.map_or(wm, |m| m.min(wm)));
         }
         after = page.last().map(|(k, _)| k.name.clone());
         if done {
@@ -226,7 +259,15 @@ impl Views {
             wm: cluster,
             conflicts,
             horizon: announced_h,
-        } = cluster_watermark(reader, stream, digest, me, known, peer_of)?;
+        } = cluster_watermark(
+            reader,
+            stream,
+            digest,
+            me,
+            known,
+            peer_of,
+            self.time_bound(stream, crate::clock::wall_ms()),
+        )?;
         let watermark = announcement_of(reader, &keys::wm_key(stream, me))?.map(|a| a.wm);
         // Windows are hidden by a monotone horizon: the largest ever seen by reads, the one
         // this node acts on, any announced, and the cluster watermark now.
@@ -235,7 +276,7 @@ impl Views {
             let h = [
                 rh.get(stream).copied(),
                 self.horizon(stream),
-                announced_h,
+                super::maintain::adopted(announced_h, watermark),
                 cluster,
             ]
             .into_iter()
