@@ -256,7 +256,7 @@ fn ingest_retries_429_until_accepted() {
     let mut hold = std::net::TcpStream::connect(&addr).expect("connect");
     write!(
         hold,
-        "POST /v1/streams/h/events HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "POST /v1/streams/h/events HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
     )
     .expect("send");
     let body: String = (1..=100)
@@ -284,7 +284,7 @@ fn ingest_retries_429_until_accepted() {
     loop {
         let metrics = raw(
             &d.url,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            &format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
         );
         let refused = metrics
             .lines()

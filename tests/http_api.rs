@@ -355,7 +355,12 @@ fn open_watch(s: &Served, query: &str) -> BufReader<std::net::TcpStream> {
     let mut sock = std::net::TcpStream::connect(s.addr).expect("connect");
     sock.set_read_timeout(Some(Duration::from_secs(20)))
         .expect("timeout");
-    write!(sock, "GET /v1/watch?{query} HTTP/1.1\r\nHost: x\r\n\r\n").expect("send");
+    write!(
+        sock,
+        "GET /v1/watch?{query} HTTP/1.1\r\nHost: {}\r\n\r\n",
+        s.addr
+    )
+    .expect("send");
     let mut reader = BufReader::new(sock);
     let mut line = String::new();
     // Headers, then the ": watching" comment that follows the subscription.
@@ -493,7 +498,8 @@ fn over_the_concurrency_limit_answers_429_with_retry_after() {
         let mut slow = std::net::TcpStream::connect(s.addr).expect("connect");
         write!(
             slow,
-            "POST /v1/streams/s/events HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            "POST /v1/streams/s/events HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n",
+            s.addr
         )
         .expect("send");
         slow
@@ -591,7 +597,8 @@ fn shutdown_finishes_in_flight_requests_durably_and_refuses_new_ones() {
     let first = ev(1);
     write!(
         sock,
-        "POST /v1/streams/s/events HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{first}\r\n",
+        "POST /v1/streams/s/events HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{first}\r\n",
+        s.addr,
         first.len()
     )
     .expect("send");

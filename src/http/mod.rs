@@ -85,6 +85,15 @@ pub struct HttpConfig {
     pub retry_after_secs: u64,
     /// How long shutdown waits for in-flight requests (default 30 s).
     pub shutdown_grace_ms: u64,
+    /// Extra names a request's `Host` may carry (every route but `/healthz`; 421 otherwise).
+    /// Always allowed: `localhost`, loopback addresses and the bound address, with the bound
+    /// port. An entry `name` allows that name with any port, `name:port` only that port, `*`
+    /// any host (turns the check off: DNS rebinding then reaches the node).
+    pub allowed_hosts: Vec<String>,
+    /// Extra origins (`https://console.example:8443`) whose pages may call the API; a request
+    /// carrying any other `Origin` than the node's own (`http://` + its allowed `Host`) is
+    /// refused with 403. `*` allows every origin.
+    pub allowed_origins: Vec<String>,
 }
 
 impl Default for HttpConfig {
@@ -105,6 +114,8 @@ impl Default for HttpConfig {
             ingest_backpressure_wait_ms: 5_000,
             retry_after_secs: 1,
             shutdown_grace_ms: 30_000,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
         }
     }
 }
@@ -130,6 +141,18 @@ impl HttpConfig {
         }
         if self.header_read_timeout_ms == 0 || self.body_read_timeout_ms == 0 {
             return Err("http timeouts must be positive".into());
+        }
+        if let Some(h) = self.allowed_hosts.iter().find(|h| h.trim().is_empty()) {
+            return Err(format!("http.allowed_hosts holds an empty name ({h:?})"));
+        }
+        if let Some(o) = self
+            .allowed_origins
+            .iter()
+            .find(|o| *o != "*" && !(o.starts_with("http://") || o.starts_with("https://")))
+        {
+            return Err(format!(
+                "http.allowed_origins entries are `scheme://host[:port]` or `*` (got {o:?})"
+            ));
         }
         if self.token.as_deref().is_some_and(str::is_empty) {
             return Err("http.token must not be empty (remove it to disable auth)".into());

@@ -46,6 +46,10 @@ pub(crate) fn router(state: AppState) -> Router {
         ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
+            middleware::browser_guard,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
             middleware::header_limit,
         ))
         .layer(axum::middleware::from_fn_with_state(
