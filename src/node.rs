@@ -563,6 +563,17 @@ impl Node {
         self.submit(writes).await
     }
 
+    /// Applies writes validated op by op while a request body was parsed
+    /// (`ops::OpsValidator`), all or none; a validation error is counted as a rejection.
+    pub(crate) async fn apply_writes(
+        &self,
+        writes: Result<Vec<LocalWrite>, Error>,
+    ) -> Result<WriteOutcome, Error> {
+        let writes = self.count_rejection(writes)?;
+        self.count_rejection(self.check_overflow(&writes))?;
+        self.submit(writes).await
+    }
+
     /// Ingests events of `stream`; each `(source, seq)` is applied at most once.
     ///
     /// # Errors

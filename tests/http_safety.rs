@@ -167,3 +167,125 @@ fn allowed_hosts_add_names() {
     let (status, _) = raw(s.addr, "GET /v1/keys HTTP/1.1\r\nHost: other.internal", b"");
     assert_eq!(status, 421);
 }
+
+#[test]
+fn an_increment_that_would_overflow_is_refused_and_nothing_applies() {
+    let s = Served::start();
+    let url = s.url("/v1/ops");
+    let max = u64::MAX;
+    let a = post(
+        &url,
+        format!(r#"[{{"type":"gcounter","key":"g","op":"inc","by":{max}}}]"#),
+    );
+    assert_eq!(a.status, 200, "{a:?}");
+    // An increment past u64::MAX, after an op that alone would apply.
+    let a = post(
+        &url,
+        format!(
+            r#"[{{"type":"lww","key":"side","op":"set","value":1}},{{"type":"gcounter","key":"g","op":"inc"}}]"#
+        ),
+    );
+    assert_eq!((a.status, a.code(), a.at()), (409, "overflow", "index 1, field by"), "{a:?}");
+    assert_eq!(value(&s, "gcounter", "g"), json!(max));
+    assert_eq!(value(&s, "lww", "side"), J::Null, "part of the batch applied");
+    // Within one batch: each op fits, together they do not.
+    let half = max / 2 + 1;
+    let a = post(
+        &url,
+        format!(
+            r#"[{{"type":"gcounter","key":"h","op":"inc","by":{half}}},{{"type":"gcounter","key":"h","op":"inc","by":{half}}}]"#
+        ),
+    );
+    assert_eq!((a.status, a.code(), a.at()), (409, "overflow", "index 1, field by"), "{a:?}");
+    assert_eq!(value(&s, "gcounter", "h"), json!(0));
+    // A pncounter is bounded by the i64 range both ways; NDJSON names the line.
+    let a = post(
+        &url,
+        format!("{{\"type\":\"pncounter\",\"key\":\"p\",\"op\":\"dec\",\"by\":{max}}}\n"),
+    );
+    assert_eq!((a.status, a.code(), a.at()), (409, "overflow", "line 1, field by"), "{a:?}");
+    let a = post(
+        &url,
+        format!(r#"[{{"type":"pncounter","key":"p","op":"inc","by":{}}}]"#, i64::MAX),
+    );
+    assert_eq!(a.status, 200, "{a:?}");
+    let a = post(&url, r#"[{"type":"pncounter","key":"p","op":"inc"}]"#);
+    assert_eq!((a.status, a.code()), (409, "overflow"), "{a:?}");
+    assert_eq!(value(&s, "pncounter", "p"), json!(i64::MAX));
+    // Through an event's ops as well.
+    let a = post(
+        &s.url("/v1/streams/s/events"),
+        r#"{"source":"a","seq":1,"ops":[{"type":"gcounter","key":"g","op":"inc"}]}"#,
+    );
+    assert_eq!((a.status, a.code()), (409, "overflow"), "{a:?}");
+    assert_eq!(value(&s, "gcounter", "g"), json!(max));
+}
+
+#[test]
+fn duplicate_members_are_refused_naming_the_member() {
+    let s = Served::start();
+    let url = s.url("/v1/ops");
+    let dup = r#"{"type":"lww","key":"d","op":"set","value":1,"type":"gcounter"}"#;
+    let a = post(&url, format!("[{dup}]"));
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (400, "invalid_op", "index 0, field type"),
+        "{a:?}"
+    );
+    let a = post(&url, format!("{{\"type\":\"lww\",\"key\":\"d\",\"op\":\"set\",\"value\":1}}\n{dup}\n"));
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (400, "invalid_op", "line 2, field type"),
+        "{a:?}"
+    );
+    assert_eq!(value(&s, "lww", "d"), J::Null);
+    assert_eq!(value(&s, "gcounter", "d"), json!(0));
+    let a = post(
+        &s.url("/v1/streams/s/events"),
+        r#"{"source":"a","seq":1,"seq":2,"ops":[{"type":"gcounter","key":"e","op":"inc"}]}"#,
+    );
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (400, "invalid_event", "line 1, field seq"),
+        "{a:?}"
+    );
+    let a = post(
+        &s.url("/v1/streams/s/events"),
+        r#"{"source":"a","seq":1,"ops":[{"type":"gcounter","key":"e","op":"inc","by":1,"by":5}]}"#,
+    );
+    assert_eq!((a.status, a.code()), (400, "invalid_event"), "{a:?}");
+    assert_eq!(value(&s, "gcounter", "e"), json!(0));
+}
+
+#[test]
+fn every_error_is_the_json_error_shape() {
+    let s = Served::start();
+    let h = host(&s);
+    for (req, status, at) in [
+        ("GET /v1/keys/lww/%FF", 400, "path"),
+        ("GET /v1/keys?limit=-1", 400, "query limit"),
+        ("GET /v1/keys?limit=x", 400, "query limit"),
+        ("GET /v1/keys?type=a&type=b", 400, "query type"),
+        ("GET /v1/keys?type=lww&type=lww", 400, "query type"),
+        ("GET /v1/watch?type=a&type=b", 400, "query type"),
+        ("GET /v1/watch?prefix=a&prefix=b", 400, "query prefix"),
+        ("DELETE /v1/ops", 405, ""),
+        ("GET /v1/ops", 405, ""),
+        ("GET /v1/views/%FF", 400, "path view"),
+    ] {
+        let (got, body) = raw(s.addr, &format!("{req} HTTP/1.1\r\nHost: {h}"), b"");
+        assert_eq!(got, status, "{req}: {body}");
+        assert!(body["error"]["code"].is_string(), "{req}: not the JSON shape: {body}");
+        assert!(body["error"]["message"].is_string(), "{req}: {body}");
+        if !at.is_empty() {
+            assert_eq!(body["error"]["at"], at, "{req}: {body}");
+        }
+    }
+    let (got, body) = raw(
+        s.addr,
+        &format!("POST /v1/streams/%FF/events HTTP/1.1\r\nHost: {h}\r\nContent-Type: application/x-ndjson"),
+        b"{\"source\":\"a\",\"seq\":1}",
+    );
+    assert_eq!(got, 400, "{body}");
+    assert!(body["error"]["code"].is_string(), "{body}");
+}

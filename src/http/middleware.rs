@@ -32,6 +32,52 @@ pub(crate) async fn observe(State(state): State<AppState>, req: Request, next: N
     resp
 }
 
+/// Puts every error answer in the JSON error shape, also those the router and extractors
+/// produce themselves (a path that does not decode, a method a route does not take).
+pub(crate) async fn json_errors(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|c| c.starts_with("application/json"));
+    if json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 16 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let code = match status.as_u16() {
+        400 => "bad_request",
+        404 => "not_found",
+        405 => "method_not_allowed",
+        408 => "body_timeout",
+        413 => "too_large",
+        415 => "unsupported_media_type",
+        422 => "invalid_request",
+        s if s >= 500 => "internal",
+        _ => "error",
+    };
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        text
+    };
+    let mut out = ApiError::new(status, code, message).into_response();
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            out.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
 /// Refuses requests whose headers exceed `http.header_bytes_max` (413).
 pub(crate) async fn header_limit(
     State(state): State<AppState>,

@@ -2,7 +2,7 @@
 
 use super::body::{Chunks, Lines, read_limited};
 use super::error::{ApiError, Pos};
-use super::events::{parse_event, parse_ops};
+use super::events::{ParseError, parse_event, parse_ops};
 use super::{AppState, console, metrics, middleware};
 use crate::node::{KeyFilter, WatchEvent};
 use crate::ops::value_to_json;
@@ -14,7 +14,6 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Deserialize;
 use serde_json::json;
 use std::convert::Infallible;
 use std::time::Duration;
@@ -52,6 +51,7 @@ pub(crate) fn router(state: AppState) -> Router {
             state.clone(),
             middleware::header_limit,
         ))
+        .layer(axum::middleware::from_fn(middleware::json_errors))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::observe,
@@ -155,12 +155,13 @@ async fn post_ops(State(state): State<AppState>, headers: HeaderMap, body: Body)
             return e.into_response();
         }
     };
-    let (ops, positions) = match parse_ops(&bytes) {
-        Ok(parsed) => parsed,
-        Err(e) => return e.into_response(),
+    let (writes, positions) = match parse_ops(&bytes, &state.node.config().limits) {
+        Ok((writes, positions)) => (Ok(writes), positions),
+        Err(ParseError::Api(e)) => return e.into_response(),
+        Err(ParseError::Node(e, pos)) => (Err(e), vec![pos]),
     };
     drop(bytes);
-    match state.node.apply_batch(ops).await {
+    match state.node.apply_writes(writes).await {
         Ok(outcome) => axum::Json(json!({
             "applied": outcome.applied,
             "duplicates": outcome.duplicates,
@@ -168,7 +169,13 @@ async fn post_ops(State(state): State<AppState>, headers: HeaderMap, body: Body)
         .into_response(),
         Err(e) => ApiError::from_node(
             e,
-            |i| positions.get(i).copied().unwrap_or(Pos::Index(i)),
+            |i| {
+                positions
+                    .get(i)
+                    .or(positions.first().filter(|_| positions.len() == 1))
+                    .copied()
+                    .unwrap_or(Pos::Index(i))
+            },
             state.config.retry_after_secs,
         )
         .into_response(),
@@ -197,8 +204,15 @@ fn check_name(state: &AppState, name: &str, at: &str) -> Result<(), ApiError> {
 
 async fn get_key(
     State(state): State<AppState>,
-    Path((kind, name)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, axum::extract::rejection::PathRejection>,
 ) -> Result<Response, ApiError> {
+    let Path((kind, name)) = path.map_err(|e| {
+        ApiError::bad_request(
+            "invalid_key",
+            format!("the path is not a UTF-8 `type/name`: {}", e.body_text()),
+        )
+        .at("path")
+    })?;
     let kind = parse_kind(&kind, "path type")?;
     check_name(&state, &name, "path name")?;
     let key = Key::new(kind, name);
@@ -209,22 +223,60 @@ async fn get_key(
     Ok(axum::Json(key_json(&key, &value)).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Default)]
 struct ListQuery {
-    #[serde(rename = "type")]
     kind: Option<String>,
-    #[serde(default)]
     prefix: String,
     limit: Option<usize>,
     after: Option<String>,
+}
+
+/// Query parameters as pairs, decoded by hand so every fault names its parameter in the JSON
+/// error shape (a parameter given twice is refused; unknown ones are ignored).
+fn query_pairs(
+    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+    known: &[&str],
+) -> Result<Vec<(String, String)>, ApiError> {
+    let Query(pairs) = q.map_err(|e| bad_query("", e.body_text()).at("query"))?;
+    let mut seen: Vec<&str> = Vec::new();
+    for (name, _) in &pairs {
+        if let Some(k) = known.iter().find(|k| **k == name) {
+            if seen.contains(k) {
+                return Err(bad_query(name, format!("`{name}` is given more than once")));
+            }
+            seen.push(k);
+        }
+    }
+    Ok(pairs)
+}
+
+fn list_query(
+    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+) -> Result<ListQuery, ApiError> {
+    let mut out = ListQuery::default();
+    for (name, text) in query_pairs(q, &["type", "prefix", "limit", "after"])? {
+        match name.as_str() {
+            "type" => out.kind = Some(text),
+            "prefix" => out.prefix = text,
+            "after" => out.after = Some(text),
+            "limit" => {
+                out.limit = Some(text.parse::<usize>().map_err(|_| {
+                    bad_query("limit", format!("limit must be 1..={LIST_LIMIT_MAX}, got {text:?}"))
+                })?);
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
 }
 
 const LIST_LIMIT_MAX: usize = 1000;
 
 async fn list_keys(
     State(state): State<AppState>,
-    Query(q): Query<ListQuery>,
+    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let q = list_query(q)?;
     let limit = q.limit.unwrap_or(100);
     if limit == 0 || limit > LIST_LIMIT_MAX {
         return Err(ApiError::bad_request(
@@ -451,11 +503,9 @@ async fn ingest_stream(
     Ok(())
 }
 
-#[derive(Deserialize)]
+#[derive(Default)]
 struct WatchQuery {
-    #[serde(rename = "type")]
     kind: Option<String>,
-    #[serde(default)]
     prefix: String,
 }
 
@@ -466,8 +516,17 @@ async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
 
 async fn watch(
     State(state): State<AppState>,
-    Query(q): Query<WatchQuery>,
+    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let mut w = WatchQuery::default();
+    for (name, text) in query_pairs(q, &["type", "prefix"])? {
+        match name.as_str() {
+            "type" => w.kind = Some(text),
+            "prefix" => w.prefix = text,
+            _ => {}
+        }
+    }
+    let q = w;
     let kind = q
         .kind
         .as_deref()
@@ -667,9 +726,13 @@ fn view_query(params: Vec<(String, String)>, group_by: &[String]) -> Result<View
 /// counters and any definition conflicts.
 async fn view(
     State(state): State<AppState>,
-    Path(view): Path<String>,
-    Query(params): Query<Vec<(String, String)>>,
+    view: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    params: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let Path(view) = view.map_err(|e| {
+        ApiError::bad_request("invalid_view", e.body_text()).at("path view")
+    })?;
+    let params = query_pairs(params, &["from", "to", "after", "limit"])?;
     let Some(def) = state.node.views().iter().find(|v| v.def.name == view) else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
