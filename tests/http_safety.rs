@@ -289,3 +289,36 @@ fn every_error_is_the_json_error_shape() {
     assert_eq!(got, 400, "{body}");
     assert!(body["error"]["code"].is_string(), "{body}");
 }
+
+/// The permission bits of `path`.
+fn mode(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).expect("metadata").permissions().mode() & 0o7777
+}
+
+#[test]
+fn an_existing_directory_keeps_its_mode_and_data_files_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().expect("tempdir");
+    let shared = root.path().join("shared");
+    std::fs::create_dir(&shared).expect("mkdir");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let data = shared.clone();
+    let s = Served::start_with(move |n, _| n.data_dir = data);
+    assert_eq!(mode(&shared), 0o1777, "the node changed the mode of a directory it did not create");
+    assert_eq!(mode(&shared.join(tidemark::store::DB_FILE)), 0o600, "data file mode");
+    let out = root.path().join("copy.tmsnap");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(s.node.snapshot(&out)).expect("snapshot");
+    assert_eq!(mode(&out), 0o600, "snapshot file mode");
+    s.stop();
+    // A directory the node creates is its owner's only.
+    let fresh = root.path().join("new/data");
+    let data = fresh.clone();
+    let s = Served::start_with(move |n, _| n.data_dir = data);
+    assert_eq!(mode(&fresh), 0o700);
+    s.stop();
+}
