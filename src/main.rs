@@ -154,6 +154,9 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             return Ok(true);
         }
         cli::serve::init_logging(config.log.format);
+        for warning in args.warnings() {
+            tracing::warn!("{warning}");
+        }
         if let Some(file) = &args.restore {
             cli::serve::restore(&config, file)?;
         }

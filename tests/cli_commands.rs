@@ -467,3 +467,88 @@ fn two_daemons_with_issued_certificates_converge() {
     assert_eq!(alpha.terminate().code(), Some(0));
     assert_eq!(beta.terminate().code(), Some(0));
 }
+
+/// `tidemark serve` with `args` and `env`, stderr into a file; returns the child, its URL and
+/// the stderr file.
+fn serve_logged(
+    dir: &std::path::Path,
+    args: &[&std::ffi::OsStr],
+    env: Option<&str>,
+) -> (Child, String, std::path::PathBuf) {
+    let log = dir.join("stderr.log");
+    let mut cmd = Command::new(BIN);
+    cmd.arg("serve")
+        .args(["--http", "127.0.0.1:0", "--peer-listen", "127.0.0.1:0", "--data"])
+        .arg(dir.join("data"))
+        .args(args)
+        .env_remove("TIDEMARK_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).expect("log"));
+    if let Some(t) = env {
+        cmd.env("TIDEMARK_TOKEN", t);
+    }
+    let mut child = cmd.spawn().expect("spawn");
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line);
+    }
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .map(|u| u.trim_end_matches('/').to_owned());
+    let Some(url) = url else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("no URL in {line:?}: {}", std::fs::read_to_string(&log).unwrap_or_default());
+    };
+    (child, url, log)
+}
+
+fn status_with(url: &str, token: Option<&str>) -> u16 {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut req = agent.get(format!("{url}/v1/keys"));
+    if let Some(t) = token {
+        req = req.header("Authorization", format!("Bearer {t}"));
+    }
+    req.call().map(|r| r.status().as_u16()).unwrap_or(0)
+}
+
+#[test]
+fn the_token_comes_from_a_file_or_the_environment_and_the_command_line_warns() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("token");
+    std::fs::write(&file, "s3cret-file\n").expect("token file");
+    let (mut child, url, log) = serve_logged(
+        dir.path(),
+        &["--token-file".as_ref(), file.as_os_str()],
+        None,
+    );
+    assert_eq!(status_with(&url, None), 401);
+    assert_eq!(status_with(&url, Some("s3cret-file")), 200);
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!text.contains("visible to other users"), "{text}");
+
+    let (mut child, url, log) = serve_logged(dir.path(), &[], Some("s3cret-env"));
+    assert_eq!(status_with(&url, None), 401);
+    assert_eq!(status_with(&url, Some("s3cret-env")), 200);
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!text.contains("visible to other users"), "{text}");
+
+    let (mut child, url, log) =
+        serve_logged(dir.path(), &["--token".as_ref(), "s3cret-cli".as_ref()], None);
+    assert_eq!(status_with(&url, Some("s3cret-cli")), 200);
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        text.contains("WARN") && text.contains("visible to other users"),
+        "no warning for --token on the command line: {text}"
+    );
+}

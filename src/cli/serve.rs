@@ -37,9 +37,13 @@ pub struct ServeArgs {
     /// default 30,000).
     #[arg(long, value_name = "MS")]
     pub down_grace_ms: Option<u64>,
-    /// Bearer token required by the HTTP API (also TIDEMARK_TOKEN).
+    /// Bearer token required by the HTTP API. On the command line it is visible to every user
+    /// of the machine (`ps`): prefer `--token-file` or the TIDEMARK_TOKEN environment variable.
     #[arg(long, env = "TIDEMARK_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Read the bearer token from this file (its first line; keep the file mode 0600).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
     /// Durability: immediate (fsync before ack) or relaxed.
     #[arg(long, value_enum)]
     pub durability: Option<super::config::DurabilityName>,
@@ -89,7 +93,12 @@ impl ServeArgs {
             let peers = self.join.iter().map(|j| s(j)).collect();
             set_key(&mut table, "peer.join", toml::Value::Array(peers))?;
         }
-        if let Some(t) = &self.token {
+        if let Some(file) = &self.token_file {
+            if self.token_on_command_line() {
+                anyhow::bail!("give --token or --token-file, not both");
+            }
+            set_key(&mut table, "http.token", s(&read_token_file(file)?))?;
+        } else if let Some(t) = &self.token {
             set_key(&mut table, "http.token", s(t))?;
         }
         if let Some(d) = self.durability {
@@ -109,6 +118,35 @@ impl ServeArgs {
         }
         Config::from_table(table)
     }
+
+    /// True when `--token` was given on the command line (not through TIDEMARK_TOKEN).
+    fn token_on_command_line(&self) -> bool {
+        self.token.is_some() && std::env::var("TIDEMARK_TOKEN").ok() != self.token
+    }
+
+    /// Warnings about how the node was started, logged once logging is up.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.token_on_command_line() && self.token_file.is_none() {
+            out.push(
+                "--token on the command line is visible to other users of this machine (ps, \
+                 /proc); use --token-file FILE or the TIDEMARK_TOKEN environment variable"
+                    .to_owned(),
+            );
+        }
+        out
+    }
+}
+
+/// The token in `file`: its first line without surrounding whitespace.
+fn read_token_file(file: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("cannot read --token-file {}", file.display()))?;
+    let token = text.lines().next().unwrap_or("").trim().to_owned();
+    if token.is_empty() {
+        anyhow::bail!("--token-file {} holds no token", file.display());
+    }
+    Ok(token)
 }
 
 /// Creates the configured data directory from the snapshot `file` under a new replica id
