@@ -251,12 +251,15 @@ fn raw(url: &str, request: &str) -> String {
 fn ingest_retries_429_until_accepted() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = Daemon::start(dir.path(), &["--set", "http.concurrency_max=1"]);
-    // Hold the only request slot with an ingest whose body has not ended.
+    // Hold the only request slot with an ingest whose body has not ended (its first line
+    // takes the slot).
     let addr = d.url.trim_start_matches("http://").to_owned();
     let mut hold = std::net::TcpStream::connect(&addr).expect("connect");
+    let line = "{\"source\":\"h\",\"seq\":1}\n";
     write!(
         hold,
-        "POST /v1/streams/h/events HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "POST /v1/streams/h/events HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{line}\r\n",
+        line.len()
     )
     .expect("send");
     let body: String = (1..=100)

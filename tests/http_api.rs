@@ -493,13 +493,16 @@ fn over_the_concurrency_limit_answers_429_with_retry_after() {
         h.concurrency_max = 1;
         h.retry_after_secs = 3;
     });
-    // Hold the only slot: an ingest whose body never ends.
+    // Hold the only slot: an ingest whose body never ends (it takes the slot with its first
+    // line; one that sends nothing holds none).
     let hold = || {
         let mut slow = std::net::TcpStream::connect(s.addr).expect("connect");
+        let line = "{\"source\":\"h\",\"seq\":1}\n";
         write!(
             slow,
-            "POST /v1/streams/s/events HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n",
-            s.addr
+            "POST /v1/streams/s/events HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{line}\r\n",
+            s.addr,
+            line.len()
         )
         .expect("send");
         slow

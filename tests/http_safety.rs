@@ -322,3 +322,194 @@ fn an_existing_directory_keeps_its_mode_and_data_files_are_private() {
     assert_eq!(mode(&fresh), 0o700);
     s.stop();
 }
+
+#[path = "daemon_support/mod.rs"]
+mod daemon_support;
+
+/// A `/proc/<pid>/status` field in bytes (`VmRSS`, `VmHWM`).
+fn proc_bytes(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+const MIB: u64 = 1024 * 1024;
+
+#[test]
+fn an_8_mib_body_costs_the_daemon_a_small_multiple_of_its_size() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let (mut child, url, _) = daemon_support::spawn_serve(&[
+        "--http".as_ref(),
+        "127.0.0.1:0".as_ref(),
+        "--peer-listen".as_ref(),
+        "127.0.0.1:0".as_ref(),
+        "--data".as_ref(),
+        data.as_os_str(),
+    ]);
+    let addr: std::net::SocketAddr = url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("addr");
+    let pid = child.id();
+    let head = format!("POST /v1/ops HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json");
+    let (status, _) = raw(addr, &head, PWN.as_bytes());
+    assert_eq!(status, 200);
+    let base = proc_bytes(pid, "VmRSS:");
+    // The issue's body: 8 MiB of `{"a":1}` objects (refused at the first one).
+    let n = (8 * MIB as usize - 2) / 8;
+    let mut objects = String::with_capacity(8 * MIB as usize);
+    objects.push('[');
+    for i in 0..n {
+        if i > 0 {
+            objects.push(',');
+        }
+        objects.push_str(r#"{"a":1}"#);
+    }
+    objects.push(']');
+    let (status, body) = raw(addr, &head, objects.as_bytes());
+    assert_eq!(status, 400, "{body}");
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..3)
+            .map(|_| sc.spawn(|| raw(addr, &head, objects.as_bytes()).0))
+            .collect();
+        for h in hs {
+            assert_eq!(h.join().expect("client"), 400);
+        }
+    });
+    let grown = proc_bytes(pid, "VmHWM:").saturating_sub(base);
+    println!(
+        "daemon peak RSS grew by {} MiB for one then three parallel 8 MiB bodies of objects",
+        grown / MIB
+    );
+    // The bodies themselves are 32 MiB; a tree of them was ~712 MiB each.
+    assert!(grown < 96 * MIB, "peak RSS grew by {} MiB", grown / MIB);
+    // A valid 8 MiB batch whose values are such arrays (each value under the 64 KiB limit):
+    // memory is a small multiple of the body, not the ~89x of a tree of the whole batch.
+    let value = format!("[{}]", vec![r#"{"a":1}"#; 8000].join(","));
+    let op = format!(r#"{{"type":"lww","key":"k{{}}","op":"set","value":{value}}}"#);
+    let ops: Vec<String> = (0..(8 * MIB as usize / op.len()) - 1)
+        .map(|i| op.replace("k{}", &format!("k{i}")))
+        .collect();
+    let batch = format!("[{}]", ops.join(","));
+    assert!(batch.len() < 8 * MIB as usize);
+    let before = proc_bytes(pid, "VmHWM:");
+    let (status, body) = raw(addr, &head, batch.as_bytes());
+    assert_eq!(status, 200, "{body}");
+    let grown = proc_bytes(pid, "VmHWM:").saturating_sub(before.max(base));
+    println!(
+        "daemon peak RSS grew by {} MiB applying a valid {} MiB batch of {} ops",
+        grown / MIB,
+        batch.len() as u64 / MIB,
+        ops.len()
+    );
+    assert!(grown < 160 * MIB, "peak RSS grew by {} MiB", grown / MIB);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn bodies_in_flight_share_one_byte_budget() {
+    use std::io::Write;
+    let s = Served::start_with(|_, h| {
+        h.body_bytes_max = 1024 * 1024;
+        h.inflight_bytes_max = 1024 * 1024;
+    });
+    let h = host(&s);
+    // A body that has sent all but its last bytes holds the whole budget.
+    let mut slow = std::net::TcpStream::connect(s.addr).expect("connect");
+    let len = 1024 * 1024;
+    write!(
+        slow,
+        "POST /v1/ops HTTP/1.1\r\nHost: {h}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n\r\n"
+    )
+    .expect("head");
+    slow.write_all(&vec![b' '; len - 16]).expect("body");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (status, body) = raw(
+        s.addr,
+        &format!("POST /v1/ops HTTP/1.1\r\nHost: {h}\r\nContent-Type: application/json"),
+        &[b' '; 100_000],
+    );
+    assert_eq!((status, body["error"]["code"].as_str()), (429, Some("inflight_bytes")), "{body}");
+    drop(slow);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(post(&s.url("/v1/ops"), PWN).status, 200);
+}
+
+#[test]
+fn trickling_bodies_do_not_starve_a_normal_client() {
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+    let s = Served::start_with(|_, h| h.concurrency_max = 8);
+    let h = host(&s);
+    // Sixteen writes that send a byte now and then: eight ops bodies, eight ingests.
+    let mut slow: Vec<std::net::TcpStream> = (0..16)
+        .map(|i| {
+            let mut c = std::net::TcpStream::connect(s.addr).expect("connect");
+            let path = if i % 2 == 0 { "/v1/ops" } else { "/v1/streams/t/events" };
+            write!(
+                c,
+                "POST {path} HTTP/1.1\r\nHost: {h}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+            )
+            .expect("head");
+            c
+        })
+        .collect();
+    for round in 0..8 {
+        for c in &mut slow {
+            let _ = c.write_all(if round == 0 { b"[" } else { b" " });
+        }
+        let t = Instant::now();
+        let a = get(&s.url("/v1/keys"));
+        assert_eq!(a.status, 200, "{a:?}");
+        let a = post(&s.url("/v1/ops"), PWN);
+        assert_eq!(a.status, 200, "{a:?}");
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "a normal client waited {:?} behind trickling bodies",
+            t.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn a_trickled_body_is_cut_off_by_the_overall_deadline() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    let s = Served::start_with(|_, h| h.body_read_timeout_ms = 1_000);
+    let mut c = std::net::TcpStream::connect(s.addr).expect("connect");
+    write!(
+        c,
+        "POST /v1/ops HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n[",
+        host(&s)
+    )
+    .expect("head");
+    c.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    // A byte every 200 ms: each chunk is within the per-chunk timeout, the whole is not.
+    while started.elapsed() < Duration::from_secs(10) {
+        let _ = c.write_all(b" ");
+        let mut buf = [0u8; 512];
+        match c.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                answer.extend_from_slice(&buf[..n]);
+                break;
+            }
+            Err(_) => {}
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text:?} after {:?}", started.elapsed());
+}

@@ -156,9 +156,25 @@ pub(crate) async fn concurrency(
     if matches!(path, "/healthz" | "/readyz" | "/metrics" | "/v1/watch") {
         return next.run(req).await;
     }
-    let Ok(_permit) = state.requests.clone().try_acquire_owned() else {
+    // Writes take their slot themselves once their body (or an ingest's first line) arrived:
+    // a client that sends nothing, or trickles, holds no slot.
+    if req.method() == axum::http::Method::POST
+        && (path == "/v1/ops" || path.starts_with("/v1/streams/"))
+    {
+        return next.run(req).await;
+    }
+    let _permit = match slot(&state) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    next.run(req).await
+}
+
+/// One of the `http.concurrency_max` request slots, or 429 with `Retry-After`.
+pub(crate) fn slot(state: &AppState) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    state.requests.clone().try_acquire_owned().map_err(|_| {
         state.metrics.rejected("concurrency");
-        return ApiError::too_many(
+        ApiError::too_many(
             "overloaded",
             format!(
                 "more than http.concurrency_max ({}) requests in flight; retry later",
@@ -166,9 +182,7 @@ pub(crate) async fn concurrency(
             ),
             state.config.retry_after_secs,
         )
-        .into_response();
-    };
-    next.run(req).await
+    })
 }
 
 /// A `host[:port]` authority split into its lowercase host (IPv6 without brackets) and port

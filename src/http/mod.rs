@@ -85,6 +85,9 @@ pub struct HttpConfig {
     pub retry_after_secs: u64,
     /// How long shutdown waits for in-flight requests (default 30 s).
     pub shutdown_grace_ms: u64,
+    /// Most bytes of request bodies all requests hold at once (default 64 MiB); a body that
+    /// would take more answers 429 + `Retry-After`. Must be at least `body_bytes_max`.
+    pub inflight_bytes_max: usize,
     /// Extra names a request's `Host` may carry (every route but `/healthz`; 421 otherwise).
     /// Always allowed: `localhost`, loopback addresses and the bound address, with the bound
     /// port. An entry `name` allows that name with any port, `name:port` only that port, `*`
@@ -114,6 +117,7 @@ impl Default for HttpConfig {
             ingest_backpressure_wait_ms: 5_000,
             retry_after_secs: 1,
             shutdown_grace_ms: 30_000,
+            inflight_bytes_max: 64 * 1024 * 1024,
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
         }
@@ -141,6 +145,14 @@ impl HttpConfig {
         }
         if self.header_read_timeout_ms == 0 || self.body_read_timeout_ms == 0 {
             return Err("http timeouts must be positive".into());
+        }
+        if self.inflight_bytes_max < self.body_bytes_max
+            || u32::try_from(self.inflight_bytes_max).is_err()
+        {
+            return Err(format!(
+                "http.inflight_bytes_max must be at least http.body_bytes_max ({}) and below 4 GiB",
+                self.body_bytes_max
+            ));
         }
         if let Some(h) = self.allowed_hosts.iter().find(|h| h.trim().is_empty()) {
             return Err(format!("http.allowed_hosts holds an empty name ({h:?})"));
@@ -211,6 +223,8 @@ pub(crate) struct AppState {
     pub(crate) listen: SocketAddr,
     /// One snapshot at a time (`GET /v1/snapshot`).
     pub(crate) snapshots: Arc<Semaphore>,
+    /// Bytes of request bodies held at once (`http.inflight_bytes_max`).
+    pub(crate) body_budget: body::BodyBudget,
 }
 
 /// A bound HTTP server, not yet accepting.
@@ -281,6 +295,7 @@ impl HttpServer {
             cluster,
             listen,
             snapshots: Arc::new(Semaphore::new(1)),
+            body_budget: Arc::new(Semaphore::new(config.inflight_bytes_max)),
         };
         Ok(Self {
             listener,

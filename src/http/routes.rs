@@ -141,17 +141,23 @@ fn body_timeout(state: &AppState) -> Duration {
 }
 
 async fn post_ops(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    let bytes = match read_limited(
+    let (bytes, held) = match read_limited(
         &headers,
         body,
         state.config.body_bytes_max,
         body_timeout(&state),
+        &state.body_budget,
+        state.config.retry_after_secs,
     )
     .await
     {
         Ok(b) => b,
         Err(e) => {
-            state.metrics.rejected("body");
+            state.metrics.rejected(if e.code == "inflight_bytes" {
+                "inflight_bytes"
+            } else {
+                "body"
+            });
             return e.into_response();
         }
     };
@@ -161,6 +167,11 @@ async fn post_ops(State(state): State<AppState>, headers: HeaderMap, body: Body)
         Err(ParseError::Node(e, pos)) => (Err(e), vec![pos]),
     };
     drop(bytes);
+    drop(held);
+    let _slot = match middleware::slot(&state) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
     match state.node.apply_writes(writes).await {
         Ok(outcome) => axum::Json(json!({
             "applied": outcome.applied,
@@ -472,7 +483,12 @@ async fn ingest_stream(
     let mut batch: Vec<StreamEvent> = Vec::new();
     let mut batch_lines: Vec<usize> = Vec::new();
     let (mut batch_bytes, mut batch_ops) = (0usize, 0usize);
+    // The request slot is taken once the first line arrived and held to the end.
+    let mut slot = None;
     while let Some((line_no, line)) = lines.next().await? {
+        if slot.is_none() {
+            slot = Some(middleware::slot(state)?);
+        }
         let event =
             parse_event(line_no, &line).inspect_err(|_| state.metrics.events("rejected", 1))?;
         let ops = event.ops.len().max(1);
