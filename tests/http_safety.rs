@@ -513,3 +513,64 @@ fn a_trickled_body_is_cut_off_by_the_overall_deadline() {
     let text = String::from_utf8_lossy(&answer);
     assert!(text.starts_with("HTTP/1.1 408"), "{text:?} after {:?}", started.elapsed());
 }
+
+#[test]
+fn under_a_1024_file_limit_1100_idle_connections_leave_the_node_serving() {
+    use std::io::{Read, Write};
+    // This process needs room for its own 1,100 connections.
+    let own = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let _ = rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: own.maximum,
+            maximum: own.maximum,
+        },
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let bin = env!("CARGO_BIN_EXE_tidemark");
+    let mut child = std::process::Command::new("prlimit")
+        .args(["--nofile=1024:1024", bin, "serve", "--http", "127.0.0.1:0"])
+        .args(["--peer-listen", "127.0.0.1:0", "--data"])
+        .arg(&data)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn prlimit");
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line);
+    }
+    let addr: std::net::SocketAddr = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .map(|u| u.trim_start_matches("http://").trim_end_matches('/'))
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    // A client connected before the flood keeps its connection.
+    let mut client = std::net::TcpStream::connect(addr).expect("connect");
+    client
+        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .expect("timeout");
+    let idle: Vec<std::net::TcpStream> = (0..1100)
+        .filter_map(|_| std::net::TcpStream::connect(addr).ok())
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // The node still has descriptors for its own work: a snapshot creates files.
+    write!(
+        client,
+        "GET /v1/snapshot HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut head = [0u8; 12];
+    let got = client.read_exact(&mut head).map(|()| head.to_vec());
+    drop(idle);
+    let _ = child.kill();
+    let _ = child.wait();
+    let head = got.map(|h| String::from_utf8_lossy(&h).into_owned());
+    assert_eq!(
+        head.as_deref().ok(),
+        Some("HTTP/1.1 200"),
+        "the node ran out of descriptors: {head:?}"
+    );
+}

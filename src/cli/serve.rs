@@ -244,8 +244,53 @@ async fn start_peers(node: &Node, config: &Config) -> anyhow::Result<SocketAddr>
     Ok(bound)
 }
 
+/// Descriptors kept back from HTTP connections for the store, the peer endpoint and its
+/// connections, snapshots, logs and the runtime.
+const FDS_RESERVED: u64 = 256;
+
+/// Raises the soft open-file limit to the hard one where allowed, and caps
+/// `http.connections_max` to what the limit leaves after [`FDS_RESERVED`] (logged): past the
+/// limit, accepting fails and every request (and the store) starves for descriptors.
+fn fit_descriptors(config: &mut Config) {
+    #[cfg(unix)]
+    {
+        use rustix::process::{Resource, getrlimit, setrlimit};
+        let mut limit = getrlimit(Resource::Nofile);
+        if limit.current.is_some() && limit.current != limit.maximum {
+            let raised = rustix::process::Rlimit {
+                current: limit.maximum,
+                maximum: limit.maximum,
+            };
+            match setrlimit(Resource::Nofile, raised) {
+                Ok(()) => {
+                    tracing::info!(
+                        from = limit.current,
+                        to = limit.maximum,
+                        "raised the open file limit to its hard limit"
+                    );
+                    limit = getrlimit(Resource::Nofile);
+                }
+                Err(e) => tracing::debug!(error = %e, "cannot raise the open file limit"),
+            }
+        }
+        if let Some(soft) = limit.current {
+            let room = usize::try_from(soft.saturating_sub(FDS_RESERVED).max(16)).unwrap_or(usize::MAX);
+            if config.http.connections_max > room {
+                tracing::warn!(
+                    open_files_max = soft,
+                    configured = config.http.connections_max,
+                    connections_max = room,
+                    "http.connections_max lowered to fit the open file limit (raise it with ulimit -n)"
+                );
+                config.http.connections_max = room;
+            }
+        }
+    }
+}
+
 /// Runs the node until a stop signal; every acknowledged write is durable when this returns.
-pub async fn run(config: Config) -> anyhow::Result<()> {
+pub async fn run(mut config: Config) -> anyhow::Result<()> {
+    fit_descriptors(&mut config);
     let node = Node::open(config.node_config())
         .await
         .with_context(|| format!("cannot open the node in {}", config.data_dir.display()))?;
