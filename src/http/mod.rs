@@ -27,6 +27,36 @@ mod routes;
 mod snapshot;
 
 pub use error::ApiError;
+
+/// The HTTP request parsers as the server runs them, for the fuzz targets (not a stable API).
+#[doc(hidden)]
+pub mod fuzzing {
+    use crate::config::Limits;
+
+    /// Parses a `POST /v1/ops` body (JSON array or NDJSON) into validated writes; the number of
+    /// writes, or the API error's code and `at`.
+    pub fn ops_body(body: &[u8]) -> Result<usize, (String, Option<String>)> {
+        super::events::parse_ops(body, &Limits::default())
+            .map(|(writes, _)| writes.len())
+            .map_err(|e| match e {
+                super::events::ParseError::Api(e) => (e.code.to_owned(), e.at),
+                super::events::ParseError::Node(e, pos) => (e.code().to_owned(), Some(pos.to_string())),
+            })
+    }
+
+    /// Parses one NDJSON event line; the number of its ops, or the API error's `at`.
+    pub fn event_line(line: &[u8]) -> Result<usize, Option<String>> {
+        super::events::parse_event(1, line)
+            .map(|e| e.ops.len())
+            .map_err(|e| e.at)
+    }
+
+    /// Parses the query string of `GET /v1/keys`, `GET /v1/watch` and `GET /v1/views/{view}`
+    /// (grouped by `page`) as the routes do; errors name the parameter.
+    pub fn query(query: &str) -> [Result<(), Option<String>>; 3] {
+        super::routes::fuzz_queries(query)
+    }
+}
 pub use events::parse_event_time_ms;
 
 use crate::node::Node;

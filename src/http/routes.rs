@@ -775,3 +775,24 @@ async fn view(
     }
     Ok(axum::Json(body).into_response())
 }
+
+/// The query parsers of `GET /v1/keys`, `/v1/watch` and `/v1/views/{view}` on `query`.
+pub(crate) fn fuzz_queries(query: &str) -> [Result<(), Option<String>>; 3] {
+    let Some(Query(pairs)) = axum::http::Uri::try_from(format!("/x?{query}"))
+        .ok()
+        .and_then(|u| Query::<Vec<(String, String)>>::try_from_uri(&u).ok())
+    else {
+        return [Ok(()), Ok(()), Ok(())];
+    };
+    let keys = list_query(Ok(Query(pairs.clone())))
+        .map(drop)
+        .map_err(|e| e.at);
+    let watch = query_pairs(Ok(Query(pairs.clone())), &["type", "prefix"])
+        .map(drop)
+        .map_err(|e| e.at);
+    let view = query_pairs(Ok(Query(pairs)), &["from", "to", "after", "limit"])
+        .and_then(|p| view_query(p, &["page".to_owned()]))
+        .map(drop)
+        .map_err(|e| e.at);
+    [keys, watch, view]
+}
