@@ -481,7 +481,13 @@ fn serve_logged(
     let log = dir.join("stderr.log");
     let mut cmd = Command::new(BIN);
     cmd.arg("serve")
-        .args(["--http", "127.0.0.1:0", "--peer-listen", "127.0.0.1:0", "--data"])
+        .args([
+            "--http",
+            "127.0.0.1:0",
+            "--peer-listen",
+            "127.0.0.1:0",
+            "--data",
+        ])
         .arg(dir.join("data"))
         .args(args)
         .env_remove("TIDEMARK_TOKEN")
@@ -502,7 +508,10 @@ fn serve_logged(
     let Some(url) = url else {
         let _ = child.kill();
         let _ = child.wait();
-        panic!("no URL in {line:?}: {}", std::fs::read_to_string(&log).unwrap_or_default());
+        panic!(
+            "no URL in {line:?}: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
     };
     (child, url, log)
 }
@@ -544,8 +553,11 @@ fn the_token_comes_from_a_file_or_the_environment_and_the_command_line_warns() {
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(!text.contains("visible to other users"), "{text}");
 
-    let (mut child, url, log) =
-        serve_logged(dir.path(), &["--token".as_ref(), "s3cret-cli".as_ref()], None);
+    let (mut child, url, log) = serve_logged(
+        dir.path(),
+        &["--token".as_ref(), "s3cret-cli".as_ref()],
+        None,
+    );
     assert_eq!(status_with(&url, Some("s3cret-cli")), 200);
     let _ = child.kill();
     let _ = child.wait();

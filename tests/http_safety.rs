@@ -181,13 +181,19 @@ fn an_increment_that_would_overflow_is_refused_and_nothing_applies() {
     // An increment past u64::MAX, after an op that alone would apply.
     let a = post(
         &url,
-        format!(
-            r#"[{{"type":"lww","key":"side","op":"set","value":1}},{{"type":"gcounter","key":"g","op":"inc"}}]"#
-        ),
+        r#"[{"type":"lww","key":"side","op":"set","value":1},{"type":"gcounter","key":"g","op":"inc"}]"#,
     );
-    assert_eq!((a.status, a.code(), a.at()), (409, "overflow", "index 1, field by"), "{a:?}");
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (409, "overflow", "index 1, field by"),
+        "{a:?}"
+    );
     assert_eq!(value(&s, "gcounter", "g"), json!(max));
-    assert_eq!(value(&s, "lww", "side"), J::Null, "part of the batch applied");
+    assert_eq!(
+        value(&s, "lww", "side"),
+        J::Null,
+        "part of the batch applied"
+    );
     // Within one batch: each op fits, together they do not.
     let half = max / 2 + 1;
     let a = post(
@@ -196,17 +202,28 @@ fn an_increment_that_would_overflow_is_refused_and_nothing_applies() {
             r#"[{{"type":"gcounter","key":"h","op":"inc","by":{half}}},{{"type":"gcounter","key":"h","op":"inc","by":{half}}}]"#
         ),
     );
-    assert_eq!((a.status, a.code(), a.at()), (409, "overflow", "index 1, field by"), "{a:?}");
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (409, "overflow", "index 1, field by"),
+        "{a:?}"
+    );
     assert_eq!(value(&s, "gcounter", "h"), json!(0));
     // A pncounter is bounded by the i64 range both ways; NDJSON names the line.
     let a = post(
         &url,
         format!("{{\"type\":\"pncounter\",\"key\":\"p\",\"op\":\"dec\",\"by\":{max}}}\n"),
     );
-    assert_eq!((a.status, a.code(), a.at()), (409, "overflow", "line 1, field by"), "{a:?}");
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (409, "overflow", "line 1, field by"),
+        "{a:?}"
+    );
     let a = post(
         &url,
-        format!(r#"[{{"type":"pncounter","key":"p","op":"inc","by":{}}}]"#, i64::MAX),
+        format!(
+            r#"[{{"type":"pncounter","key":"p","op":"inc","by":{}}}]"#,
+            i64::MAX
+        ),
     );
     assert_eq!(a.status, 200, "{a:?}");
     let a = post(&url, r#"[{"type":"pncounter","key":"p","op":"inc"}]"#);
@@ -232,7 +249,10 @@ fn duplicate_members_are_refused_naming_the_member() {
         (400, "invalid_op", "index 0, field type"),
         "{a:?}"
     );
-    let a = post(&url, format!("{{\"type\":\"lww\",\"key\":\"d\",\"op\":\"set\",\"value\":1}}\n{dup}\n"));
+    let a = post(
+        &url,
+        format!("{{\"type\":\"lww\",\"key\":\"d\",\"op\":\"set\",\"value\":1}}\n{dup}\n"),
+    );
     assert_eq!(
         (a.status, a.code(), a.at()),
         (400, "invalid_op", "line 2, field type"),
@@ -275,7 +295,10 @@ fn every_error_is_the_json_error_shape() {
     ] {
         let (got, body) = raw(s.addr, &format!("{req} HTTP/1.1\r\nHost: {h}"), b"");
         assert_eq!(got, status, "{req}: {body}");
-        assert!(body["error"]["code"].is_string(), "{req}: not the JSON shape: {body}");
+        assert!(
+            body["error"]["code"].is_string(),
+            "{req}: not the JSON shape: {body}"
+        );
         assert!(body["error"]["message"].is_string(), "{req}: {body}");
         if !at.is_empty() {
             assert_eq!(body["error"]["at"], at, "{req}: {body}");
@@ -283,7 +306,9 @@ fn every_error_is_the_json_error_shape() {
     }
     let (got, body) = raw(
         s.addr,
-        &format!("POST /v1/streams/%FF/events HTTP/1.1\r\nHost: {h}\r\nContent-Type: application/x-ndjson"),
+        &format!(
+            "POST /v1/streams/%FF/events HTTP/1.1\r\nHost: {h}\r\nContent-Type: application/x-ndjson"
+        ),
         b"{\"source\":\"a\",\"seq\":1}",
     );
     assert_eq!(got, 400, "{body}");
@@ -293,7 +318,11 @@ fn every_error_is_the_json_error_shape() {
 /// The permission bits of `path`.
 fn mode(path: &std::path::Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(path).expect("metadata").permissions().mode() & 0o7777
+    std::fs::metadata(path)
+        .expect("metadata")
+        .permissions()
+        .mode()
+        & 0o7777
 }
 
 #[test]
@@ -305,8 +334,16 @@ fn an_existing_directory_keeps_its_mode_and_data_files_are_private() {
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
     let data = shared.clone();
     let s = Served::start_with(move |n, _| n.data_dir = data);
-    assert_eq!(mode(&shared), 0o1777, "the node changed the mode of a directory it did not create");
-    assert_eq!(mode(&shared.join(tidemark::store::DB_FILE)), 0o600, "data file mode");
+    assert_eq!(
+        mode(&shared),
+        0o1777,
+        "the node changed the mode of a directory it did not create"
+    );
+    assert_eq!(
+        mode(&shared.join(tidemark::store::DB_FILE)),
+        0o600,
+        "data file mode"
+    );
     let out = root.path().join("copy.tmsnap");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -438,7 +475,11 @@ fn bodies_in_flight_share_one_byte_budget() {
         &format!("POST /v1/ops HTTP/1.1\r\nHost: {h}\r\nContent-Type: application/json"),
         &[b' '; 100_000],
     );
-    assert_eq!((status, body["error"]["code"].as_str()), (429, Some("inflight_bytes")), "{body}");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (429, Some("inflight_bytes")),
+        "{body}"
+    );
     drop(slow);
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert_eq!(post(&s.url("/v1/ops"), PWN).status, 200);
@@ -493,7 +534,8 @@ fn a_trickled_body_is_cut_off_by_the_overall_deadline() {
         host(&s)
     )
     .expect("head");
-    c.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
+    c.set_read_timeout(Some(Duration::from_millis(100)))
+        .expect("timeout");
     let started = Instant::now();
     let mut answer = Vec::new();
     // A byte every 200 ms: each chunk is within the per-chunk timeout, the whole is not.
@@ -511,7 +553,11 @@ fn a_trickled_body_is_cut_off_by_the_overall_deadline() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let text = String::from_utf8_lossy(&answer);
-    assert!(text.starts_with("HTTP/1.1 408"), "{text:?} after {:?}", started.elapsed());
+    assert!(
+        text.starts_with("HTTP/1.1 408"),
+        "{text:?} after {:?}",
+        started.elapsed()
+    );
 }
 
 #[test]

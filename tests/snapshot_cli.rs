@@ -407,5 +407,9 @@ fn a_snapshot_without_room_in_the_data_directory_is_refused() {
 /// The permission bits of `path`.
 fn mode(path: &std::path::Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(path).expect("metadata").permissions().mode() & 0o7777
+    std::fs::metadata(path)
+        .expect("metadata")
+        .permissions()
+        .mode()
+        & 0o7777
 }

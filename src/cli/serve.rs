@@ -274,7 +274,8 @@ fn fit_descriptors(config: &mut Config) {
             }
         }
         if let Some(soft) = limit.current {
-            let room = usize::try_from(soft.saturating_sub(FDS_RESERVED).max(16)).unwrap_or(usize::MAX);
+            let room =
+                usize::try_from(soft.saturating_sub(FDS_RESERVED).max(16)).unwrap_or(usize::MAX);
             if config.http.connections_max > room {
                 tracing::warn!(
                     open_files_max = soft,

@@ -4,10 +4,10 @@ use super::error::{ApiError, Pos};
 use crate::config::Limits;
 use crate::ops::{Op, OpsValidator};
 use crate::store::LocalWrite;
+use crate::views::StreamEvent;
 use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use crate::views::StreamEvent;
 
 /// The field a serde error is about: the path it failed at, or the name in backticks of an
 /// unknown/missing field message.
@@ -168,9 +168,7 @@ pub(crate) fn parse_ops(
     let mut failed: Option<ParseError> = None;
     let mut take = |op: Op, pos: Pos| -> Result<(), ParseError> {
         positions.push(pos);
-        let w = validator
-            .push(&op)
-            .map_err(|e| ParseError::Node(e, pos))?;
+        let w = validator.push(&op).map_err(|e| ParseError::Node(e, pos))?;
         writes.push(w);
         Ok(())
     };
@@ -212,8 +210,7 @@ pub(crate) fn parse_ops(
             if let Err(e) = result {
                 let path = track.path().to_string();
                 // `[3].by`: the index, then the path inside the op.
-                let (index, inner) = match path.strip_prefix('[').and_then(|p| p.split_once(']'))
-                {
+                let (index, inner) = match path.strip_prefix('[').and_then(|p| p.split_once(']')) {
                     Some((i, rest)) => (i.parse().ok(), rest.trim_start_matches('.')),
                     None => (None, ""),
                 };

@@ -275,7 +275,12 @@ fn json_media_type(content_type: Option<&str>) -> bool {
     let Some(ct) = content_type else {
         return false;
     };
-    let essence = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     matches!(
         essence.as_str(),
         "application/json"
@@ -319,9 +324,9 @@ pub(crate) async fn browser_guard(
         split_authority(a.as_str())
             .is_some_and(|(h, p)| host_allowed(&h, p, state.listen, &config.allowed_hosts))
     });
-    let Some(host) = host.filter(|(h, p)| {
-        uri_host_ok && host_allowed(h, *p, state.listen, &config.allowed_hosts)
-    }) else {
+    let Some(host) = host
+        .filter(|(h, p)| uri_host_ok && host_allowed(h, *p, state.listen, &config.allowed_hosts))
+    else {
         state.metrics.rejected("host");
         return ApiError::new(
             StatusCode::MISDIRECTED_REQUEST,

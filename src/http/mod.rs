@@ -40,7 +40,9 @@ pub mod fuzzing {
             .map(|(writes, _)| writes.len())
             .map_err(|e| match e {
                 super::events::ParseError::Api(e) => (e.code.to_owned(), e.at),
-                super::events::ParseError::Node(e, pos) => (e.code().to_owned(), Some(pos.to_string())),
+                super::events::ParseError::Node(e, pos) => {
+                    (e.code().to_owned(), Some(pos.to_string()))
+                }
             })
     }
 

@@ -272,7 +272,10 @@ fn list_query(
             "after" => out.after = Some(text),
             "limit" => {
                 out.limit = Some(text.parse::<usize>().map_err(|_| {
-                    bad_query("limit", format!("limit must be 1..={LIST_LIMIT_MAX}, got {text:?}"))
+                    bad_query(
+                        "limit",
+                        format!("limit must be 1..={LIST_LIMIT_MAX}, got {text:?}"),
+                    )
                 })?);
             }
             _ => {}
@@ -745,9 +748,8 @@ async fn view(
     view: Result<Path<String>, axum::extract::rejection::PathRejection>,
     params: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Path(view) = view.map_err(|e| {
-        ApiError::bad_request("invalid_view", e.body_text()).at("path view")
-    })?;
+    let Path(view) =
+        view.map_err(|e| ApiError::bad_request("invalid_view", e.body_text()).at("path view"))?;
     let params = query_pairs(params, &["from", "to", "after", "limit"])?;
     let Some(def) = state.node.views().iter().find(|v| v.def.name == view) else {
         return Err(ApiError::new(
