@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of every decoder of untrusted bytes (fuzz/, cargo-fuzz layout):
-# frames, deltas, state chunks, causal contexts, dedup marks, JSON ops. Each target checks
+# frames, deltas, state chunks, causal contexts, dedup marks, JSON ops, HTTP request parsers. Each target checks
 # "decode(b) = v implies encode(v) = b", never panics, and the lattice laws on what it admits.
 #
 # Runs on the stable toolchain: `--sanitizer none` needs no nightly-only flag (the coverage
@@ -29,7 +29,7 @@ else
 fi
 targets=("$@")
 if [ "${#targets[@]}" -eq 0 ]; then
-  targets=(frame delta chunk context marks json_ops)
+  targets=(frame delta chunk context marks json_ops http_requests)
 fi
 
 host="$(rustc -vV | sed -n 's/^host: //p')"
@@ -45,8 +45,12 @@ trap 'rm -f "$log"' EXIT
 for t in "${targets[@]}"; do
   echo "== fuzz $t (${seconds} s)"
   mkdir -p "fuzz/corpus/$t"
+  extra=()
+  # The HTTP parsers must cost a small multiple of their input: any single allocation over
+  # 64 MiB (a thousand times the longest input) is a failure.
+  if [ "$t" = "http_requests" ]; then extra=(-malloc_limit_mb=64); fi
   if ! cargo fuzz run --sanitizer none --target "$host" "$t" "fuzz/corpus/$t" -- \
-    -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -print_final_stats=1 \
+    -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -print_final_stats=1 "${extra[@]}" \
     >"$log" 2>&1; then
     tail -n 60 "$log" >&2
     echo "fuzz target $t failed; the input is in fuzz/artifacts/$t/" >&2

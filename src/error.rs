@@ -46,6 +46,21 @@ pub enum Error {
         /// The counter type.
         kind: KeyKind,
     },
+    /// An increment or decrement would take a counter past the bounds of its value (API
+    /// code `overflow`); nothing of the batch is applied.
+    #[error("op {index}: {key} would overflow: {value} {sign} {by} is out of range")]
+    Overflow {
+        /// Position in the batch.
+        index: usize,
+        /// The counter.
+        key: String,
+        /// Its value before the batch's earlier ops on it.
+        value: i128,
+        /// `+` or `-`.
+        sign: char,
+        /// The total amount the batch adds through this op.
+        by: u128,
+    },
     /// A value or element is over its size limit.
     #[error("op {index}: field `{field}` is {len} bytes, over the limit of {limit}")]
     TooLarge {
@@ -124,6 +139,7 @@ impl Error {
             Error::InvalidEvent { .. } => "invalid_event",
             Error::WrongOp { .. } => "type_mismatch",
             Error::CounterNotDeletable { .. } => "counter_not_deletable",
+            Error::Overflow { .. } => "overflow",
             Error::TooLarge { .. } | Error::BatchTooLarge { .. } | Error::TooManySources { .. } => {
                 "too_large"
             }

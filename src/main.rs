@@ -175,6 +175,9 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             return Ok(true);
         }
         cli::serve::init_logging(config.log.format);
+        for warning in args.warnings() {
+            tracing::warn!("{warning}");
+        }
         let json_logs = config.log.format == cli::config::LogFormat::Json;
         let served = tokio::runtime::Builder::new_multi_thread()
             .enable_all()

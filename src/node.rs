@@ -534,6 +534,57 @@ impl Node {
         Ok(rx)
     }
 
+    /// Refuses writes whose increments would take a counter past its value range (the lattice
+    /// saturates there and would drop the excess silently), against the committed values; the
+    /// whole batch is refused, naming the first op that would overflow.
+    fn check_overflow(&self, writes: &[LocalWrite]) -> Result<(), Error> {
+        let mut totals: std::collections::HashMap<&Key, (i128, i128)> =
+            std::collections::HashMap::new();
+        let mut reader = None;
+        for (index, w) in writes.iter().enumerate() {
+            for (key, m) in &w.ops {
+                let delta = match (key.kind, m) {
+                    (KeyKind::GCounter | KeyKind::PNCounter, tidemark_crdts::Mutation::Inc(n)) => {
+                        i128::from(*n)
+                    }
+                    (KeyKind::PNCounter, tidemark_crdts::Mutation::Dec(n)) => -i128::from(*n),
+                    _ => continue,
+                };
+                let (base, total) = match totals.entry(key) {
+                    std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(v) => {
+                        let r = match &reader {
+                            Some(r) => r,
+                            None => reader.insert(self.reader()?),
+                        };
+                        let base = match r.get(key)? {
+                            Some(Value::GCounter(n)) => i128::from(n),
+                            Some(Value::PNCounter(n)) => i128::from(n),
+                            _ => 0,
+                        };
+                        v.insert((base, base))
+                    }
+                };
+                *total += delta;
+                let (lo, hi) = if key.kind == KeyKind::GCounter {
+                    (0, i128::from(u64::MAX))
+                } else {
+                    (i128::from(i64::MIN), i128::from(i64::MAX))
+                };
+                if !(lo..=hi).contains(total) {
+                    return Err(Error::Overflow {
+                        index,
+                        key: key.to_string(),
+                        value: *base,
+                        sign: if *total > *base { '+' } else { '-' },
+                        by: (*total - *base).unsigned_abs(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn count_rejection<T>(&self, r: Result<T, Error>) -> Result<T, Error> {
         if r.is_err() {
             Metrics::add(&self.shared.metrics.rejected_ops, 1);
@@ -557,6 +608,18 @@ impl Node {
     /// of the batch is applied.
     pub async fn apply_batch(&self, ops: Vec<Op>) -> Result<WriteOutcome, Error> {
         let writes = self.count_rejection(ops::validate_ops(&ops, &self.shared.config.limits))?;
+        self.count_rejection(self.check_overflow(&writes))?;
+        self.submit(writes).await
+    }
+
+    /// Applies writes validated op by op while a request body was parsed
+    /// (`ops::OpsValidator`), all or none; a validation error is counted as a rejection.
+    pub(crate) async fn apply_writes(
+        &self,
+        writes: Result<Vec<LocalWrite>, Error>,
+    ) -> Result<WriteOutcome, Error> {
+        let writes = self.count_rejection(writes)?;
+        self.count_rejection(self.check_overflow(&writes))?;
         self.submit(writes).await
     }
 
@@ -575,6 +638,7 @@ impl Node {
             &events,
             &self.shared.config.limits,
         ))?;
+        self.count_rejection(self.check_overflow(&writes))?;
         self.submit(writes).await
     }
 
@@ -607,6 +671,7 @@ impl Node {
         let limits = &self.shared.config.limits;
         let plain: Vec<Event> = events.iter().map(|e| e.to_event()).collect();
         let mut writes = self.count_rejection(ops::validate_events(stream, &plain, limits))?;
+        self.count_rejection(self.check_overflow(&writes))?;
         let views = &self.shared.views;
         let folded =
             self.count_rejection(views.fold(stream, &events, crate::clock::wall_ms(), limits))?;

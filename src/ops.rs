@@ -335,6 +335,70 @@ fn check_write_size(w: &LocalWrite, index: usize, limits: &Limits) -> Result<(),
     Ok(())
 }
 
+/// Validates the ops of one batch one at a time, as a streamed request body is parsed, into
+/// commit-group writes (one per op): the caller keeps only the compact writes, never the whole
+/// batch of parsed ops.
+pub(crate) struct OpsValidator<'l> {
+    limits: &'l Limits,
+    sources: std::collections::HashSet<String>,
+    count: usize,
+}
+
+impl<'l> OpsValidator<'l> {
+    pub(crate) fn new(limits: &'l Limits) -> Self {
+        Self {
+            limits,
+            sources: std::collections::HashSet::new(),
+            count: 0,
+        }
+    }
+
+    /// Validates the next op of the batch.
+    ///
+    /// # Errors
+    /// As [`validate_ops`]; [`Error::BatchTooLarge`] as soon as the batch passes
+    /// `batch_ops_max` (its `len` is then the ops seen so far).
+    pub(crate) fn push(&mut self, op: &Op) -> Result<LocalWrite, Error> {
+        let (i, limits) = (self.count, self.limits);
+        self.count += 1;
+        if self.count > limits.batch_ops_max {
+            return Err(Error::BatchTooLarge {
+                len: self.count,
+                limit: limits.batch_ops_max,
+            });
+        }
+        let (key, mutation) = validate_op(op, i, limits)?;
+        let event = match (&op.source, op.seq) {
+            (Some(source), Some(seq)) => {
+                check_source(source, i, limits)?;
+                if !self.sources.contains(source.as_str()) {
+                    self.sources.insert(source.clone());
+                    if self.sources.len() > limits.sources_per_batch_max {
+                        return Err(Error::TooManySources {
+                            index: i,
+                            len: self.sources.len(),
+                            limit: limits.sources_per_batch_max,
+                        });
+                    }
+                }
+                Some(EventId {
+                    stream: OPS_STREAM.to_owned(),
+                    source: source.clone(),
+                    seq,
+                })
+            }
+            _ => None,
+        };
+        let w = LocalWrite {
+            ops: vec![(key, mutation)],
+            event,
+            stamps: Vec::new(),
+        };
+        check_write_size(&w, i, limits)?;
+        Ok(w)
+    }
+}
+
 /// Validates a batch of ops into commit-group writes (one write per op); all or nothing.
 ///
 /// # Errors
@@ -347,31 +411,17 @@ pub fn validate_ops(ops: &[Op], limits: &Limits) -> Result<Vec<LocalWrite>, Erro
             limit: limits.batch_ops_max,
         });
     }
-    let mut sources = SourceCount::new(limits);
-    let total = || distinct(ops.iter().filter_map(|o| o.source.as_deref()));
+    let mut validator = OpsValidator::new(limits);
     ops.iter()
-        .enumerate()
-        .map(|(i, op)| {
-            let (key, mutation) = validate_op(op, i, limits)?;
-            let event = match (&op.source, op.seq) {
-                (Some(source), Some(seq)) => {
-                    check_source(source, i, limits)?;
-                    sources.add(source, i, total)?;
-                    Some(EventId {
-                        stream: OPS_STREAM.to_owned(),
-                        source: source.clone(),
-                        seq,
-                    })
-                }
-                _ => None,
-            };
-            let w = LocalWrite {
-                ops: vec![(key, mutation)],
-                event,
-                stamps: Vec::new(),
-            };
-            check_write_size(&w, i, limits)?;
-            Ok(w)
+        .map(|op| {
+            validator.push(op).map_err(|e| match e {
+                Error::TooManySources { index, limit, .. } => Error::TooManySources {
+                    index,
+                    len: distinct(ops.iter().filter_map(|o| o.source.as_deref())),
+                    limit,
+                },
+                e => e,
+            })
         })
         .collect()
 }

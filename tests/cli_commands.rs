@@ -251,12 +251,15 @@ fn raw(url: &str, request: &str) -> String {
 fn ingest_retries_429_until_accepted() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = Daemon::start(dir.path(), &["--set", "http.concurrency_max=1"]);
-    // Hold the only request slot with an ingest whose body has not ended.
+    // Hold the only request slot with an ingest whose body has not ended (its first line
+    // takes the slot).
     let addr = d.url.trim_start_matches("http://").to_owned();
     let mut hold = std::net::TcpStream::connect(&addr).expect("connect");
+    let line = "{\"source\":\"h\",\"seq\":1}\n";
     write!(
         hold,
-        "POST /v1/streams/h/events HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "POST /v1/streams/h/events HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{line}\r\n",
+        line.len()
     )
     .expect("send");
     let body: String = (1..=100)
@@ -284,7 +287,7 @@ fn ingest_retries_429_until_accepted() {
     loop {
         let metrics = raw(
             &d.url,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            &format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
         );
         let refused = metrics
             .lines()
@@ -838,4 +841,101 @@ fn the_quickstart_example_keeps_out_of_the_daemons_data_directory() {
     assert!(!err.contains("AlreadyOpen"), "{err}");
     assert_eq!(sigterm(&mut holder).code(), Some(0));
     assert_eq!(sigterm(&mut daemon).code(), Some(0));
+}
+
+/// `tidemark serve` with `args` and `env`, stderr into a file; returns the child, its URL and
+/// the stderr file.
+fn serve_with_token_source(
+    dir: &std::path::Path,
+    args: &[&std::ffi::OsStr],
+    env: Option<&str>,
+) -> (Child, String, std::path::PathBuf) {
+    let log = dir.join("stderr.log");
+    let mut cmd = Command::new(BIN);
+    cmd.arg("serve")
+        .args([
+            "--http",
+            "127.0.0.1:0",
+            "--peer-listen",
+            "127.0.0.1:0",
+            "--data",
+        ])
+        .arg(dir.join("data"))
+        .args(args)
+        .env_remove("TIDEMARK_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).expect("log"));
+    if let Some(t) = env {
+        cmd.env("TIDEMARK_TOKEN", t);
+    }
+    let mut child = cmd.spawn().expect("spawn");
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line);
+    }
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .map(|u| u.trim_end_matches('/').to_owned());
+    let Some(url) = url else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "no URL in {line:?}: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    };
+    (child, url, log)
+}
+
+fn status_with(url: &str, token: Option<&str>) -> u16 {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut req = agent.get(format!("{url}/v1/keys"));
+    if let Some(t) = token {
+        req = req.header("Authorization", format!("Bearer {t}"));
+    }
+    req.call().map(|r| r.status().as_u16()).unwrap_or(0)
+}
+
+#[test]
+fn the_token_comes_from_a_file_or_the_environment_and_the_command_line_warns() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("token");
+    std::fs::write(&file, "s3cret-file\n").expect("token file");
+    let (mut child, url, log) = serve_with_token_source(
+        dir.path(),
+        &["--token-file".as_ref(), file.as_os_str()],
+        None,
+    );
+    assert_eq!(status_with(&url, None), 401);
+    assert_eq!(status_with(&url, Some("s3cret-file")), 200);
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!text.contains("visible to other users"), "{text}");
+
+    let (mut child, url, log) = serve_with_token_source(dir.path(), &[], Some("s3cret-env"));
+    assert_eq!(status_with(&url, None), 401);
+    assert_eq!(status_with(&url, Some("s3cret-env")), 200);
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!text.contains("visible to other users"), "{text}");
+
+    let (mut child, url, log) = serve_with_token_source(
+        dir.path(),
+        &["--token".as_ref(), "s3cret-cli".as_ref()],
+        None,
+    );
+    assert_eq!(status_with(&url, Some("s3cret-cli")), 200);
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        text.contains("WARN") && text.contains("visible to other users"),
+        "no warning for --token on the command line: {text}"
+    );
 }

@@ -144,7 +144,10 @@ fn a_1_gb_body_gets_413_in_bounded_memory() {
     // Declared length over the limit: refused before reading.
     let (status, _) = stream_body(
         &s,
-        &format!("POST /v1/ops HTTP/1.1\r\nHost: x\r\nContent-Length: {GIB}\r\n\r\n"),
+        &format!(
+            "POST /v1/ops HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {GIB}\r\n\r\n",
+            s.addr
+        ),
         false,
         b' ',
         GIB,
@@ -153,7 +156,10 @@ fn a_1_gb_body_gets_413_in_bounded_memory() {
     // Chunked, no declared length: refused once the limit (8 MiB) is read.
     let (status, sent) = stream_body(
         &s,
-        "POST /v1/ops HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+        &format!(
+            "POST /v1/ops HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+            s.addr
+        ),
         true,
         b' ',
         GIB,
@@ -163,7 +169,10 @@ fn a_1_gb_body_gets_413_in_bounded_memory() {
     // One endless NDJSON line to the streamed ingest: 413 naming the line.
     let (status, _) = stream_body(
         &s,
-        "POST /v1/streams/s/events HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+        &format!(
+            "POST /v1/streams/s/events HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n",
+            s.addr
+        ),
         true,
         b'x',
         GIB,
@@ -195,7 +204,8 @@ fn a_large_streamed_ingest_runs_in_bounded_memory() {
         .expect("timeout");
     write!(
         c,
-        "POST /v1/streams/big/events HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "POST /v1/streams/big/events HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n",
+        s.addr
     )
     .expect("head");
     let pad = "p".repeat(8 * 1024);

@@ -353,7 +353,12 @@ fn open_watch(s: &Served, query: &str) -> BufReader<std::net::TcpStream> {
     let mut sock = std::net::TcpStream::connect(s.addr).expect("connect");
     sock.set_read_timeout(Some(Duration::from_secs(20)))
         .expect("timeout");
-    write!(sock, "GET /v1/watch?{query} HTTP/1.1\r\nHost: x\r\n\r\n").expect("send");
+    write!(
+        sock,
+        "GET /v1/watch?{query} HTTP/1.1\r\nHost: {}\r\n\r\n",
+        s.addr
+    )
+    .expect("send");
     let mut reader = BufReader::new(sock);
     let mut line = String::new();
     // Headers, then the ": watching" comment that follows the subscription.
@@ -491,12 +496,16 @@ fn over_the_concurrency_limit_answers_429_with_retry_after() {
         h.concurrency_max = 1;
         h.retry_after_secs = 3;
     });
-    // Hold the only slot: an ingest whose body never ends.
+    // Hold the only slot: an ingest whose body never ends (it takes the slot with its first
+    // line; one that sends nothing holds none).
     let hold = || {
         let mut slow = std::net::TcpStream::connect(s.addr).expect("connect");
+        let line = "{\"source\":\"h\",\"seq\":1}\n";
         write!(
             slow,
-            "POST /v1/streams/s/events HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            "POST /v1/streams/s/events HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{line}\r\n",
+            s.addr,
+            line.len()
         )
         .expect("send");
         slow
@@ -594,7 +603,8 @@ fn shutdown_finishes_in_flight_requests_durably_and_refuses_new_ones() {
     let first = ev(1);
     write!(
         sock,
-        "POST /v1/streams/s/events HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{first}\r\n",
+        "POST /v1/streams/s/events HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{first}\r\n",
+        s.addr,
         first.len()
     )
     .expect("send");
@@ -686,7 +696,9 @@ fn wrong_methods_answer_405_in_the_error_shape() {
         ("DELETE", "/v1/keys/gcounter/x", "GET"),
         ("PUT", "/metrics", "GET"),
     ] {
-        let (a, headers) = http_support::request(method, &s.url(path), &[]);
+        // With a JSON content type: a body of another type is refused (415) before routing.
+        let json = [("Content-Type", "application/json")];
+        let (a, headers) = http_support::request(method, &s.url(path), &json);
         assert_eq!(
             (a.status, a.code()),
             (405, "method_not_allowed"),

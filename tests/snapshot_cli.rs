@@ -103,6 +103,8 @@ fn snapshot_command_and_serve_restore() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let header: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json header");
     assert_eq!(header["source_replica"], source.to_string());
+    // A full copy of the data: its owner's only.
+    assert_eq!(mode(&snap), 0o600, "snapshot file mode");
     // Never overwritten; --verify reads it back.
     let o = run(&[
         "snapshot".as_ref(),
@@ -235,6 +237,8 @@ fn a_running_daemon_is_snapshotted_over_http_while_it_takes_writes() {
     let o = cli(&["snapshot".as_ref(), "--out".as_ref(), by_url.as_os_str()]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("verified"), "{}", text(&o));
+    assert_eq!(mode(&by_url), 0o600, "downloaded snapshot file mode");
+    assert_eq!(mode(&by_data), 0o600, "snapshot file mode");
     stop.store(true, Ordering::SeqCst);
     writer.join().expect("writer");
     // Never overwritten; the token is required.
@@ -398,4 +402,14 @@ fn a_snapshot_without_room_in_the_data_directory_is_refused() {
     let pid = child.id().to_string();
     let _ = Command::new("kill").args(["-TERM", &pid]).status();
     assert_eq!(child.wait().expect("wait").code(), Some(0));
+}
+
+/// The permission bits of `path`.
+fn mode(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path)
+        .expect("metadata")
+        .permissions()
+        .mode()
+        & 0o7777
 }

@@ -165,3 +165,34 @@ pub fn json_ops(data: &[u8]) {
         }
     }
 }
+
+/// The HTTP request parsers on untrusted bytes: the first byte picks the parser (a `/v1/ops`
+/// body, an NDJSON event line, a query string). No input panics; an accepted ops body yields at
+/// most one write per 30 bytes of body (each op names type, key and op); an error names where.
+/// Allocation is bounded by `.ci/fuzz.sh` (`-malloc_limit_mb` for this target).
+pub fn http_requests(data: &[u8]) {
+    let Some((&which, rest)) = data.split_first() else {
+        return;
+    };
+    match which % 3 {
+        0 => match tidemark::http::fuzzing::ops_body(rest) {
+            Ok(n) => assert!(n <= rest.len() / 30 + 1, "{n} writes from {} bytes", rest.len()),
+            Err((code, _)) => assert!(!code.is_empty()),
+        },
+        1 => {
+            let _ = tidemark::http::fuzzing::event_line(rest);
+        }
+        _ => {
+            if let Ok(q) = std::str::from_utf8(rest) {
+                for r in tidemark::http::fuzzing::query(q) {
+                    if let Err(at) = r {
+                        assert!(
+                            at.is_some_and(|a| a.starts_with("query")),
+                            "a query error names no parameter"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

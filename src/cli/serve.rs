@@ -37,9 +37,13 @@ pub struct ServeArgs {
     /// default 30,000).
     #[arg(long, value_name = "MS")]
     pub down_grace_ms: Option<u64>,
-    /// Bearer token required by the HTTP API (also TIDEMARK_TOKEN).
+    /// Bearer token required by the HTTP API. On the command line it is visible to every user
+    /// of the machine (`ps`): prefer `--token-file` or the TIDEMARK_TOKEN environment variable.
     #[arg(long, env = "TIDEMARK_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Read the bearer token from this file (its first line; keep the file mode 0600).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
     /// Durability: immediate (fsync before ack) or relaxed.
     #[arg(long, value_enum)]
     pub durability: Option<super::config::DurabilityName>,
@@ -89,7 +93,12 @@ impl ServeArgs {
             let peers = self.join.iter().map(|j| s(j)).collect();
             set_key(&mut table, "peer.join", toml::Value::Array(peers))?;
         }
-        if let Some(t) = &self.token {
+        if let Some(file) = &self.token_file {
+            if self.token_on_command_line() {
+                anyhow::bail!("give --token or --token-file, not both");
+            }
+            set_key(&mut table, "http.token", s(&read_token_file(file)?))?;
+        } else if let Some(t) = &self.token {
             set_key(&mut table, "http.token", s(t))?;
         }
         if let Some(d) = self.durability {
@@ -109,6 +118,35 @@ impl ServeArgs {
         }
         Config::from_table(table)
     }
+
+    /// True when `--token` was given on the command line (not through TIDEMARK_TOKEN).
+    fn token_on_command_line(&self) -> bool {
+        self.token.is_some() && std::env::var("TIDEMARK_TOKEN").ok() != self.token
+    }
+
+    /// Warnings about how the node was started, logged once logging is up.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.token_on_command_line() && self.token_file.is_none() {
+            out.push(
+                "--token on the command line is visible to other users of this machine (ps, \
+                 /proc); use --token-file FILE or the TIDEMARK_TOKEN environment variable"
+                    .to_owned(),
+            );
+        }
+        out
+    }
+}
+
+/// The token in `file`: its first line without surrounding whitespace.
+fn read_token_file(file: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("cannot read --token-file {}", file.display()))?;
+    let token = text.lines().next().unwrap_or("").trim().to_owned();
+    if token.is_empty() {
+        anyhow::bail!("--token-file {} holds no token", file.display());
+    }
+    Ok(token)
 }
 
 /// Creates the configured data directory from the snapshot `file` under a new replica id
@@ -211,6 +249,51 @@ async fn start_peers(node: &Node, config: &Config) -> anyhow::Result<SocketAddr>
     Ok(bound)
 }
 
+/// Descriptors kept back from HTTP connections for the store, the peer endpoint and its
+/// connections, snapshots, logs and the runtime.
+const FDS_RESERVED: u64 = 256;
+
+/// Raises the soft open-file limit to the hard one where allowed, and caps
+/// `http.connections_max` to what the limit leaves after [`FDS_RESERVED`] (logged): past the
+/// limit, accepting fails and every request (and the store) starves for descriptors.
+fn fit_descriptors(config: &mut Config) {
+    #[cfg(unix)]
+    {
+        use rustix::process::{Resource, getrlimit, setrlimit};
+        let mut limit = getrlimit(Resource::Nofile);
+        if limit.current.is_some() && limit.current != limit.maximum {
+            let raised = rustix::process::Rlimit {
+                current: limit.maximum,
+                maximum: limit.maximum,
+            };
+            match setrlimit(Resource::Nofile, raised) {
+                Ok(()) => {
+                    tracing::info!(
+                        from = limit.current,
+                        to = limit.maximum,
+                        "raised the open file limit to its hard limit"
+                    );
+                    limit = getrlimit(Resource::Nofile);
+                }
+                Err(e) => tracing::debug!(error = %e, "cannot raise the open file limit"),
+            }
+        }
+        if let Some(soft) = limit.current {
+            let room =
+                usize::try_from(soft.saturating_sub(FDS_RESERVED).max(16)).unwrap_or(usize::MAX);
+            if config.http.connections_max > room {
+                tracing::warn!(
+                    open_files_max = soft,
+                    configured = config.http.connections_max,
+                    connections_max = room,
+                    "http.connections_max lowered to fit the open file limit (raise it with ulimit -n)"
+                );
+                config.http.connections_max = room;
+            }
+        }
+    }
+}
+
 /// One line saying why `addr` cannot be listened on and which flag picks another address
 /// (the I/O error's own text only when it is not one of the usual causes).
 fn listen_error(addr: SocketAddr, flag: &str, e: &std::io::Error) -> anyhow::Error {
@@ -233,7 +316,8 @@ fn listen_error(addr: SocketAddr, flag: &str, e: &std::io::Error) -> anyhow::Err
 ///
 /// The HTTP port is bound and the peer port checked first, so a port in use fails before
 /// anything is created on disk (no data directory, no replica id, no half-done `restore`).
-pub async fn run(config: Config, restore_from: Option<PathBuf>) -> anyhow::Result<()> {
+pub async fn run(mut config: Config, restore_from: Option<PathBuf>) -> anyhow::Result<()> {
+    fit_descriptors(&mut config);
     let listener = tokio::net::TcpListener::bind(config.http.listen)
         .await
         .map_err(|e| listen_error(config.http.listen, "--http", &e))?;

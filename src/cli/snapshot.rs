@@ -116,9 +116,15 @@ fn download(client: &Client, dir: Option<&Path>, out: &Path) -> anyhow::Result<S
     }
     let tmp = parent.join(format!("{partial}{}", std::process::id()));
     let mut guard = TempFile(Some(tmp.clone()));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        // A full copy of the data: readable by its owner only.
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut file = opts
         .open(&tmp)
         .with_context(|| format!("cannot create {}", tmp.display()))?;
     let bar = std::io::stderr().is_terminal().then(|| {

@@ -59,14 +59,51 @@ fn too_large(limit: usize) -> ApiError {
     )
 }
 
+/// Bytes of request bodies held at once by all requests (`http.inflight_bytes_max`): a
+/// request takes its share as its body arrives and gives it back when it is done with it.
+pub(crate) type BodyBudget = std::sync::Arc<tokio::sync::Semaphore>;
+
+fn over_budget(retry_after: u64) -> ApiError {
+    ApiError::too_many(
+        "inflight_bytes",
+        "request bodies in flight are over http.inflight_bytes_max; retry later",
+        retry_after,
+    )
+}
+
+/// Takes `n` more bytes of `budget` into `held` (429 when the budget has not that many).
+fn charge(
+    budget: &BodyBudget,
+    held: &mut Option<tokio::sync::OwnedSemaphorePermit>,
+    n: usize,
+    retry_after: u64,
+) -> Result<(), ApiError> {
+    if n == 0 {
+        return Ok(());
+    }
+    let n = u32::try_from(n).map_err(|_| over_budget(retry_after))?;
+    let permit = std::sync::Arc::clone(budget)
+        .try_acquire_many_owned(n)
+        .map_err(|_| over_budget(retry_after))?;
+    match held {
+        Some(h) => h.merge(permit),
+        None => *held = Some(permit),
+    }
+    Ok(())
+}
+
 /// The whole body, refused with 413 as soon as it is known to exceed `limit` (from its
-/// `Content-Length`, before reading anything, or once `limit` bytes were read).
+/// `Content-Length`, before reading anything, or once `limit` bytes were read), with 429 when
+/// `budget` cannot hold it, and with 408 unless all of it arrives within `timeout`; the
+/// returned permit holds its bytes of the budget.
 pub(crate) async fn read_limited(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
     timeout: Duration,
-) -> Result<Bytes, ApiError> {
+    budget: &BodyBudget,
+    retry_after: u64,
+) -> Result<(Bytes, Option<tokio::sync::OwnedSemaphorePermit>), ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -74,15 +111,27 @@ pub(crate) async fn read_limited(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large(limit));
     }
-    let mut chunks = Chunks::new(body, timeout);
-    let mut out = Vec::with_capacity(declared.map_or(0, |n| n as usize).min(limit));
-    while let Some(chunk) = chunks.next().await? {
-        if out.len() + chunk.len() > limit {
-            return Err(too_large(limit));
+    let mut held = None;
+    // Only bytes that arrived are charged and allocated: a client that declares a large body
+    // and sends nothing holds neither memory nor budget.
+    let mut out = Vec::with_capacity(declared.map_or(0, |n| n as usize).min(64 * 1024));
+    // The whole body must arrive within the timeout, not just each chunk: a client trickling a
+    // byte now and then is cut off (408) like one that stalls.
+    let whole = async {
+        let mut chunks = Chunks::new(body, timeout);
+        while let Some(chunk) = chunks.next().await? {
+            if out.len() + chunk.len() > limit {
+                return Err(too_large(limit));
+            }
+            charge(budget, &mut held, chunk.len(), retry_after)?;
+            out.extend_from_slice(&chunk);
         }
-        out.extend_from_slice(&chunk);
-    }
-    Ok(Bytes::from(out))
+        Ok(())
+    };
+    tokio::time::timeout(timeout, whole)
+        .await
+        .map_err(|_| timeout_error())??;
+    Ok((Bytes::from(out), held))
 }
 
 /// NDJSON lines of a streamed body, numbered from 1; blank lines are skipped (but counted).

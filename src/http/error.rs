@@ -92,6 +92,8 @@ impl ApiError {
                 .at(format!("{}, field {field}", pos(index))),
             Error::WrongOp { index, .. } => Self::new(StatusCode::CONFLICT, code, message)
                 .at(format!("{}, field op", pos(index))),
+            Error::Overflow { index, .. } => Self::new(StatusCode::CONFLICT, code, message)
+                .at(format!("{}, field by", pos(index))),
             Error::CounterNotDeletable { index, .. } => {
                 Self::new(StatusCode::CONFLICT, code, message)
                     .at(format!("{}, field op", pos(index)))

@@ -1,4 +1,5 @@
-//! Request guards, outermost first: metrics, header size, bearer token, concurrency limit.
+//! Request guards, outermost first: metrics, header size, browser safety (`Host`, `Origin`,
+//! write content type), bearer token, concurrency limit.
 
 use super::AppState;
 use super::error::ApiError;
@@ -8,6 +9,7 @@ use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use hyper::body::{Frame, SizeHint};
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -121,6 +123,52 @@ impl Drop for AccessLogged {
     }
 }
 
+/// Puts every error answer in the JSON error shape, also those the router and extractors
+/// produce themselves (a path that does not decode, a method a route does not take).
+pub(crate) async fn json_errors(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|c| c.starts_with("application/json"));
+    if json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 16 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let code = match status.as_u16() {
+        400 => "bad_request",
+        404 => "not_found",
+        405 => "method_not_allowed",
+        408 => "body_timeout",
+        413 => "too_large",
+        415 => "unsupported_media_type",
+        422 => "invalid_request",
+        s if s >= 500 => "internal",
+        _ => "error",
+    };
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        text
+    };
+    let mut out = ApiError::new(status, code, message).into_response();
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            out.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
 /// Refuses requests whose headers exceed `http.header_bytes_max` (413).
 pub(crate) async fn header_limit(
     State(state): State<AppState>,
@@ -200,9 +248,25 @@ pub(crate) async fn concurrency(
     if matches!(path, "/healthz" | "/readyz" | "/metrics" | "/v1/watch") {
         return next.run(req).await;
     }
-    let Ok(_permit) = state.requests.clone().try_acquire_owned() else {
+    // Writes take their slot themselves once their body (or an ingest's first line) arrived:
+    // a client that sends nothing, or trickles, holds no slot.
+    if req.method() == axum::http::Method::POST
+        && (path == "/v1/ops" || path.starts_with("/v1/streams/"))
+    {
+        return next.run(req).await;
+    }
+    let _permit = match slot(&state) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    next.run(req).await
+}
+
+/// One of the `http.concurrency_max` request slots, or 429 with `Retry-After`.
+pub(crate) fn slot(state: &AppState) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    state.requests.clone().try_acquire_owned().map_err(|_| {
         state.metrics.rejected("concurrency");
-        return ApiError::too_many(
+        ApiError::too_many(
             "overloaded",
             format!(
                 "more than http.concurrency_max ({}) requests in flight; retry later",
@@ -210,7 +274,262 @@ pub(crate) async fn concurrency(
             ),
             state.config.retry_after_secs,
         )
+    })
+}
+
+/// A `host[:port]` authority split into its lowercase host (IPv6 without brackets) and port
+/// (`None` when absent); `None` when it is not one.
+fn split_authority(authority: &str) -> Option<(String, Option<u16>)> {
+    let authority = authority.trim();
+    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
+        let (host, after) = rest.split_once(']')?;
+        match after {
+            "" => (host, None),
+            p => (host, Some(p.strip_prefix(':')?)),
+        }
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) if !h.contains(':') => (h, Some(p)),
+            Some(_) => return None,
+            None => (authority, None),
+        }
+    };
+    let port = match port {
+        None => None,
+        Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => {
+            Some(p.parse::<u16>().ok()?)
+        }
+        Some(_) => return None,
+    };
+    if host.is_empty() || host.contains(['/', '@', ' ', '\\']) {
+        return None;
+    }
+    Some((host.to_ascii_lowercase(), port))
+}
+
+/// True when `host:port` (a request's `Host`) names this node: `localhost`, a loopback
+/// address or the bound address with the bound port (any IP literal when bound to every
+/// interface), or an `http.allowed_hosts` entry. A name the node does not know is what a
+/// DNS-rebinding page sends.
+fn host_allowed(host: &str, port: Option<u16>, listen: SocketAddr, extra: &[String]) -> bool {
+    let port_matches = port.unwrap_or(80) == listen.port();
+    let builtin = match host.parse::<IpAddr>() {
+        Ok(ip) => {
+            ip.is_loopback()
+                || ip == listen.ip()
+                || listen.ip().is_unspecified()
+                || ip.to_canonical() == listen.ip().to_canonical()
+        }
+        Err(_) => host == "localhost",
+    };
+    if builtin && port_matches {
+        return true;
+    }
+    extra.iter().any(|entry| {
+        let entry = entry.trim();
+        if entry == "*" {
+            return true;
+        }
+        match split_authority(entry) {
+            Some((name, None)) => name == host,
+            Some((name, Some(p))) => name == host && Some(p) == port.or(Some(80)),
+            None => false,
+        }
+    })
+}
+
+/// True when `origin` is the node's own console origin (`http://` + the request's `Host`) or
+/// an `http.allowed_origins` entry.
+fn origin_allowed(origin: &str, host: &(String, Option<u16>), extra: &[String]) -> bool {
+    let origin = origin.trim().trim_end_matches('/');
+    if extra
+        .iter()
+        .any(|e| e == "*" || e.trim_end_matches('/').eq_ignore_ascii_case(origin))
+    {
+        return true;
+    }
+    let Some(authority) = origin
+        .get(..7)
+        .filter(|s| s.eq_ignore_ascii_case("http://"))
+        .map(|_| &origin[7..])
+    else {
+        return false;
+    };
+    match split_authority(authority) {
+        Some((h, p)) => h == host.0 && p.unwrap_or(80) == host.1.unwrap_or(80),
+        None => false,
+    }
+}
+
+/// Media types a write body may carry: JSON and NDJSON. Everything a browser may send
+/// cross-site without a CORS preflight (`text/plain`, forms, no type at all) is refused.
+fn json_media_type(content_type: Option<&str>) -> bool {
+    let Some(ct) = content_type else {
+        return false;
+    };
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    matches!(
+        essence.as_str(),
+        "application/json"
+            | "application/x-ndjson"
+            | "application/ndjson"
+            | "application/jsonl"
+            | "application/x-jsonlines"
+    ) || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// True when the request carries a body (a `Content-Length` above 0, or chunked).
+fn has_body(req: &Request) -> bool {
+    let headers = req.headers();
+    headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.to_str().map_or(true, |v| v.trim() != "0"))
+}
+
+/// Browser safety on every route but `/healthz`: the `Host` must name this node (421, against
+/// DNS rebinding), an `Origin` must be the node's own or allowed (403, against cross-site
+/// pages), and a write body must be JSON or NDJSON (415: the content types a page can send
+/// without a CORS preflight are refused).
+pub(crate) async fn browser_guard(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if req.uri().path() == "/healthz" {
+        return next.run(req).await;
+    }
+    let config = &state.config;
+    let host_text = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| req.uri().authority().map(|a| a.as_str().to_owned()));
+    let host = host_text.as_deref().and_then(split_authority);
+    let uri_host_ok = req.uri().authority().is_none_or(|a| {
+        split_authority(a.as_str())
+            .is_some_and(|(h, p)| host_allowed(&h, p, state.listen, &config.allowed_hosts))
+    });
+    let Some(host) = host
+        .filter(|(h, p)| uri_host_ok && host_allowed(h, *p, state.listen, &config.allowed_hosts))
+    else {
+        state.metrics.rejected("host");
+        return ApiError::new(
+            StatusCode::MISDIRECTED_REQUEST,
+            "host_not_allowed",
+            format!(
+                "Host {:?} does not name this node (localhost, a loopback address or {}, port {}); \
+                 add the name to http.allowed_hosts to serve it",
+                host_text.unwrap_or_default(),
+                state.listen.ip(),
+                state.listen.port()
+            ),
+        )
+        .at("header Host")
         .into_response();
     };
+    if let Some(origin) = req.headers().get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("");
+        if !origin_allowed(origin, &host, &config.allowed_origins) {
+            state.metrics.rejected("origin");
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                "origin_not_allowed",
+                format!(
+                    "requests from pages of origin {origin:?} are refused; add it to \
+                     http.allowed_origins to allow them"
+                ),
+            )
+            .at("header Origin")
+            .into_response();
+        }
+    }
+    let writes = matches!(
+        *req.method(),
+        axum::http::Method::POST
+            | axum::http::Method::PUT
+            | axum::http::Method::PATCH
+            | axum::http::Method::DELETE
+    );
+    if writes && has_body(&req) {
+        let ct = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok());
+        if !json_media_type(ct) {
+            state.metrics.rejected("content_type");
+            return ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                format!(
+                    "a request body must be `Content-Type: application/json` or \
+                     `application/x-ndjson` (got {:?})",
+                    ct.unwrap_or("none")
+                ),
+            )
+            .at("header Content-Type")
+            .into_response();
+        }
+    }
     next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listen() -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 7700))
+    }
+
+    fn allowed(host: &str, extra: &[&str]) -> bool {
+        let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
+        split_authority(host).is_some_and(|(h, p)| host_allowed(&h, p, listen(), &extra))
+    }
+
+    #[test]
+    fn hosts() {
+        assert!(allowed("127.0.0.1:7700", &[]));
+        assert!(allowed("LocalHost:7700", &[]));
+        assert!(allowed("[::1]:7700", &[]));
+        assert!(!allowed("127.0.0.1:7701", &[]));
+        assert!(!allowed("localhost", &[]));
+        assert!(!allowed("evil.example:7700", &[]));
+        assert!(!allowed("localhost.:7700", &[]));
+        assert!(!allowed("x", &[]));
+        assert!(!allowed("evil@127.0.0.1:7700", &[]));
+        assert!(allowed("tm.example", &["tm.example"]));
+        assert!(allowed("tm.example:9000", &["tm.example"]));
+        assert!(!allowed("tm.example:9000", &["tm.example:9001"]));
+        assert!(allowed("anything:1", &["*"]));
+    }
+
+    #[test]
+    fn origins() {
+        let host = ("127.0.0.1".to_owned(), Some(7700));
+        assert!(origin_allowed("http://127.0.0.1:7700", &host, &[]));
+        assert!(!origin_allowed("http://localhost:7700", &host, &[]));
+        assert!(!origin_allowed("https://127.0.0.1:7700", &host, &[]));
+        assert!(!origin_allowed("null", &host, &[]));
+        assert!(!origin_allowed("http://evil.example", &host, &[]));
+        let extra = vec!["https://c.example".to_owned()];
+        assert!(origin_allowed("https://c.example", &host, &extra));
+    }
+
+    #[test]
+    fn media_types() {
+        assert!(json_media_type(Some("application/json")));
+        assert!(json_media_type(Some("Application/JSON; charset=utf-8")));
+        assert!(json_media_type(Some("application/x-ndjson")));
+        assert!(!json_media_type(Some("text/plain")));
+        assert!(!json_media_type(Some("application/x-www-form-urlencoded")));
+        assert!(!json_media_type(Some("multipart/form-data; boundary=x")));
+        assert!(!json_media_type(None));
+    }
 }

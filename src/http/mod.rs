@@ -27,6 +27,38 @@ mod routes;
 mod snapshot;
 
 pub use error::ApiError;
+
+/// The HTTP request parsers as the server runs them, for the fuzz targets (not a stable API).
+#[doc(hidden)]
+pub mod fuzzing {
+    use crate::config::Limits;
+
+    /// Parses a `POST /v1/ops` body (JSON array or NDJSON) into validated writes; the number of
+    /// writes, or the API error's code and `at`.
+    pub fn ops_body(body: &[u8]) -> Result<usize, (String, Option<String>)> {
+        super::events::parse_ops(body, &Limits::default())
+            .map(|(writes, _)| writes.len())
+            .map_err(|e| match e {
+                super::events::ParseError::Api(e) => (e.code.to_owned(), e.at),
+                super::events::ParseError::Node(e, pos) => {
+                    (e.code().to_owned(), Some(pos.to_string()))
+                }
+            })
+    }
+
+    /// Parses one NDJSON event line; the number of its ops, or the API error's `at`.
+    pub fn event_line(line: &[u8]) -> Result<usize, Option<String>> {
+        super::events::parse_event(1, line)
+            .map(|e| e.ops.len())
+            .map_err(|e| e.at)
+    }
+
+    /// Parses the query string of `GET /v1/keys`, `GET /v1/watch` and `GET /v1/views/{view}`
+    /// (grouped by `page`) as the routes do; errors name the parameter.
+    pub fn query(query: &str) -> [Result<(), Option<String>>; 3] {
+        super::routes::fuzz_queries(query)
+    }
+}
 pub use events::parse_event_time_ms;
 
 use crate::node::Node;
@@ -88,6 +120,18 @@ pub struct HttpConfig {
     /// One INFO line per request (target `tidemark::http::access`: method, matched route,
     /// status, duration, bytes sent), written when its answer has been sent (default true).
     pub access_log: bool,
+    /// Most bytes of request bodies all requests hold at once (default 64 MiB); a body that
+    /// would take more answers 429 + `Retry-After`. Must be at least `body_bytes_max`.
+    pub inflight_bytes_max: usize,
+    /// Extra names a request's `Host` may carry (every route but `/healthz`; 421 otherwise).
+    /// Always allowed: `localhost`, loopback addresses and the bound address, with the bound
+    /// port. An entry `name` allows that name with any port, `name:port` only that port, `*`
+    /// any host (turns the check off: DNS rebinding then reaches the node).
+    pub allowed_hosts: Vec<String>,
+    /// Extra origins (`https://console.example:8443`) whose pages may call the API; a request
+    /// carrying any other `Origin` than the node's own (`http://` + its allowed `Host`) is
+    /// refused with 403. `*` allows every origin.
+    pub allowed_origins: Vec<String>,
 }
 
 impl Default for HttpConfig {
@@ -109,6 +153,9 @@ impl Default for HttpConfig {
             retry_after_secs: 1,
             shutdown_grace_ms: 30_000,
             access_log: true,
+            inflight_bytes_max: 64 * 1024 * 1024,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
         }
     }
 }
@@ -134,6 +181,26 @@ impl HttpConfig {
         }
         if self.header_read_timeout_ms == 0 || self.body_read_timeout_ms == 0 {
             return Err("http timeouts must be positive".into());
+        }
+        if self.inflight_bytes_max < self.body_bytes_max
+            || u32::try_from(self.inflight_bytes_max).is_err()
+        {
+            return Err(format!(
+                "http.inflight_bytes_max must be at least http.body_bytes_max ({}) and below 4 GiB",
+                self.body_bytes_max
+            ));
+        }
+        if let Some(h) = self.allowed_hosts.iter().find(|h| h.trim().is_empty()) {
+            return Err(format!("http.allowed_hosts holds an empty name ({h:?})"));
+        }
+        if let Some(o) = self
+            .allowed_origins
+            .iter()
+            .find(|o| *o != "*" && !(o.starts_with("http://") || o.starts_with("https://")))
+        {
+            return Err(format!(
+                "http.allowed_origins entries are `scheme://host[:port]` or `*` (got {o:?})"
+            ));
         }
         if self.token.as_deref().is_some_and(str::is_empty) {
             return Err("http.token must not be empty (remove it to disable auth)".into());
@@ -192,6 +259,8 @@ pub(crate) struct AppState {
     pub(crate) listen: SocketAddr,
     /// One snapshot at a time (`GET /v1/snapshot`).
     pub(crate) snapshots: Arc<Semaphore>,
+    /// Bytes of request bodies held at once (`http.inflight_bytes_max`).
+    pub(crate) body_budget: body::BodyBudget,
 }
 
 /// A bound HTTP server, not yet accepting.
@@ -278,6 +347,7 @@ impl HttpServer {
             cluster,
             listen,
             snapshots: Arc::new(Semaphore::new(1)),
+            body_budget: Arc::new(Semaphore::new(config.inflight_bytes_max)),
         };
         Ok(Self {
             listener,

@@ -2,7 +2,7 @@
 
 use super::body::{Chunks, Lines, read_limited};
 use super::error::{ApiError, Pos};
-use super::events::{parse_event, parse_ops};
+use super::events::{ParseError, parse_event, parse_ops};
 use super::{AppState, console, metrics, middleware};
 use crate::node::{KeyFilter, WatchEvent};
 use crate::ops::value_to_json;
@@ -14,7 +14,6 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Deserialize;
 use serde_json::json;
 use std::convert::Infallible;
 use std::time::Duration;
@@ -47,8 +46,13 @@ pub(crate) fn router(state: AppState) -> Router {
         ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
+            middleware::browser_guard,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
             middleware::header_limit,
         ))
+        .layer(axum::middleware::from_fn(middleware::json_errors))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::observe,
@@ -144,26 +148,38 @@ fn body_timeout(state: &AppState) -> Duration {
 }
 
 async fn post_ops(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    let bytes = match read_limited(
+    let (bytes, held) = match read_limited(
         &headers,
         body,
         state.config.body_bytes_max,
         body_timeout(&state),
+        &state.body_budget,
+        state.config.retry_after_secs,
     )
     .await
     {
         Ok(b) => b,
         Err(e) => {
-            state.metrics.rejected("body");
+            state.metrics.rejected(if e.code == "inflight_bytes" {
+                "inflight_bytes"
+            } else {
+                "body"
+            });
             return e.into_response();
         }
     };
-    let (ops, positions) = match parse_ops(&bytes) {
-        Ok(parsed) => parsed,
-        Err(e) => return e.into_response(),
+    let (writes, positions) = match parse_ops(&bytes, &state.node.config().limits) {
+        Ok((writes, positions)) => (Ok(writes), positions),
+        Err(ParseError::Api(e)) => return e.into_response(),
+        Err(ParseError::Node(e, pos)) => (Err(e), vec![pos]),
     };
     drop(bytes);
-    match state.node.apply_batch(ops).await {
+    drop(held);
+    let _slot = match middleware::slot(&state) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    match state.node.apply_writes(writes).await {
         Ok(outcome) => axum::Json(json!({
             "applied": outcome.applied,
             "duplicates": outcome.duplicates,
@@ -171,7 +187,13 @@ async fn post_ops(State(state): State<AppState>, headers: HeaderMap, body: Body)
         .into_response(),
         Err(e) => ApiError::from_node(
             e,
-            |i| positions.get(i).copied().unwrap_or(Pos::Index(i)),
+            |i| {
+                positions
+                    .get(i)
+                    .or(positions.first().filter(|_| positions.len() == 1))
+                    .copied()
+                    .unwrap_or(Pos::Index(i))
+            },
             state.config.retry_after_secs,
         )
         .into_response(),
@@ -200,8 +222,15 @@ fn check_name(state: &AppState, name: &str, at: &str) -> Result<(), ApiError> {
 
 async fn get_key(
     State(state): State<AppState>,
-    Path((kind, name)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, axum::extract::rejection::PathRejection>,
 ) -> Result<Response, ApiError> {
+    let Path((kind, name)) = path.map_err(|e| {
+        ApiError::bad_request(
+            "invalid_key",
+            format!("the path is not a UTF-8 `type/name`: {}", e.body_text()),
+        )
+        .at("path")
+    })?;
     let kind = parse_kind(&kind, "path type")?;
     check_name(&state, &name, "path name")?;
     let key = Key::new(kind, name);
@@ -220,22 +249,63 @@ async fn get_key(
     Ok(axum::Json(key_json(&key, &value)).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Default)]
 struct ListQuery {
-    #[serde(rename = "type")]
     kind: Option<String>,
-    #[serde(default)]
     prefix: String,
     limit: Option<usize>,
     after: Option<String>,
+}
+
+/// Query parameters as pairs, decoded by hand so every fault names its parameter in the JSON
+/// error shape (a parameter given twice is refused; unknown ones are ignored).
+fn query_pairs(
+    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+    known: &[&str],
+) -> Result<Vec<(String, String)>, ApiError> {
+    let Query(pairs) = q.map_err(|e| bad_query("", e.body_text()).at("query"))?;
+    let mut seen: Vec<&str> = Vec::new();
+    for (name, _) in &pairs {
+        if let Some(k) = known.iter().find(|k| **k == name) {
+            if seen.contains(k) {
+                return Err(bad_query(name, format!("`{name}` is given more than once")));
+            }
+            seen.push(k);
+        }
+    }
+    Ok(pairs)
+}
+
+fn list_query(
+    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+) -> Result<ListQuery, ApiError> {
+    let mut out = ListQuery::default();
+    for (name, text) in query_pairs(q, &["type", "prefix", "limit", "after"])? {
+        match name.as_str() {
+            "type" => out.kind = Some(text),
+            "prefix" => out.prefix = text,
+            "after" => out.after = Some(text),
+            "limit" => {
+                out.limit = Some(text.parse::<usize>().map_err(|_| {
+                    bad_query(
+                        "limit",
+                        format!("limit must be 1..={LIST_LIMIT_MAX}, got {text:?}"),
+                    )
+                })?);
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
 }
 
 const LIST_LIMIT_MAX: usize = 1000;
 
 async fn list_keys(
     State(state): State<AppState>,
-    Query(q): Query<ListQuery>,
+    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let q = list_query(q)?;
     let limit = q.limit.unwrap_or(100);
     if limit == 0 || limit > LIST_LIMIT_MAX {
         return Err(ApiError::bad_request(
@@ -431,7 +501,12 @@ async fn ingest_stream(
     let mut batch: Vec<StreamEvent> = Vec::new();
     let mut batch_lines: Vec<usize> = Vec::new();
     let (mut batch_bytes, mut batch_ops) = (0usize, 0usize);
+    // The request slot is taken once the first line arrived and held to the end.
+    let mut slot = None;
     while let Some((line_no, line)) = lines.next().await? {
+        if slot.is_none() {
+            slot = Some(middleware::slot(state)?);
+        }
         let event =
             parse_event(line_no, &line).inspect_err(|_| state.metrics.events("rejected", 1))?;
         let ops = event.ops.len().max(1);
@@ -462,11 +537,9 @@ async fn ingest_stream(
     Ok(())
 }
 
-#[derive(Deserialize)]
+#[derive(Default)]
 struct WatchQuery {
-    #[serde(rename = "type")]
     kind: Option<String>,
-    #[serde(default)]
     prefix: String,
 }
 
@@ -494,8 +567,17 @@ impl Drop for Watching {
 
 async fn watch(
     State(state): State<AppState>,
-    Query(q): Query<WatchQuery>,
+    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let mut w = WatchQuery::default();
+    for (name, text) in query_pairs(q, &["type", "prefix"])? {
+        match name.as_str() {
+            "type" => w.kind = Some(text),
+            "prefix" => w.prefix = text,
+            _ => {}
+        }
+    }
+    let q = w;
     let kind = q
         .kind
         .as_deref()
@@ -692,9 +774,12 @@ fn view_query(params: Vec<(String, String)>, group_by: &[String]) -> Result<View
 /// counters and any definition conflicts.
 async fn view(
     State(state): State<AppState>,
-    Path(view): Path<String>,
-    Query(params): Query<Vec<(String, String)>>,
+    view: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    params: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let Path(view) =
+        view.map_err(|e| ApiError::bad_request("invalid_view", e.body_text()).at("path view"))?;
+    let params = query_pairs(params, &["from", "to", "after", "limit"])?;
     let Some(def) = state.node.views().iter().find(|v| v.def.name == view) else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -720,4 +805,25 @@ async fn view(
         o.insert("view".into(), json!(view));
     }
     Ok(axum::Json(body).into_response())
+}
+
+/// The query parsers of `GET /v1/keys`, `/v1/watch` and `/v1/views/{view}` on `query`.
+pub(crate) fn fuzz_queries(query: &str) -> [Result<(), Option<String>>; 3] {
+    let Some(Query(pairs)) = axum::http::Uri::try_from(format!("/x?{query}"))
+        .ok()
+        .and_then(|u| Query::<Vec<(String, String)>>::try_from_uri(&u).ok())
+    else {
+        return [Ok(()), Ok(()), Ok(())];
+    };
+    let keys = list_query(Ok(Query(pairs.clone())))
+        .map(drop)
+        .map_err(|e| e.at);
+    let watch = query_pairs(Ok(Query(pairs.clone())), &["type", "prefix"])
+        .map(drop)
+        .map_err(|e| e.at);
+    let view = query_pairs(Ok(Query(pairs)), &["from", "to", "after", "limit"])
+        .and_then(|p| view_query(p, &["page".to_owned()]))
+        .map(drop)
+        .map_err(|e| e.at);
+    [keys, watch, view]
 }

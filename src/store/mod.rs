@@ -204,6 +204,60 @@ fn never_initialized(path: &Path) -> bool {
         .is_ok_and(|()| magic.iter().all(|b| *b == 0))
 }
 
+/// Creates `dir` and its missing parents with mode 0700. A directory that already exists is
+/// never changed (it may be shared, like `/tmp` or a home directory); a warning says so when
+/// other users may write into it.
+pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
+    if dir.is_dir() {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir)?.permissions().mode();
+            if mode & 0o022 != 0 {
+                tracing::warn!(
+                    dir = %dir.display(),
+                    mode = format!("{:o}", mode & 0o7777),
+                    "the data directory is writable by other users: they can replace or remove                      the store's files; use a directory of its own"
+                );
+            }
+        }
+        return Ok(());
+    }
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+    builder.create(dir)
+}
+
+/// Creates `path` if missing with mode 0600 (before redb opens it, so it is never readable by
+/// others, not even for a moment).
+pub(crate) fn create_private(path: &Path) -> std::io::Result<()> {
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true).write(true).create(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    opts.open(path).map(drop)
+}
+
+/// Makes a file the store wrote readable by its owner only (0600).
+pub(crate) fn private_file(path: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
+}
+
 fn random_replica_id() -> ReplicaId {
     ReplicaId::from_bytes(*uuid::Uuid::new_v4().as_bytes())
 }
@@ -219,13 +273,9 @@ impl RedbStore {
             path: dir.display().to_string(),
             source,
         };
-        std::fs::create_dir_all(dir).map_err(io)?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
-        }
+        private_dir(dir).map_err(io)?;
         let path = dir.join(DB_FILE);
+        create_private(&path).map_err(io)?;
         let db = redb::Builder::new()
             .set_cache_size(options.limits.cache_bytes)
             .create(&path)
@@ -240,6 +290,7 @@ impl RedbStore {
                 )),
                 other => StoreError::redb(other),
             })?;
+        private_file(&path).map_err(io)?;
         Self::init(db, Some(path), options)
     }
 

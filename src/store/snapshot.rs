@@ -287,6 +287,7 @@ pub(crate) fn write_snapshot(
     let source_replica: ReplicaId = meta_read(rtxn, META_REPLICA, max)?
         .ok_or_else(|| StoreError::Corrupt("the store has no replica id".into()))?;
     let info = {
+        super::create_private(&tmp).map_err(io_err(&tmp))?;
         let db = redb::Builder::new()
             .set_cache_size(limits.cache_bytes)
             .create(&tmp)
@@ -485,16 +486,11 @@ pub fn restore_snapshot(
             )));
         }
     }
-    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(io_err(dir))?;
-    }
+    super::private_dir(dir).map_err(io_err(dir))?;
     let tmp = dir.join(format!("{DB_FILE}.restoring"));
     let mut guard = TempFile(Some(tmp.clone()));
     {
+        super::create_private(&tmp).map_err(io_err(&tmp))?;
         let db = redb::Builder::new()
             .set_cache_size(limits.cache_bytes)
             .create(&tmp)

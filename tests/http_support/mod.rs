@@ -237,3 +237,29 @@ pub fn request(
     let headers = resp.headers().clone();
     (answer(Ok(resp)), headers)
 }
+
+/// Sends `request` (a whole HTTP/1.1 request; `Connection: close` is added to its headers) over
+/// a fresh connection and returns the status and the body as JSON (`Null` when not JSON).
+pub fn raw(addr: SocketAddr, head: &str, body: &[u8]) -> (u16, J) {
+    use std::io::{Read, Write};
+    let mut sock = std::net::TcpStream::connect(addr).expect("connect");
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let head = head.trim_end_matches("\r\n");
+    let req = format!(
+        "{head}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    sock.write_all(req.as_bytes()).expect("send head");
+    sock.write_all(body).expect("send body");
+    let mut out = Vec::new();
+    let _ = sock.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out);
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, serde_json::from_str(body).unwrap_or(J::Null))
+}
