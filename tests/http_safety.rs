@@ -5,7 +5,7 @@
 mod http_support;
 
 use http_support::{Served, get, post, raw, value};
-use serde_json::{Value as J, json};
+use serde_json::json;
 
 const PWN: &str = r#"[{"type":"lww","key":"pwn","op":"set","value":1}]"#;
 
