@@ -1029,6 +1029,9 @@ impl Replica {
             Some((log, seq)) if log == me => PeerCursor::At(seq),
             _ => PeerCursor::NoCursor,
         };
+        if matches!(p.cursor, PeerCursor::At(_)) {
+            p.end_bootstrap_deferral();
+        }
         p.hellos_unanswered = 0;
         p.bootstrap_rank = 0;
         let backlog = matches!(p.cursor, PeerCursor::At(a) if a < store.log_bounds().1);
@@ -1255,7 +1258,11 @@ impl Replica {
         let p = self.peer_mut(from);
         match p.cursor {
             PeerCursor::At(a) if upto <= a => {}
-            _ => p.cursor = PeerCursor::At(upto),
+            PeerCursor::At(_) => p.cursor = PeerCursor::At(upto),
+            PeerCursor::Unknown | PeerCursor::NoCursor => {
+                p.cursor = PeerCursor::At(upto);
+                p.end_bootstrap_deferral();
+            }
         }
         p.hellos_unanswered = 0;
         if let Some((Inflight::Delta { end, .. }, _)) = p.inflight {
