@@ -107,9 +107,10 @@ impl Peer {
         }
     }
 
-    /// The peer has shown a cursor into our log (a Hello or an Ack): a bootstrap deferral,
-    /// which only ever applies to a peer without one, no longer holds it back. (A Hello without
-    /// a cursor can arrive late, after the peer got one: its deferral must not outlive it.)
+    /// The peer has shown a cursor into our retained log (a Hello or an Ack): a bootstrap
+    /// deferral, which only ever applies to a peer that needs a transfer, no longer holds it
+    /// back. (A Hello without a cursor can arrive late, after the peer got one: its deferral
+    /// must not outlive it.)
     pub fn end_bootstrap_deferral(&mut self) {
         if self.bootstrap_rank > 0 {
             self.bootstrap_rank = 0;
