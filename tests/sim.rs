@@ -467,6 +467,22 @@ fn simulation_converges_to_the_oracle() {
     }
 }
 
+/// Seeds beyond the CI range (`SEED_START` slices) that once failed, each replayed on every
+/// run with the defect it found.
+const FOUND_BEYOND_CI: [(u64, &str); 1] = [(
+    300808,
+    "a late Hello without a cursor left a bootstrap deferral on a peer that then reported \
+     its cursor: the peer was not served and pinned the log past the drain deadline",
+)];
+
+#[test]
+fn simulation_replays_the_seeds_found_beyond_ci() {
+    for (seed, found) in FOUND_BEYOND_CI {
+        println!("seed {seed}: {found}");
+        run_seed(seed, false);
+    }
+}
+
 /// Coverage rows printed but not asserted (too rare for small seed counts).
 const PRINTED_ONLY: [&str; 1] = ["transfer restarted (ChunkNack)"];
 

@@ -107,6 +107,17 @@ impl Peer {
         }
     }
 
+    /// The peer has shown a cursor into our retained log (a Hello or an Ack): a bootstrap
+    /// deferral, which only ever applies to a peer that needs a transfer, no longer holds it
+    /// back. (A Hello without a cursor can arrive late, after the peer got one: its deferral
+    /// must not outlive it.)
+    pub fn end_bootstrap_deferral(&mut self) {
+        if self.bootstrap_rank > 0 {
+            self.bootstrap_rank = 0;
+            self.serve_after = None;
+        }
+    }
+
     /// Forgets the connection's volatile exchanges (in-flight message, outgoing transfer).
     pub fn reset_link(&mut self) {
         self.inflight = None;

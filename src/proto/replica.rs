@@ -1001,7 +1001,7 @@ impl Replica {
         store: &mut S,
     ) -> Result<(), S::Error> {
         let me = store.replica_id();
-        let log_end = store.log_bounds().1;
+        let (log_start, log_end) = store.log_bounds();
         if let Some((_, seq)) = resume.filter(|(log, seq)| *log == me && *seq > log_end) {
             // The peer joined our log beyond its end: our log was rolled back.
             self.note_restored(from, "cursor", seq, log_end);
@@ -1029,6 +1029,9 @@ impl Replica {
             Some((log, seq)) if log == me => PeerCursor::At(seq),
             _ => PeerCursor::NoCursor,
         };
+        if matches!(p.cursor, PeerCursor::At(a) if a >= log_start) {
+            p.end_bootstrap_deferral();
+        }
         p.hellos_unanswered = 0;
         p.bootstrap_rank = 0;
         let backlog = matches!(p.cursor, PeerCursor::At(a) if a < store.log_bounds().1);
@@ -1252,10 +1255,18 @@ impl Replica {
             self.stats.acks_stale_epoch += 1;
             return Ok(());
         }
+        let log_start = store.log_bounds().0;
         let p = self.peer_mut(from);
         match p.cursor {
             PeerCursor::At(a) if upto <= a => {}
-            _ => p.cursor = PeerCursor::At(upto),
+            PeerCursor::At(_) => p.cursor = PeerCursor::At(upto),
+            PeerCursor::Unknown | PeerCursor::NoCursor => {
+                p.cursor = PeerCursor::At(upto);
+                if upto >= log_start {
+                    // It needs no transfer from us after all.
+                    p.end_bootstrap_deferral();
+                }
+            }
         }
         p.hellos_unanswered = 0;
         if let Some((Inflight::Delta { end, .. }, _)) = p.inflight {

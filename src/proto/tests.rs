@@ -880,3 +880,91 @@ fn a_member_declared_down_is_evicted_after_the_grace_period() {
         "compacted past what c never acked"
     );
 }
+
+/// Three nodes settled: `a` (node 2) serves `b` (node 1) and `c` (node 0); `c`'s lower replica
+/// id ranks `a` second among `b`'s bootstrappers, so a bootstrap of `b` by `a` is deferred by
+/// one `bootstrap_stagger_ms` (here far longer than the test).
+fn deferred_bootstrapper() -> (Node, Node, Node) {
+    let cfg = ReplicaConfig {
+        bootstrap_stagger_ms: 60_000,
+        ..config()
+    };
+    let mut a = Node::new(2, &[0, 1], cfg.clone());
+    let mut b = Node::new(1, &[2], cfg.clone());
+    let mut c = Node::new(0, &[2], cfg);
+    a.up(0, 0);
+    a.up(0, 1);
+    b.up(0, 2);
+    c.up(0, 2);
+    run(&mut [&mut a, &mut b, &mut c], 0, 2_000);
+    assert_eq!(a.replica.peer_acked(b.id), Some(a.store.log_bounds().1));
+    (a, b, c)
+}
+
+/// A Hello without a cursor that arrives late (sent before the peer had a cursor into our log,
+/// held up by the network) defers the peer's bootstrap by our rank. The peer's next Hello
+/// reports its cursor after all: it is served deltas at once and stops pinning the log, not
+/// held back until the obsolete deferral runs out (the simulation found a log that did not
+/// drain within 10 s of convergence this way).
+#[test]
+fn a_late_hello_without_cursor_does_not_hold_back_a_peer_that_reports_one() {
+    let (mut a, mut b, mut c) = deferred_bootstrapper();
+    for i in 0..3 {
+        a.write(2_000, &format!("k{i}"), "v");
+    }
+    let stale = Message::Hello {
+        replica: b.store.replica_id(),
+        epoch: b.epoch,
+        resume: None,
+    };
+    a.recv(2_000, b.id, stale);
+    // A answers with a Hello; B's reply reports its cursor into A's log.
+    run(&mut [&mut a, &mut b, &mut c], 2_000, 4_000);
+    assert_eq!(
+        a.replica.peer_acked(b.id),
+        Some(a.store.log_bounds().1),
+        "B is served the new entries"
+    );
+    assert_eq!(a.store.log_len(), 0, "A's log drained");
+    assert_eq!(b.store.state(), a.store.state());
+}
+
+/// As above, but what shows that the peer has a cursor is its Ack of the interval that was in
+/// flight when the late Hello arrived (A's Hello to it is lost): later entries still reach it
+/// at once.
+#[test]
+fn an_ack_after_a_late_hello_without_cursor_ends_the_bootstrap_deferral() {
+    let (mut a, mut b, mut c) = deferred_bootstrapper();
+    a.write(2_000, "k0", "v");
+    a.tick(2_600);
+    let interval: Vec<Transmit> = a
+        .out()
+        .into_iter()
+        .filter(|t| t.to == b.id && matches!(t.msg, Message::Delta { .. }))
+        .collect();
+    assert_eq!(interval.len(), 1, "the interval to B is in flight");
+    for t in interval {
+        b.recv(2_601, a.id, t.msg);
+    }
+    let acks = b.out();
+    let stale = Message::Hello {
+        replica: b.store.replica_id(),
+        epoch: b.epoch,
+        resume: None,
+    };
+    a.recv(2_602, b.id, stale);
+    a.out(); // A's Hello to B is lost
+    for t in acks {
+        a.recv(2_603, b.id, t.msg);
+    }
+    assert_eq!(a.replica.peer_acked(b.id), Some(a.store.log_bounds().1));
+    a.write(2_700, "k1", "v");
+    run(&mut [&mut a, &mut b, &mut c], 2_700, 4_700);
+    assert_eq!(
+        a.replica.peer_acked(b.id),
+        Some(a.store.log_bounds().1),
+        "B is served the later entry"
+    );
+    assert_eq!(a.store.log_len(), 0, "A's log drained");
+    assert_eq!(b.store.state(), a.store.state());
+}
