@@ -1,4 +1,5 @@
-//! Unit tests of the replication core against the pitfalls of DESIGN.md E and TESTING.md (c):
+//! Unit tests of the replication core against the pitfalls of
+//! `docs/design/principles.md` ("Pitfalls"):
 //! two or three replicas over the production store ([`RedbStore`] on redb's in-memory backend),
 //! with messages moved by hand so each test can drop, hold, forge or reorder exactly the message
 //! it is about.
