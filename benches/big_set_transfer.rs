@@ -1,7 +1,7 @@
 //! Sending one large set by state transfer: the time to read every chunk of the transfer of a
 //! store holding one orset of N elements (the sender's side: the row is too large for one
-//! message, so it goes in parts by runs of its dots). Before session 10 every part re-read and
-//! re-restricted the whole set, O(set² / chunk); now the set is read once per transfer.
+//! message, so it goes in parts by runs of its dots). The set is read once per
+//! transfer, not once per part (which would cost O(set² / chunk)).
 //! Run: `cargo bench --bench big_set_transfer` (`BIG_SET_ELEMENTS` = comma-separated sizes,
 //! default `50000,200000`). Prints parts, bytes and milliseconds per size; no assertion.
 use std::time::Instant;

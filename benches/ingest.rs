@@ -1,4 +1,4 @@
-//! Durable-ingest benchmarks (issue 3): throughput and acknowledgement latency of `Node::ingest`
+//! Durable-ingest benchmarks: throughput and acknowledgement latency of `Node::ingest`
 //! and `Node::apply_batch` through the group-commit writer, against the machine's own fsync.
 //!
 //! `cargo bench --bench ingest` runs, in one process, each run on a fresh temp directory:

@@ -1,4 +1,4 @@
-//! Replication latency over the network (issue 7): 5 nodes in one process, each with its own
+//! Replication latency over the network: 5 nodes in one process, each with its own
 //! QUIC endpoint on 127.0.0.1 with mutual TLS (one cluster CA), fully joined. Writes go to the
 //! nodes round-robin at a steady rate (open loop); for each write, the time from its durable
 //! acknowledgement on the writing node until a watcher on every other node saw it.

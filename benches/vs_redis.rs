@@ -1,4 +1,4 @@
-//! The Redis anchor (issue 10): Tidemark's durable ingest against `redis-server` with
+//! The Redis anchor: Tidemark's durable ingest against `redis-server` with
 //! `appendonly yes` + `appendfsync always` (it fsyncs once per event-loop pass, so, like
 //! Tidemark, it group-commits before it replies), on the same machine, in the same run.
 //!

@@ -1,4 +1,4 @@
-//! Clicks per page per minute on three embedded nodes (issue 9).
+//! Clicks per page per minute on three embedded nodes.
 //!
 //! Three in-process nodes (`Node::connect`) run the same view — a count of clicks per page in
 //! one-minute tumbling windows, 30 s lateness, 10 s out-of-orderness and a 2 s idle timeout.

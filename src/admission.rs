@@ -265,7 +265,8 @@ pub trait KeyRange: Rows {
     ) -> Result<Vec<Key>, Self::Error>;
 }
 
-/// Joins one state-transfer chunk into the rows and context (range-scoped, pitfall #4).
+/// Joins one state-transfer chunk into the rows and context (range-scoped: pitfall "chunk removals
+/// outside the range", docs/design/principles.md).
 ///
 /// For every key in the chunk's range, local or carried, the entry is causally joined with the
 /// chunk's entry under the transfer's context; removals therefore touch only keys in the range.

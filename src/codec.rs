@@ -1,4 +1,4 @@
-//! The one place bytes are encoded and decoded (DESIGN.md A11).
+//! The one place bytes are encoded and decoded (docs/design/principles.md, "One codec").
 //!
 //! Format: one version byte, then bincode 2.0.1 (serde, standard config: little-endian varints).
 //! Every decode states a size limit that is checked before any decoding, bincode's own claimed-

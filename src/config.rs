@@ -1,4 +1,6 @@
-//! Node configuration and every limit the node enforces (DESIGN.md A10), in one place.
+//! Node configuration: the data directory, durability, replication policy and views; every
+//! limit the node enforces is in [`crate::limits`] (docs/design/principles.md, "Bounded
+//! everything").
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -21,8 +23,8 @@ pub struct NodeConfig {
     /// Delta-log entries kept even when every peer acknowledged them, so briefly disconnected
     /// peers resume with deltas instead of a state transfer (default 10,000).
     pub log_retain_entries: u64,
-    /// Stream views (DESIGN.md A7), validated at open; every node of a cluster must run the
-    /// same definitions (default: none).
+    /// Stream views (docs/design/principles.md, "Stream views"), validated at open; every node of a
+    /// cluster must run the same definitions (default: none).
     pub views: Vec<crate::views::ViewDef>,
 }
 

@@ -621,9 +621,10 @@ impl Driver {
     }
 
     /// Acts on the core's evidence that our store is a copy restored under its old replica id
-    /// (DESIGN.md D1 c): switches the store to a fresh id and epoch durably — before the next
-    /// local write takes a dot, since this runs right after the message that showed it — and
-    /// restarts the replication core under the new epoch, greeting every connected peer again.
+    /// (docs/design/principles.md, "Never reuse a dot" (c)): switches the store to a fresh id and
+    /// epoch durably — before the next local write takes a dot, since this runs right after the
+    /// message that showed it — and restarts the replication core under the new epoch, greeting
+    /// every connected peer again.
     fn reidentify_if_restored(&mut self) {
         let Some(evidence) = self.replica.take_restored_copy() else {
             return;

@@ -4,9 +4,12 @@
 //! (counters, add-wins sets, LWW and multi-value registers) built as delta-state CRDTs, keep it
 //! durably in redb, and converge with their peers by delta anti-entropy.
 //!
-//! Layers, lowest first (each may use only those before it):
-//! [`tidemark_crdts`] (pure lattices) → [`model`], [`config`], [`codec`] → [`proto`] (sans-IO
-//! replication core) → [`admission`] + [`store`] (redb) → [`node`] (the embedded `Node`).
+//! Layers, lowest first (the table of ARCHITECTURE.md, "Layers", enforced by
+//! `tests/layering.rs`; no import runs back up): [`tidemark_crdts`] (pure lattices) → the
+//! leaves [`limits`], `clock`, [`metrics`], [`codec`], [`model`] → [`proto`] (sans-IO
+//! replication core) → [`admission`] → [`store`] (redb) and [`net`] (QUIC), which do not know
+//! each other → [`error`] → [`ops`] → [`views`] → [`config`] → the writer thread → the embedded
+//! `Node` → [`http`].
 //!
 //! ## Example
 //! ```

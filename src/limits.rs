@@ -125,7 +125,7 @@ impl Limits {
     }
 }
 
-/// When a write is acknowledged (DESIGN.md A5).
+/// When a write is acknowledged (docs/design/principles.md, "Acknowledged means durable").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Durability {
     /// Acknowledge after the redb transaction holding the write is durably committed (default).

@@ -98,8 +98,8 @@ pub struct MetricsSnapshot {
     pub frames_oversize: u64,
     /// Times this node found its data directory to be a copy restored under its old replica id
     /// (a peer held more of that id than the store) and switched to a new replica id and epoch
-    /// (DESIGN.md D1 c). Nonzero means a backup was copied back in place: prefer
-    /// `tidemark serve --restore`.
+    /// (docs/design/principles.md, "Never reuse a dot" (c)). Nonzero means a backup was copied back
+    /// in place: prefer `tidemark serve --restore`.
     pub reidentified: u64,
 }
 

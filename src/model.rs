@@ -32,12 +32,13 @@ impl Delta {
     }
 }
 
-/// A chunk of a state transfer (DESIGN.md C4, state-driven sync), covering the key range
-/// `(after, upto]` (`None` bounds are open).
+/// A chunk of a state transfer (docs/design/principles.md, "State transfer"), covering the key
+/// range `(after, upto]` (`None` bounds are open).
 ///
-/// Guarantee (pitfall #4): a chunk's removals apply only to keys inside its range, and the
-/// transfer's context is joined as a whole only by the final chunk, once every earlier chunk of
-/// the transfer was applied; so a lost chunk can never delete live dots it did not carry.
+/// Guarantee (pitfall "chunk removals outside the range", docs/design/principles.md): a chunk's
+/// removals apply only to keys inside its range, and the transfer's context is joined as a whole
+/// only by the final chunk, once every earlier chunk of the transfer was applied; so a lost chunk
+/// can never delete live dots it did not carry.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StateChunk {
     /// The exclusive lower bound of the range (`None`: from the first key).
@@ -55,7 +56,7 @@ pub struct StateChunk {
     pub last: bool,
     /// `Some`: the chunk joins the keys of its range only within this slice of dot space — the
     /// sender split a row too large for one message across chunks, each carrying the row's
-    /// dots in one slice (issue 11, 2d). Dots of the range outside the slice are untouched,
+    /// dots in one slice. Dots of the range outside the slice are untouched,
     /// so a partial row never deletes dots it did not carry.
     pub dots: Option<DotSlice>,
 }

@@ -681,7 +681,7 @@ impl Node {
         let n = writes.len();
         views.touch(stream);
         // Events that cannot turn out duplicates or be refused at commit get their view
-        // mutations coalesced into one per cell (issue 9, cost).
+        // mutations coalesced into one per cell (`views::coalesce`).
         let (coalesce, inflight) =
             views.begin_batch(stream, &events, &self.reader()?, limits.dedup_ranges_max)?;
         let mut guard = BatchGuard {
@@ -944,10 +944,10 @@ impl Node {
 
     /// Creates the data directory `dir` from a snapshot file, under a NEW replica id (and an
     /// epoch above the source's), so the restored node never reissues a dot of the node the
-    /// snapshot was taken from (DESIGN.md D1, the kv679 bug class); then open it with
-    /// [`Node::open`]. Refuses a non-empty `dir`. A node restored from a snapshot of X and
-    /// connected to X catches up by deltas from X's log (no state transfer to it), as long as X
-    /// still retains its log from the snapshot's point.
+    /// snapshot was taken from (docs/design/principles.md, "Never reuse a dot": the kv679 bug
+    /// class); then open it with [`Node::open`]. Refuses a non-empty `dir`. A node restored from a
+    /// snapshot of X and connected to X catches up by deltas from X's log (no state transfer to
+    /// it), as long as X still retains its log from the snapshot's point.
     ///
     /// # Errors
     /// [`Error::Store`]: an invalid snapshot, a non-empty `dir`, storage and filesystem failures.

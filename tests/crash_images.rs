@@ -1,12 +1,12 @@
-//! Simulated power loss (TESTING.md G14, pitfalls #24 and #28): a workload runs through
-//! `RedbStore` on a backend that records every write, resize and sync; crash images are cut
-//! from that record ("durable only", "durable + random subset of unsynced writes", "durable +
-//! last write torn at a 512 B / 4 KiB boundary", "header written but file extension not", and
-//! "everything reached the disk"); each image is reopened on a fresh backend. Pass: the store
-//! opens with exactly the state of the acknowledged commits (plus, at most, the one commit in
-//! flight at the crash, all or nothing), consistent (`verify`, `check_integrity`), dedup marks
-//! and dot counter intact — or the open refuses with a clear error. Never a panic, never a
-//! silent loss.
+//! Simulated power loss (docs/design/principles.md, "Testing goals"; pitfall "acknowledged before
+//! durable"): a workload runs through `RedbStore` on a backend that records every write, resize and
+//! sync; crash images are cut from that record ("durable only", "durable + random subset of
+//! unsynced writes", "durable + last write torn at a 512 B / 4 KiB boundary", "header written but
+//! file extension not", and "everything reached the disk"); each image is reopened on a fresh
+//! backend. Pass: the store opens with exactly the state of the acknowledged commits (plus, at
+//! most, the one commit in flight at the crash, all or nothing), consistent (`verify`,
+//! `check_integrity`), dedup marks and dot counter intact — or the open refuses with a clear error.
+//! Never a panic, never a silent loss.
 //!
 //! `IMAGES=<n>` sets the image count (CI default 10,000; `SOAK=1` ×100); `SEED=<n>` replays.
 
@@ -76,7 +76,8 @@ fn record_workload(rng: &mut ChaCha8Rng, steps: usize) -> Recorded {
             .execute(&mut store, &mut peer, wall)
             .expect("workload step");
         action.apply(&mut model, &peer);
-        // The live store agrees with its tables after every step (pitfall #22).
+        // The live store agrees with its tables after every step (pitfall "bookkeeping equals
+        // disk").
         store.verify().expect("verify the live store");
         out.push(Step {
             start,

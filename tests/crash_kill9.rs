@@ -1,4 +1,6 @@
-//! Crash safety with real processes (TESTING.md G13; pitfalls #2, #3, #19, #22, #24, #29).
+//! Crash safety with real processes (docs/design/principles.md, "Testing goals" and "Pitfalls": dot
+//! before durable, restored copy keeps its id, replay double counts, bookkeeping equals disk,
+//! acknowledged before durable, two processes on one directory).
 //!
 //! The test re-executes its own binary as a child (`child_ingest_until_killed`, selected with
 //! `--exact` and `TIDEMARK_CHILD_DIR`) that opens a `Node` on a data directory and ingests at

@@ -1,4 +1,4 @@
-//! Nodes dropped without `shutdown()` release everything (issue 11, defect 4): dropping the
+//! Nodes dropped without `shutdown()` release everything: dropping the
 //! last handle of a `Node` stops its writer after the writes already queued, makes them
 //! durable (relaxed mode included), closes the database, and returns only then, so the same
 //! directory reopens at once, with every acknowledged write. Nodes connected to each other

@@ -1,4 +1,5 @@
-//! fsync failure (TESTING.md G16, pitfalls #23 and #25 "fsyncgate").
+//! fsync failure (docs/design/principles.md: pitfalls "partial transaction counted" and "fsync
+//! retry").
 //!
 //! 1. At the `RedbStore` level (the only place a redb backend can be injected: `Node::open`
 //!    opens its file itself and has no backend hook): a backend fails the N-th `sync_data` with

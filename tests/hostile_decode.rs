@@ -1,4 +1,4 @@
-//! Hostile bytes at the node's doors (issue 11, defects 6 and 7, "one strict admission check").
+//! Hostile bytes at the node's doors ("one strict admission check": ARCHITECTURE.md, "Admission").
 //!
 //! * Every decoder of untrusted bytes (frames, deltas, state chunks, causal contexts, dedup
 //!   marks) is canonical: `codec::decode(b) == Ok(v)` implies `codec::encode(v) == b`, checked

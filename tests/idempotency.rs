@@ -1,8 +1,8 @@
-//! Idempotent ingest (DESIGN.md A8; TESTING.md G12, pitfalls #14 and #19): every event is sent
-//! 1–3 times, in random order, by several concurrent callers whose calls land in shared commit
-//! groups, and the node is restarted twice in the middle (callers whose call fails with
-//! `Closed` retry it on the new node). Each event must count exactly once: the counters equal
-//! the distinct events, the outcomes' `applied` sum to the distinct events and their
+//! Idempotent ingest (docs/design/principles.md, "Idempotent ingest"; pitfall "replay double
+//! counts"): every event is sent 1–3 times, in random order, by several concurrent callers whose
+//! calls land in shared commit groups, and the node is restarted twice in the middle (callers whose
+//! call fails with `Closed` retry it on the new node). Each event must count exactly once: the
+//! counters equal the distinct events, the outcomes' `applied` sum to the distinct events and their
 //! `duplicates` to the extra sends, and the `duplicates` metric agrees.
 //!
 //! `EVENTS=<n>` (default 3,000; `SOAK=1` ×10); `SEED=<n>` replays the sends.

@@ -1,8 +1,8 @@
-//! Issue 11 at real sizes: every message within `frame_bytes_max` and every record within the
-//! message target by construction, every limit of `Limits` enforced, bounded dedup marks,
-//! validated remote marks. Values and batches up to the limits, tens of thousands of sources,
-//! rows larger than a frame; replication driven through the real `Replica` over the real redb
-//! store (in-memory backend), every frame encoded, measured and decoded.
+//! The size invariants at real sizes: every message within `frame_bytes_max` and every record
+//! within the message target by construction, every limit of `Limits` enforced, bounded dedup
+//! marks, validated remote marks. Values and batches up to the limits, tens of thousands of
+//! sources, rows larger than a frame; replication driven through the real `Replica` over the real
+//! redb store (in-memory backend), every frame encoded, measured and decoded.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

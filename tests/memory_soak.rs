@@ -1,8 +1,9 @@
-//! Resident memory of a large store (DESIGN.md A6: "a store larger than memory works"; limits
-//! `cache_bytes`). A store of N gcounter keys is written in large `apply_batch` calls (relaxed
-//! durability, the log compacted), then a fresh process — this binary re-executed, so the
-//! writer's heap does not count — reopens it, serves reads of random keys (checking each
-//! value), and reports its resident memory (`VmRSS` and peak `VmHWM` of /proc/self/status).
+//! Resident memory of a large store (docs/design/principles.md, "Storage is the source of truth":
+//! "a store larger than memory works"; limits `cache_bytes`). A store of N gcounter keys is written
+//! in large `apply_batch` calls (relaxed durability, the log compacted), then a fresh process —
+//! this binary re-executed, so the writer's heap does not count — reopens it, serves reads of
+//! random keys (checking each value), and reports its resident memory (`VmRSS` and peak `VmHWM` of
+//! /proc/self/status).
 //!
 //! - `small_store_reads_in_bounded_memory` (CI): 200,000 keys, RSS printed, bound 200 MiB.
 //! - `five_million_keys_read_under_200_mib` (`SOAK=1` only; otherwise it prints that it was

@@ -1,4 +1,4 @@
-//! `Durability::Relaxed` in a replicating cluster under `kill -9` (issue 11, defect 1).
+//! `Durability::Relaxed` in a replicating cluster under `kill -9`.
 //!
 //! The test re-executes its own binary as a child (`child_cluster_until_killed`) that opens
 //! three nodes in one process — `n0` and `n1` relaxed, `n2` immediate — connects every pair

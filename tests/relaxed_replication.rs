@@ -1,4 +1,4 @@
-//! `Durability::Relaxed` in a cluster (issue 11, defect 1): a relaxed node acknowledges local
+//! `Durability::Relaxed` in a cluster: a relaxed node acknowledges local
 //! writes before they are durable, but nothing it serves, announces or acknowledges to a peer
 //! may be lost by a crash. Otherwise a restarted node reissues dots its peers already hold with
 //! other content (replicas never converge) and refuses its peers' states as forged own dots.

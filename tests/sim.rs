@@ -1,4 +1,5 @@
-//! Deterministic simulation of a 5-node Tidemark cluster (TESTING.md T1: G6–G10).
+//! Deterministic simulation of a 5-node Tidemark cluster (docs/design/principles.md, "Testing
+//! goals").
 //!
 //! Five [`tidemark::proto::Replica`]s over the production redb store (`tests/sim/store.rs`, on an
 //! in-memory backend) exchange messages through a simulated network in virtual time; one seed
@@ -34,8 +35,8 @@ use tidemark_crdts::{Key, KeyKind, Mutation};
 const NODES: usize = 5;
 /// The largest register value the generator writes. Kept at a size every path handles today;
 /// raise it to the limits (`Limits::value_bytes_max`) once oversized log records, intervals and
-/// chunks are split by construction (issue 11, defects 2 and 3): every message is asserted to
-/// fit in `frame_bytes_max` and every log record to be readable.
+/// chunks are split by construction (ARCHITECTURE.md, "size invariants"): every message is asserted
+/// to fit in `frame_bytes_max` and every log record to be readable.
 const MAX_VALUE_BYTES: usize = 2 * 1024;
 /// The largest batch (one commit group) the generator writes.
 const MAX_BATCH_OPS: usize = 24;
@@ -389,8 +390,8 @@ fn run_seed(seed: u64, verbose: bool) -> SeedResult {
             panic!("seed {seed}: node {i}: the log does not read back: {e}");
         }
     }
-    // Logs drain (pitfalls #8, #9): once every peer acknowledged everything, each node's
-    // stable frontier reaches its log end and the whole log is truncated.
+    // Logs drain (pitfalls "one dead peer pins the log", "BP drain"): once every peer acknowledged
+    // everything, each node's stable frontier reaches its log end and the whole log is truncated.
     let drain_deadline = sim.now + 10_000;
     while sim.now < drain_deadline && sim.nodes.iter().any(|n| n.store.log_len() > 0) {
         let next = sim.now + 100;
@@ -430,7 +431,7 @@ fn simulation_converges_to_the_oracle() {
     let started = Instant::now();
     let results = common::run_seeds(seeds, 8, |seed| run_seed(seed, false));
 
-    // G9: the first 20 seeds replay with identical trace hashes.
+    // Determinism: the first 20 seeds replay with identical trace hashes.
     for (seed, r) in results.iter().take(20) {
         let again = run_seed(*seed, false);
         let first = r.trace;
@@ -440,7 +441,7 @@ fn simulation_converges_to_the_oracle() {
         );
     }
 
-    // G8 coverage table.
+    // Coverage table.
     let mut total = Counts::default();
     let mut seeds_with: std::collections::BTreeMap<&'static str, u64> = Default::default();
     for (_, r) in &results {
@@ -456,7 +457,7 @@ fn simulation_converges_to_the_oracle() {
         println!("{name:<44} {v:>10} {:>8}", seeds_with[name]);
     }
     println!("{total:?}");
-    // G8: every case must occur over the CI seeds (rare extras are only printed; their code
+    // Coverage: every case must occur over the CI seeds (rare extras are only printed; their code
     // paths have unit tests).
     if seeds >= 100 {
         for (name, v) in coverage(&total) {
@@ -520,7 +521,7 @@ fn coverage(c: &Counts) -> Vec<(&'static str, u64)> {
     ]
 }
 
-// ---- G10: bandwidth and catch-up, faults off (printed; the catch-up goal is asserted) -------
+// ---- Bandwidth and catch-up, faults off (printed; the catch-up goal is asserted) -------
 
 /// Links of a random ring over the nodes (a connected overlay of degree 2, diameter 2 for five
 /// nodes): `true` where the link is absent.
@@ -607,7 +608,7 @@ fn bandwidth_per_replicated_op() {
             sent as f64 / deltas as f64 / peers
         );
         if ring && bp && rr {
-            // Issue 4 goal on a random overlay with BP+RR: at most 1.5x the ops' encoded
+            // The goal on a random overlay with BP+RR: at most 1.5x the ops' encoded
             // deltas per replica that must receive them (deterministic: virtual time, fixed seed).
             let per_peer = sent as f64 / deltas as f64 / peers;
             assert!(

@@ -1,6 +1,7 @@
-//! Deterministic cluster simulation over the durable store (TESTING.md T1 + T3): 3–4
-//! [`Replica`]s, each over a [`RedbStore`] on a recording redb backend (`tests/common`), exchange
-//! messages through a simulated network in virtual time; one seed drives everything.
+//! Deterministic cluster simulation over the durable store (docs/design/principles.md, "Testing
+//! goals"): 3–4 [`Replica`]s, each over a [`RedbStore`] on a recording redb backend
+//! (`tests/common`), exchange messages through a simulated network in virtual time; one seed drives
+//! everything.
 //!
 //! * Clients write on every node through `commit_local` (gcounter inc, pncounter inc/dec, orset
 //!   add/remove, lww and mvreg set, deletes; now and then an invalid counter delete, which must be
@@ -30,7 +31,7 @@
 //!   never see a dot twice, and every dot in a message sent, in a reopened store and in the
 //!   final stores must be in it with the same content (a dot from a lost commit that leaked out
 //!   or was reissued with other content shows up as a mismatch).
-//! * Restores (issue 10): now and then a snapshot of a node's store (running or down) is taken
+//! * Restores: now and then a snapshot of a node's store (running or down) is taken
 //!   and kept ([`RedbStore::snapshot`]). A restore wipes node `i` — its process, its disk, the
 //!   inputs queued for it and every message it had in flight — and recreates its store with
 //!   [`restore_snapshot`] from a kept snapshot or one taken at that moment, of `i` itself or of
@@ -703,9 +704,9 @@ impl Sim {
         while let Some(t) = self.nodes[i].replica.poll_transmit() {
             self.send(i, t.to.0 as usize, t.msg);
         }
-        // No correct peer ever shows a node more of its own id than it holds (DESIGN.md D1 c):
-        // crashes, crash images and restores from snapshots (new ids) must never look like a
-        // data dir copied back.
+        // No correct peer ever shows a node more of its own id than it holds
+        // (docs/design/principles.md, "Never reuse a dot" (c)): crashes, crash images and restores
+        // from snapshots (new ids) must never look like a data dir copied back.
         let restored = self.nodes[i].replica.take_restored_copy();
         assert!(
             restored.is_none(),

@@ -1,4 +1,4 @@
-//! Snapshots and restore (issue 10; DESIGN.md D1 c): point-in-time copies taken while writes
+//! Snapshots and restore (docs/design/snapshots.md): point-in-time copies taken while writes
 //! continue, crash-safe snapshot files, restores under new replica ids that never reissue a
 //! dot, catching up from the snapshot's source by deltas only, and a data directory copied back
 //! under its old replica id being detected and re-identified.
@@ -622,8 +622,8 @@ async fn a_snapshot_of_a_relaxed_node_holds_every_acknowledged_write() {
     }
 }
 
-/// The sans-IO core's evidence (DESIGN.md D1 c), message by message: only a peer holding MORE
-/// of our id than we do — dots above our counter, a cursor beyond our log end — is evidence.
+/// The sans-IO core's evidence (docs/design/snapshots.md), message by message: only a peer holding
+/// MORE of our id than we do — dots above our counter, a cursor beyond our log end — is evidence.
 #[test]
 fn the_core_reports_a_peer_holding_more_of_our_id_than_we_do() {
     use tidemark::crdts::CausalContext;

@@ -1,4 +1,4 @@
-//! Stream views on one node (issue 9): exact values per kind and window, idempotent retries,
+//! Stream views on one node: exact values per kind and window, idempotent retries,
 //! late events counted and not applied, finality by the watermark, the watermark surviving a
 //! restart, validation errors naming the view/event and the field.
 

@@ -1,4 +1,4 @@
-//! Stream views across nodes (issue 9): arrival order does not matter, connected nodes
+//! Stream views across nodes: arrival order does not matter, connected nodes
 //! converge on views, a window is final only once every known member's watermark passed it
 //! with its state joined, and a final value never changes on any node.
 
@@ -253,8 +253,9 @@ async fn final_windows_never_change_across_partitions_and_restarts() {
                 }
             }
             _ => {
-                // Node i ingests for its own source (sources stick to a node, DESIGN.md A8):
-                // new events around its clock, some far behind, and retries of old ones.
+                // Node i ingests for its own source (sources stick to a node:
+                // docs/design/principles.md, "Idempotent ingest"): new events around its clock,
+                // some far behind, and retries of old ones.
                 let i = rng.random_range(0..3);
                 clock += rng.random_range(0..15_000);
                 let mut batch = Vec::new();

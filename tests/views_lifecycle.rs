@@ -1,4 +1,4 @@
-//! The life of view windows across nodes (issue 9): retention removes windows by a replicated,
+//! The life of view windows across nodes: retention removes windows by a replicated,
 //! monotone horizon — they never come back, not even when a node holding old deltas for them
 //! joins, and their rows are physically removed — and an idle member (one that ingests
 //! nothing) no longer holds windows open when the stream has an `idle_timeout`.

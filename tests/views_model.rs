@@ -1,4 +1,4 @@
-//! Reference model of stream views (issue 9): random view definitions and random event
+//! Reference model of stream views: random view definitions and random event
 //! streams — out of order within and beyond the allowed lateness, retries (duplicates, also
 //! inside one batch), several sources, batches of 1–8 events — ingested across 3 nodes with
 //! partitions and restarts. The model replays the rules (per-node watermark, lateness, dedup)

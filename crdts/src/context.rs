@@ -232,9 +232,10 @@ impl CausalContext {
 
     /// The next dot `replica` should issue: one past the largest of its dots seen.
     ///
-    /// Guarantee (DESIGN.md B1, I2): for the local replica its own dots are contiguous, so this is
-    /// `vv[replica] + 1`; callers check that with [`CausalContext::own_dots_contiguous`]. The
-    /// dot returned was never seen: there is no saturation and no reissue.
+    /// Guarantee ("own dots contiguous", `docs/design/principles.md` "Causal context"): for the
+    /// local replica its own dots are contiguous, so this is `vv[replica] + 1`; callers check that
+    /// with [`CausalContext::own_dots_contiguous`]. The dot returned was never seen: there is no
+    /// saturation and no reissue.
     ///
     /// # Errors
     /// [`DotsExhausted`] when the context already holds `(replica, u64::MAX)`: the replica can

@@ -1,6 +1,7 @@
 //! State-based counters: `GCounter` (grow-only) and `PNCounter` (increments and decrements).
 //!
-//! Values saturate at the integer bounds and never wrap, whatever the input (TESTING.md #15).
+//! Values saturate at the integer bounds and never wrap, whatever the input (pitfall
+//! "counter overflow" of the node's `docs/design/principles.md`).
 
 use crate::Lattice;
 use crate::replica::ReplicaId;

@@ -1,4 +1,5 @@
-//! Dot stores (`DotSet`, `DotFun`, `DotMap`) and their causal join (DESIGN.md B2).
+//! Dot stores (`DotSet`, `DotFun`, `DotMap`) and their causal join (`docs/design/principles.md`,
+//! "Dot stores and the causal join").
 //!
 //! A causal CRDT is a pair `(store, context)`. The join rule for every store is the same: a
 //! dot present on one side survives iff the other side has not seen it (it is not in the other
@@ -14,8 +15,9 @@ use std::collections::BTreeMap;
 /// A store of dots (possibly carrying values) that joins causally against contexts.
 ///
 /// Guarantees every implementation gives: `join` is the store part of the causal join of
-/// DESIGN.md B2 (commutative, associative, idempotent when paired with the context join), and
-/// its cost is proportional to the other (delta) store plus the children it touches.
+/// `docs/design/principles.md` "Dot stores and the causal join" (commutative, associative,
+/// idempotent when paired with the context join), and its cost is proportional to the other (delta)
+/// store plus the children it touches.
 pub trait DotStore: Clone + Default + PartialEq + Debug {
     /// True for the bottom (empty) store.
     fn is_bottom(&self) -> bool;
@@ -935,8 +937,9 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotStore for DotMap<K, S> {
 
 /// A causal CRDT: a dot store paired with the context of everything its holder has seen.
 ///
-/// Guarantees: `join` is the causal join of DESIGN.md B2 (a join-semilattice: commutative,
-/// associative, idempotent); for states and deltas built by this crate `dots(store) ⊆ ctx` (I3).
+/// Guarantees: `join` is the causal join (`docs/design/principles.md`, "Dot stores and the causal
+/// join"; a join-semilattice: commutative, associative, idempotent); for states and deltas built by
+/// this crate `dots(store) ⊆ ctx` (I3).
 #[derive(Clone, PartialEq, Eq, Hash, Default, Debug)]
 // serde: hand-written in `crate::codec` (compact replica-table encoding).
 pub struct Causal<S> {
@@ -971,9 +974,10 @@ impl<S: DotStore> Causal<S> {
         ok
     }
 
-    /// Redundancy removal (DESIGN.md C3): the part of `delta` that inflates `self`, so that
-    /// `self ⊔ inflation == self ⊔ delta`. `None` exactly when `delta` brings nothing new
-    /// (`self ⊔ delta == self`), on every input that keeps invariant I3 (all decoded values do).
+    /// Redundancy removal (`docs/design/principles.md`, "BP and RR"): the part of `delta` that
+    /// inflates `self`, so that `self ⊔ inflation == self ⊔ delta`. `None` exactly when `delta`
+    /// brings nothing new (`self ⊔ delta == self`), on every input that keeps invariant I3 (all
+    /// decoded values do).
     ///
     /// The store keeps the entries whose dots `self` has not seen, plus (conflicting input only)
     /// entries whose value beats ours under the same dot; the context keeps the dots `self` has
@@ -1011,10 +1015,11 @@ impl<S: DotStore> Causal<S> {
     }
 }
 
-/// Serde for the dot stores (DESIGN.md A11): the same shapes the plain derives wrote (newtypes
-/// over a sequence or map), but decoding accepts only canonical input, so a decoded store
-/// satisfies the invariants `is_canonical` states. How each [`Dot`] inside is written (in full,
-/// or as an index into the enclosing [`Causal`]'s replica table) is decided by `crate::codec`.
+/// Serde for the dot stores (`docs/design/principles.md`, "One codec"): the same shapes the plain
+/// derives wrote (newtypes over a sequence or map), but decoding accepts only canonical input, so a
+/// decoded store satisfies the invariants `is_canonical` states. How each [`Dot`] inside is written
+/// (in full, or as an index into the enclosing [`Causal`]'s replica table) is decided by
+/// `crate::codec`.
 #[cfg(feature = "serde")]
 mod serde_impls {
     use super::{AdmitsChild, Dot, DotFun, DotMap, DotSet, DotStore, SmallVec};

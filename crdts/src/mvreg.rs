@@ -1,4 +1,5 @@
-//! Multi-value register over a `DotFun<V>` (DESIGN.md B3 MVRegister).
+//! Multi-value register over a `DotFun<V>` (`docs/design/principles.md`, "Types and
+//! delta-mutators").
 
 use crate::Lattice;
 use crate::context::{CausalContext, DotsExhausted};

@@ -1,4 +1,5 @@
-//! Add-wins observed-remove set over a `DotMap<E, DotSet>` (DESIGN.md B3 AWORSet).
+//! Add-wins observed-remove set over a `DotMap<E, DotSet>` (`docs/design/principles.md`,
+//! "Types and delta-mutators").
 //!
 //! No tombstones: a removed element's dots live on only in the causal context.
 

@@ -1,5 +1,6 @@
 //! The store-level causal map: `(type, name)` keys to typed values sharing one causal context
-//! (DESIGN.md A1–A3). This is exactly a node's replicated state.
+//! (`docs/design/principles.md`: "One causal map", "Typed keys", "What delete means"). This is
+//! exactly a node's replicated state.
 //!
 //! Every local mutation, removals included, takes a fresh dot, so a replica's version vector
 //! summarizes every operation it has seen. Counters are causal counters (at most one live dot per
@@ -64,7 +65,8 @@ impl KeyKind {
         KeyKind::ALL.into_iter().find(|k| k.as_str() == s)
     }
 
-    /// Can keys of this kind be deleted? (Counters cannot: DESIGN.md A3.)
+    /// Can keys of this kind be deleted? (Counters cannot: `docs/design/principles.md`, "What
+    /// delete means".)
     pub fn deletable(self) -> bool {
         !matches!(self, KeyKind::GCounter | KeyKind::PNCounter)
     }
@@ -395,7 +397,8 @@ pub fn check_mutation(kind: KeyKind, mutation: &Mutation) -> Result<(), Mutation
     }
 }
 
-/// The delta-mutator of every type (DESIGN.md B3), against the key's current entry.
+/// The delta-mutator of every type (`docs/design/principles.md`, "Types and delta-mutators"),
+/// against the key's current entry.
 ///
 /// `dot` is the fresh dot the mutation takes (every mutation takes one, removals too, so the
 /// version vector covers it). Returns the delta `(store, context)` for this key: the context
@@ -645,7 +648,8 @@ pub trait Rows {
 /// What [`join_delta`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct JoinOutcome {
-    /// The part of the delta that inflated the state (redundancy removal, DESIGN.md C3):
+    /// The part of the delta that inflated the state (redundancy removal,
+    /// `docs/design/principles.md` "BP and RR"):
     /// joining it alone gives the same state as joining the whole delta. `None` if nothing changed.
     pub inflation: Option<StoreDelta>,
     /// The keys whose entries changed.
@@ -926,7 +930,8 @@ impl Store {
     }
 }
 
-/// Ingest dedup marks (DESIGN.md A8): per `(stream, source)` the set of event `seq`s applied.
+/// Ingest dedup marks (`docs/design/principles.md`, "Idempotent ingest"): per `(stream, source)`
+/// the set of event `seq`s applied.
 ///
 /// A set of intervals per source is itself a lattice (join = union), so marks replicate with
 /// the state and a retry to any node that has them is a no-op.

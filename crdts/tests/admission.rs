@@ -1,5 +1,5 @@
-//! One test per way a hostile or buggy peer could make the join stop being a lattice join
-//! (issue 11, defect 6), each failing on the code before the strict admission rules:
+//! One test per way a hostile or buggy peer could make the join stop being a lattice join,
+//! each failing on the code before the strict admission rules:
 //! * the decoder rejects a dot that appears twice in a store (under two keys, under two set
 //!   elements), an entry of another kind than its key, a context with duplicate or unsorted
 //!   replicas, dedup marks with an empty set or unsorted sources;

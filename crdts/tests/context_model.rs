@@ -1,4 +1,5 @@
-//! `CausalContext` and `IntervalSet` against naive models (TESTING.md G2, pitfall E16).
+//! `CausalContext` and `IntervalSet` against naive models (pitfall "non-canonical context" of
+//! `docs/design/principles.md`).
 //!
 //! * `CausalContext` vs `BTreeSet<Dot>` over random insert / insert_range / join / diff /
 //!   intersection sequences: after every step `contains` agrees on every dot of a bounded

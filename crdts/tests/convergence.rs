@@ -1,4 +1,4 @@
-//! Convergence of the store map against a sequential-specification oracle (TESTING.md G3/G4).
+//! Convergence of the store map against a sequential-specification oracle.
 //!
 //! 3–5 replicas of `Store` run random ops on a handful of keys of all five kinds (Inc, Dec, Add,
 //! Remove, Set, Delete), LWW timestamps from per-replica `Hlc`s fed a fake, skewed wall clock

@@ -1,4 +1,4 @@
-//! Exhaustive small-scope checking (TESTING.md G5).
+//! Exhaustive small-scope checking.
 //!
 //! Every history of up to 4 ops on 3 replicas is enumerated: each op is issued at some replica
 //! (replicas numbered in order of first use, to skip relabelings) after that replica received

@@ -1,4 +1,4 @@
-//! Lattice laws per type (TESTING.md G1).
+//! Lattice laws per type.
 //!
 //! States come from random op histories on 2–4 replicas with random partial deliveries and state
 //! joins, so contexts carry clouds and gaps; the pool of lattice elements for each case is every

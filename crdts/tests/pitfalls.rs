@@ -1,5 +1,5 @@
-//! Named pitfalls (TESTING.md (c) and DESIGN.md E), one deterministic test each. The comment on
-//! each test names the pitfall it pins.
+//! Named pitfalls (`docs/design/principles.md`, "Pitfalls"), one deterministic test each. The
+//! comment on each test names the pitfall it pins.
 
 mod common;
 
@@ -36,7 +36,7 @@ fn set_of(s: &Store, key: &Key) -> Vec<String> {
 
 // -------------------------------------------------------------------------------------------
 
-/// Pitfall (c)#4 "causal-context compaction over a gap" (Corrosion PR #200, ranges mistakenly
+/// Pitfall "causal-context compaction over a gap" (Corrosion PR #200, ranges mistakenly
 /// collapsed): with r:1..=5 seen, deliver r:6 and r:8 before r:7. The version vector must stop at
 /// 6 (not jump to 8), r:8 must sit in the cloud, and r:7 must still apply afterwards.
 #[test]
@@ -60,9 +60,9 @@ fn pitfall_c4_compaction_over_a_gap_context() {
     assert_eq!(c, CausalContext::from_range(r, 1, 8));
 }
 
-/// Pitfall (c)#4 again, through real deltas: an add-wins set and the store map. Ops 1..=8 of
-/// replica A; B gets 1..=5, then 6 and 8, then 7. B's context keeps the gap, and the element of
-/// op 7 still shows up when its delta finally arrives.
+/// The compaction-over-a-gap pitfall again, through real deltas: an add-wins set and the store map.
+/// Ops 1..=8 of replica A; B gets 1..=5, then 6 and 8, then 7. B's context keeps the gap, and the
+/// element of op 7 still shows up when its delta finally arrives.
 #[test]
 fn pitfall_c4_compaction_over_a_gap_deltas() {
     let a = rid(0);
@@ -105,7 +105,7 @@ fn pitfall_c4_compaction_over_a_gap_deltas() {
     assert_eq!(b, src);
 }
 
-/// Pitfall (c)#6 "OR-set merge: on both sides ⇒ present is wrong" (riak_dt #82): add x@A,
+/// Pitfall "OR-set merge: on both sides ⇒ present is wrong" (riak_dt #82): add x@A,
 /// add x@B, A→C, rem x@A, B→A, rem x@B, merge(B, merge(A, C)): x must be absent (in every
 /// merge order), for the ORSet type and for the store map.
 #[test]
@@ -176,7 +176,7 @@ fn pitfall_c6_riak_dt_present_but_removed() {
     }
 }
 
-/// Pitfall (c)#7 "concurrent add/remove must be add-wins": A and B both hold x; during a
+/// Pitfall "concurrent add/remove must be add-wins": A and B both hold x; during a
 /// partition A removes x (having observed the old dot) while B re-adds it. After the heal x is
 /// present on both, carried by B's new dot only. Same for the store map, and for mvreg
 /// (a write concurrent with a delete survives: observed-reset).
@@ -213,7 +213,7 @@ fn pitfall_c7_add_wins_across_a_partition() {
     assert_eq!(a.get(&m), Value::MvReg(vec!["2".into()]));
 }
 
-/// Pitfall (c)#8 "remove of an unseen element / deferred removes dropped" (riak_dt #99): the
+/// Pitfall "remove of an unseen element / deferred removes dropped" (riak_dt #99): the
 /// remove delta arrives before the add it removes. The element must end up absent, and nothing
 /// is kept beyond the context (no deferred-remove state).
 #[test]
@@ -258,7 +258,7 @@ fn pitfall_c8_remove_before_add() {
     assert_eq!(c, b);
 }
 
-/// Pitfall (c)#9 / E18 "LWW non-commutative tie-break" (`>=` on equal timestamps): equal
+/// Pitfall "LWW non-commutative tie-break" (`>=` on equal timestamps): equal
 /// `(l, c)` from two replicas: merge(a, b) == merge(b, a), the replica id breaks the tie, then
 /// (for fully equal timestamps, i.e. bad input) the value.
 #[test]
@@ -307,7 +307,7 @@ fn pitfall_c9_lww_equal_timestamps() {
     assert_eq!(sa.get(&k), Value::Lww(Some("\"aaa\"".into())));
 }
 
-/// Pitfall (c)#12 / E17 "HLC poisoning by a far-future timestamp": a peer timestamp ten years
+/// Pitfall "HLC poisoning by a far-future timestamp": a peer timestamp ten years
 /// ahead is rejected and the local clock is unchanged; the drift bound itself is inclusive.
 #[test]
 fn pitfall_c12_hlc_far_future_rejected() {
@@ -355,7 +355,7 @@ fn pitfall_c12_hlc_far_future_rejected() {
     assert_eq!(c, before);
 }
 
-/// Pitfall (c)#13 "HLC logical-counter overflow": more than 2^16 events in one millisecond stay
+/// Pitfall "HLC logical-counter overflow": more than 2^16 events in one millisecond stay
 /// strictly increasing; restored at logical `u32::MAX`, the next stamp is still greater (it
 /// borrows the next millisecond); same after observing a remote at `u32::MAX`.
 #[test]
@@ -390,7 +390,7 @@ fn pitfall_c13_hlc_logical_overflow() {
     assert!(t > remote && (t.physical_ms, t.logical) > (remote.physical_ms, remote.logical));
 }
 
-/// Pitfall (c)#15 "counter arithmetic overflow / hostile increments": `u64::MAX` increments and
+/// Pitfall "counter arithmetic overflow / hostile increments": `u64::MAX` increments and
 /// hostile `u64::MAX` entries saturate: no panic, no wrap. GCounter, PNCounter and the store's
 /// causal counters.
 #[test]
@@ -460,7 +460,7 @@ fn pitfall_c15_counter_overflow_saturates() {
     assert_eq!(c, before);
 }
 
-/// Pitfall E15 "DotMap keeps empty children → keys reappear as empty": removing the last element
+/// Pitfall "DotMap keeps empty children → keys reappear as empty": removing the last element
 /// drops the child, locally and at a replica joining the remove delta; also for a nested map
 /// and for whole store keys.
 #[test]
@@ -502,7 +502,7 @@ fn empty_children_are_dropped() {
     assert_eq!(a, b);
 }
 
-/// Pitfall (c)#5 "delta whose context claims dots it does not carry" (Akka #22890): a delta
+/// Pitfall "delta whose context claims dots it does not carry" (Akka #22890): a delta
 /// interval with a gap (δ3 ⊔ δ5, skipping δ4), joined into a fresh replica F, and F then joined
 /// into a replica B holding live elements: B keeps every element not removed by those deltas.
 /// Finishing with the rest gives exactly the full-state join.
@@ -618,7 +618,7 @@ fn store_removal_found_through_the_dot_index() {
     check_store_invariants(&b).expect("invariants");
 }
 
-/// Pitfall E1 "next_dot reads only vv while own dots sit in the cloud → duplicate dots": the next
+/// Pitfall "next_dot reads only vv while own dots sit in the cloud → duplicate dots": the next
 /// dot is one past the largest seen, never a reused one inside a gap; the gap is reported.
 #[test]
 fn next_dot_never_reuses_a_dot_inside_a_gap() {
@@ -630,7 +630,7 @@ fn next_dot_never_reuses_a_dot_inside_a_gap() {
     assert!(CausalContext::new().own_dots_contiguous(r));
 }
 
-/// Pitfall E13 "non-causal values under removable map keys resurrect": a deleted key stays
+/// Pitfall "non-causal values under removable map keys resurrect": a deleted key stays
 /// deleted when a third replica's old state (still holding the value) is gossiped afterwards.
 #[test]
 fn deleted_key_is_not_resurrected_by_old_state() {

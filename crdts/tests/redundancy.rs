@@ -1,4 +1,4 @@
-//! Redundancy removal (DESIGN.md C3): for random states X and deltas δ,
+//! Redundancy removal (`docs/design/principles.md`, "BP and RR"): for random states X and deltas δ,
 //! `X ⊔ inflation(X, δ) == X ⊔ δ`; the inflation is `None` exactly when δ ⊑ X (so in particular
 //! for δ against `X ⊔ δ`); and the inflation is a part of δ (its context and dots are δ's).
 //!

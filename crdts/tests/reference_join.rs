@@ -1,4 +1,5 @@
-//! The store join against a REFERENCE join written literally from the definition (DESIGN.md B2):
+//! The store join against a REFERENCE join written literally from the definition
+//! (`docs/design/principles.md`, "Dot stores and the causal join"):
 //! per key, `(s ∩ s') ∪ (s \ c') ∪ (s' \ c)` (for a `DotFun`, `s ∩ s'` joins the two values
 //! under a common dot: the larger one), nested maps recursively, empty children dropped, and
 //! `c ∪ c'` for the context. No index, no candidate sets, no fast paths.

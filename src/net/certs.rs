@@ -1,4 +1,5 @@
-//! Cluster identity (DESIGN.md A9): a cluster CA and node certificates that name their node.
+//! Cluster identity (docs/design/principles.md, "Authenticated peers"): a cluster CA and node
+//! certificates that name their node.
 //!
 //! A node certificate carries its node name as its only DNS subject-alternative name, is issued
 //! by the cluster CA, and is valid for both TLS server and client authentication. Private keys

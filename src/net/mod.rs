@@ -1,4 +1,5 @@
-//! The peer network (DESIGN.md A9, C5): the only module that knows quinn and rustls.
+//! The peer network (docs/design/principles.md, "Authenticated peers",
+//! "Dissemination and backpressure"): the only module that knows quinn and rustls.
 //!
 //! * [`certs`]: the cluster CA and node certificates (rcgen).
 //! * `tls`: mutual TLS over the cluster CA; a peer's node name comes from its certificate and

@@ -1,4 +1,4 @@
-//! Mutual TLS over the cluster CA (DESIGN.md A9).
+//! Mutual TLS over the cluster CA (docs/design/principles.md, "Authenticated peers").
 //!
 //! Both sides present a certificate and verify the other's chain to the cluster CA (validity
 //! period included). The server name used to dial is not checked here, because a node dials

@@ -1,4 +1,5 @@
-//! The replication protocol's messages (DESIGN.md C1–C4). Encoded only through
+//! The replication protocol's messages (docs/design/principles.md,
+//! "Replication protocol"). Encoded only through
 //! [`crate::codec`], which adds the version byte and enforces the frame size limit.
 
 use crate::model::{Delta, StateChunk};
@@ -7,7 +8,8 @@ use tidemark_crdts::{CausalContext, ReplicaId};
 /// One protocol message between two replicas.
 ///
 /// `epoch` is the sender's incarnation (bumped at every boot); acknowledgements echo the epoch
-/// of what they acknowledge, and a replica drops acks that carry another epoch (pitfall #6).
+/// of what they acknowledge, and a replica drops acks that carry another epoch (pitfall
+/// "stale acknowledgement", docs/design/principles.md).
 /// `log` is the id of the sender's delta log (its replica id): a cursor into a log is only
 /// meaningful for the same log id.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

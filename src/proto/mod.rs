@@ -1,6 +1,7 @@
-//! The sans-IO replication core (DESIGN.md part C): deterministic, no tokio, no sockets, no
-//! clock, no OS randomness. Time (`now`) and a seeded RNG come in as arguments; the outside
-//! world is reached only through `poll_*` outputs and the [`StateStore`] trait.
+//! The sans-IO replication core (docs/design/principles.md, "Replication protocol"): deterministic,
+//! no tokio, no sockets, no clock, no OS randomness. Time (`now`) and a seeded RNG come in as
+//! arguments; the outside world is reached only through `poll_*` outputs and the [`StateStore`]
+//! trait.
 
 pub mod message;
 mod peers;

@@ -1,5 +1,6 @@
 //! Per-peer volatile state of the replication core: what we know of a peer's cursor into our
-//! log (`A[j]` of DESIGN.md C1), the one message we may have in flight to it, and liveness.
+//! log (the peer's mark of docs/design/principles.md "Delta intervals and
+//! acknowledgements"), the one message we may have in flight to it, and liveness.
 //! Nothing here is durable: a restart forgets it and peers re-report their cursors.
 
 use crate::proto::transfer::OutTransfer;

@@ -1,4 +1,5 @@
-//! [`Replica`]: the deterministic, sans-IO delta anti-entropy state machine (DESIGN.md C1–C5).
+//! [`Replica`]: the deterministic, sans-IO delta anti-entropy state machine
+//! (docs/design/principles.md, "Replication protocol").
 //!
 //! It owns only volatile protocol state (per-peer acknowledged cursors `A[j]`, the one message in
 //! flight per peer, transfer progress, timers). Everything durable — the state, the delta log,
@@ -51,8 +52,8 @@ pub struct ReplicaConfig {
     pub hello_attempts: u32,
     /// Target encoded size of one delta-interval or transfer chunk. Default 1 MiB.
     pub message_bytes_target: usize,
-    /// Back-propagation avoidance (BP, DESIGN.md C3): never send a peer the log entries it
-    /// originated. Default on; off only for measurements.
+    /// Back-propagation avoidance (BP, docs/design/principles.md "BP and RR"): never send a peer
+    /// the log entries it originated. Default on; off only for measurements.
     pub back_propagation_avoidance: bool,
     /// Leave out of a peer's intervals the dots its last announced context (`Have`) proves it
     /// has seen. Default on; off only for measurements.
@@ -64,11 +65,12 @@ pub struct ReplicaConfig {
     /// replica id, this far apart; each later sender filters by what the earlier ones delivered
     /// (announced with `Have`). Default 1,000 (two gossip intervals); 0 serves at once.
     pub catch_up_stagger_ms: u64,
-    /// Gossip overlay (DESIGN.md C5): each tick and each push sends intervals only to this
-    /// many randomly chosen up peers (reshuffled every `overlay_reshuffle_ms`); every other
-    /// peer gets its interval at the slower `anti_entropy_interval_ms`, so partitions of the
-    /// overlay heal. With an overlay, what a delta brought is also forwarded to the overlay at
-    /// once. 0 (the default) sends to every peer at every tick.
+    /// Gossip overlay (docs/design/principles.md, "Dissemination and backpressure"): each tick and
+    /// each push sends intervals only to this many randomly chosen up peers (reshuffled every
+    /// `overlay_reshuffle_ms`); every other peer gets its interval at the slower
+    /// `anti_entropy_interval_ms`, so partitions of the overlay heal. With an overlay, what a delta
+    /// brought is also forwarded to the overlay at once. 0 (the default) sends to every peer at
+    /// every tick.
     pub gossip_fanout: usize,
     /// How often the overlay is redrawn. Default 5,000.
     pub overlay_reshuffle_ms: u64,
@@ -114,7 +116,8 @@ impl Default for ReplicaConfig {
 pub struct ReplicaStats {
     /// Non-empty delta-intervals sent.
     pub deltas_sent: u64,
-    /// Empty delta-intervals sent (every entry came from the receiver: BP; pitfalls #9, #22).
+    /// Empty delta-intervals sent (every entry came from the receiver: BP; pitfalls
+    /// "BP drain" and "empty delta advances", docs/design/principles.md).
     pub empty_intervals_sent: u64,
     /// Delta-intervals joined.
     pub deltas_applied: u64,
@@ -132,7 +135,7 @@ pub struct ReplicaStats {
     /// Outgoing state transfers started.
     pub transfers_started: u64,
     /// Of the transfers started, those because the peer's cursor was below the retained log
-    /// start (the log was compacted past it, DESIGN.md C2).
+    /// start (the log was compacted past it, docs/design/principles.md "Leaving the delta path").
     pub transfers_behind_log: u64,
     /// Transfers not started because the peer's announced context already covered our state
     /// (another sender bootstrapped it).
@@ -163,10 +166,11 @@ pub struct ReplicaStats {
     pub intervals_filtered: u64,
 }
 
-/// Evidence that this node's store is a copy restored under its old replica id (DESIGN.md
-/// D1 c): a peer holds more of this replica id than the store does — dots above our counter,
-/// or a cursor beyond our log end. The host must switch the store to a fresh replica id and
-/// epoch before it assigns another dot ([`Replica::take_restored_copy`]).
+/// Evidence that this node's store is a copy restored under its old replica id
+/// (docs/design/principles.md, "Never reuse a dot" (c)): a peer holds more of this replica id than
+/// the store does — dots above our counter, or a cursor beyond our log end. The host must switch
+/// the store to a fresh replica id and epoch before it assigns another dot
+/// ([`Replica::take_restored_copy`]).
 ///
 /// A hostile peer can fake this evidence; the worst it can force is what the host does about
 /// it: one replica-id change (peers then get a state transfer, and contexts carry one more id).
@@ -202,7 +206,8 @@ pub enum Event {
         /// Keys whose values changed.
         changed: Vec<Key>,
     },
-    /// A peer's message was refused; nothing of it was applied or acknowledged (pitfall #31).
+    /// A peer's message was refused; nothing of it was applied or acknowledged (pitfall
+    /// "poison message", docs/design/principles.md).
     Rejected {
         /// The sender.
         from: PeerId,
@@ -262,7 +267,7 @@ pub enum Event {
 /// Storage errors returned by any `handle_*`/`peer_up` call are fatal to the node (fail-stop):
 /// the store may be unusable; restart instead of continuing.
 ///
-/// # Protocol (DESIGN.md C1–C5)
+/// # Protocol (docs/design/principles.md, "Replication protocol")
 /// * Sender: for each up peer with nothing in flight, every gossip tick: if its cursor `A[j]`
 ///   is unknown, ask with a Hello (a few times), then fall back to a state transfer; if it has
 ///   no cursor or `A[j]` is outside the retained log, run a chunked state transfer; otherwise
@@ -899,10 +904,10 @@ impl Replica {
         let ctx = store.transfer_context()?;
         let (_, end) = store.log_bounds();
         // Every chunk is read now, with the context and marks: the transfer is one consistent
-        // state (issue 11, defect 8), whatever this node joins while it is under way. Each
-        // chunk is within the message target (large rows in dot slices, marks in pages).
-        // Every chunk carries the transfer's context: the rows and marks get what is left of the
-        // target (at least a quarter of it, so a transfer always progresses).
+        // state (docs/design/principles.md, "State transfer"), whatever this node joins while it is
+        // under way. Each chunk is within the message target (large rows in dot slices, marks in
+        // pages). Every chunk carries the transfer's context: the rows and marks get what is left
+        // of the target (at least a quarter of it, so a transfer always progresses).
         let ctx_bytes = crate::codec::encoded_len("transfer context", &ctx).unwrap_or(0);
         let target = self
             .config
@@ -1490,12 +1495,12 @@ pub(crate) fn origin_tag(log: ReplicaId) -> PeerId {
 }
 
 /// Leaves out of `delta` what a peer whose context includes `seen` has already seen: entries'
-/// dots in `seen`, and those same dots from the context (DESIGN.md C4's digest filter, without
-/// the live-dot part). For every state whose context includes `seen`, joining the result gives
-/// the same state, the same context and the same inflation as joining `delta`: a dot both sides
-/// know is kept iff the receiver holds it, with or without it in the delta. Dots the delta's
-/// context holds but its store does not (removals) are always kept. Returns whether anything
-/// was left out.
+/// dots in `seen`, and those same dots from the context (the digest filter of
+/// docs/design/principles.md "State transfer", without the live-dot part). For every state whose
+/// context includes `seen`, joining the result gives the same state, the same context and the same
+/// inflation as joining `delta`: a dot both sides know is kept iff the receiver holds it, with or
+/// without it in the delta. Dots the delta's context holds but its store does not (removals) are
+/// always kept. Returns whether anything was left out.
 pub(crate) fn without_seen(
     delta: crate::model::Delta,
     seen: &tidemark_crdts::CausalContext,
@@ -1786,7 +1791,7 @@ mod origin_tag_tests {
 
 /// Reads the next chunk's contents at `pos`: rows first (large rows in dot slices), then dedup
 /// marks in pages with whatever room the chunk has left, so every chunk stays within the
-/// target (issue 11, 2c/2d).
+/// target (ARCHITECTURE.md, "size invariants").
 fn read_piece<S: StateStore>(
     store: &mut S,
     pos: &crate::proto::transfer::Position,

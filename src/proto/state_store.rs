@@ -16,11 +16,13 @@ pub struct ApplyOutcome {
     /// Keys whose values changed (for watchers and views).
     pub changed: Vec<Key>,
     /// Remote LWW timestamps that were too far ahead for the local clock: the data was joined
-    /// (convergence needs it) but the clock was not advanced (DESIGN.md A4).
+    /// (convergence needs it) but the clock was not advanced (docs/design/principles.md,
+    /// "Hybrid logical clocks").
     pub hlc_rejected: u64,
 }
 
-/// A bounded slice of the delta log, coalesced into one delta (a delta-interval, DESIGN.md C1).
+/// A bounded slice of the delta log, coalesced into one delta (a delta-interval:
+/// docs/design/principles.md, "Delta intervals and acknowledgements").
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LogInterval {
     /// The join of the included entries (`None` when every entry was skipped by BP).
@@ -142,7 +144,8 @@ pub trait StateStore {
     /// how far into the origin's log this delta brings us, recorded in the same transaction.
     /// For the log id already recorded the cursor never moves back (the larger seq is kept; a
     /// duplicate interval may end below it); another log id (the peer was wiped) replaces it.
-    /// An empty delta still records its cursor (pitfall #22).
+    /// An empty delta still records its cursor (pitfall "empty delta advances",
+    /// docs/design/principles.md).
     ///
     /// Returns `Ok(Err(reason))` for an invalid delta: nothing was applied, the store stays usable.
     ///

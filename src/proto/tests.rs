@@ -1,4 +1,5 @@
-//! Unit tests of the replication core against the pitfalls of DESIGN.md E and TESTING.md (c):
+//! Unit tests of the replication core against the pitfalls of
+//! `docs/design/principles.md` ("Pitfalls"):
 //! two or three replicas over the production store ([`RedbStore`] on redb's in-memory backend),
 //! with messages moved by hand so each test can drop, hold, forge or reorder exactly the message
 //! it is about.
@@ -259,7 +260,7 @@ fn pair_replicates_both_ways() {
     assert_eq!(a.store.entries().len(), 2);
 }
 
-/// Pitfall E6: an ack from before the sender's restart must not advance `A`.
+/// Pitfall "stale acknowledgement": an ack from before the sender's restart must not advance `A`.
 #[test]
 fn stale_epoch_ack_after_restart_does_not_advance() {
     let (mut a, mut b) = pair();
@@ -293,8 +294,9 @@ fn stale_epoch_ack_after_restart_does_not_advance() {
     assert_eq!(sent.first().map(|d| d.0), Some(truth));
 }
 
-/// Pitfall E7: an interval that starts above the receiver's cursor (its predecessor was lost)
-/// is neither joined nor acknowledged; the receiver states its real cursor instead.
+/// Pitfall "pipelined intervals": an interval that starts above the receiver's cursor (its
+/// predecessor was lost) is neither joined nor acknowledged; the receiver states its real cursor
+/// instead.
 #[test]
 fn interval_with_a_gap_is_not_joined() {
     let (mut a, mut b) = pair();
@@ -350,7 +352,7 @@ fn interval_with_a_gap_is_not_joined() {
     assert_eq!(a.store.state(), b.store.state());
 }
 
-/// Pitfall E8: a silent peer is evicted, so it no longer pins the log.
+/// Pitfall "one dead peer pins the log": a silent peer is evicted, so it no longer pins the log.
 #[test]
 fn silent_peer_is_evicted_and_the_frontier_advances() {
     let mut a = Node::new(0, &[1, 2], config());
@@ -379,7 +381,7 @@ fn silent_peer_is_evicted_and_the_frontier_advances() {
     );
 }
 
-/// Pitfall E9: when every pending entry came from the peer itself (BP), its cursor still
+/// Pitfall "BP drain": when every pending entry came from the peer itself (BP), its cursor still
 /// advances, so the log drains.
 #[test]
 fn back_propagation_only_interval_drains() {
@@ -399,7 +401,8 @@ fn back_propagation_only_interval_drains() {
     assert_eq!(a.store.state(), b.store.state());
 }
 
-/// Pitfall E22: an empty interval still moves the receiver's durable cursor and is acked.
+/// Pitfall "empty delta advances": an empty interval still moves the receiver's durable cursor and
+/// is acked.
 #[test]
 fn empty_delta_still_advances() {
     let (a, mut b) = pair();
@@ -426,8 +429,8 @@ fn empty_delta_still_advances() {
     );
 }
 
-/// Pitfall #31: a semantically invalid delta is refused, counted and reported, never acked;
-/// the replica stays live and keeps joining valid intervals.
+/// Pitfall "poison message": a semantically invalid delta is refused, counted and reported, never
+/// acked; the replica stays live and keeps joining valid intervals.
 #[test]
 fn invalid_delta_is_rejected_and_the_replica_stays_live() {
     let (mut a, mut b) = pair();

@@ -1,13 +1,14 @@
-//! Chunked state transfer bookkeeping (DESIGN.md C4, state-driven): the sender's snapshot and
+//! Chunked state transfer bookkeeping (docs/design/principles.md,
+//! "State transfer"): the sender's snapshot and
 //! where it is, and the receiver's expected chunk and the chunks it holds. Volatile on both
 //! sides: a restart on either side makes the receiver answer `ChunkNack` (or the sender time
 //! out) and the transfer restarts.
 //!
-//! A transfer is ONE consistent state `(entries, context)` split into messages (issue 11,
-//! defect 8): the sender reads every chunk when the transfer starts (so no chunk reflects an
-//! op its context lacks), and the receiver joins the chunks only when the last one arrived, in
-//! one durable join (so no entry is ever held, or logged for forwarding, without the dots it
-//! retired and without the dots that justify the removals next to it).
+//! A transfer is ONE consistent state `(entries, context)` split into messages: the sender
+//! reads every chunk when the transfer starts (so no chunk reflects an op its context lacks),
+//! and the receiver joins the chunks only when the last one arrived, in one durable join (so no
+//! entry is ever held, or logged for forwarding, without the dots it retired and
+//! without the dots that justify the removals next to it).
 
 use std::collections::VecDeque;
 

@@ -1,6 +1,6 @@
 //! A row too large for one state-transfer chunk, sent in parts by runs of its dots
-//! (ARCHITECTURE "size invariants"). The row is read, its dots sorted and, for a set, each dot's
-//! element noted ONCE per transfer ([`BigRow`], kept by the store between the reads of one
+//! (ARCHITECTURE.md, "size invariants"). The row is read, its dots sorted and, for a set, each
+//! dot's element noted ONCE per transfer ([`BigRow`], kept by the store between the reads of one
 //! transfer); each part is then built from its run of dots alone. Reading and restricting the
 //! whole row for every part made a transfer of a large set cost O(set² / chunk).
 

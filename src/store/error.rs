@@ -4,7 +4,7 @@ use crate::codec::CodecError;
 
 /// A failure of the durable store. After any error from a write path the store is halted:
 /// nothing more is acknowledged until it is reopened (no retry-and-continue after an fsync
-/// error, TESTING.md #25).
+/// error: pitfall "fsync retry", docs/design/principles.md).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {

@@ -1,4 +1,5 @@
-//! Local commit groups: many callers' writes in one durable transaction (DESIGN.md A5, A8, D2).
+//! Local commit groups: many callers' writes in one durable transaction (docs/design/principles.md:
+//! "Acknowledged means durable", "Idempotent ingest", "Log before apply").
 
 use super::error::StoreError;
 use super::rows::{
@@ -24,7 +25,7 @@ use tidemark_crdts::{
 };
 
 /// Identity of an ingested event: `(stream, source, seq)`; a retry with the same identity is
-/// a no-op (DESIGN.md A8).
+/// a no-op (docs/design/principles.md, "Idempotent ingest").
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct EventId {
     /// The stream.
@@ -89,7 +90,7 @@ fn opens_range(seen: &IntervalSet, seq: u64) -> bool {
 }
 
 /// The log record being accumulated by a commit group: consecutive writes, cut so that each
-/// record stays within the message target (ARCHITECTURE "size invariants").
+/// record stays within the message target (ARCHITECTURE.md, "size invariants").
 struct RecordBuilder<'w> {
     /// Own seqs issued by this record: `(first, last]`.
     first: u64,

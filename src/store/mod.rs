@@ -1,4 +1,5 @@
-//! The durable store: a node's replicated state in one redb database (DESIGN.md A5, A6, D).
+//! The durable store: a node's replicated state in one redb database (docs/design/principles.md:
+//! "Acknowledged means durable", "Storage is the source of truth", "Durability").
 //!
 //! State lives in per-key rows with a dot → key index, so memory stays bounded by the page
 //! cache whatever the store's size, and a delta's join touches O(|δ|) rows. Every commit group,
@@ -335,8 +336,9 @@ impl RedbStore {
             Some(r) => r,
             None => options.new_replica_id.unwrap_or_else(random_replica_id),
         };
-        // Invariant I2 / pitfall E1: our own dots must be contiguous, or next_dot could reissue
-        // one. If they are not, continue under a fresh replica id instead of risking it.
+        // "Own dots contiguous" (docs/design/principles.md, "Causal context"): our own dots must be
+        // contiguous, or next_dot could reissue one. If they are not, continue under a fresh
+        // replica id instead of risking it.
         if !ctx.own_dots_contiguous(replica) {
             tracing::warn!(%replica, "own dots are not contiguous in the stored context; minting a new replica id");
             replica = random_replica_id();
@@ -530,7 +532,8 @@ impl RedbStore {
 
     /// Checks the store's invariants against its tables: every live dot is in the context and
     /// (except counter dots, which have no index rows) indexed to its key, every index entry points at a row holding that dot, and the context
-    /// committed equals the one in memory (TESTING.md G7 5 and #22). Cost O(store).
+    /// committed equals the one in memory (docs/design/principles.md:
+    /// always-invariant 5, pitfall "bookkeeping equals disk"). Cost O(store).
     ///
     /// # Errors
     /// [`StoreError::Corrupt`] naming the first violation; storage failures.

@@ -1,4 +1,4 @@
-//! Stream-view retention hooks of the store (issue 9): a filter that drops the entries of
+//! Stream-view retention hooks of the store: a filter that drops the entries of
 //! expired view windows from remote deltas and state chunks before they are joined, and the
 //! physical removal of expired rows.
 //!
@@ -6,7 +6,8 @@
 //! so to the join it is exactly as if the entry had been removed (observed-remove). A later
 //! delta or chunk holding those dots cannot bring the entry back (the join keeps no dot the
 //! context has seen and the state lacks), and the version vector — hence anti-entropy and
-//! dot accounting — is unchanged. Counters are never deleted through the CRDT (DESIGN.md A3):
+//! dot accounting — is unchanged. Counters are never deleted through the CRDT
+//! (docs/design/principles.md, "What delete means"):
 //! removal is a local, deterministic decision each node takes from the replicated horizon.
 
 use super::RedbStore;

@@ -167,7 +167,7 @@ impl RedbStore {
                 marks: fresh_marks,
             };
             // Logged in pieces within the message target, so forwarding it never needs a
-            // message larger than a frame (issue 11, 2).
+            // message larger than a frame (ARCHITECTURE.md, "size invariants").
             let pieces = split_delta(
                 delta,
                 self.options.limits.message_bytes_target,
@@ -352,7 +352,7 @@ impl StateStore for RedbStore {
                 end = k.value() + 1;
                 continue;
             }
-            // Checked before adding (issue 11, 2b): the interval never exceeds `bytes_max`
+            // Checked before adding: the interval never exceeds `bytes_max`
             // unless its one record does, and records are within the message target.
             let len = v.value().len();
             if delta.is_some() && bytes.saturating_add(len) > bytes_max {
@@ -459,7 +459,7 @@ impl StateStore for RedbStore {
                 break;
             }
             if entries.is_empty() && size > bytes_max {
-                // A row too large for one message goes in parts (issue 11, 2d).
+                // A row too large for one message goes in parts (`store::big_row`).
                 self.big_row = Some(BigRow::new(key, entry)?);
                 return self.next_big_part(None, bytes_max);
             }
@@ -534,7 +534,7 @@ impl StateStore for RedbStore {
         self.filter_remote_chunk(&mut chunk);
         self.guarded(|s| {
             let observed = s.observe_remote_time(chunk.entries.iter().map(|(_, e)| e), now_ms);
-            // Marks come in pages after the rows (issue 11, 2c): every chunk's are joined.
+            // Marks come in pages after the rows: every chunk's are joined.
             let marks = chunk.marks.clone();
             s.remote_join(origin, &marks, cursor, observed, |rows, ctx| {
                 admission::join_chunk(rows, ctx, chunk)

@@ -442,7 +442,8 @@ impl Rows for TxnRows<'_, '_> {
         }
         let kb = key_bytes(key);
         // Only the dots that changed touch the index, so updating a large entry costs index
-        // writes in proportion to the change, not to the entry (DESIGN.md D3).
+        // writes in proportion to the change, not to the entry (docs/design/principles.md,
+        // "Writes proportional to the change").
         let sorted = |e: Option<&Entry>| {
             let mut dots = Vec::new();
             if let Some(e) = e {

@@ -364,8 +364,8 @@ fn bytes_per_commit(size: u64, adds: u64) -> (f64, f64) {
     (add, remove)
 }
 
-/// The goal of issue 10 in bytes: an add to (and a remove from) a big set writes no more
-/// than 2× the bytes of one to an empty set, and the cost does not grow with the set. Byte
+/// The big-set goal in bytes (BENCHMARKS.md): an add to (and a remove from) a big set writes no
+/// more than 2× the bytes of one to an empty set, and the cost does not grow with the set. Byte
 /// counts of redb's page writes are deterministic (no timing is measured).
 #[test]
 fn an_add_to_a_big_set_writes_about_the_bytes_of_an_add_to_an_empty_set() {

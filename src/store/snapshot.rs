@@ -1,4 +1,5 @@
-//! Snapshots and restore (issue 10; DESIGN.md D1 c).
+//! Snapshots and restore (docs/design/snapshots.md; docs/design/principles.md,
+//! "Never reuse a dot" (c)).
 //!
 //! A **snapshot** is a redb file holding a consistent point-in-time copy of a node's compacted
 //! state: every table of the store except the delta log (`log`) and the receiver-owned cursors

@@ -1,5 +1,6 @@
-//! Size bounds by construction (issue 11): what the store writes to its log, and what it reads
-//! for a state transfer, is cut into pieces that each fit one replication message.
+//! Size bounds by construction (ARCHITECTURE.md, "size invariants"): what the store writes to its
+//! log, and what it reads for a state transfer, is cut into pieces that each fit one replication
+//! message.
 //!
 //! Every piece is itself a valid delta (its store's dots are in its context) and the join of
 //! the pieces is the whole: entries are split by dots, and a piece's context names only the

@@ -1,4 +1,4 @@
-//! Coalescing a batch's view mutations into one mutation per view cell (issue 9, cost): the
+//! Coalescing a batch's view mutations into one mutation per view cell (the cost of views): the
 //! counts of a cell are summed, its set elements reduced to each element's last action, and
 //! of its `latest` writes only the one with the greatest event stamp is kept. Applied after
 //! lateness was decided per event, and only when no event of the batch can turn out to be a

@@ -1,5 +1,5 @@
-//! Stream views (DESIGN.md A7, issue 9): events of a named stream folded into materialized,
-//! replicated views — grouped, optionally windowed by event time — with per-stream
+//! Stream views (docs/design/principles.md, "Stream views"): events of a named stream folded into
+//! materialized, replicated views — grouped, optionally windowed by event time — with per-stream
 //! watermarks, allowed lateness, and windows that are reported `final` only when their value
 //! can no longer change.
 //!

@@ -1,6 +1,7 @@
-//! Shared helpers of the crash and durability tests (TESTING.md T3): seeds that replay with
-//! `SEED=<n>`, budgets scaled by `SOAK=1`, and a fault-injecting redb [`StorageBackend`] that
-//! records every write, resize and sync so crash images can be rebuilt afterwards.
+//! Shared helpers of the crash and durability tests (docs/design/principles.md, "Testing goals"):
+//! seeds that replay with `SEED=<n>`, budgets scaled by `SOAK=1`, and a fault-injecting redb
+//! [`StorageBackend`] that records every write, resize and sync so crash images can be rebuilt
+//! afterwards.
 #![allow(dead_code)]
 
 use rand::{Rng, SeedableRng};
@@ -242,7 +243,7 @@ impl StorageBackend for FaultBackend {
     }
 }
 
-/// How a crash image is cut from a recorded log (TESTING.md G14).
+/// How a crash image is cut from a recorded log (simulated power loss).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ImageKind {
     /// Only what the last successful sync made durable.

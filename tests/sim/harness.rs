@@ -290,7 +290,8 @@ impl Sim {
     }
 
     pub fn send(&mut self, from: usize, to: usize, msg: Message) {
-        // Every message fits in a frame; a larger one could never be sent (issue 11, defect 2).
+        // Every message fits in a frame; a larger one could never be sent (ARCHITECTURE.md, "size
+        // invariants").
         let len = codec::encoded_len("message", &msg).expect("encodable");
         assert!(
             len <= self.limits.frame_bytes_max,
@@ -340,8 +341,9 @@ impl Sim {
         while let Some(t) = self.nodes[i].replica.poll_transmit() {
             self.send(i, t.to.0 as usize, t.msg);
         }
-        // No correct peer ever shows a node more of its own id than it holds (DESIGN.md D1 c):
-        // crashes, crash images and wipes must never look like a data dir copied back.
+        // No correct peer ever shows a node more of its own id than it holds
+        // (docs/design/principles.md, "Never reuse a dot" (c)): crashes, crash images and wipes
+        // must never look like a data dir copied back.
         let restored = self.nodes[i].replica.take_restored_copy();
         assert!(
             restored.is_none(),

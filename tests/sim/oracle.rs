@@ -1,4 +1,4 @@
-//! Sequential-specification oracle (TESTING.md G3) over acknowledged operations.
+//! Sequential-specification oracle over acknowledged operations.
 //!
 //! Happens-before is taken from what the harness delivered, never from the replicas' own
 //! contexts: `o1 → o2` iff `o1`'s effect had been delivered to `o2`'s node when it issued `o2`
