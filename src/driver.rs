@@ -276,7 +276,9 @@ impl Driver {
                 Ok(bytes) if bytes.len() <= self.frame_bytes_max => {
                     if !link.send(bytes) {
                         // The peer is gone (connection closed, or its writer stopped).
-                        self.links.remove(&t.to);
+                        if self.links.remove(&t.to).is_some_and(|l| l.is_local()) {
+                            self.net_alive.remove(&t.to);
+                        }
                         let now = self.now();
                         self.replica.peer_down(now, t.to);
                     }
@@ -604,8 +606,13 @@ impl Driver {
                     self.replica.member_down(now, peer);
                 }
             }
-            NetEvent::Message { from, msg, permit } => {
-                if self.links.contains_key(&from) {
+            NetEvent::Message {
+                from,
+                msg,
+                permit,
+                local,
+            } => {
+                if local || self.links.contains_key(&from) {
                     let now = self.now();
                     let mut served = Served::new(&mut self.store, &mut self.durable);
                     if let Err(e) = self.replica.handle_message(now, from, *msg, &mut served) {

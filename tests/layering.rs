@@ -152,7 +152,7 @@ fn code_lines(text: &str) -> Vec<(usize, String)> {
             }
             if j < lines.len() && lines[j].trim_end().ends_with('{') {
                 let close = format!("{}}}", " ".repeat(indent));
-                while j < lines.len() && lines[j].trim_end() != close {
+                while j < lines.len() && !lines[j].trim_end().starts_with(&close) {
                     j += 1;
                 }
             }
@@ -167,16 +167,19 @@ fn code_lines(text: &str) -> Vec<(usize, String)> {
     out
 }
 
-/// Every `crate::NAME` (or each NAME of `crate::{A, b::C}`) on `line`.
-fn crate_paths(line: &str) -> Vec<String> {
+/// Every `crate::NAME` (or each NAME of `crate::{A, b::C}`, a group may span lines) in `text`,
+/// with the byte offset where its path starts.
+fn crate_paths_at(text: &str) -> Vec<(usize, String)> {
     let mut out = Vec::new();
-    let mut rest = line;
-    while let Some(at) = rest.find("crate::") {
-        let before = rest[..at].chars().last();
-        rest = &rest[at + "crate::".len()..];
+    let mut from = 0;
+    while let Some(found) = text[from..].find("crate::") {
+        let at = from + found;
+        let before = text[..at].chars().last();
+        from = at + "crate::".len();
         if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
             continue; // e.g. `tidemark_crdts::` or `$crate::`
         }
+        let rest = &text[from..];
         if let Some(group) = rest.strip_prefix('{') {
             let mut depth = 0usize;
             let mut item = String::new();
@@ -186,7 +189,7 @@ fn crate_paths(line: &str) -> Vec<String> {
                     '}' if depth == 0 => break,
                     '}' => depth -= 1,
                     ',' if depth == 0 => {
-                        out.push(first_segment(&item));
+                        out.push((at, first_segment(&item)));
                         item.clear();
                         continue;
                     }
@@ -197,14 +200,19 @@ fn crate_paths(line: &str) -> Vec<String> {
                 }
             }
             if !item.trim().is_empty() {
-                out.push(first_segment(&item));
+                out.push((at, first_segment(&item)));
             }
         } else {
-            out.push(first_segment(rest));
+            out.push((at, first_segment(rest)));
         }
     }
-    out.retain(|s| !s.is_empty());
+    out.retain(|(_, s)| !s.is_empty());
     out
+}
+
+/// The names of [`crate_paths_at`], without offsets.
+fn crate_paths(text: &str) -> Vec<String> {
+    crate_paths_at(text).into_iter().map(|(_, n)| n).collect()
 }
 
 fn first_segment(s: &str) -> String {
@@ -271,8 +279,22 @@ fn every_crate_import_follows_the_layer_table() {
             continue;
         };
         let text = std::fs::read_to_string(path).expect("readable source");
-        for (n, line) in code_lines(&text) {
-            for name in crate_paths(&line) {
+        // The library code as one text (groups may span lines), with each line's number.
+        let lines = code_lines(&text);
+        let mut code = String::new();
+        let mut starts = Vec::new();
+        for (n, line) in &lines {
+            starts.push((code.len(), *n));
+            code.push_str(line);
+            code.push('\n');
+        }
+        for (at, name) in crate_paths_at(&code) {
+            let n = starts
+                .iter()
+                .rev()
+                .find(|(start, _)| *start <= at)
+                .map_or(0, |(_, n)| *n);
+            {
                 let target = if allowed.contains_key(name.as_str()) {
                     name.clone()
                 } else if let Some(m) = reexports.get(&name) {

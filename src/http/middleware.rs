@@ -392,7 +392,8 @@ fn has_body(req: &Request) -> bool {
             .is_some_and(|v| v.to_str().map_or(true, |v| v.trim() != "0"))
 }
 
-/// Browser safety on every route but `/healthz`: the `Host` must name this node (421, against
+/// Browser safety on every route but `/healthz` and `/readyz` (they answer only a status word,
+/// and probes behind port mappings or proxies send a `Host` of their own): the `Host` must name this node (421, against
 /// DNS rebinding), an `Origin` must be the node's own or allowed (403, against cross-site
 /// pages), and a write body must be JSON or NDJSON (415: the content types a page can send
 /// without a CORS preflight are refused).
@@ -401,7 +402,7 @@ pub(crate) async fn browser_guard(
     req: Request,
     next: Next,
 ) -> Response {
-    if req.uri().path() == "/healthz" {
+    if matches!(req.uri().path(), "/healthz" | "/readyz") {
         return next.run(req).await;
     }
     let config = &state.config;

@@ -50,6 +50,9 @@ pub(crate) enum NetEvent {
         msg: Box<Message>,
         /// The connection's inbound-budget share held by this message.
         permit: Option<OwnedSemaphorePermit>,
+        /// Sent over an in-process link: handled even before the link's `Up` (the two nodes'
+        /// writers learn of a `Node::connect` independently, so the first message can win).
+        local: bool,
     },
 }
 
@@ -169,6 +172,7 @@ impl PeerLink {
                         from: *me,
                         msg: Box::new(msg),
                         permit: None,
+                        local: true,
                     }),
                     Err(e) => {
                         // Dropped like a lost packet, and counted by the receiver.

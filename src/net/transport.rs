@@ -650,6 +650,7 @@ impl Net {
                 from: peer,
                 msg: Box::new(msg),
                 permit: Some(permit),
+                local: false,
             };
             if !self.events.send(event) {
                 return None;
