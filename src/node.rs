@@ -538,46 +538,83 @@ impl Node {
     /// saturates there and would drop the excess silently), against the committed values; the
     /// whole batch is refused, naming the first op that would overflow.
     fn check_overflow(&self, writes: &[LocalWrite]) -> Result<(), Error> {
-        let mut totals: std::collections::HashMap<&Key, (i128, i128)> =
-            std::collections::HashMap::new();
+        /// Per counter key of the batch: its committed value, the value with the batch's ops
+        /// so far, and (pncounter) this replica's own increment and decrement totals, which
+        /// are stored as saturating u64s and so must not overflow either.
+        struct Running {
+            base: i128,
+            total: i128,
+            own_inc: i128,
+            own_dec: i128,
+        }
+        let me = self.shared.replica;
+        let mut totals: std::collections::HashMap<&Key, Running> = std::collections::HashMap::new();
         let mut reader = None;
         for (index, w) in writes.iter().enumerate() {
             for (key, m) in &w.ops {
-                let delta = match (key.kind, m) {
+                let (inc, dec) = match (key.kind, m) {
                     (KeyKind::GCounter | KeyKind::PNCounter, tidemark_crdts::Mutation::Inc(n)) => {
-                        i128::from(*n)
+                        (i128::from(*n), 0)
                     }
-                    (KeyKind::PNCounter, tidemark_crdts::Mutation::Dec(n)) => -i128::from(*n),
+                    (KeyKind::PNCounter, tidemark_crdts::Mutation::Dec(n)) => (0, i128::from(*n)),
                     _ => continue,
                 };
-                let (base, total) = match totals.entry(key) {
+                let run = match totals.entry(key) {
                     std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
                     std::collections::hash_map::Entry::Vacant(v) => {
                         let r = match &reader {
                             Some(r) => r,
                             None => reader.insert(self.reader()?),
                         };
-                        let base = match r.get(key)? {
-                            Some(Value::GCounter(n)) => i128::from(n),
-                            Some(Value::PNCounter(n)) => i128::from(n),
+                        let entry = r.entry(key)?;
+                        let base = entry.as_ref().map_or(0, |e| match e.value() {
+                            Value::GCounter(n) => i128::from(n),
+                            Value::PNCounter(n) => i128::from(n),
                             _ => 0,
+                        });
+                        let (own_inc, own_dec) = match &entry {
+                            Some(tidemark_crdts::Entry::PNCounter(f)) => f
+                                .iter()
+                                .filter(|(d, _)| d.replica == me)
+                                .max_by_key(|(d, _)| d.seq)
+                                .map_or((0, 0), |(_, (p, n))| (i128::from(*p), i128::from(*n))),
+                            _ => (0, 0),
                         };
-                        v.insert((base, base))
+                        v.insert(Running {
+                            base,
+                            total: base,
+                            own_inc,
+                            own_dec,
+                        })
                     }
                 };
-                *total += delta;
+                run.total += inc - dec;
+                run.own_inc += inc;
+                run.own_dec += dec;
                 let (lo, hi) = if key.kind == KeyKind::GCounter {
                     (0, i128::from(u64::MAX))
                 } else {
                     (i128::from(i64::MIN), i128::from(i64::MAX))
                 };
-                if !(lo..=hi).contains(total) {
+                let sides = i128::from(u64::MAX);
+                if !(lo..=hi).contains(&run.total) {
                     return Err(Error::Overflow {
                         index,
                         key: key.to_string(),
-                        value: *base,
-                        sign: if *total > *base { '+' } else { '-' },
-                        by: (*total - *base).unsigned_abs(),
+                        value: run.base,
+                        sign: if run.total > run.base { '+' } else { '-' },
+                        by: (run.total - run.base).unsigned_abs(),
+                    });
+                }
+                if run.own_inc > sides || run.own_dec > sides {
+                    // The value is in range but this replica's own increments (or decrements)
+                    // would pass u64::MAX, where they saturate and the value goes wrong.
+                    return Err(Error::Overflow {
+                        index,
+                        key: key.to_string(),
+                        value: run.base,
+                        sign: if dec > 0 { '-' } else { '+' },
+                        by: (inc + dec).unsigned_abs(),
                     });
                 }
             }

@@ -229,6 +229,23 @@ fn an_increment_that_would_overflow_is_refused_and_nothing_applies() {
     let a = post(&url, r#"[{"type":"pncounter","key":"p","op":"inc"}]"#);
     assert_eq!((a.status, a.code()), (409, "overflow"), "{a:?}");
     assert_eq!(value(&s, "pncounter", "p"), json!(i64::MAX));
+    // The value stays in range, but this node's own increments would pass u64::MAX (where
+    // they saturate and the value goes wrong): refused, and the value is exact.
+    let big = 9_000_000_000_000_000_000u64;
+    for (op, expect) in [
+        ("inc", 200),
+        ("dec", 200),
+        ("inc", 200),
+        ("dec", 200),
+        ("inc", 409),
+    ] {
+        let a = post(
+            &url,
+            format!(r#"[{{"type":"pncounter","key":"q","op":"{op}","by":{big}}}]"#),
+        );
+        assert_eq!(a.status, expect, "{op} {big}: {a:?}");
+    }
+    assert_eq!(value(&s, "pncounter", "q"), json!(0));
     // Through an event's ops as well.
     let a = post(
         &s.url("/v1/streams/s/events"),
