@@ -637,3 +637,52 @@ fn under_a_1024_file_limit_1100_idle_connections_leave_the_node_serving() {
         "the node ran out of descriptors: {head:?}"
     );
 }
+
+#[test]
+fn ingests_waiting_for_their_first_line_share_the_byte_budget() {
+    use std::io::Write;
+    let s = Served::start_with(|_, h| {
+        h.line_bytes_max = 1024 * 1024;
+        h.body_bytes_max = 1024 * 1024;
+        h.inflight_bytes_max = 3 * 1024 * 1024;
+    });
+    let h = host(&s);
+    // Three ingests that send part of a first line and no newline: each holds a line's share.
+    let mut waiting: Vec<std::net::TcpStream> = (0..3)
+        .map(|_| {
+            let mut c = std::net::TcpStream::connect(s.addr).expect("connect");
+            write!(
+                c,
+                "POST /v1/streams/t/events HTTP/1.1\r\nHost: {h}\r\nContent-Type: application/x-ndjson\r\nContent-Length: 900000\r\n\r\n"
+            )
+            .expect("head");
+            c.write_all(&[b' '; 1000]).expect("part of a line");
+            c
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let ingest = r#"{"source":"a","seq":1,"ops":[{"type":"gcounter","key":"g","op":"inc"}]}"#;
+    let (status, body) = raw(
+        s.addr,
+        &format!(
+            "POST /v1/streams/t/events HTTP/1.1\r\nHost: {h}\r\nContent-Type: application/x-ndjson"
+        ),
+        ingest.as_bytes(),
+    );
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (429, Some("inflight_bytes")),
+        "{body}"
+    );
+    waiting.pop();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (status, body) = raw(
+        s.addr,
+        &format!(
+            "POST /v1/streams/t/events HTTP/1.1\r\nHost: {h}\r\nContent-Type: application/x-ndjson"
+        ),
+        ingest.as_bytes(),
+    );
+    assert_eq!(status, 200, "{body}");
+    drop(waiting);
+}

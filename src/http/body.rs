@@ -72,7 +72,7 @@ fn over_budget(retry_after: u64) -> ApiError {
 }
 
 /// Takes `n` more bytes of `budget` into `held` (429 when the budget has not that many).
-fn charge(
+pub(crate) fn charge(
     budget: &BodyBudget,
     held: &mut Option<tokio::sync::OwnedSemaphorePermit>,
     n: usize,

@@ -121,7 +121,9 @@ pub struct HttpConfig {
     /// status, duration, bytes sent), written when its answer has been sent (default true).
     pub access_log: bool,
     /// Most bytes of request bodies all requests hold at once (default 64 MiB); a body that
-    /// would take more answers 429 + `Retry-After`. Must be at least `body_bytes_max`.
+    /// would take more answers 429 + `Retry-After`. An ingest holds `line_bytes_max` of it for
+    /// its whole request (its line buffer). Must be at least `body_bytes_max` and
+    /// `line_bytes_max`.
     pub inflight_bytes_max: usize,
     /// Extra names a request's `Host` may carry (every route but `/healthz`; 421 otherwise).
     /// Always allowed: `localhost`, loopback addresses and the bound address, with the bound
@@ -182,12 +184,13 @@ impl HttpConfig {
         if self.header_read_timeout_ms == 0 || self.body_read_timeout_ms == 0 {
             return Err("http timeouts must be positive".into());
         }
-        if self.inflight_bytes_max < self.body_bytes_max
+        if self.inflight_bytes_max < self.body_bytes_max.max(self.line_bytes_max)
             || u32::try_from(self.inflight_bytes_max).is_err()
         {
             return Err(format!(
-                "http.inflight_bytes_max must be at least http.body_bytes_max ({}) and below 4 GiB",
-                self.body_bytes_max
+                "http.inflight_bytes_max must be at least http.body_bytes_max ({}) and \
+                 http.line_bytes_max ({}), and below 4 GiB",
+                self.body_bytes_max, self.line_bytes_max
             ));
         }
         if let Some(h) = self.allowed_hosts.iter().find(|h| h.trim().is_empty()) {

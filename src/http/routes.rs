@@ -493,6 +493,16 @@ async fn ingest_stream(
         )
         .at("path stream"));
     }
+    // The line buffer can grow to `line_bytes_max` before the first line (and the slot) is
+    // taken: that share of the in-flight body budget is held for the whole request, so many
+    // ingests that trickle a first line cannot hold unbounded memory between them.
+    let mut line_share = None;
+    super::body::charge(
+        &state.body_budget,
+        &mut line_share,
+        state.config.line_bytes_max,
+        state.config.retry_after_secs,
+    )?;
     let batch_events = state.config.ingest_batch_events.min(limits.batch_ops_max);
     let mut lines = Lines::new(
         Chunks::new(body, body_timeout(state)),
