@@ -592,6 +592,14 @@ fn serve_logged(args: &[&str], log: &std::path::Path) -> Child {
         .expect("spawn serve")
 }
 
+/// The `http://` URL the `serve` banner line names (without a trailing `/`).
+fn url_in(banner: &str) -> Option<String> {
+    banner
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .map(|u| u.trim_end_matches('/').to_owned())
+}
+
 /// The first stdout line of a `serve_logged` child.
 fn first_line(child: &mut Child) -> String {
     let mut line = String::new();
@@ -679,12 +687,7 @@ fn logs_have_an_access_line_per_request_no_colour_and_json_throughout() {
     let mut args = base.to_vec();
     args.extend(["--data", &data]);
     let mut child = serve_logged(&args, &log);
-    let line = first_line(&mut child);
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .expect("url")
-        .to_owned();
+    let url = url_in(&first_line(&mut child)).expect("url");
     let get = |url: &str, key: &str| {
         Command::new(BIN)
             .args(["--url", url, "get", key])
@@ -770,12 +773,7 @@ fn logs_have_an_access_line_per_request_no_colour_and_json_throughout() {
     let mut args = base.to_vec();
     args.extend(["--data", &data, "--set", "http.access_log=false"]);
     let mut child = serve_logged(&args, &log);
-    let line = first_line(&mut child);
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .expect("url")
-        .to_owned();
+    let url = url_in(&first_line(&mut child)).expect("url");
     assert_eq!(get(&url, "gcounter/missing").status.code(), Some(1));
     assert_eq!(sigterm(&mut child).code(), Some(0));
     let text = std::fs::read_to_string(&log).expect("log");
@@ -873,10 +871,7 @@ fn serve_with_token_source(
     if let Some(out) = child.stdout.take() {
         let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line);
     }
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .map(|u| u.trim_end_matches('/').to_owned());
+    let url = url_in(&line);
     let Some(url) = url else {
         let _ = child.kill();
         let _ = child.wait();

@@ -874,32 +874,25 @@ fn the_watchers_gauge_falls_when_a_watch_client_disconnects() {
     let first = open_watch(&s, "prefix=w");
     let second = open_watch(&s, "prefix=w");
     assert_eq!(watchers(), 2);
-    drop(first);
-    // The server notices the closed connection when it next writes to it: make a change.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // The server notices a closed connection when it next writes to it: make changes until
+    // the gauge reads `want`.
     let mut n = 0;
-    while watchers() != 1 {
-        assert!(
-            Instant::now() < deadline,
-            "the gauge stayed at {}",
-            watchers()
-        );
-        n += 1;
-        let op = json!([{"type":"gcounter","key":format!("w{n}"),"op":"inc"}]);
-        assert_eq!(post(&s.url("/v1/ops"), op.to_string()).status, 200);
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut falls_to = |want: i64| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while watchers() != want {
+            assert!(
+                Instant::now() < deadline,
+                "the gauge stayed at {}",
+                watchers()
+            );
+            n += 1;
+            let op = json!([{"type":"gcounter","key":format!("w{n}"),"op":"inc"}]);
+            assert_eq!(post(&s.url("/v1/ops"), op.to_string()).status, 200);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    drop(first);
+    falls_to(1);
     drop(second);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while watchers() != 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the gauge stayed at {}",
-            watchers()
-        );
-        n += 1;
-        let op = json!([{"type":"gcounter","key":format!("w{n}"),"op":"inc"}]);
-        assert_eq!(post(&s.url("/v1/ops"), op.to_string()).status, 200);
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    falls_to(0);
 }
