@@ -182,14 +182,60 @@ pub fn event_stamp(key: &Key, m: &Mutation) -> Option<Timestamp> {
 /// when a later-stamped value is already there, reading no view value itself.
 pub fn stamp_latest_writes(writes: &mut [crate::store::LocalWrite]) {
     for w in writes {
-        if !w.ops.iter().any(|(k, m)| event_stamp(k, m).is_some()) {
-            continue;
+        // One parse per op (only lww sets under the view prefix parse), and no allocation
+        // for a write without a `latest` op.
+        let mut stamps = Vec::new();
+        for (i, (k, m)) in w.ops.iter().enumerate() {
+            if let Some(ts) = event_stamp(k, m) {
+                if stamps.is_empty() {
+                    stamps.resize(w.ops.len(), None);
+                }
+                stamps[i] = Some(ts);
+            }
         }
-        w.stamps = w.ops.iter().map(|(k, m)| event_stamp(k, m)).collect();
+        if !stamps.is_empty() {
+            w.stamps = stamps;
+        }
     }
 }
 
 /// The value of a `latest` record.
 pub fn latest_value(record: &serde_json::Value) -> serde_json::Value {
     record.get("v").cloned().unwrap_or(serde_json::Value::Null)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::LocalWrite;
+
+    #[test]
+    fn latest_writes_get_one_stamp_per_op_and_other_writes_none() {
+        let latest = Key::new(KeyKind::Lww, "~view/l/d/1/[]");
+        let text = latest_record(20, "src", 7, &"v".into());
+        let plain = LocalWrite {
+            ops: vec![(Key::new(KeyKind::Lww, "user"), Mutation::Set(text.clone()))],
+            event: None,
+            stamps: Vec::new(),
+        };
+        let mixed = LocalWrite {
+            ops: vec![
+                (
+                    Key::new(KeyKind::GCounter, "~view/c/d/1/[]"),
+                    Mutation::Inc(1),
+                ),
+                (latest.clone(), Mutation::Set(text.clone())),
+                (Key::new(KeyKind::Lww, "user"), Mutation::Set(text.clone())),
+            ],
+            event: None,
+            stamps: Vec::new(),
+        };
+        let mut writes = vec![plain, mixed];
+        stamp_latest_writes(&mut writes);
+        // A client's lww write holding the same text is not a view write: never stamped.
+        assert!(writes[0].stamps.is_empty());
+        let want = event_stamp(&latest, &Mutation::Set(text));
+        assert!(want.is_some());
+        assert_eq!(writes[1].stamps, vec![None, want, None]);
+    }
 }
