@@ -470,11 +470,18 @@ fn simulation_converges_to_the_oracle() {
 
 /// Seeds beyond the CI range (`SEED_START` slices) that once failed, each replayed on every
 /// run with the defect it found.
-const FOUND_BEYOND_CI: [(u64, &str); 1] = [(
-    300808,
-    "a late Hello without a cursor left a bootstrap deferral on a peer that then reported \
-     its cursor: the peer was not served and pinned the log past the drain deadline",
-)];
+const FOUND_BEYOND_CI: [(u64, &str); 2] = [
+    (
+        300808,
+        "a late Hello without a cursor left a bootstrap deferral on a peer that then reported \
+         its cursor: the peer was not served and pinned the log past the drain deadline",
+    ),
+    (
+        601534,
+        "a late Hello without a cursor during a state transfer left a bootstrap deferral that \
+         outlived the transfer's completion: the rest of the log waited ~8 s and pinned it",
+    ),
+];
 
 #[test]
 fn simulation_replays_the_seeds_found_beyond_ci() {

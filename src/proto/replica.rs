@@ -1420,6 +1420,9 @@ impl Replica {
             // A completed transfer is authoritative (the receiver recorded exactly `end`), which
             // also repairs a cursor that was ever reported beyond our log.
             p.cursor = PeerCursor::At(end);
+            // The peer holds a cursor into our log now: a bootstrap deferral set by a late
+            // cursorless Hello during the transfer must not hold back the rest of the log.
+            p.end_bootstrap_deferral();
             p.more = true;
             self.stats.transfers_completed += 1;
             self.events
