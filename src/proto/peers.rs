@@ -108,6 +108,14 @@ impl Peer {
         }
     }
 
+    /// The peer holds a cursor into our retained log at `at` (from a Hello, an Ack, a
+    /// `Covered` or a completed transfer): records it and ends any bootstrap deferral, which
+    /// only ever applies to a peer that needs a transfer.
+    pub fn cursor_into_log(&mut self, at: u64) {
+        self.cursor = PeerCursor::At(at);
+        self.end_bootstrap_deferral();
+    }
+
     /// The peer has shown a cursor into our retained log (a Hello or an Ack): a bootstrap
     /// deferral, which only ever applies to a peer that needs a transfer, no longer holds it
     /// back. (A Hello without a cursor can arrive late, after the peer got one: its deferral

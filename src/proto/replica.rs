@@ -1116,9 +1116,7 @@ impl Replica {
             .known_context()
             .is_some_and(|k| store.context().diff(k).is_empty());
         if covered {
-            p.cursor = PeerCursor::At(end);
-            p.serve_after = None;
-            p.bootstrap_rank = 0;
+            p.cursor_into_log(end);
             self.stats.transfers_avoided += 1;
             let log = store.replica_id();
             let epoch = self.epoch;
@@ -1265,13 +1263,11 @@ impl Replica {
         match p.cursor {
             PeerCursor::At(a) if upto <= a => {}
             PeerCursor::At(_) => p.cursor = PeerCursor::At(upto),
-            PeerCursor::Unknown | PeerCursor::NoCursor => {
-                p.cursor = PeerCursor::At(upto);
-                if upto >= log_start {
-                    // It needs no transfer from us after all.
-                    p.end_bootstrap_deferral();
-                }
+            // It needs no transfer from us after all when the cursor is in our log.
+            PeerCursor::Unknown | PeerCursor::NoCursor if upto >= log_start => {
+                p.cursor_into_log(upto);
             }
+            PeerCursor::Unknown | PeerCursor::NoCursor => p.cursor = PeerCursor::At(upto),
         }
         p.hellos_unanswered = 0;
         if let Some((Inflight::Delta { end, .. }, _)) = p.inflight {
@@ -1419,10 +1415,9 @@ impl Replica {
             p.transfer = None;
             // A completed transfer is authoritative (the receiver recorded exactly `end`), which
             // also repairs a cursor that was ever reported beyond our log.
-            p.cursor = PeerCursor::At(end);
-            // The peer holds a cursor into our log now: a bootstrap deferral set by a late
-            // cursorless Hello during the transfer must not hold back the rest of the log.
-            p.end_bootstrap_deferral();
+            // A late cursorless Hello during the transfer may have set a bootstrap deferral:
+            // it must not hold back the rest of the log.
+            p.cursor_into_log(end);
             p.more = true;
             self.stats.transfers_completed += 1;
             self.events
