@@ -498,58 +498,26 @@ fn over_the_concurrency_limit_answers_429_with_retry_after() {
     });
     // Hold the only slot: an ingest whose body never ends (it takes the slot with its first
     // line; one that sends nothing holds none).
-    let hold = || {
-        let mut slow = std::net::TcpStream::connect(s.addr).expect("connect");
-        let line = "{\"source\":\"h\",\"seq\":1}\n";
-        write!(
-            slow,
-            "POST /v1/streams/s/events HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{line}\r\n",
-            s.addr,
-            line.len()
-        )
-        .expect("send");
-        slow
-    };
-    let mut slow = hold();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let (mut held_since, mut reopened, mut answered) = (Instant::now(), 0, String::new());
-    let busy = loop {
-        let a = get(&s.url("/v1/keys"));
-        if a.status == 429 {
-            break a;
-        }
-        assert_eq!(a.status, 200);
-        if held_since.elapsed() > Duration::from_secs(2) {
-            // The held request no longer holds the slot (seen once in CI under load, cause
-            // unknown): record what its connection received, and hold the slot again.
-            slow.set_nonblocking(true).expect("nonblocking");
-            let mut buf = [0u8; 512];
-            answered = match std::io::Read::read(&mut slow, &mut buf) {
-                Ok(n) => String::from_utf8_lossy(&buf[..n]).into_owned(),
-                Err(e) => format!("nothing ({e})"),
-            };
-            slow = hold();
-            held_since = Instant::now();
-            reopened += 1;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never saw 429 (slot held {reopened} more times; the last held connection had \
-             received: {answered:?})"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let mut slow = std::net::TcpStream::connect(s.addr).expect("connect");
+    let line = "{\"source\":\"h\",\"seq\":1}\n";
+    write!(
+        slow,
+        "POST /v1/streams/s/events HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{line}\r\n",
+        s.addr,
+        line.len()
+    )
+    .expect("send");
+    http_support::await_in_flight(&s, 1);
+    let busy = get(&s.url("/v1/keys"));
+    assert_eq!(busy.status, 429, "{busy:?}");
     assert_eq!(busy.code(), "overloaded");
     assert_eq!(busy.retry_after.as_deref(), Some("3"));
     // Probes are not counted against the limit.
     assert_eq!(get(&s.url("/healthz")).status, 200);
     // Finish the held request (an empty chunked body): the slot frees.
     write!(slow, "0\r\n\r\n").expect("finish");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while get(&s.url("/v1/keys")).status != 200 {
-        assert!(Instant::now() < deadline, "slot never freed");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    http_support::await_in_flight(&s, 0);
+    assert_eq!(get(&s.url("/v1/keys")).status, 200);
 }
 
 #[test]
@@ -609,11 +577,8 @@ fn shutdown_finishes_in_flight_requests_durably_and_refuses_new_ones() {
     )
     .expect("send");
     // Wait until the request is in its handler (it holds the only request slot), then stop.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while get(&s.url("/v1/keys")).status != 429 {
-        assert!(Instant::now() < deadline, "request never in flight");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    http_support::await_in_flight(&s, 1);
+    assert_eq!(get(&s.url("/v1/keys")).status, 429, "the slot is held");
     s.begin_stop();
     // New connections are refused once the listener is closed.
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -73,6 +73,8 @@ pub(crate) struct Scrape<'a> {
     pub(crate) store_bytes: u64,
     pub(crate) net: Option<crate::net::NetStatsSnapshot>,
     pub(crate) http: &'a HttpMetrics,
+    /// Requests holding one of the `http.concurrency_max` slots right now.
+    pub(crate) requests_in_flight: u64,
     /// This process's resource use (`process_*`), where the platform reports it.
     pub(crate) process: Option<crate::metrics::ProcessStats>,
 }
@@ -278,6 +280,11 @@ pub(crate) fn render(s: &Scrape<'_>, format: Format) -> Result<String, std::fmt:
         h.connections_refused.clone(),
     );
     r.register("http_watchers", "Open watch streams", h.watchers.clone());
+    r.register(
+        "http_requests_in_flight",
+        "Requests holding one of the http.concurrency_max slots (probes, metrics and watch streams hold none)",
+        ConstGauge::new(i64::try_from(s.requests_in_flight).unwrap_or(i64::MAX)),
+    );
     let build: Family<Labels, Gauge> = Family::default();
     build
         .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())])

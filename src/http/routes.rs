@@ -130,6 +130,10 @@ async fn metrics_text(State(state): State<AppState>, headers: HeaderMap) -> Resp
         replication,
         store_bytes: metrics::dir_bytes(&state.node.config().data_dir),
         http: &state.metrics,
+        requests_in_flight: state
+            .config
+            .concurrency_max
+            .saturating_sub(state.requests.available_permits()) as u64,
         process: crate::metrics::ProcessStats::read(),
     };
     match metrics::render(&scrape, format) {

@@ -4,7 +4,7 @@
 
 use serde_json::Value as J;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tidemark::http::{HttpConfig, HttpServer};
 use tidemark::{Node, NodeConfig};
 
@@ -175,6 +175,26 @@ pub fn get_auth(url: &str, token: Option<&str>) -> Answer {
         req = req.header("Authorization", format!("Bearer {t}"));
     }
     answer(req.call())
+}
+
+/// Waits (up to 20 s) until `n` requests hold one of the server's request slots, read from
+/// `/metrics` (which takes none: polling with a request that takes a slot could make the
+/// awaited request's own slot attempt fail).
+pub fn await_in_flight(s: &Served, n: u64) {
+    let want = format!("tidemark_http_requests_in_flight {n}\n");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = get(&s.url("/metrics"));
+        if m.text.contains(&want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never {n} requests in flight: {}",
+            m.text
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// `GET url`.
