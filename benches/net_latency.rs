@@ -52,6 +52,7 @@ async fn run(rate: f64, secs: f64) -> Result<(), Box<dyn std::error::Error>> {
     for i in 0..NODES {
         let mut cfg = NodeConfig::new(root.path().join(format!("n{i}")));
         cfg.limits.watch_buffer_max = 1 << 17;
+        cfg.limits.watch_buffer_bytes_max = 1 << 30;
         let node = Node::open(cfg).await?;
         let addr = node
             .listen(

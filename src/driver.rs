@@ -11,22 +11,14 @@ use crate::net::link::{NetEvent, PeerLink};
 use crate::proto::replica::{Event as ReplicaEvent, Now, Replica};
 use crate::proto::{ApplyOutcome, ChunkRead, LogInterval, PeerId, StateStore};
 use crate::store::{DeltasSince, LocalCommit, LocalWrite, RedbStore, StoreError};
+use crate::watch::Change;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 use tidemark_crdts::{CausalContext, DedupMarks, IntervalSet, Key, ReplicaId, Value};
-use tokio::sync::{broadcast, oneshot};
-
-/// One change published to watchers after its commit.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Change {
-    /// The key that changed.
-    pub key: Key,
-    /// Its value after the commit.
-    pub value: Value,
-}
+use tokio::sync::oneshot;
 
 /// What compaction did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -110,7 +102,7 @@ pub(crate) struct Driver {
     pub(crate) inputs: Receiver<Input>,
     pub(crate) queued_ops: Arc<AtomicUsize>,
     pub(crate) metrics: Arc<Metrics>,
-    pub(crate) changes: broadcast::Sender<Arc<Change>>,
+    pub(crate) changes: Arc<crate::watch::Feed>,
     pub(crate) group_ops_max: usize,
     pub(crate) tick: Duration,
     /// What is durable: the only state peers are served (relaxed durability).
@@ -458,7 +450,7 @@ impl Driver {
                     let _ = reply.send(Ok(part));
                 }
                 for (key, value) in commit.changes {
-                    let _ = self.changes.send(Arc::new(Change { key, value }));
+                    self.changes.publish(Change { key, value });
                 }
                 self.publish(&commit.changed);
             }
@@ -687,7 +679,7 @@ impl Driver {
     }
 
     fn publish<K: std::borrow::Borrow<Key>>(&self, keys: &[K]) {
-        if self.changes.receiver_count() == 0 {
+        if !self.changes.has_watchers() {
             return;
         }
         let reader = self.store.reader();
@@ -700,10 +692,10 @@ impl Driver {
                     continue;
                 }
             };
-            let _ = self.changes.send(Arc::new(Change {
+            self.changes.publish(Change {
                 key: key.clone(),
                 value,
-            }));
+            });
         }
     }
 }

@@ -47,13 +47,15 @@ pub mod ops;
 pub mod proto;
 pub mod store;
 pub mod views;
+mod watch;
 
 pub use config::NodeConfig;
-pub use driver::{Change, CompactReport, ReplicationStatus};
+pub use driver::{CompactReport, ReplicationStatus};
 pub use error::Error;
 pub use limits::{Durability, Limits};
-pub use node::{KeyFilter, Node, Watch, WatchEvent, WriteOutcome};
+pub use node::{Node, WriteOutcome};
 pub use ops::{Event, Op, value_to_json};
 pub use tidemark_crdts::{Key, KeyKind, ReplicaId, Value};
+pub use watch::{Change, KeyFilter, Watch, WatchEvent};
 
 pub use tidemark_crdts as crdts;

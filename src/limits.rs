@@ -31,6 +31,10 @@ pub struct Limits {
     pub record_bytes_max: usize,
     /// Most changes buffered per watcher before it is told it lagged (default 1,024).
     pub watch_buffer_max: usize,
+    /// Most bytes of changes (keys and whole values) buffered per watcher before it is told it
+    /// lagged (default 8 MiB): a watcher that stops reading holds at most this much (plus one
+    /// change, when a single value is larger).
+    pub watch_buffer_bytes_max: usize,
     /// redb page cache in bytes (default 64 MiB): with per-key rows this bounds resident memory.
     pub cache_bytes: usize,
     /// How far ahead of our clock a remote HLC timestamp may be before our clock refuses to
@@ -60,6 +64,7 @@ impl Default for Limits {
             message_bytes_target: 1024 * 1024,
             record_bytes_max: 64 * 1024 * 1024,
             watch_buffer_max: 1024,
+            watch_buffer_bytes_max: 8 * 1024 * 1024,
             cache_bytes: 64 * 1024 * 1024,
             max_clock_drift_ms: 500,
             sources_per_batch_max: 10_000,
@@ -90,6 +95,7 @@ impl Limits {
             ("message_bytes_target", self.message_bytes_target),
             ("record_bytes_max", self.record_bytes_max),
             ("watch_buffer_max", self.watch_buffer_max),
+            ("watch_buffer_bytes_max", self.watch_buffer_bytes_max),
             ("sources_per_batch_max", self.sources_per_batch_max),
             ("dedup_ranges_max", self.dedup_ranges_max),
         ];

@@ -2,7 +2,7 @@
 //! changes, shut down cleanly. Works fully offline; replication layers on top.
 
 use crate::config::NodeConfig;
-use crate::driver::{Change, CompactReport, Driver, Input, ReplicationStatus};
+use crate::driver::{CompactReport, Driver, Input, ReplicationStatus};
 use crate::error::Error;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::model::Delta;
@@ -14,13 +14,14 @@ use crate::ops::{self, Event, Op};
 use crate::proto::replica::Replica;
 use crate::proto::{ApplyOutcome, PeerId};
 use crate::store::{DeltasSince, LocalCommit, LocalWrite, OpenOptions, Reader, RedbStore};
+use crate::watch::{Feed, KeyFilter, Watch};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tidemark_crdts::{CausalContext, Key, KeyKind, ReplicaId, Value};
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::oneshot;
 
 /// How many writes a call applied and how many it skipped as duplicates.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -35,66 +36,6 @@ pub struct WriteOutcome {
     pub late: usize,
 }
 
-/// Which keys a watcher wants.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct KeyFilter {
-    /// Only keys of this type (`None`: every type).
-    pub kind: Option<KeyKind>,
-    /// Only names starting with this prefix.
-    pub prefix: String,
-}
-
-impl KeyFilter {
-    /// Every key.
-    pub fn all() -> Self {
-        Self::default()
-    }
-    /// Names starting with `prefix`, any type.
-    pub fn prefix(prefix: &str) -> Self {
-        Self {
-            kind: None,
-            prefix: prefix.to_owned(),
-        }
-    }
-    /// Does `key` pass?
-    pub fn matches(&self, key: &Key) -> bool {
-        self.kind.is_none_or(|k| k == key.kind) && key.name.starts_with(&self.prefix)
-    }
-}
-
-/// A stream of committed changes matching a filter.
-#[derive(Debug)]
-pub struct Watch {
-    rx: broadcast::Receiver<Arc<Change>>,
-    filter: KeyFilter,
-}
-
-/// What a watcher receives.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum WatchEvent {
-    /// A key changed to `value` (published only after the change committed; durably, unless
-    /// the node runs in relaxed durability).
-    Changed(Change),
-    /// The watcher fell behind by this many changes (bounded buffer); re-read to resync.
-    Lagged(u64),
-}
-
-impl Watch {
-    /// The next change, or `None` once the node shut down (or its last handle was dropped).
-    pub async fn next(&mut self) -> Option<WatchEvent> {
-        loop {
-            match self.rx.recv().await {
-                Ok(c) if self.filter.matches(&c.key) => {
-                    return Some(WatchEvent::Changed((*c).clone()));
-                }
-                Ok(_) => {}
-                Err(broadcast::error::RecvError::Lagged(n)) => return Some(WatchEvent::Lagged(n)),
-                Err(broadcast::error::RecvError::Closed) => return None,
-            }
-        }
-    }
-}
-
 /// A node's peer id: stable for a replica id (a wiped node, with a new id, is a new peer).
 fn peer_id_of(replica: ReplicaId) -> PeerId {
     let [hi, lo] = [(replica.0 >> 64) as u64, replica.0 as u64];
@@ -105,7 +46,7 @@ struct Shared {
     inputs: Mutex<Option<Sender<Input>>>,
     queued_ops: Arc<AtomicUsize>,
     metrics: Arc<Metrics>,
-    changes: broadcast::Sender<Arc<Change>>,
+    changes: Arc<Feed>,
     reader: Mutex<Option<Reader>>,
     replica: ReplicaId,
     epoch: u64,
@@ -195,7 +136,10 @@ impl Node {
         let (tx, rx) = std::sync::mpsc::channel();
         let queued_ops = Arc::new(AtomicUsize::new(0));
         let metrics = Arc::new(Metrics::default());
-        let (changes, _) = broadcast::channel(config.limits.watch_buffer_max);
+        let changes = Arc::new(Feed::new(
+            config.limits.watch_buffer_max,
+            config.limits.watch_buffer_bytes_max,
+        ));
         let reader = store.reader();
         let replica = store.replica();
         let announce = views.restore(&reader, replica, crate::clock::wall_ms())?;
@@ -223,7 +167,7 @@ impl Node {
             inputs: rx,
             queued_ops: Arc::clone(&queued_ops),
             metrics: Arc::clone(&metrics),
-            changes: changes.clone(),
+            changes: Arc::clone(&changes),
             group_ops_max: config.limits.commit_group_ops_max,
             tick: match config.durability {
                 crate::limits::Durability::Relaxed => config.relaxed_sync_interval,
@@ -886,10 +830,7 @@ impl Node {
 
     /// Changes committed from now on that match `filter`.
     pub fn watch(&self, filter: KeyFilter) -> Watch {
-        Watch {
-            rx: self.shared.changes.subscribe(),
-            filter,
-        }
+        self.shared.changes.subscribe(filter)
     }
 
     /// The committed causal context (the digest of everything this node has seen). In relaxed

@@ -16,6 +16,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("metrics", &[]),
     ("codec", &[]),
     ("model", &[]),
+    // Committed changes buffered for watchers.
+    ("watch", &[]),
     // The sans-IO replication core.
     ("proto", &["model", "codec", "limits", "clock"]),
     // Admission of remote input (validation before anything reaches state).
@@ -54,6 +56,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "admission",
             "limits",
             "clock",
+            "watch",
         ],
     ),
     // The embedded node: everything below.
@@ -74,6 +77,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "limits",
             "codec",
             "clock",
+            "watch",
         ],
     ),
     // The HTTP API: the node and the types it serves.
@@ -95,6 +99,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "config",
             "codec",
             "clock",
+            "watch",
         ],
     ),
 ];
