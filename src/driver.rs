@@ -10,6 +10,7 @@ use crate::model::{Delta, StateChunk};
 use crate::net::link::{NetEvent, PeerLink};
 use crate::proto::replica::{Event as ReplicaEvent, Now, Replica};
 use crate::proto::{ApplyOutcome, ChunkRead, LogInterval, PeerId, StateStore};
+use crate::store::RefusalCause;
 use crate::store::{DeltasSince, LocalCommit, LocalWrite, RedbStore, StoreError};
 use crate::watch::Change;
 use std::collections::BTreeMap;
@@ -395,7 +396,7 @@ impl Driver {
             replies.push(r);
         }
         let started = Instant::now();
-        let result = self.store.commit_local(&all, wall_ms());
+        let result = self.store.commit_local_batches(&all, &sizes, wall_ms());
         let elapsed = started.elapsed();
         let latency_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         self.queued_ops.fetch_sub(group_ops, Ordering::AcqRel);
@@ -418,8 +419,11 @@ impl Driver {
                     &m.ops_applied,
                     all.iter()
                         .zip(&commit.duplicate)
-                        .filter(|(_, d)| !**d)
-                        .map(|(w, _)| w.ops.len() as u64)
+                        .enumerate()
+                        .filter(|(i, (_, d))| {
+                            !**d && !commit.refused.iter().any(|r| r.writes.contains(i))
+                        })
+                        .map(|(_, (w, _))| w.ops.len() as u64)
                         .sum(),
                 );
                 Metrics::set(&m.log_entries, self.store.log_len());
@@ -428,14 +432,22 @@ impl Driver {
                 for (size, reply) in sizes.into_iter().zip(replies) {
                     let range = offset..offset + size;
                     // A write refused for too many dedup gaps fails its caller's call (the
-                    // caller's other writes are idempotent: a retry applies none twice).
+                    // caller's other writes are idempotent: a retry applies none twice); an
+                    // overflow refused the caller's whole batch.
                     if let Some(r) = commit.refused.iter().find(|r| range.contains(&r.index)) {
-                        let _ = reply.send(Err(Error::DedupGaps {
-                            index: r.index - offset,
-                            event_source: r.source.clone(),
-                            ranges: r.ranges,
-                            limit: ranges_max,
-                        }));
+                        let err = match &r.cause {
+                            RefusalCause::DedupGaps { source, ranges } => Error::DedupGaps {
+                                index: r.index - offset,
+                                event_source: source.clone(),
+                                ranges: *ranges,
+                                limit: ranges_max,
+                            },
+                            RefusalCause::Overflow(o) => {
+                                Metrics::add(&m.rejected_ops, 1);
+                                o.clone().into()
+                            }
+                        };
+                        let _ = reply.send(Err(err));
                         offset += size;
                         continue;
                     }

@@ -131,6 +131,18 @@ pub enum Error {
     Net(#[from] crate::net::NetError),
 }
 
+impl From<crate::store::Overflow> for Error {
+    fn from(o: crate::store::Overflow) -> Self {
+        Error::Overflow {
+            index: o.index,
+            key: o.key,
+            value: o.value,
+            sign: o.sign,
+            by: o.by,
+        }
+    }
+}
+
 impl Error {
     /// A stable machine-readable code (API.md error bodies).
     pub fn code(&self) -> &'static str {

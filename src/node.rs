@@ -478,94 +478,6 @@ impl Node {
         Ok(rx)
     }
 
-    /// Refuses writes whose increments would take a counter past its value range (the lattice
-    /// saturates there and would drop the excess silently), against the committed values; the
-    /// whole batch is refused, naming the first op that would overflow.
-    fn check_overflow(&self, writes: &[LocalWrite]) -> Result<(), Error> {
-        /// Per counter key of the batch: its committed value, the value with the batch's ops
-        /// so far, and (pncounter) this replica's own increment and decrement totals, which
-        /// are stored as saturating u64s and so must not overflow either.
-        struct Running {
-            base: i128,
-            total: i128,
-            own_inc: i128,
-            own_dec: i128,
-        }
-        let me = self.shared.replica;
-        let mut totals: std::collections::HashMap<&Key, Running> = std::collections::HashMap::new();
-        let mut reader = None;
-        for (index, w) in writes.iter().enumerate() {
-            for (key, m) in &w.ops {
-                let (inc, dec) = match (key.kind, m) {
-                    (KeyKind::GCounter | KeyKind::PNCounter, tidemark_crdts::Mutation::Inc(n)) => {
-                        (i128::from(*n), 0)
-                    }
-                    (KeyKind::PNCounter, tidemark_crdts::Mutation::Dec(n)) => (0, i128::from(*n)),
-                    _ => continue,
-                };
-                let run = match totals.entry(key) {
-                    std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-                    std::collections::hash_map::Entry::Vacant(v) => {
-                        let r = match &reader {
-                            Some(r) => r,
-                            None => reader.insert(self.reader()?),
-                        };
-                        let entry = r.entry(key)?;
-                        let base = entry.as_ref().map_or(0, |e| match e.value() {
-                            Value::GCounter(n) => i128::from(n),
-                            Value::PNCounter(n) => i128::from(n),
-                            _ => 0,
-                        });
-                        let (own_inc, own_dec) = match &entry {
-                            Some(tidemark_crdts::Entry::PNCounter(f)) => f
-                                .iter()
-                                .filter(|(d, _)| d.replica == me)
-                                .max_by_key(|(d, _)| d.seq)
-                                .map_or((0, 0), |(_, (p, n))| (i128::from(*p), i128::from(*n))),
-                            _ => (0, 0),
-                        };
-                        v.insert(Running {
-                            base,
-                            total: base,
-                            own_inc,
-                            own_dec,
-                        })
-                    }
-                };
-                run.total += inc - dec;
-                run.own_inc += inc;
-                run.own_dec += dec;
-                let (lo, hi) = if key.kind == KeyKind::GCounter {
-                    (0, i128::from(u64::MAX))
-                } else {
-                    (i128::from(i64::MIN), i128::from(i64::MAX))
-                };
-                let sides = i128::from(u64::MAX);
-                if !(lo..=hi).contains(&run.total) {
-                    return Err(Error::Overflow {
-                        index,
-                        key: key.to_string(),
-                        value: run.base,
-                        sign: if run.total > run.base { '+' } else { '-' },
-                        by: (run.total - run.base).unsigned_abs(),
-                    });
-                }
-                if run.own_inc > sides || run.own_dec > sides {
-                    // The value is in range but this replica's own increments (or decrements)
-                    // would pass u64::MAX, where they saturate and the value goes wrong.
-                    return Err(Error::Overflow {
-                        index,
-                        key: key.to_string(),
-                        value: run.base,
-                        sign: if dec > 0 { '-' } else { '+' },
-                        by: (inc + dec).unsigned_abs(),
-                    });
-                }
-            }
-        }
-        Ok(())
-    }
-
     fn count_rejection<T>(&self, r: Result<T, Error>) -> Result<T, Error> {
         if r.is_err() {
             Metrics::add(&self.shared.metrics.rejected_ops, 1);
@@ -589,7 +501,6 @@ impl Node {
     /// of the batch is applied.
     pub async fn apply_batch(&self, ops: Vec<Op>) -> Result<WriteOutcome, Error> {
         let writes = self.count_rejection(ops::validate_ops(&ops, &self.shared.config.limits))?;
-        self.count_rejection(self.check_overflow(&writes))?;
         self.submit(writes).await
     }
 
@@ -600,7 +511,6 @@ impl Node {
         writes: Result<Vec<LocalWrite>, Error>,
     ) -> Result<WriteOutcome, Error> {
         let writes = self.count_rejection(writes)?;
-        self.count_rejection(self.check_overflow(&writes))?;
         self.submit(writes).await
     }
 
@@ -619,7 +529,6 @@ impl Node {
             &events,
             &self.shared.config.limits,
         ))?;
-        self.count_rejection(self.check_overflow(&writes))?;
         self.submit(writes).await
     }
 
@@ -652,7 +561,17 @@ impl Node {
         let limits = &self.shared.config.limits;
         let plain: Vec<Event> = events.iter().map(|e| e.to_event()).collect();
         let mut writes = self.count_rejection(ops::validate_events(stream, &plain, limits))?;
-        self.count_rejection(self.check_overflow(&writes))?;
+        // Checked again, atomically, by the writer; here first so that a refused batch moves
+        // no watermark.
+        let reader = self.reader()?;
+        let me = self.shared.replica;
+        let early = crate::store::first_overflow(&writes, |k| {
+            Ok(crate::store::counter_state(reader.entry(k)?.as_ref(), me))
+        })?;
+        if let Some(o) = early {
+            Metrics::add(&self.shared.metrics.rejected_ops, 1);
+            return Err(o.into());
+        }
         let views = &self.shared.views;
         let folded =
             self.count_rejection(views.fold(stream, &events, crate::clock::wall_ms(), limits))?;
@@ -700,7 +619,7 @@ impl Node {
         let effective: Vec<bool> = dup
             .iter()
             .enumerate()
-            .map(|(i, d)| !*d && !commit.refused.iter().any(|r| r.index == i))
+            .map(|(i, d)| !*d && !commit.refused.iter().any(|r| r.writes.contains(&i)))
             .collect();
         let duplicates = dup.iter().filter(|d| **d).count();
         Ok(WriteOutcome {

@@ -326,3 +326,56 @@ async fn remote_deltas_join_idempotently_and_deltas_since_serves_them() {
     a.shutdown().await.expect("shutdown");
     b.shutdown().await.expect("shutdown");
 }
+
+/// Batches queued at once near a counter's limit: each alone fits, together they would not.
+/// The writer checks each against the state the earlier ones left, so exactly those that fit
+/// are applied and the value is exact (the lattice would saturate and drop the excess).
+#[tokio::test]
+async fn concurrent_increments_near_the_limit_are_refused_exactly_past_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = open(dir.path()).await;
+    node.apply(Op::inc_gcounter("g", u64::MAX - 10))
+        .await
+        .expect("near the limit");
+    node.apply_batch(vec![
+        Op::inc_pncounter("p", i64::MAX as u64 - 10),
+        Op::inc_gcounter("other", 1),
+    ])
+    .await
+    .expect("near the limit");
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            let node = node.clone();
+            tokio::spawn(async move {
+                if i % 2 == 0 {
+                    node.apply(Op::inc_gcounter("g", 1)).await
+                } else {
+                    // Two ops: the refusal must take the whole batch (the other counter too).
+                    node.apply_batch(vec![
+                        Op::inc_gcounter("other", 1),
+                        Op::inc_pncounter("p", 1),
+                    ])
+                    .await
+                }
+            })
+        })
+        .collect();
+    let (mut ok, mut refused) = ([0u64; 2], [0u64; 2]);
+    for (i, t) in tasks.into_iter().enumerate() {
+        match t.await.expect("task") {
+            Ok(_) => ok[i % 2] += 1,
+            Err(e @ Error::Overflow { .. }) => {
+                assert_eq!(e.code(), "overflow");
+                refused[i % 2] += 1;
+            }
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert_eq!((ok, refused), ([10, 10], [10, 10]));
+    let get = |kind, name| node.get(&Key::new(kind, name)).expect("get");
+    assert_eq!(get(KeyKind::GCounter, "g"), Value::GCounter(u64::MAX));
+    assert_eq!(get(KeyKind::PNCounter, "p"), Value::PNCounter(i64::MAX));
+    // Only the applied batches' other op counted: nothing of a refused batch applied.
+    assert_eq!(get(KeyKind::GCounter, "other"), Value::GCounter(1 + 10));
+    node.shutdown().await.expect("shutdown");
+}

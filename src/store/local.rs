@@ -51,16 +51,32 @@ pub struct LocalWrite {
     pub stamps: Vec<Option<Timestamp>>,
 }
 
-/// A write of a commit group refused because its event's seq would open a dedup range beyond
-/// `limits.dedup_ranges_max` for its source. Nothing of that write was applied.
+/// Writes of a commit group that were refused: nothing of them was applied (they are not
+/// duplicates either).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DedupRefusal {
-    /// Position of the write in the group.
+pub struct Refusal {
+    /// Position in the group of the write at fault.
     pub index: usize,
-    /// The event's source.
-    pub source: String,
-    /// The source's disjoint ranges.
-    pub ranges: usize,
+    /// The writes not applied because of it, by position in the group: the write itself for
+    /// dedup gaps, its caller's whole batch for an overflow.
+    pub writes: std::ops::Range<usize>,
+    /// Why.
+    pub cause: RefusalCause,
+}
+
+/// Why writes of a commit group were refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RefusalCause {
+    /// The write's event seq would open a dedup range beyond `limits.dedup_ranges_max` for its
+    /// source.
+    DedupGaps {
+        /// The event's source.
+        source: String,
+        /// The source's disjoint ranges.
+        ranges: usize,
+    },
+    /// An op of the batch would take a counter out of its value range.
+    Overflow(super::counters::Overflow),
 }
 
 /// What a committed group did.
@@ -78,8 +94,9 @@ pub struct LocalCommit {
     /// applied). A group is logged as one or more consecutive records, each within
     /// `limits.message_bytes_target`; they end at the log end when the commit returns.
     pub log_seq: Option<u64>,
-    /// Writes refused for too many dedup gaps (not applied; also not duplicates).
-    pub refused: Vec<DedupRefusal>,
+    /// Writes refused (for too many dedup gaps, or a counter overflow in their batch), in
+    /// group order: not applied, also not duplicates.
+    pub refused: Vec<Refusal>,
 }
 
 /// True when inserting `seq` into `seen` adds a range (neither neighbour is present).
@@ -275,6 +292,30 @@ impl RedbStore {
         writes: &[LocalWrite],
         wall_ms: u64,
     ) -> Result<LocalCommit, StoreError> {
+        self.commit_local_batches(writes, &[writes.len()], wall_ms)
+    }
+
+    /// [`RedbStore::commit_local`] for a group made of callers' batches (`batches`: their
+    /// sizes, in order, summing to `writes.len()`): a batch whose counter increments would go
+    /// out of range ([`RefusalCause::Overflow`]), counted from the rows as the earlier batches
+    /// of the group left them, is refused whole and the rest of the group commits.
+    ///
+    /// # Errors
+    /// As [`RedbStore::commit_local`]; [`StoreError::InvalidOp`] when `batches` does not sum
+    /// to the number of writes.
+    pub fn commit_local_batches(
+        &mut self,
+        writes: &[LocalWrite],
+        batches: &[usize],
+        wall_ms: u64,
+    ) -> Result<LocalCommit, StoreError> {
+        if batches.iter().sum::<usize>() != writes.len() {
+            return Err(StoreError::InvalidOp(format!(
+                "batches of {} writes in a group of {}",
+                batches.iter().sum::<usize>(),
+                writes.len()
+            )));
+        }
         for w in writes {
             for (key, m) in &w.ops {
                 tidemark_crdts::store::check_mutation(key.kind, m)
@@ -283,7 +324,7 @@ impl RedbStore {
         }
         #[cfg(debug_assertions)]
         let before = (self.log_start, self.log_end, self.ctx.len());
-        let result = self.guarded(|s| s.commit_local_inner(writes, wall_ms));
+        let result = self.guarded(|s| s.commit_local_inner(writes, batches, wall_ms));
         #[cfg(debug_assertions)]
         {
             // The context only grows, and the log bounds move only with a commit: its end
@@ -303,6 +344,7 @@ impl RedbStore {
     fn commit_local_inner(
         &mut self,
         writes: &[LocalWrite],
+        batches: &[usize],
         wall_ms: u64,
     ) -> Result<LocalCommit, StoreError> {
         let max = self.options.limits.record_bytes_max;
@@ -337,7 +379,32 @@ impl RedbStore {
                 let mut changed_rc: Vec<Arc<Key>> = Vec::new();
                 // Records finished before the last one.
                 let mut runs = 0usize;
+                // Batch boundaries: the next batch's start, and the end of a refused batch.
+                let mut batch_ends = batches.iter().scan(0usize, |end, n| {
+                    *end += n;
+                    Some(*end)
+                });
+                let (mut batch_end, mut skip_until) = (0usize, 0usize);
                 for (index, w) in writes.iter().enumerate() {
+                    while index == batch_end {
+                        let batch_start = batch_end;
+                        batch_end = batch_ends.next().unwrap_or(writes.len());
+                        let batch = &writes[batch_start..batch_end];
+                        if let Some(o) = super::counters::first_overflow(batch, |k| {
+                            Ok(super::counters::counter_state(rows.entry(k)?, me))
+                        })? {
+                            refused.push(Refusal {
+                                index: batch_start + o.index,
+                                writes: batch_start..batch_end,
+                                cause: RefusalCause::Overflow(o),
+                            });
+                            skip_until = batch_end;
+                        }
+                    }
+                    if index < skip_until {
+                        duplicate.push(false);
+                        continue;
+                    }
                     if let Some(ev) = &w.event {
                         let mk = (ev.stream.as_str(), ev.source.as_str());
                         let seen = match marks.entry(mk) {
@@ -368,10 +435,13 @@ impl RedbStore {
                             continue;
                         }
                         if opens_range(seen, ev.seq) && seen.ranges().len() >= ranges_max {
-                            refused.push(DedupRefusal {
+                            refused.push(Refusal {
                                 index,
-                                source: ev.source.clone(),
-                                ranges: seen.ranges().len(),
+                                writes: index..index + 1,
+                                cause: RefusalCause::DedupGaps {
+                                    source: ev.source.clone(),
+                                    ranges: seen.ranges().len(),
+                                },
                             });
                             duplicate.push(false);
                             continue;
@@ -468,11 +538,8 @@ impl RedbStore {
         // Only now, after the durable commit, does the in-memory mirror move.
         let skipped = duplicate.iter().filter(|d| **d).count() as u64;
         let mut applied_ops = 0u64;
-        let mut next_refused = refused.iter().map(|r| r.index).peekable();
         for (i, (w, d)) in writes.iter().zip(&duplicate).enumerate() {
-            if next_refused.peek() == Some(&i) {
-                next_refused.next();
-            } else if !*d {
+            if !*d && !refused.iter().any(|r| r.writes.contains(&i)) {
                 applied_ops += w.ops.len() as u64;
             }
         }

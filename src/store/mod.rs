@@ -11,6 +11,7 @@
 //! transactions that never block the writer).
 
 mod big_row;
+mod counters;
 mod error;
 mod fallback;
 mod local;
@@ -29,9 +30,11 @@ pub(crate) mod tables;
 #[cfg(test)]
 mod test_rng;
 
+pub use counters::Overflow;
+pub(crate) use counters::{counter_state, first_overflow};
 pub use error::StoreError;
 pub use fallback::BatchFallback;
-pub use local::{DedupRefusal, EventId, LocalCommit, LocalWrite};
+pub use local::{EventId, LocalCommit, LocalWrite, Refusal, RefusalCause};
 pub use purge::RemoteFilter;
 pub use read::Reader;
 pub use replicate::DeltasSince;
