@@ -115,6 +115,9 @@ enum Command {
         /// Continue after this cursor (the `next` of the previous page).
         #[arg(long)]
         after: Option<String>,
+        /// Also list the keys stream views keep their state in (`~view/...`, `~wm/...`).
+        #[arg(long)]
+        internal: bool,
     },
     /// Ingest NDJSON events into a stream from FILE or `-` (stdin).
     Ingest {
@@ -269,9 +272,11 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             prefix,
             limit,
             after,
+            internal,
         } => {
             let limit = usize::from(*limit);
-            client::list(&c, &out, kind.as_deref(), prefix, limit, after.as_deref())?;
+            let after = after.as_deref();
+            client::list(&c, &out, kind.as_deref(), prefix, limit, after, *internal)?;
         }
         Command::Ingest { stream, input } => return cli::ingest::run(&c, &out, stream, input),
         Command::Watch { kind, prefix } => client::watch(&c, &out, kind.as_deref(), prefix)?,

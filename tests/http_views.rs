@@ -189,6 +189,67 @@ fn ingest_folds_into_views_exactly_once_and_late_events_are_reported() {
 }
 
 /// Percent-encodes a query value.
+#[test]
+fn key_listings_hide_the_views_internal_keys_unless_asked() {
+    let s = served();
+    let events: Vec<J> = (1..=30)
+        .map(|i| json!({"source":"a","seq":i,"time":T + i * 1_000,"page":format!("/p{i}"),"amount":1}))
+        .collect();
+    assert_eq!(ingest(&s, &events).status, 200);
+    // Client keys on both sides of `~` in byte order (`é` sorts after it).
+    let ops = r#"[{"type":"gcounter","key":"a","op":"inc"},{"type":"gcounter","key":"zz","op":"inc"},{"type":"gcounter","key":"é","op":"inc"}]"#;
+    assert_eq!(post(&s.url("/v1/ops"), ops).status, 200);
+    let names = |query: &str| -> (Vec<String>, J) {
+        let a = get(&s.url(&format!("/v1/keys?type=gcounter{query}")));
+        assert_eq!(a.status, 200, "{a:?}");
+        let names = a.json["keys"]
+            .as_array()
+            .expect("keys")
+            .iter()
+            .map(|k| k["key"].as_str().expect("name").to_owned())
+            .collect();
+        (names, a.json["next"].clone())
+    };
+    assert_eq!(
+        names(""),
+        (vec!["a".into(), "zz".into(), "é".into()], J::Null)
+    );
+    // Paged two at a time, the internal keys in between never show nor end a page early.
+    let (page, next) = names("&limit=2");
+    assert_eq!(page, vec!["a".to_owned(), "zz".to_owned()]);
+    let (rest, end) = names(&format!(
+        "&limit=2&after={}",
+        encode(next.as_str().expect("next"))
+    ));
+    assert_eq!((rest, end), (vec!["é".to_owned()], J::Null));
+    // Asked for, they are there (the count view's cells are gcounters).
+    let (all, _) = names("&internal=true&limit=1000");
+    assert!(all.len() > 3, "{all:?}");
+    assert!(all.iter().any(|n| n.starts_with("~view/")), "{all:?}");
+    // A view cursor mangled the way a shell mangles it unquoted is refused, not followed.
+    let page = view(&s, "clicks_per_page", "?limit=2");
+    let next = page["next"].as_str().expect("a next cursor").to_owned();
+    let mangled = next.replace('"', "");
+    assert_ne!(mangled, next);
+    let a = get(&s.url(&format!(
+        "/v1/views/clicks_per_page?after={}",
+        encode(&mangled)
+    )));
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (400, "invalid_query", "query after"),
+        "{a:?}"
+    );
+    let followed = view(&s, "clicks_per_page", &format!("?after={}", encode(&next)));
+    assert_eq!(counts(&followed).len(), 28);
+    let bad = get(&s.url("/v1/keys?internal=maybe"));
+    assert_eq!(
+        (bad.status, bad.code(), bad.at()),
+        (400, "invalid_query", "query internal"),
+        "{bad:?}"
+    );
+}
+
 fn encode(text: &str) -> String {
     text.bytes()
         .map(|b| {

@@ -340,6 +340,17 @@ pub fn get(client: &Client, out: &Output, key: &KeyArg) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `text` as one word for a POSIX shell: as is when it holds only characters no shell treats
+/// specially, else in single quotes (a `'` inside written `'\''`).
+fn shell_quoted(text: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./:=@%+,".contains(c);
+    if !text.is_empty() && text.chars().all(plain) {
+        text.to_owned()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
+}
+
 /// `tidemark list`.
 pub fn list(
     client: &Client,
@@ -348,8 +359,12 @@ pub fn list(
     prefix: &str,
     limit: usize,
     after: Option<&str>,
+    internal: bool,
 ) -> anyhow::Result<()> {
     let mut q = vec![("prefix", prefix.to_owned()), ("limit", limit.to_string())];
+    if internal {
+        q.push(("internal", "true".to_owned()));
+    }
     if let Some(k) = kind {
         q.push(("type", k.to_owned()));
     }
@@ -377,7 +392,7 @@ pub fn list(
         .unwrap_or_default();
     print_table(&["TYPE", "KEY", "VALUE"], &rows);
     if let Some(next) = body["next"].as_str() {
-        println!("(more: --after {next})");
+        println!("(more: --after {})", shell_quoted(next));
     }
     Ok(())
 }
@@ -521,7 +536,29 @@ pub fn view(
         c["rejected"],
     );
     if let Some(next) = body["next"].as_str() {
-        println!("more rows: --after {next}");
+        println!("more rows: --after {}", shell_quoted(next));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod shell_quoting_tests {
+    use super::shell_quoted;
+
+    #[test]
+    fn cursors_are_printed_as_one_shell_word() {
+        assert_eq!(shell_quoted("gcounter/visits"), "gcounter/visits");
+        assert_eq!(shell_quoted(r#"["/docs"]"#), r#"'["/docs"]'"#);
+        assert_eq!(shell_quoted("it's $HOME"), r"'it'\''s $HOME'");
+        assert_eq!(shell_quoted(""), "''");
+        // What a POSIX shell makes of the quoted word is the cursor again.
+        for cursor in [r#"~view/v/[1,"a b"]"#, "x'y\"z`$(id)`", "é ü"] {
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("printf %s {}", shell_quoted(cursor)))
+                .output()
+                .expect("sh");
+            assert_eq!(String::from_utf8_lossy(&out.stdout), cursor);
+        }
+    }
 }

@@ -259,6 +259,8 @@ struct ListQuery {
     prefix: String,
     limit: Option<usize>,
     after: Option<String>,
+    /// Also list the keys stream views keep their state in (`~view/`, `~wm/`).
+    internal: bool,
 }
 
 /// Query parameters as pairs, decoded by hand so every fault names its parameter in the JSON
@@ -284,9 +286,21 @@ fn list_query(
     q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<ListQuery, ApiError> {
     let mut out = ListQuery::default();
-    for (name, text) in query_pairs(q, &["type", "prefix", "limit", "after"])? {
+    for (name, text) in query_pairs(q, &["type", "prefix", "limit", "after", "internal"])? {
         match name.as_str() {
             "type" => out.kind = Some(text),
+            "internal" => {
+                out.internal = match text.as_str() {
+                    "true" | "1" => true,
+                    "false" | "0" | "" => false,
+                    _ => {
+                        return Err(bad_query(
+                            "internal",
+                            format!("internal must be true or false, got {text:?}"),
+                        ));
+                    }
+                }
+            }
             "prefix" => out.prefix = text,
             "after" => out.after = Some(text),
             "limit" => {
@@ -352,14 +366,36 @@ async fn list_keys(
             Some((ak, name)) if *ak == kind => Some(name.as_str()),
             _ => None,
         };
-        let want = limit - keys.len();
-        let page = state
-            .node
-            .list(kind, &q.prefix, start, want)
-            .map_err(|e| ApiError::from_node(e, Pos::Index, state.config.retry_after_secs))?;
-        for (key, value) in page {
-            keys.push(key_json(&key, &value));
-            last = Some(key);
+        let mut start = start.map(str::to_owned);
+        loop {
+            let want = limit - keys.len();
+            let page = state
+                .node
+                .list(kind, &q.prefix, start.as_deref(), want)
+                .map_err(|e| ApiError::from_node(e, Pos::Index, state.config.retry_after_secs))?;
+            let full = page.len() == want;
+            let mut skip_to = None;
+            for (key, value) in page {
+                if !q.internal && crate::model::is_reserved(&key.name) {
+                    // Internal keys are contiguous: go on past all of them at once.
+                    skip_to = Some(past_reserved(
+                        &key.name,
+                        state.node.config().limits.key_bytes_max,
+                    ));
+                    break;
+                }
+                keys.push(key_json(&key, &value));
+                start = Some(key.name.clone());
+                last = Some(key);
+            }
+            match skip_to {
+                Some(past) => start = Some(past),
+                None if full && keys.len() < limit => {}
+                None => break,
+            }
+            if keys.len() >= limit {
+                break;
+            }
         }
         if keys.len() >= limit {
             break;
@@ -371,6 +407,21 @@ async fn list_keys(
         None
     };
     Ok(axum::Json(json!({"keys": keys, "next": next})).into_response())
+}
+
+/// A name after every name of at most `key_bytes_max` bytes under the reserved prefix `name`
+/// starts with (longer than any of them, of the highest UTF-8 sequence).
+fn past_reserved(name: &str, key_bytes_max: usize) -> String {
+    let prefix = [crate::model::VIEW_PREFIX, crate::model::WM_PREFIX]
+        .into_iter()
+        .find(|p| name.starts_with(p))
+        .unwrap_or("");
+    let mut past = prefix.to_owned();
+    past.extend(std::iter::repeat_n(
+        '\u{10FFFF}',
+        1 + key_bytes_max.max(name.len()) / 4,
+    ));
+    past
 }
 
 fn kind_rank(k: KeyKind) -> u8 {
@@ -803,6 +854,16 @@ async fn view(
         .at("path view"));
     };
     let query = view_query(params, &def.def.group_by)?;
+    // A cursor is a page's `next` as given: one that is not (say, mangled by a shell that ate
+    // its quotes) would page from somewhere else and skip rows without a word.
+    if let Some(after) = &query.after
+        && crate::views::keys::parse_view_key(&def.def.name, &def.digest, after).is_none()
+    {
+        return Err(bad_query(
+            "after",
+            format!("after must be the `next` cursor of a page of {view:?}, got {after:?}"),
+        ));
+    }
     let page = state
         .node
         .view(&view, &query)
