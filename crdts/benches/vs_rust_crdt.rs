@@ -1,7 +1,8 @@
 //! Side-by-side benchmarks of `tidemark-crdts` against rust-crdt (`crdts` 7.3.2), same workloads
 //! in the same run. Run with `cargo bench -p tidemark-crdts`.
 //!
-//! Workloads: set add / remove / merge, counter increment and merge, LWW write (`tidemark`:
+//! Workloads: set add (building 100k, and 10k more into a set of 100k) / remove / merge, gcounter
+//! increment, pncounter increment and decrement, counter merge, LWW write (`tidemark`:
 //! `write`, which returns the delta; `tidemark-set`: `set`, in place like rust-crdt's `update`;
 //! rust-crdt's `update` with a `u64` marker and with our HLC `Timestamp` as its marker, and
 //! `rust-crdt-hlc-op`: its op-based form building the op it would ship, like our `write`), MV write
@@ -13,7 +14,9 @@
 use crdts::{CmRDT, CvRDT};
 use criterion::{BatchSize, Criterion, Throughput, black_box, criterion_group, criterion_main};
 use std::time::Duration;
-use tidemark_crdts::{GCounter, LWWRegister, Lattice, MVRegister, ORSet, ReplicaId, Timestamp};
+use tidemark_crdts::{
+    GCounter, LWWRegister, Lattice, MVRegister, ORSet, PNCounter, ReplicaId, Timestamp,
+};
 
 /// Elements per replica in the set workloads.
 const N: u64 = 100_000;
@@ -193,6 +196,78 @@ fn counter_inc(c: &mut Criterion) {
                     ctr.apply(op);
                 }
                 ctr
+            },
+            BatchSize::PerIteration,
+        );
+    });
+    g.finish();
+}
+
+fn pncounter_inc_dec(c: &mut Criterion) {
+    // Alternating increments and decrements, each building the delta (or op) it returns.
+    let mut g = c.benchmark_group("pncounter_inc_dec_1m");
+    g.throughput(Throughput::Elements(OPS));
+    g.bench_function("tidemark", |b| {
+        b.iter_batched(
+            PNCounter::new,
+            |mut ctr| {
+                for i in 0..OPS {
+                    if i % 2 == 0 {
+                        black_box(ctr.inc(ReplicaId(A), 1));
+                    } else {
+                        black_box(ctr.dec(ReplicaId(A), 1));
+                    }
+                }
+                ctr
+            },
+            BatchSize::PerIteration,
+        );
+    });
+    g.bench_function("rust-crdt", |b| {
+        b.iter_batched(
+            crdts::PNCounter::<u128>::new,
+            |mut ctr| {
+                for i in 0..OPS {
+                    let op = if i % 2 == 0 { ctr.inc(A) } else { ctr.dec(A) };
+                    ctr.apply(op);
+                }
+                ctr
+            },
+            BatchSize::PerIteration,
+        );
+    });
+    g.finish();
+}
+
+/// Adds of new elements to a set that already holds 100k: the cost of a mutation on a large
+/// set, not of building one.
+fn set_add_at_100k(c: &mut Criterion) {
+    const ADDS: u64 = 10_000;
+    let (ours, theirs) = (ours_add(A, 0..N), theirs_add(A, 0..N));
+    let mut g = c.benchmark_group("set_add_10k_into_100k");
+    g.throughput(Throughput::Elements(ADDS));
+    g.bench_function("tidemark", |b| {
+        b.iter_batched(
+            || ours.clone(),
+            |mut s| {
+                for e in N..N + ADDS {
+                    black_box(s.add(ReplicaId(A), e).expect("dots left"));
+                }
+                s
+            },
+            BatchSize::PerIteration,
+        );
+    });
+    g.bench_function("rust-crdt", |b| {
+        b.iter_batched(
+            || theirs.clone(),
+            |mut s| {
+                for e in N..N + ADDS {
+                    let ctx = s.read_ctx().derive_add_ctx(A);
+                    let op = s.add(e, ctx);
+                    s.apply(op);
+                }
+                s
             },
             BatchSize::PerIteration,
         );
@@ -495,7 +570,8 @@ criterion_group! {
         .sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = encoded_sizes, set_add, set_remove, set_merge, counter_inc, counter_merge,
+    targets = encoded_sizes, set_add, set_add_at_100k, set_remove, set_merge, counter_inc,
+        pncounter_inc_dec, counter_merge,
         lww_write, mv_write, set_codec
 }
 criterion_main!(benches);
