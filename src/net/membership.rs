@@ -31,10 +31,10 @@ use foca::{AccumulatingRuntime, Foca, Header, Identity, Member, OwnedNotificatio
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 /// A cluster member's SWIM identity.
@@ -225,6 +225,11 @@ pub struct MemberStatus {
     pub replica: String,
     /// Its store epoch (bumped at every restart).
     pub epoch: u64,
+    /// Milliseconds since this node last received a SWIM datagram from it (`None`: never).
+    pub last_contact_ms: Option<u64>,
+    /// Down because it said goodbye (its connection closed with a clean shutdown), not
+    /// because it stopped answering.
+    pub left: bool,
 }
 
 /// Inputs of the membership task.
@@ -245,6 +250,10 @@ pub(crate) struct Membership {
     pub(crate) tx: mpsc::Sender<SwimInput>,
     pub(crate) view: Arc<Mutex<Vec<MemberStatus>>>,
     pub(crate) alive: Arc<Mutex<BTreeMap<String, MemberId>>>,
+    /// When a SWIM datagram last came from each member (by name).
+    contact: Arc<Mutex<BTreeMap<String, Instant>>>,
+    /// Members whose connection ended with a clean shutdown since they were last alive.
+    left: Arc<Mutex<BTreeSet<String>>>,
 }
 
 const INPUT_QUEUE: usize = 1024;
@@ -270,6 +279,8 @@ impl Membership {
         let (tx, rx) = mpsc::channel(INPUT_QUEUE);
         let view = Arc::new(Mutex::new(Vec::new()));
         let alive = Arc::new(Mutex::new(BTreeMap::new()));
+        let contact = Arc::new(Mutex::new(BTreeMap::new()));
+        let left = Arc::new(Mutex::new(BTreeSet::new()));
         let mut config = foca::Config::simple();
         config.probe_period = opts.probe_period;
         config.probe_rtt = opts.probe_rtt;
@@ -304,11 +315,19 @@ impl Membership {
             tx: tx.clone(),
             view: Arc::clone(&view),
             alive: Arc::clone(&alive),
+            contact: Arc::clone(&contact),
+            left: Arc::clone(&left),
             events,
             stats,
         };
         tokio::spawn(task.run(rx));
-        Self { tx, view, alive }
+        Self {
+            tx,
+            view,
+            alive,
+            contact,
+            left,
+        }
     }
 
     /// Hands a received datagram to the task (dropped when its queue is full: SWIM tolerates
@@ -330,9 +349,27 @@ impl Membership {
         self.alive.lock().is_ok_and(|a| a.contains_key(name))
     }
 
-    /// The members as SWIM sees them now.
+    /// The members as SWIM sees them now, with when each was last heard from and whether a
+    /// down one left cleanly.
     pub(crate) fn members(&self) -> Vec<MemberStatus> {
-        self.view.lock().map(|v| v.clone()).unwrap_or_default()
+        let mut members = self.view.lock().map(|v| v.clone()).unwrap_or_default();
+        let now = Instant::now();
+        let contact = self.contact.lock().map(|c| c.clone()).unwrap_or_default();
+        let left = self.left.lock().map(|l| l.clone()).unwrap_or_default();
+        for m in &mut members {
+            m.last_contact_ms = contact.get(&m.name).map(|at| {
+                u64::try_from(now.saturating_duration_since(*at).as_millis()).unwrap_or(u64::MAX)
+            });
+            m.left = m.state == MemberState::Down && left.contains(&m.name);
+        }
+        members
+    }
+
+    /// Records that the connection to `name` ended with its clean shutdown (it left).
+    pub(crate) fn mark_left(&self, name: &str) {
+        if let Ok(mut l) = self.left.lock() {
+            l.insert(name.to_owned());
+        }
     }
 
     /// Announces our leave and stops the task (bounded wait).
@@ -354,6 +391,8 @@ struct Task<N> {
     tx: mpsc::Sender<SwimInput>,
     view: Arc<Mutex<Vec<MemberStatus>>>,
     alive: Arc<Mutex<BTreeMap<String, MemberId>>>,
+    contact: Arc<Mutex<BTreeMap<String, Instant>>>,
+    left: Arc<Mutex<BTreeSet<String>>>,
     events: EventSink,
     stats: Arc<NetStats>,
 }
@@ -407,7 +446,12 @@ impl<N: SwimLinks> Task<N> {
         let mut peek = bytes;
         let claimed = foca::Codec::decode_header(&mut self.codec, &mut peek);
         match claimed {
-            Ok(h) if h.src.name == from => self.foca.handle_data(bytes, &mut self.rt),
+            Ok(h) if h.src.name == from => {
+                if let Ok(mut c) = self.contact.lock() {
+                    c.insert(from.to_owned(), Instant::now());
+                }
+                self.foca.handle_data(bytes, &mut self.rt)
+            }
             _ => {
                 NetStats::add(&self.stats.frames_rejected, 1);
                 tracing::warn!(
@@ -463,6 +507,8 @@ impl<N: SwimLinks> Task<N> {
                 incarnation: m.incarnation(),
                 replica: format!("{:032x}", m.id().replica),
                 epoch: m.id().epoch,
+                last_contact_ms: None,
+                left: false,
             })
             .collect();
         if let Ok(mut v) = self.view.lock() {
@@ -485,6 +531,9 @@ impl<N: SwimLinks> Task<N> {
             Err(_) => false,
         };
         if alive {
+            if let Ok(mut l) = self.left.lock() {
+                l.remove(&id.name);
+            }
             tracing::info!(member = %id.name, addr = %id.addr, "member alive");
             net.ensure_link(&id.name, id.addr);
         } else if changed {

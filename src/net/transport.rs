@@ -510,6 +510,13 @@ impl Net {
         }
         let why = self.read_frames(recv, peer).await;
         datagrams.abort();
+        if let Some(quinn::ConnectionError::ApplicationClosed(c)) = conn.close_reason() {
+            if c.error_code == VarInt::from_u32(close::SHUTDOWN) {
+                if let Some(m) = self.membership.get() {
+                    m.mark_left(&peer_name);
+                }
+            }
+        }
         if let Some(why) = why {
             NetStats::add(&self.stats.peers_disconnected, 1);
             tracing::warn!(peer = %peer_name, why, "disconnecting a peer");
