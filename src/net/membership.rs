@@ -317,6 +317,7 @@ impl Membership {
             alive: Arc::clone(&alive),
             contact: Arc::clone(&contact),
             left: Arc::clone(&left),
+            logged: BTreeMap::new(),
             events,
             stats,
         };
@@ -393,6 +394,8 @@ struct Task<N> {
     alive: Arc<Mutex<BTreeMap<String, MemberId>>>,
     contact: Arc<Mutex<BTreeMap<String, Instant>>>,
     left: Arc<Mutex<BTreeSet<String>>>,
+    /// The state each member was last logged in.
+    logged: BTreeMap<String, MemberState>,
     events: EventSink,
     stats: Arc<NetStats>,
 }
@@ -511,8 +514,34 @@ impl<N: SwimLinks> Task<N> {
                 left: false,
             })
             .collect();
+        self.log_transitions(&view);
         if let Ok(mut v) = self.view.lock() {
             *v = view;
+        }
+    }
+
+    /// Logs each member's SWIM state change once: becoming suspect or down at WARN (an operator
+    /// should look), alive (new or again) at INFO.
+    fn log_transitions(&mut self, view: &[MemberStatus]) {
+        for (m, before) in transitions(&mut self.logged, view) {
+            match (before, m.state) {
+                (_, MemberState::Suspect) => tracing::warn!(
+                    member = %m.name,
+                    addr = %m.addr,
+                    "member suspect: it does not answer probes"
+                ),
+                (_, MemberState::Down) => tracing::warn!(
+                    member = %m.name,
+                    addr = %m.addr,
+                    "member down: no longer a replication peer"
+                ),
+                (None, MemberState::Alive) => {
+                    tracing::info!(member = %m.name, addr = %m.addr, "member alive");
+                }
+                (Some(_), MemberState::Alive) => {
+                    tracing::info!(member = %m.name, addr = %m.addr, "member alive again");
+                }
+            }
         }
     }
 
@@ -530,17 +559,87 @@ impl<N: SwimLinks> Task<N> {
             }
             Err(_) => false,
         };
+        // The state changes are logged once each by `log_transitions`.
         if alive {
             if let Ok(mut l) = self.left.lock() {
                 l.remove(&id.name);
             }
-            tracing::info!(member = %id.name, addr = %id.addr, "member alive");
             net.ensure_link(&id.name, id.addr);
-        } else if changed {
-            tracing::info!(member = %id.name, "member down");
         }
         if changed {
             let _ = self.events.send(NetEvent::Alive { peer, alive });
         }
+    }
+}
+
+/// The members of `view` whose state differs from the one `logged` holds for them (with that
+/// former state), recording their new state; members gone from `view` are forgotten.
+fn transitions<'a>(
+    logged: &mut BTreeMap<String, MemberState>,
+    view: &'a [MemberStatus],
+) -> Vec<(&'a MemberStatus, Option<MemberState>)> {
+    let mut changed = Vec::new();
+    for m in view {
+        let before = logged.insert(m.name.clone(), m.state);
+        if before != Some(m.state) {
+            changed.push((m, before));
+        }
+    }
+    if logged.len() > view.len() {
+        logged.retain(|name, _| view.iter().any(|m| &m.name == name));
+    }
+    changed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(name: &str, state: MemberState) -> MemberStatus {
+        MemberStatus {
+            name: name.to_owned(),
+            addr: "127.0.0.1:7701".parse().expect("addr"),
+            state,
+            incarnation: 0,
+            replica: String::new(),
+            epoch: 1,
+            last_contact_ms: None,
+            left: false,
+        }
+    }
+
+    #[test]
+    fn each_state_change_is_reported_once() {
+        use MemberState::{Alive, Down, Suspect};
+        let mut logged = BTreeMap::new();
+        let names = |c: Vec<(&MemberStatus, Option<MemberState>)>| {
+            c.into_iter()
+                .map(|(m, before)| (m.name.clone(), before, m.state))
+                .collect::<Vec<_>>()
+        };
+        let v = [status("a", Alive), status("b", Alive)];
+        assert_eq!(
+            names(transitions(&mut logged, &v)),
+            [("a".into(), None, Alive), ("b".into(), None, Alive)]
+        );
+        assert!(transitions(&mut logged, &v).is_empty());
+        let v = [status("a", Suspect), status("b", Alive)];
+        assert_eq!(
+            names(transitions(&mut logged, &v)),
+            [("a".into(), Some(Alive), Suspect)]
+        );
+        assert!(transitions(&mut logged, &v).is_empty());
+        let v = [status("a", Down), status("b", Alive)];
+        assert_eq!(
+            names(transitions(&mut logged, &v)),
+            [("a".into(), Some(Suspect), Down)]
+        );
+        assert!(transitions(&mut logged, &v).is_empty());
+        let v = [status("a", Alive)];
+        assert_eq!(
+            names(transitions(&mut logged, &v)),
+            [("a".into(), Some(Down), Alive)]
+        );
+        assert_eq!(logged.len(), 1, "b, forgotten by SWIM, is forgotten");
     }
 }
