@@ -514,6 +514,15 @@ fn two_daemons_with_issued_certificates_converge() {
         .unwrap_or_else(|| panic!("status does not list beta: {text}"));
     assert!(line.contains("down") && line.contains("s ago"), "{text}");
     assert!(!text.contains("single node"), "{text}");
+    let addr = alpha.url.trim_start_matches("http://").to_owned();
+    let metrics = raw(
+        &alpha.url,
+        &format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
+    );
+    assert!(
+        metrics.contains("\ntidemark_peer_name_conflicts_total 0\n"),
+        "{metrics}"
+    );
     assert_eq!(alpha.terminate().code(), Some(0));
 }
 

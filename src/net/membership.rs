@@ -10,8 +10,11 @@
 //! # Identity and authentication
 //! A member is [`MemberId`]: the node name its certificate names, its peer address, replica id,
 //! epoch and boot time. A restart (same replica id, new epoch) and a wipe (new replica id) are
-//! new identities with the same name; foca keeps the newer (later boot) one, so both rejoin at
-//! once. A datagram is handed to foca only if the header's sender name is the authenticated
+//! new identities with the same name; once the old one is down (or left), foca keeps the newer
+//! (later boot) one, so both rejoin. While a member is alive its name is its own: another
+//! identity claiming it (a second process holding a certificate for that name) is refused,
+//! logged and counted (`NetStats::name_conflicts`), and the transport refuses its connections.
+//! A datagram is handed to foca only if the header's sender name is the authenticated
 //! name of the connection it came on; anything else is dropped and counted.
 //!
 //! # What SWIM decides
@@ -48,7 +51,8 @@ pub(crate) struct MemberId {
     pub(crate) replica: u128,
     /// Its epoch (bumped at every open of its store).
     pub(crate) epoch: u64,
-    /// Wall-clock ms when its endpoint started: the later boot wins a name conflict.
+    /// Wall-clock ms when its endpoint started: the later boot wins a name conflict with a
+    /// member that is down.
     pub(crate) boot_ms: u64,
     /// Bumped when it renews itself after being declared down.
     pub(crate) bump: u16,
@@ -58,6 +62,26 @@ impl MemberId {
     fn rank(&self) -> (u64, u16, u64, u128) {
         (self.boot_ms, self.bump, self.epoch, self.replica)
     }
+
+    /// True when `self` is `other` renewed after being declared down: the same incarnation of
+    /// the same process with a later bump.
+    fn renews(&self, other: &Self) -> bool {
+        self.name == other.name
+            && self.addr == other.addr
+            && self.replica == other.replica
+            && self.epoch == other.epoch
+            && self.boot_ms == other.boot_ms
+            && (1..=u16::MAX / 2).contains(&self.bump.wrapping_sub(other.bump))
+    }
+}
+
+std::thread_local! {
+    /// The members this thread's membership task has as active (alive or suspect) while one of
+    /// its foca calls runs: what `MemberId::win_addr_conflict` needs and foca does not pass.
+    static ACTIVE: std::cell::RefCell<Vec<MemberId>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Conflicts decided during that call: (the active member kept, the newcomer refused).
+    static REFUSED: std::cell::RefCell<Vec<(MemberId, MemberId)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 impl Identity for MemberId {
@@ -74,7 +98,23 @@ impl Identity for MemberId {
         self.name.clone()
     }
 
+    /// foca asks this of the identity it knows (`self`) against another with the same name.
+    /// A renewal always wins over the identity it renews. Otherwise a member that is alive (or
+    /// suspect) keeps its name: a second process with a certificate for it (a copied
+    /// certificate, a misconfigured node) is refused rather than cutting the real one off. Only
+    /// once the known one is down (or left) does the later boot win, so a restarted or wiped
+    /// member rejoins.
     fn win_addr_conflict(&self, adversary: &Self) -> bool {
+        if adversary.renews(self) {
+            return false;
+        }
+        if self.renews(adversary) {
+            return true;
+        }
+        if ACTIVE.with(|a| a.borrow().contains(self)) {
+            REFUSED.with(|r| r.borrow_mut().push((self.clone(), adversary.clone())));
+            return true;
+        }
         self.rank() > adversary.rank()
     }
 }
@@ -257,6 +297,8 @@ pub(crate) struct Membership {
 }
 
 const INPUT_QUEUE: usize = 1024;
+/// Refused newcomers remembered (so each is logged and counted once); forgotten when full.
+const REFUSED_REMEMBERED: usize = 1024;
 
 /// What SWIM needs of the transport under it (the QUIC endpoint): datagrams to a member, and
 /// a link to every member it finds alive.
@@ -318,6 +360,7 @@ impl Membership {
             contact: Arc::clone(&contact),
             left: Arc::clone(&left),
             logged: BTreeMap::new(),
+            refused: BTreeSet::new(),
             events,
             stats,
         };
@@ -396,6 +439,8 @@ struct Task<N> {
     left: Arc<Mutex<BTreeSet<String>>>,
     /// The state each member was last logged in.
     logged: BTreeMap<String, MemberState>,
+    /// Newcomers refused for an active member's name (name, boot, replica), each logged once.
+    refused: BTreeSet<(String, u64, u128)>,
     events: EventSink,
     stats: Arc<NetStats>,
 }
@@ -405,7 +450,9 @@ impl<N: SwimLinks> Task<N> {
         while let Some(input) = rx.recv().await {
             let result = match input {
                 SwimInput::Data { from, bytes } => self.on_data(&from, &bytes),
-                SwimInput::Timer(t) => self.foca.handle_timer(t, &mut self.rt),
+                SwimInput::Timer(t) => {
+                    self.deciding(|task| task.foca.handle_timer(t, &mut task.rt))
+                }
                 SwimInput::Linked { name, addr } => {
                     let known = self
                         .alive
@@ -453,7 +500,7 @@ impl<N: SwimLinks> Task<N> {
                 if let Ok(mut c) = self.contact.lock() {
                     c.insert(from.to_owned(), Instant::now());
                 }
-                self.foca.handle_data(bytes, &mut self.rt)
+                self.deciding(|task| task.foca.handle_data(bytes, &mut task.rt))
             }
             _ => {
                 NetStats::add(&self.stats.frames_rejected, 1);
@@ -464,6 +511,39 @@ impl<N: SwimLinks> Task<N> {
                 Ok(())
             }
         }
+    }
+
+    /// Runs a foca call that may meet identity conflicts: foca decides them through
+    /// `MemberId::win_addr_conflict`, which is told who is active now; each newcomer refused
+    /// for an active member's name is then counted and logged once.
+    fn deciding<T>(&mut self, call: impl FnOnce(&mut Self) -> T) -> T {
+        let active: Vec<MemberId> = self
+            .foca
+            .iter_membership_state()
+            .filter(|m| m.state() != State::Down)
+            .map(|m| m.id().clone())
+            .collect();
+        ACTIVE.with(|a| *a.borrow_mut() = active);
+        let out = call(self);
+        ACTIVE.with(|a| a.borrow_mut().clear());
+        let refused = REFUSED.with(|r| std::mem::take(&mut *r.borrow_mut()));
+        for (kept, newcomer) in refused {
+            let key = (newcomer.name.clone(), newcomer.boot_ms, newcomer.replica);
+            if self.refused.len() >= REFUSED_REMEMBERED {
+                self.refused.clear();
+            }
+            if self.refused.insert(key) {
+                NetStats::add(&self.stats.name_conflicts, 1);
+                tracing::warn!(
+                    member = %kept.name,
+                    member_addr = %kept.addr,
+                    newcomer_addr = %newcomer.addr,
+                    newcomer_replica = %format!("{:032x}", newcomer.replica),
+                    "refused a second member with the name of one that is alive"
+                );
+            }
+        }
+        out
     }
 
     fn drain(&mut self) {
@@ -606,6 +686,68 @@ mod tests {
             last_contact_ms: None,
             left: false,
         }
+    }
+
+    fn id(name: &str, boot_ms: u64, replica: u128) -> MemberId {
+        MemberId {
+            name: name.to_owned(),
+            addr: "127.0.0.1:7701".parse().expect("addr"),
+            replica,
+            epoch: 1,
+            boot_ms,
+            bump: 0,
+        }
+    }
+
+    fn conflict_while_active(active: &[MemberId], known: &MemberId, other: &MemberId) -> bool {
+        ACTIVE.with(|a| *a.borrow_mut() = active.to_vec());
+        let kept = known.win_addr_conflict(other);
+        ACTIVE.with(|a| a.borrow_mut().clear());
+        kept
+    }
+
+    #[test]
+    fn an_alive_member_keeps_its_name_and_a_down_one_gives_it_to_the_later_boot() {
+        let real = id("n1", 1_000, 7);
+        let impostor = id("n1", 2_000, 9);
+        REFUSED.with(|r| r.borrow_mut().clear());
+        // Alive (or suspect): the later boot is refused, and the refusal is recorded.
+        assert!(conflict_while_active(
+            std::slice::from_ref(&real),
+            &real,
+            &impostor
+        ));
+        let refused = REFUSED.with(|r| std::mem::take(&mut *r.borrow_mut()));
+        assert_eq!(refused, [(real.clone(), impostor.clone())]);
+        // Down (not active): the later boot wins, as a restarted or wiped member must.
+        assert!(!conflict_while_active(&[], &real, &impostor));
+        assert!(conflict_while_active(&[], &impostor, &real));
+        assert!(REFUSED.with(|r| r.borrow().is_empty()));
+        // A renewal (declared down, it renewed itself) wins over its old identity, active or
+        // not, even across the bump's wrap; the old one never wins back.
+        let renewed = real.renew().expect("renew");
+        assert!(!conflict_while_active(
+            std::slice::from_ref(&real),
+            &real,
+            &renewed
+        ));
+        assert!(conflict_while_active(&[], &renewed, &real));
+        let mut old = real.clone();
+        old.bump = u16::MAX;
+        let wrapped = old.renew().expect("renew");
+        assert_eq!(wrapped.bump, 0);
+        assert!(wrapped.win_addr_conflict(&old));
+        assert!(!old.win_addr_conflict(&wrapped));
+        // A copy with a later bump but another boot is no renewal.
+        let mut forged = impostor.clone();
+        forged.bump = 1;
+        assert!(!forged.renews(&real));
+        assert!(conflict_while_active(
+            std::slice::from_ref(&real),
+            &real,
+            &forged
+        ));
+        REFUSED.with(|r| r.borrow_mut().clear());
     }
 
     #[test]
