@@ -399,6 +399,37 @@ async fn a_second_member_with_an_alive_members_name_is_refused_and_a_restart_sti
     write(&peers[1].node, "reborn", 3).await;
     let pair = [peers[0].node.clone(), peers[1].node.clone()];
     converge(&pair, Duration::from_secs(20)).await;
+
+    // Killed and restarted at once (n0 still has the old one alive): refused until n0 declares
+    // the old incarnation down, then it rejoins without help.
+    let before = swim_replica(&peers[0].node, "n1").expect("n1 known");
+    let conflicts = name_conflicts(&peers[0].node);
+    kill(&peers[1]).await;
+    peers[1] = open(
+        &root.path().join("n1-again"),
+        &tls,
+        seed.wrapping_add(79),
+        120_000,
+        10_000,
+    )
+    .await;
+    peers[1].node.join_peer(peers[0].addr).expect("join");
+    write(&peers[1].node, "again", 3).await;
+    wait_until(
+        "the quick restart is alive at n0",
+        Duration::from_secs(20),
+        async || {
+            state_of(&peers[0].node, "n1") == Some(MemberState::Alive)
+                && swim_replica(&peers[0].node, "n1").is_some_and(|r| r != before)
+        },
+    )
+    .await;
+    let pair = [peers[0].node.clone(), peers[1].node.clone()];
+    converge(&pair, Duration::from_secs(20)).await;
+    eprintln!(
+        "quick restart: {} name conflicts at n0 meanwhile",
+        name_conflicts(&peers[0].node) - conflicts
+    );
     for p in &peers {
         p.node.shutdown().await.expect("shutdown");
     }

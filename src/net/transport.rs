@@ -145,6 +145,8 @@ pub(crate) struct Net {
     links: Mutex<BTreeMap<String, LinkEntry>>,
     /// Name conflicts already logged: (peer name, peer instance).
     conflicts: Mutex<BTreeSet<(String, u64)>>,
+    /// The instance of the last connection registered for each peer name.
+    instances: Mutex<BTreeMap<String, u64>>,
     next_link: AtomicU64,
     pub(crate) stats: Arc<NetStats>,
     closing: AtomicBool,
@@ -246,6 +248,7 @@ impl Net {
             pending: Mutex::new(BTreeMap::new()),
             links: Mutex::new(BTreeMap::new()),
             conflicts: Mutex::new(BTreeSet::new()),
+            instances: Mutex::new(BTreeMap::new()),
             next_link: AtomicU64::new(1),
             stats: Arc::new(NetStats::default()),
             closing: AtomicBool::new(false),
@@ -678,9 +681,10 @@ impl Net {
     /// Registers an authenticated connection. `Duplicate` when another connection to the same
     /// peer is kept instead (both sides pick the same one: a newer peer instance wins, and
     /// between two connections of the same instances the one dialled by the smaller name);
-    /// `NameConflict` when a connection of another instance with that name is live and SWIM
-    /// has the member alive: the newcomer is refused (a restarted member gets in once its old
-    /// connection has timed out).
+    /// `NameConflict` when the peer is another instance than the last one registered with its
+    /// name and SWIM has that member alive (or suspect): the newcomer is refused, whether the
+    /// known one's connection is live or between reconnections. A restarted member gets in once
+    /// SWIM has declared its old incarnation down (or it left).
     fn register(
         &self,
         name: &str,
@@ -693,14 +697,18 @@ impl Net {
         };
         let id = self.next_link.fetch_add(1, Ordering::Relaxed);
         let preferred_dialer_is_me = self.name.as_str() < name;
+        let known = self
+            .instances
+            .lock()
+            .ok()
+            .and_then(|i| i.get(name).copied());
+        if known.is_some_and(|k| k != instance)
+            && self.membership.get().is_some_and(|m| m.is_alive(name))
+        {
+            return Registration::NameConflict;
+        }
         if let Some(old) = links.get(name) {
             let alive = old.conn.close_reason().is_none();
-            if alive
-                && old.instance != instance
-                && self.membership.get().is_some_and(|m| m.is_alive(name))
-            {
-                return Registration::NameConflict;
-            }
             let keep_old = alive
                 && old.instance == instance
                 && old.dialer_is_me == preferred_dialer_is_me
@@ -722,6 +730,9 @@ impl Net {
                 conn: conn.clone(),
             },
         );
+        if let Ok(mut i) = self.instances.lock() {
+            i.insert(name.to_owned(), instance);
+        }
         Registration::Linked(id)
     }
 
