@@ -22,7 +22,10 @@
 //! SWIM datagrams (`membership`) ride the same authenticated connection (QUIC datagrams, a
 //! bounded buffer each way). A connection registers its peer with the writer, but the replica
 //! treats it as up only while SWIM reports the member alive. Seeds are dialled until joined;
-//! afterwards connections are made to the members SWIM probes.
+//! afterwards connections are made to the members SWIM probes. While SWIM has a member alive,
+//! a connection from another instance (hello nonce) with its name is refused with the
+//! name-conflict close code, so a second process holding a certificate for that name cannot take
+//! its place; a restarted member gets in once SWIM has declared its old incarnation down.
 
 use super::certs::TlsDir;
 use super::faults::{Faults, FaultySocket};
