@@ -430,7 +430,21 @@ async fn a_second_member_with_an_alive_members_name_is_refused_and_a_restart_sti
         "quick restart: {} name conflicts at n0 meanwhile",
         name_conflicts(&peers[0].node) - conflicts
     );
-    for p in &peers {
+
+    // A clean shutdown: n0 lists n1 as down because it left, with when it last heard from it.
+    peers[1].node.shutdown().await.expect("shutdown");
+    wait_until("n1 left", Duration::from_secs(10), async || {
+        peers[0].node.net_status().is_some_and(|s| {
+            s.members.iter().any(|m| {
+                m.name == "n1"
+                    && m.state == MemberState::Down
+                    && m.left
+                    && m.last_contact_ms.is_some()
+            })
+        })
+    })
+    .await;
+    for p in &peers[..1] {
         p.node.shutdown().await.expect("shutdown");
     }
 }
