@@ -703,10 +703,10 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
 }
 
 /// `GET /v1/cluster`'s `members`: every member SWIM knows (alive, suspect, down or left), with
-/// what replication knows of it (its acknowledged cursor and lag in our log entries), then any
-/// connected peer SWIM does not know yet (state `connected`). `last_contact` is the seconds
-/// since this node last heard from the member (`null`: never); `version` is `null` (members do
-/// not exchange versions).
+/// what replication knows of it (its acknowledged cursor and lag in our log entries), and any
+/// connected peer SWIM does not know yet (state `connected`), sorted by name. `last_contact` is
+/// the seconds since this node last heard from the member (`null`: never); `version` is `null`
+/// (members do not exchange versions).
 fn cluster_members(
     swim: &[crate::net::MemberStatus],
     connected: &[String],
