@@ -467,8 +467,63 @@ fn two_daemons_with_issued_certificates_converge() {
         cluster["cluster"]["members"][0]["name"], "alpha",
         "{cluster}"
     );
+    assert_eq!(
+        cluster["cluster"]["members"][0]["state"], "alive",
+        "{cluster}"
+    );
+    // beta dies without a goodbye: alpha keeps listing it, suspect then down, with when it was
+    // last heard from, in /v1/cluster and in `tidemark status`.
+    let mut beta = beta;
+    beta.child.kill().expect("kill beta");
+    beta.child.wait().expect("wait beta");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut seen = Vec::new();
+    let member = loop {
+        let c = json_of(&alpha.run(&["--json", "status"]));
+        let members = c["cluster"]["members"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let b = members
+            .into_iter()
+            .find(|m| m["name"] == "beta")
+            .unwrap_or_else(|| panic!("beta is no longer listed: {c}"));
+        let state = b["state"].as_str().unwrap_or_default().to_owned();
+        assert!(
+            ["alive", "suspect", "down"].contains(&state.as_str()),
+            "{b}"
+        );
+        if seen.last() != Some(&state) {
+            seen.push(state.clone());
+        }
+        if state == "down" {
+            break b;
+        }
+        assert!(std::time::Instant::now() < deadline, "beta never down: {c}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(member["connected"], false, "{member}");
+    assert!(
+        member["last_contact"].as_f64().is_some_and(|s| s > 0.5),
+        "{member}"
+    );
+    let text = ok(&alpha.run(&["status"]));
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("beta"))
+        .unwrap_or_else(|| panic!("status does not list beta: {text}"));
+    assert!(line.contains("down") && line.contains("s ago"), "{text}");
+    assert!(!text.contains("single node"), "{text}");
+    let addr = alpha.url.trim_start_matches("http://").to_owned();
+    let metrics = raw(
+        &alpha.url,
+        &format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
+    );
+    assert!(
+        metrics.contains("\ntidemark_peer_name_conflicts_total 0\n"),
+        "{metrics}"
+    );
     assert_eq!(alpha.terminate().code(), Some(0));
-    assert_eq!(beta.terminate().code(), Some(0));
 }
 
 #[test]

@@ -6,13 +6,16 @@
 //! * the same peer restarted on its data rejoins (new incarnation, new port, one seed) and
 //!   receives only deltas (no state transfer anywhere);
 //! * restarted wiped, it rejoins with a new replica id and receives exactly ONE state transfer,
-//!   started by ONE of its 3 peers, and converges.
+//!   started by ONE of its 3 peers, and converges;
+//! * a second process holding a certificate for the name of a member that is alive is refused
+//!   (counted on both sides) while the real member keeps converging; once the real one is down,
+//!   a new process with its name (wiped: a new replica) rejoins.
 //!
 //! Seeded (`SEED=`) through the fault-injecting sockets' randomness and the node seeds.
 
 mod net_support;
 
-use net_support::{converge, localhost, seed, test_options};
+use net_support::{all_keys, converge, localhost, seed, test_options};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -295,6 +298,153 @@ async fn a_restarted_peer_gets_only_deltas_and_a_wiped_one_one_transfer_from_one
     );
     converge(&nodes, Duration::from_secs(10)).await;
     for p in &peers {
+        p.node.shutdown().await.expect("shutdown");
+    }
+}
+
+fn swim_replica(node: &Node, name: &str) -> Option<String> {
+    node.net_status()?
+        .members
+        .into_iter()
+        .find(|m| m.name == name)
+        .map(|m| m.replica)
+}
+
+fn name_conflicts(node: &Node) -> u64 {
+    node.net_status().map_or(0, |s| s.stats.name_conflicts)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_member_with_an_alive_members_name_is_refused_and_a_restart_still_rejoins() {
+    let seed = seed("membership_impostor");
+    let root = tempfile::tempdir().expect("tempdir");
+    let (ca, mut peers) = cluster(2, seed, root.path(), 120_000, 10_000).await;
+    wait_until("both alive", Duration::from_secs(15), async || {
+        peers.iter().all(|p| alive_count(&p.node) == 1)
+    })
+    .await;
+    let real = swim_replica(&peers[0].node, "n1").expect("n1 known");
+
+    // Another process with a valid certificate for n1's name joins through n0.
+    let impostor = open(
+        &root.path().join("impostor"),
+        &ca.issue("n1").expect("issue"),
+        seed.wrapping_add(77),
+        120_000,
+        10_000,
+    )
+    .await;
+    impostor.node.join_peer(peers[0].addr).expect("join");
+    write(&impostor.node, "impostor", 5).await;
+    wait_until(
+        "n0 refuses the impostor",
+        Duration::from_secs(10),
+        async || name_conflicts(&peers[0].node) >= 1,
+    )
+    .await;
+    wait_until(
+        "the impostor learns it was refused",
+        Duration::from_secs(10),
+        async || name_conflicts(&impostor.node) >= 1,
+    )
+    .await;
+    // Meanwhile (many probe periods) the real n1 stays n0's member and keeps converging.
+    let pair = [peers[0].node.clone(), peers[1].node.clone()];
+    let until = Instant::now() + Duration::from_secs(4);
+    let mut round = 0;
+    while Instant::now() < until {
+        write(&peers[1].node, &format!("real{round}"), 3).await;
+        write(&peers[0].node, &format!("n0-{round}"), 3).await;
+        converge(&pair, Duration::from_secs(10)).await;
+        assert_eq!(
+            swim_replica(&peers[0].node, "n1").as_deref(),
+            Some(real.as_str()),
+            "n0 still has the real n1"
+        );
+        assert_eq!(state_of(&peers[0].node, "n1"), Some(MemberState::Alive));
+        assert_eq!(alive_count(&peers[1].node), 1, "n1 still has n0 alive");
+        round += 1;
+    }
+    let leaked = all_keys(&peers[0].node)
+        .iter()
+        .any(|(k, _)| format!("{k:?}").contains("impostor"));
+    assert!(!leaked, "the impostor's writes reached n0");
+    impostor.node.shutdown().await.expect("shutdown");
+
+    // Once the real n1 is down, a new process with its name (wiped: a new replica) rejoins.
+    kill(&peers[1]).await;
+    wait_until("n1 declared down", Duration::from_secs(10), async || {
+        state_of(&peers[0].node, "n1") == Some(MemberState::Down)
+    })
+    .await;
+    let tls = peers[1].tls.clone();
+    peers[1] = open(
+        &root.path().join("n1-wiped"),
+        &tls,
+        seed.wrapping_add(78),
+        120_000,
+        10_000,
+    )
+    .await;
+    peers[1].node.join_peer(peers[0].addr).expect("join");
+    wait_until(
+        "the new n1 is alive at n0",
+        Duration::from_secs(15),
+        async || {
+            state_of(&peers[0].node, "n1") == Some(MemberState::Alive)
+                && swim_replica(&peers[0].node, "n1").is_some_and(|r| r != real)
+        },
+    )
+    .await;
+    write(&peers[1].node, "reborn", 3).await;
+    let pair = [peers[0].node.clone(), peers[1].node.clone()];
+    converge(&pair, Duration::from_secs(20)).await;
+
+    // Killed and restarted at once (n0 still has the old one alive): refused until n0 declares
+    // the old incarnation down, then it rejoins without help.
+    let before = swim_replica(&peers[0].node, "n1").expect("n1 known");
+    let conflicts = name_conflicts(&peers[0].node);
+    kill(&peers[1]).await;
+    peers[1] = open(
+        &root.path().join("n1-again"),
+        &tls,
+        seed.wrapping_add(79),
+        120_000,
+        10_000,
+    )
+    .await;
+    peers[1].node.join_peer(peers[0].addr).expect("join");
+    write(&peers[1].node, "again", 3).await;
+    wait_until(
+        "the quick restart is alive at n0",
+        Duration::from_secs(20),
+        async || {
+            state_of(&peers[0].node, "n1") == Some(MemberState::Alive)
+                && swim_replica(&peers[0].node, "n1").is_some_and(|r| r != before)
+        },
+    )
+    .await;
+    let pair = [peers[0].node.clone(), peers[1].node.clone()];
+    converge(&pair, Duration::from_secs(20)).await;
+    eprintln!(
+        "quick restart: {} name conflicts at n0 meanwhile",
+        name_conflicts(&peers[0].node) - conflicts
+    );
+
+    // A clean shutdown: n0 lists n1 as down because it left, with when it last heard from it.
+    peers[1].node.shutdown().await.expect("shutdown");
+    wait_until("n1 left", Duration::from_secs(10), async || {
+        peers[0].node.net_status().is_some_and(|s| {
+            s.members.iter().any(|m| {
+                m.name == "n1"
+                    && m.state == MemberState::Down
+                    && m.left
+                    && m.last_contact_ms.is_some()
+            })
+        })
+    })
+    .await;
+    for p in &peers[..1] {
         p.node.shutdown().await.expect("shutdown");
     }
 }

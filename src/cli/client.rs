@@ -461,7 +461,55 @@ pub fn status(client: &Client, out: &Output) -> anyhow::Result<()> {
             ready.to_string(),
         ]],
     );
-    let peers = cluster["peers"].as_array().cloned().unwrap_or_default();
+    // Every member SWIM knows, down ones included, with what replication knows of it.
+    let members = cluster["members"].as_array().cloned().unwrap_or_default();
+    println!();
+    if members.is_empty() {
+        println!("single node: no other members known");
+    } else {
+        let text = |v: &serde_json::Value| match v {
+            serde_json::Value::Null => "-".to_owned(),
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let rows: Vec<Vec<String>> = members
+            .iter()
+            .map(|m| {
+                vec![
+                    text(&m["name"]),
+                    text(&m["state"]),
+                    text(&m["addr"]),
+                    m["connected"].as_bool().unwrap_or(false).to_string(),
+                    text(&m["lag_entries"]),
+                    m["last_contact"]
+                        .as_f64()
+                        .map_or_else(|| "-".to_owned(), |s| format!("{s:.1}s ago")),
+                ]
+            })
+            .collect();
+        print_table(
+            &[
+                "MEMBER",
+                "STATE",
+                "PEER ADDR",
+                "CONNECTED",
+                "LAG (ENTRIES)",
+                "LAST CONTACT",
+            ],
+            &rows,
+        );
+    }
+    // Replication peers no member name is known for (an in-process link, a member being
+    // forgotten).
+    let named = |p: &serde_json::Value| {
+        members
+            .iter()
+            .any(|m| m["name"].is_string() && m["name"] == p["name"])
+    };
+    let peers: Vec<serde_json::Value> = cluster["peers"]
+        .as_array()
+        .map(|p| p.iter().filter(|p| !named(p)).cloned().collect())
+        .unwrap_or_default();
     if !peers.is_empty() {
         println!();
         let rows: Vec<Vec<String>> = peers

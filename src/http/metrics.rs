@@ -228,6 +228,12 @@ pub(crate) fn render(s: &Scrape<'_>, format: Format) -> Result<String, std::fmt:
             "Authenticated peers disconnected for breaking the protocol",
             ConstCounter::new(net.peers_disconnected),
         );
+        r.register(
+            "peer_name_conflicts",
+            "Peers refused for claiming the name of another member that is alive (connections \
+             refused, refusals by the peer, identities SWIM ignored)",
+            ConstCounter::new(net.name_conflicts),
+        );
         r.register_with_unit(
             "peer_frame",
             "Replication frame bytes by direction",

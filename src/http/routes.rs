@@ -702,9 +702,11 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
     let (log_start, log_end) = rep.log_bounds;
     let net = node.net_status();
     let connected: Vec<String> = net.as_ref().map(|n| n.peers.clone()).unwrap_or_default();
+    let swim: &[crate::net::MemberStatus] = net.as_ref().map_or(&[], |n| &n.members);
     let name_of = |peer: &crate::proto::PeerId| {
         connected
             .iter()
+            .chain(swim.iter().map(|m| &m.name))
             .find(|n| crate::net::peer_id_of_name(n) == *peer)
             .cloned()
     };
@@ -722,22 +724,7 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
             })
         })
         .collect();
-    let mut members: Vec<serde_json::Value> = connected
-        .iter()
-        .map(|name| {
-            let id = crate::net::peer_id_of_name(name);
-            let acked = rep
-                .peer_acked
-                .iter()
-                .find(|(p, _)| *p == id)
-                .and_then(|(_, a)| *a);
-            json!({
-                "name": name,
-                "state": "connected",
-                "lag_entries": log_end.saturating_sub(acked.unwrap_or(log_start)),
-            })
-        })
-        .collect();
+    let mut members = cluster_members(swim, &connected, &rep);
     members.extend(state.cluster.members());
     let m = node.metrics();
     Ok(axum::Json(json!({
@@ -764,6 +751,73 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
         "peers": peers,
     }))
     .into_response())
+}
+
+/// `GET /v1/cluster`'s `members`: every member SWIM knows (alive, suspect, down or left), with
+/// what replication knows of it (its acknowledged cursor and lag in our log entries), and any
+/// connected peer SWIM does not know yet (state `connected`), sorted by name. `last_contact` is
+/// the seconds since this node last heard from the member (`null`: never); `version` is `null`
+/// (members do not exchange versions).
+fn cluster_members(
+    swim: &[crate::net::MemberStatus],
+    connected: &[String],
+    rep: &crate::driver::ReplicationStatus,
+) -> Vec<serde_json::Value> {
+    let (log_start, log_end) = rep.log_bounds;
+    let acked_of = |peer: crate::proto::PeerId| {
+        rep.peer_acked
+            .iter()
+            .find(|(p, _)| *p == peer)
+            .map(|(_, a)| *a)
+    };
+    let lag =
+        |acked: Option<Option<u64>>| acked.map(|a| log_end.saturating_sub(a.unwrap_or(log_start)));
+    let mut members: Vec<serde_json::Value> = swim
+        .iter()
+        .map(|m| {
+            let peer = crate::net::peer_id_of_name(&m.name);
+            let acked = acked_of(peer);
+            let state = match m.state {
+                crate::net::MemberState::Alive => "alive",
+                crate::net::MemberState::Suspect => "suspect",
+                crate::net::MemberState::Down if m.left => "left",
+                crate::net::MemberState::Down => "down",
+            };
+            json!({
+                "name": m.name,
+                "addr": m.addr.to_string(),
+                "state": state,
+                "connected": connected.contains(&m.name),
+                "peer": format!("{:016x}", peer.0),
+                "replica": m.replica,
+                "epoch": m.epoch,
+                "incarnation": m.incarnation,
+                "acked": acked.flatten(),
+                "lag_entries": lag(acked),
+                "last_contact": m.last_contact_ms.map(|ms| ms as f64 / 1000.0),
+                "version": serde_json::Value::Null,
+            })
+        })
+        .collect();
+    for name in connected {
+        if swim.iter().any(|m| &m.name == name) {
+            continue;
+        }
+        let peer = crate::net::peer_id_of_name(name);
+        let acked = acked_of(peer);
+        members.push(json!({
+            "name": name,
+            "state": "connected",
+            "connected": true,
+            "peer": format!("{:016x}", peer.0),
+            "acked": acked.flatten(),
+            "lag_entries": lag(acked).unwrap_or(log_end.saturating_sub(log_start)),
+            "last_contact": serde_json::Value::Null,
+            "version": serde_json::Value::Null,
+        }));
+    }
+    members.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    members
 }
 
 fn bad_query(param: &str, message: impl Into<String>) -> ApiError {

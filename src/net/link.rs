@@ -206,4 +206,6 @@ pub(crate) mod close {
     pub(crate) const PROTOCOL: u32 = 2;
     /// Another connection to the same peer is kept.
     pub(crate) const DUPLICATE: u32 = 3;
+    /// Another member with the peer's name is alive: the newcomer is refused.
+    pub(crate) const NAME_CONFLICT: u32 = 4;
 }

@@ -10,8 +10,11 @@
 //! # Identity and authentication
 //! A member is [`MemberId`]: the node name its certificate names, its peer address, replica id,
 //! epoch and boot time. A restart (same replica id, new epoch) and a wipe (new replica id) are
-//! new identities with the same name; foca keeps the newer (later boot) one, so both rejoin at
-//! once. A datagram is handed to foca only if the header's sender name is the authenticated
+//! new identities with the same name; once the old one is down (or left), foca keeps the newer
+//! (later boot) one, so both rejoin. While a member is alive its name is its own: another
+//! identity claiming it (a second process holding a certificate for that name) is refused,
+//! logged and counted (`NetStats::name_conflicts`), and the transport refuses its connections.
+//! A datagram is handed to foca only if the header's sender name is the authenticated
 //! name of the connection it came on; anything else is dropped and counted.
 //!
 //! # What SWIM decides
@@ -31,10 +34,10 @@ use foca::{AccumulatingRuntime, Foca, Header, Identity, Member, OwnedNotificatio
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 /// A cluster member's SWIM identity.
@@ -48,7 +51,8 @@ pub(crate) struct MemberId {
     pub(crate) replica: u128,
     /// Its epoch (bumped at every open of its store).
     pub(crate) epoch: u64,
-    /// Wall-clock ms when its endpoint started: the later boot wins a name conflict.
+    /// Wall-clock ms when its endpoint started: the later boot wins a name conflict with a
+    /// member that is down.
     pub(crate) boot_ms: u64,
     /// Bumped when it renews itself after being declared down.
     pub(crate) bump: u16,
@@ -58,6 +62,26 @@ impl MemberId {
     fn rank(&self) -> (u64, u16, u64, u128) {
         (self.boot_ms, self.bump, self.epoch, self.replica)
     }
+
+    /// True when `self` is `other` renewed after being declared down: the same incarnation of
+    /// the same process with a later bump.
+    fn renews(&self, other: &Self) -> bool {
+        self.name == other.name
+            && self.addr == other.addr
+            && self.replica == other.replica
+            && self.epoch == other.epoch
+            && self.boot_ms == other.boot_ms
+            && (1..=u16::MAX / 2).contains(&self.bump.wrapping_sub(other.bump))
+    }
+}
+
+std::thread_local! {
+    /// The members this thread's membership task has as active (alive or suspect) while one of
+    /// its foca calls runs: what `MemberId::win_addr_conflict` needs and foca does not pass.
+    static ACTIVE: std::cell::RefCell<Vec<MemberId>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Conflicts decided during that call: (the active member kept, the newcomer refused).
+    static REFUSED: std::cell::RefCell<Vec<(MemberId, MemberId)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 impl Identity for MemberId {
@@ -74,7 +98,23 @@ impl Identity for MemberId {
         self.name.clone()
     }
 
+    /// foca asks this of the identity it knows (`self`) against another with the same name.
+    /// A renewal always wins over the identity it renews. Otherwise a member that is alive (or
+    /// suspect) keeps its name: a second process with a certificate for it (a copied
+    /// certificate, a misconfigured node) is refused rather than cutting the real one off. Only
+    /// once the known one is down (or left) does the later boot win, so a restarted or wiped
+    /// member rejoins.
     fn win_addr_conflict(&self, adversary: &Self) -> bool {
+        if adversary.renews(self) {
+            return false;
+        }
+        if self.renews(adversary) {
+            return true;
+        }
+        if ACTIVE.with(|a| a.borrow().contains(self)) {
+            REFUSED.with(|r| r.borrow_mut().push((self.clone(), adversary.clone())));
+            return true;
+        }
         self.rank() > adversary.rank()
     }
 }
@@ -225,6 +265,11 @@ pub struct MemberStatus {
     pub replica: String,
     /// Its store epoch (bumped at every restart).
     pub epoch: u64,
+    /// Milliseconds since this node last received a SWIM datagram from it (`None`: never).
+    pub last_contact_ms: Option<u64>,
+    /// Down because it said goodbye (its connection closed with a clean shutdown), not
+    /// because it stopped answering.
+    pub left: bool,
 }
 
 /// Inputs of the membership task.
@@ -245,9 +290,15 @@ pub(crate) struct Membership {
     pub(crate) tx: mpsc::Sender<SwimInput>,
     pub(crate) view: Arc<Mutex<Vec<MemberStatus>>>,
     pub(crate) alive: Arc<Mutex<BTreeMap<String, MemberId>>>,
+    /// When a SWIM datagram last came from each member (by name).
+    contact: Arc<Mutex<BTreeMap<String, Instant>>>,
+    /// Members whose connection ended with a clean shutdown since they were last alive.
+    left: Arc<Mutex<BTreeSet<String>>>,
 }
 
 const INPUT_QUEUE: usize = 1024;
+/// Refused newcomers remembered (so each is logged and counted once); forgotten when full.
+const REFUSED_REMEMBERED: usize = 1024;
 
 /// What SWIM needs of the transport under it (the QUIC endpoint): datagrams to a member, and
 /// a link to every member it finds alive.
@@ -270,6 +321,8 @@ impl Membership {
         let (tx, rx) = mpsc::channel(INPUT_QUEUE);
         let view = Arc::new(Mutex::new(Vec::new()));
         let alive = Arc::new(Mutex::new(BTreeMap::new()));
+        let contact = Arc::new(Mutex::new(BTreeMap::new()));
+        let left = Arc::new(Mutex::new(BTreeSet::new()));
         let mut config = foca::Config::simple();
         config.probe_period = opts.probe_period;
         config.probe_rtt = opts.probe_rtt;
@@ -304,11 +357,21 @@ impl Membership {
             tx: tx.clone(),
             view: Arc::clone(&view),
             alive: Arc::clone(&alive),
+            contact: Arc::clone(&contact),
+            left: Arc::clone(&left),
+            logged: BTreeMap::new(),
+            refused: BTreeSet::new(),
             events,
             stats,
         };
         tokio::spawn(task.run(rx));
-        Self { tx, view, alive }
+        Self {
+            tx,
+            view,
+            alive,
+            contact,
+            left,
+        }
     }
 
     /// Hands a received datagram to the task (dropped when its queue is full: SWIM tolerates
@@ -330,9 +393,27 @@ impl Membership {
         self.alive.lock().is_ok_and(|a| a.contains_key(name))
     }
 
-    /// The members as SWIM sees them now.
+    /// The members as SWIM sees them now, with when each was last heard from and whether a
+    /// down one left cleanly.
     pub(crate) fn members(&self) -> Vec<MemberStatus> {
-        self.view.lock().map(|v| v.clone()).unwrap_or_default()
+        let mut members = self.view.lock().map(|v| v.clone()).unwrap_or_default();
+        let now = Instant::now();
+        let contact = self.contact.lock().map(|c| c.clone()).unwrap_or_default();
+        let left = self.left.lock().map(|l| l.clone()).unwrap_or_default();
+        for m in &mut members {
+            m.last_contact_ms = contact.get(&m.name).map(|at| {
+                u64::try_from(now.saturating_duration_since(*at).as_millis()).unwrap_or(u64::MAX)
+            });
+            m.left = m.state == MemberState::Down && left.contains(&m.name);
+        }
+        members
+    }
+
+    /// Records that the connection to `name` ended with its clean shutdown (it left).
+    pub(crate) fn mark_left(&self, name: &str) {
+        if let Ok(mut l) = self.left.lock() {
+            l.insert(name.to_owned());
+        }
     }
 
     /// Announces our leave and stops the task (bounded wait).
@@ -354,6 +435,12 @@ struct Task<N> {
     tx: mpsc::Sender<SwimInput>,
     view: Arc<Mutex<Vec<MemberStatus>>>,
     alive: Arc<Mutex<BTreeMap<String, MemberId>>>,
+    contact: Arc<Mutex<BTreeMap<String, Instant>>>,
+    left: Arc<Mutex<BTreeSet<String>>>,
+    /// The state each member was last logged in.
+    logged: BTreeMap<String, MemberState>,
+    /// Newcomers refused for an active member's name (name, boot, replica), each logged once.
+    refused: BTreeSet<(String, u64, u128)>,
     events: EventSink,
     stats: Arc<NetStats>,
 }
@@ -363,7 +450,9 @@ impl<N: SwimLinks> Task<N> {
         while let Some(input) = rx.recv().await {
             let result = match input {
                 SwimInput::Data { from, bytes } => self.on_data(&from, &bytes),
-                SwimInput::Timer(t) => self.foca.handle_timer(t, &mut self.rt),
+                SwimInput::Timer(t) => {
+                    self.deciding(|task| task.foca.handle_timer(t, &mut task.rt))
+                }
                 SwimInput::Linked { name, addr } => {
                     let known = self
                         .alive
@@ -407,7 +496,12 @@ impl<N: SwimLinks> Task<N> {
         let mut peek = bytes;
         let claimed = foca::Codec::decode_header(&mut self.codec, &mut peek);
         match claimed {
-            Ok(h) if h.src.name == from => self.foca.handle_data(bytes, &mut self.rt),
+            Ok(h) if h.src.name == from => {
+                if let Ok(mut c) = self.contact.lock() {
+                    c.insert(from.to_owned(), Instant::now());
+                }
+                self.deciding(|task| task.foca.handle_data(bytes, &mut task.rt))
+            }
             _ => {
                 NetStats::add(&self.stats.frames_rejected, 1);
                 tracing::warn!(
@@ -417,6 +511,39 @@ impl<N: SwimLinks> Task<N> {
                 Ok(())
             }
         }
+    }
+
+    /// Runs a foca call that may meet identity conflicts: foca decides them through
+    /// `MemberId::win_addr_conflict`, which is told who is active now; each newcomer refused
+    /// for an active member's name is then counted and logged once.
+    fn deciding<T>(&mut self, call: impl FnOnce(&mut Self) -> T) -> T {
+        let active: Vec<MemberId> = self
+            .foca
+            .iter_membership_state()
+            .filter(|m| m.state() != State::Down)
+            .map(|m| m.id().clone())
+            .collect();
+        ACTIVE.with(|a| *a.borrow_mut() = active);
+        let out = call(self);
+        ACTIVE.with(|a| a.borrow_mut().clear());
+        let refused = REFUSED.with(|r| std::mem::take(&mut *r.borrow_mut()));
+        for (kept, newcomer) in refused {
+            let key = (newcomer.name.clone(), newcomer.boot_ms, newcomer.replica);
+            if self.refused.len() >= REFUSED_REMEMBERED {
+                self.refused.clear();
+            }
+            if self.refused.insert(key) {
+                NetStats::add(&self.stats.name_conflicts, 1);
+                tracing::warn!(
+                    member = %kept.name,
+                    member_addr = %kept.addr,
+                    newcomer_addr = %newcomer.addr,
+                    newcomer_replica = %format!("{:032x}", newcomer.replica),
+                    "refused a second member with the name of one that is alive"
+                );
+            }
+        }
+        out
     }
 
     fn drain(&mut self) {
@@ -463,10 +590,38 @@ impl<N: SwimLinks> Task<N> {
                 incarnation: m.incarnation(),
                 replica: format!("{:032x}", m.id().replica),
                 epoch: m.id().epoch,
+                last_contact_ms: None,
+                left: false,
             })
             .collect();
+        self.log_transitions(&view);
         if let Ok(mut v) = self.view.lock() {
             *v = view;
+        }
+    }
+
+    /// Logs each member's SWIM state change once: becoming suspect or down at WARN (an operator
+    /// should look), alive (new or again) at INFO.
+    fn log_transitions(&mut self, view: &[MemberStatus]) {
+        for (m, before) in transitions(&mut self.logged, view) {
+            match (before, m.state) {
+                (_, MemberState::Suspect) => tracing::warn!(
+                    member = %m.name,
+                    addr = %m.addr,
+                    "member suspect: it does not answer probes"
+                ),
+                (_, MemberState::Down) => tracing::warn!(
+                    member = %m.name,
+                    addr = %m.addr,
+                    "member down: no longer a replication peer"
+                ),
+                (None, MemberState::Alive) => {
+                    tracing::info!(member = %m.name, addr = %m.addr, "member alive");
+                }
+                (Some(_), MemberState::Alive) => {
+                    tracing::info!(member = %m.name, addr = %m.addr, "member alive again");
+                }
+            }
         }
     }
 
@@ -484,14 +639,149 @@ impl<N: SwimLinks> Task<N> {
             }
             Err(_) => false,
         };
+        // The state changes are logged once each by `log_transitions`.
         if alive {
-            tracing::info!(member = %id.name, addr = %id.addr, "member alive");
+            if let Ok(mut l) = self.left.lock() {
+                l.remove(&id.name);
+            }
             net.ensure_link(&id.name, id.addr);
-        } else if changed {
-            tracing::info!(member = %id.name, "member down");
         }
         if changed {
             let _ = self.events.send(NetEvent::Alive { peer, alive });
         }
+    }
+}
+
+/// The members of `view` whose state differs from the one `logged` holds for them (with that
+/// former state), recording their new state; members gone from `view` are forgotten.
+fn transitions<'a>(
+    logged: &mut BTreeMap<String, MemberState>,
+    view: &'a [MemberStatus],
+) -> Vec<(&'a MemberStatus, Option<MemberState>)> {
+    let mut changed = Vec::new();
+    for m in view {
+        let before = logged.insert(m.name.clone(), m.state);
+        if before != Some(m.state) {
+            changed.push((m, before));
+        }
+    }
+    if logged.len() > view.len() {
+        logged.retain(|name, _| view.iter().any(|m| &m.name == name));
+    }
+    changed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(name: &str, state: MemberState) -> MemberStatus {
+        MemberStatus {
+            name: name.to_owned(),
+            addr: "127.0.0.1:7701".parse().expect("addr"),
+            state,
+            incarnation: 0,
+            replica: String::new(),
+            epoch: 1,
+            last_contact_ms: None,
+            left: false,
+        }
+    }
+
+    fn id(name: &str, boot_ms: u64, replica: u128) -> MemberId {
+        MemberId {
+            name: name.to_owned(),
+            addr: "127.0.0.1:7701".parse().expect("addr"),
+            replica,
+            epoch: 1,
+            boot_ms,
+            bump: 0,
+        }
+    }
+
+    fn conflict_while_active(active: &[MemberId], known: &MemberId, other: &MemberId) -> bool {
+        ACTIVE.with(|a| *a.borrow_mut() = active.to_vec());
+        let kept = known.win_addr_conflict(other);
+        ACTIVE.with(|a| a.borrow_mut().clear());
+        kept
+    }
+
+    #[test]
+    fn an_alive_member_keeps_its_name_and_a_down_one_gives_it_to_the_later_boot() {
+        let real = id("n1", 1_000, 7);
+        let impostor = id("n1", 2_000, 9);
+        REFUSED.with(|r| r.borrow_mut().clear());
+        // Alive (or suspect): the later boot is refused, and the refusal is recorded.
+        assert!(conflict_while_active(
+            std::slice::from_ref(&real),
+            &real,
+            &impostor
+        ));
+        let refused = REFUSED.with(|r| std::mem::take(&mut *r.borrow_mut()));
+        assert_eq!(refused, [(real.clone(), impostor.clone())]);
+        // Down (not active): the later boot wins, as a restarted or wiped member must.
+        assert!(!conflict_while_active(&[], &real, &impostor));
+        assert!(conflict_while_active(&[], &impostor, &real));
+        assert!(REFUSED.with(|r| r.borrow().is_empty()));
+        // A renewal (declared down, it renewed itself) wins over its old identity, active or
+        // not, even across the bump's wrap; the old one never wins back.
+        let renewed = real.renew().expect("renew");
+        assert!(!conflict_while_active(
+            std::slice::from_ref(&real),
+            &real,
+            &renewed
+        ));
+        assert!(conflict_while_active(&[], &renewed, &real));
+        let mut old = real.clone();
+        old.bump = u16::MAX;
+        let wrapped = old.renew().expect("renew");
+        assert_eq!(wrapped.bump, 0);
+        assert!(wrapped.win_addr_conflict(&old));
+        assert!(!old.win_addr_conflict(&wrapped));
+        // A copy with a later bump but another boot is no renewal.
+        let mut forged = impostor.clone();
+        forged.bump = 1;
+        assert!(!forged.renews(&real));
+        assert!(conflict_while_active(
+            std::slice::from_ref(&real),
+            &real,
+            &forged
+        ));
+        REFUSED.with(|r| r.borrow_mut().clear());
+    }
+
+    #[test]
+    fn each_state_change_is_reported_once() {
+        use MemberState::{Alive, Down, Suspect};
+        let mut logged = BTreeMap::new();
+        let names = |c: Vec<(&MemberStatus, Option<MemberState>)>| {
+            c.into_iter()
+                .map(|(m, before)| (m.name.clone(), before, m.state))
+                .collect::<Vec<_>>()
+        };
+        let v = [status("a", Alive), status("b", Alive)];
+        assert_eq!(
+            names(transitions(&mut logged, &v)),
+            [("a".into(), None, Alive), ("b".into(), None, Alive)]
+        );
+        assert!(transitions(&mut logged, &v).is_empty());
+        let v = [status("a", Suspect), status("b", Alive)];
+        assert_eq!(
+            names(transitions(&mut logged, &v)),
+            [("a".into(), Some(Alive), Suspect)]
+        );
+        assert!(transitions(&mut logged, &v).is_empty());
+        let v = [status("a", Down), status("b", Alive)];
+        assert_eq!(
+            names(transitions(&mut logged, &v)),
+            [("a".into(), Some(Suspect), Down)]
+        );
+        assert!(transitions(&mut logged, &v).is_empty());
+        let v = [status("a", Alive)];
+        assert_eq!(
+            names(transitions(&mut logged, &v)),
+            [("a".into(), Some(Down), Alive)]
+        );
+        assert_eq!(logged.len(), 1, "b, forgotten by SWIM, is forgotten");
     }
 }

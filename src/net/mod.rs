@@ -87,6 +87,7 @@ pub(crate) struct NetStats {
     pub(crate) connections_established: AtomicU64,
     pub(crate) connections_refused: AtomicU64,
     pub(crate) peers_disconnected: AtomicU64,
+    pub(crate) name_conflicts: AtomicU64,
     pub(crate) frames_rejected: AtomicU64,
     pub(crate) frames_dropped_full: AtomicU64,
     pub(crate) frame_bytes_sent: AtomicU64,
@@ -108,6 +109,7 @@ impl NetStats {
             connections_established: g(&self.connections_established),
             connections_refused: g(&self.connections_refused),
             peers_disconnected: g(&self.peers_disconnected),
+            name_conflicts: g(&self.name_conflicts),
             frames_rejected: g(&self.frames_rejected),
             frames_dropped_full: g(&self.frames_dropped_full),
             frame_bytes_sent: g(&self.frame_bytes_sent),
@@ -131,6 +133,10 @@ pub struct NetStatsSnapshot {
     /// Authenticated peers disconnected for breaking the protocol (oversized or undecodable
     /// frames, messages the replica refused).
     pub peers_disconnected: u64,
+    /// Refusals of a peer claiming the name of another member that is alive: its connections
+    /// refused here, our connections the peer refused for that reason, and identities with
+    /// that name SWIM ignored (each counted once).
+    pub name_conflicts: u64,
     /// Frames refused before decoding or by the decoder.
     pub frames_rejected: u64,
     /// Outgoing frames dropped because a peer's queue was full (retransmitted later).

@@ -22,7 +22,10 @@
 //! SWIM datagrams (`membership`) ride the same authenticated connection (QUIC datagrams, a
 //! bounded buffer each way). A connection registers its peer with the writer, but the replica
 //! treats it as up only while SWIM reports the member alive. Seeds are dialled until joined;
-//! afterwards connections are made to the members SWIM probes.
+//! afterwards connections are made to the members SWIM probes. While SWIM has a member alive,
+//! a connection from another instance (hello nonce) with its name is refused with the
+//! name-conflict close code, so a second process holding a certificate for that name cannot take
+//! its place; a restarted member gets in once SWIM has declared its old incarnation down.
 
 use super::certs::TlsDir;
 use super::faults::{Faults, FaultySocket};
@@ -109,6 +112,19 @@ const DATAGRAM_BUFFER_BYTES: usize = 64 * 1024;
 /// SWIM datagrams kept per member while a connection to it is being dialled.
 const PENDING_DATAGRAMS_MAX: usize = 16;
 
+/// What [`Net::register`] made of a new connection.
+enum Registration {
+    /// Registered under this link id.
+    Linked(u64),
+    /// Another connection to the same peer is kept.
+    Duplicate,
+    /// Another member with the peer's name is alive on another connection.
+    NameConflict,
+}
+
+/// Name conflicts remembered (each logged once); forgotten when full.
+const CONFLICTS_REMEMBERED: usize = 1024;
+
 struct LinkEntry {
     id: u64,
     instance: u64,
@@ -130,6 +146,10 @@ pub(crate) struct Net {
     /// SWIM datagrams waiting for a connection to their member.
     pending: Mutex<BTreeMap<String, Vec<Bytes>>>,
     links: Mutex<BTreeMap<String, LinkEntry>>,
+    /// Name conflicts already logged: (peer name, peer instance).
+    conflicts: Mutex<BTreeSet<(String, u64)>>,
+    /// The instance of the last connection registered for each peer name.
+    instances: Mutex<BTreeMap<String, u64>>,
     next_link: AtomicU64,
     pub(crate) stats: Arc<NetStats>,
     closing: AtomicBool,
@@ -230,6 +250,8 @@ impl Net {
             dialing: Mutex::new(BTreeSet::new()),
             pending: Mutex::new(BTreeMap::new()),
             links: Mutex::new(BTreeMap::new()),
+            conflicts: Mutex::new(BTreeSet::new()),
+            instances: Mutex::new(BTreeMap::new()),
             next_link: AtomicU64::new(1),
             stats: Arc::new(NetStats::default()),
             closing: AtomicBool::new(false),
@@ -417,13 +439,12 @@ impl Net {
                     let r = match connecting {
                         Ok(c) => match c.await {
                             Ok(conn) => {
-                                // Authenticated and announced: the seed did its job; the
-                                // connection lives on its own task.
-                                let net2 = Arc::clone(&net);
+                                // The connection lives on its own task; this loop watches it.
+                                let (net2, watched) = (Arc::clone(&net), conn.clone());
                                 tokio::spawn(async move {
                                     let _ = net2.run_connection(conn, true).await;
                                 });
-                                Ok(())
+                                Ok(watched)
                             }
                             Err(e) => Err(NetError::Connect(e.to_string())),
                         },
@@ -437,7 +458,15 @@ impl Net {
                     Err(NetError::Connect("already dialling".into()))
                 };
                 match outcome {
-                    Ok(()) => return,
+                    // Joined through it: the seed did its job. If it closes first (the seed
+                    // refused us, say while another member with our name looks alive there),
+                    // dial again.
+                    Ok(conn) => {
+                        if net.joined_or_closed(&conn).await {
+                            return;
+                        }
+                        backoff = (backoff * 2).min(net.opts.redial_max);
+                    }
                     Err(e) => {
                         tracing::debug!(%addr, error = %e, "seed dial failed");
                         backoff = (backoff * 2).min(net.opts.redial_max);
@@ -451,6 +480,24 @@ impl Net {
         });
     }
 
+    /// Waits until SWIM has joined a live member (`true`) or `conn` closes first, or the
+    /// endpoint closes (`false`).
+    async fn joined_or_closed(&self, conn: &Connection) -> bool {
+        loop {
+            if self.membership.get().is_some_and(Membership::joined) {
+                return true;
+            }
+            if conn.close_reason().is_some() || self.is_closing() {
+                return false;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                _ = conn.closed() => {}
+                _ = self.closed.notified() => return false,
+            }
+        }
+    }
+
     /// Runs an established connection to its end: name exchange, registration with the
     /// writer, frames both ways. Returns the peer's name once it was authenticated.
     async fn run_connection(
@@ -460,6 +507,12 @@ impl Net {
     ) -> Result<String, NetError> {
         let (peer_name, instance, send, recv) = match self.handshake(&conn, dialer).await {
             Ok(ok) => ok,
+            // The peer refused us before its hello got out: a member with our name is alive
+            // there.
+            Err(e) if refused_for_our_name(&conn) => {
+                self.refused_by_peer(&conn.remote_address().to_string(), 0);
+                return Err(e);
+            }
             Err(e) => {
                 NetStats::add(&self.stats.connections_refused, 1);
                 tracing::warn!(remote = %conn.remote_address(), error = %e, "peer refused");
@@ -467,9 +520,26 @@ impl Net {
                 return Err(e);
             }
         };
-        let Some(id) = self.register(&peer_name, instance, dialer, &conn) else {
-            conn.close(VarInt::from_u32(close::DUPLICATE), b"duplicate");
-            return Ok(peer_name);
+        let id = match self.register(&peer_name, instance, dialer, &conn) {
+            Registration::Linked(id) => id,
+            Registration::Duplicate => {
+                conn.close(VarInt::from_u32(close::DUPLICATE), b"duplicate");
+                return Ok(peer_name);
+            }
+            Registration::NameConflict => {
+                NetStats::add(&self.stats.name_conflicts, 1);
+                if self.first_conflict(&peer_name, instance) {
+                    tracing::warn!(
+                        peer = %peer_name,
+                        remote = %conn.remote_address(),
+                        "refused a second peer named like a member that is alive"
+                    );
+                }
+                conn.close(VarInt::from_u32(close::NAME_CONFLICT), b"name conflict");
+                return Err(NetError::Identity(format!(
+                    "a member named {peer_name:?} is alive"
+                )));
+            }
         };
         NetStats::add(&self.stats.connections_established, 1);
         let peer = peer_id_of_name(&peer_name);
@@ -510,6 +580,16 @@ impl Net {
         }
         let why = self.read_frames(recv, peer).await;
         datagrams.abort();
+        if let Some(quinn::ConnectionError::ApplicationClosed(c)) = conn.close_reason() {
+            if c.error_code == VarInt::from_u32(close::SHUTDOWN) {
+                if let Some(m) = self.membership.get() {
+                    m.mark_left(&peer_name);
+                }
+            }
+        }
+        if refused_for_our_name(&conn) {
+            self.refused_by_peer(&peer_name, instance);
+        }
         if let Some(why) = why {
             NetStats::add(&self.stats.peers_disconnected, 1);
             tracing::warn!(peer = %peer_name, why, "disconnecting a peer");
@@ -578,19 +658,58 @@ impl Net {
         Ok((hello.name, hello.instance, send, recv))
     }
 
-    /// Registers an authenticated connection; `None` when another connection to the same peer
-    /// is kept instead (both sides pick the same one: a newer peer instance wins, and between
-    /// two connections of the same instances the one dialled by the smaller name).
+    /// Counts (and logs once) that `peer` refused us for another member with our name.
+    fn refused_by_peer(&self, peer: &str, instance: u64) {
+        NetStats::add(&self.stats.name_conflicts, 1);
+        if self.first_conflict(peer, instance) {
+            tracing::warn!(
+                peer,
+                name = %self.name,
+                "refused by a peer: another member with our name is alive there"
+            );
+        }
+    }
+
+    /// True the first time a name conflict with (`name`, `instance`) is met: later ones are
+    /// counted but not logged again.
+    fn first_conflict(&self, name: &str, instance: u64) -> bool {
+        self.conflicts.lock().is_ok_and(|mut c| {
+            if c.len() >= CONFLICTS_REMEMBERED {
+                c.clear();
+            }
+            c.insert((name.to_owned(), instance))
+        })
+    }
+
+    /// Registers an authenticated connection. `Duplicate` when another connection to the same
+    /// peer is kept instead (both sides pick the same one: a newer peer instance wins, and
+    /// between two connections of the same instances the one dialled by the smaller name);
+    /// `NameConflict` when the peer is another instance than the last one registered with its
+    /// name and SWIM has that member alive (or suspect): the newcomer is refused, whether the
+    /// known one's connection is live or between reconnections. A restarted member gets in once
+    /// SWIM has declared its old incarnation down (or it left).
     fn register(
         &self,
         name: &str,
         instance: u64,
         dialer_is_me: bool,
         conn: &Connection,
-    ) -> Option<u64> {
-        let mut links = self.links.lock().ok()?;
+    ) -> Registration {
+        let Ok(mut links) = self.links.lock() else {
+            return Registration::Duplicate;
+        };
         let id = self.next_link.fetch_add(1, Ordering::Relaxed);
         let preferred_dialer_is_me = self.name.as_str() < name;
+        let known = self
+            .instances
+            .lock()
+            .ok()
+            .and_then(|i| i.get(name).copied());
+        if known.is_some_and(|k| k != instance)
+            && self.membership.get().is_some_and(|m| m.is_alive(name))
+        {
+            return Registration::NameConflict;
+        }
         if let Some(old) = links.get(name) {
             let alive = old.conn.close_reason().is_none();
             let keep_old = alive
@@ -598,7 +717,7 @@ impl Net {
                 && old.dialer_is_me == preferred_dialer_is_me
                 && dialer_is_me != preferred_dialer_is_me;
             if keep_old {
-                return None;
+                return Registration::Duplicate;
             }
             if alive {
                 old.conn
@@ -614,7 +733,10 @@ impl Net {
                 conn: conn.clone(),
             },
         );
-        Some(id)
+        if let Ok(mut i) = self.instances.lock() {
+            i.insert(name.to_owned(), instance);
+        }
+        Registration::Linked(id)
     }
 
     /// Reads frames until the stream ends; `Some(reason)` if the peer broke the protocol.
@@ -657,6 +779,15 @@ impl Net {
             }
         }
     }
+}
+
+/// True when the peer closed `conn` because a member with our name is alive there.
+fn refused_for_our_name(conn: &Connection) -> bool {
+    matches!(
+        conn.close_reason(),
+        Some(quinn::ConnectionError::ApplicationClosed(c))
+            if c.error_code == VarInt::from_u32(close::NAME_CONFLICT)
+    )
 }
 
 async fn write_frames(mut send: SendStream, mut rx: mpsc::Receiver<Vec<u8>>, stats: Arc<NetStats>) {
