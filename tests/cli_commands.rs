@@ -989,3 +989,110 @@ fn the_token_comes_from_a_file_or_the_environment_and_the_command_line_warns() {
         "no warning for --token on the command line: {text}"
     );
 }
+
+/// A node whose certificate comes from another CA joins a cluster: both sides say so at WARN,
+/// with the reason, once (not per redial), and the refusal is counted.
+#[test]
+fn a_peer_from_another_ca_is_refused_with_a_warning_on_both_sides() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    let certs = |args: &[&str]| {
+        ok(&Command::new(BIN)
+            .arg("certs")
+            .args(args)
+            .output()
+            .expect("certs"))
+    };
+    certs(&["init", "--out", &p("ca1")]);
+    certs(&["init", "--out", &p("ca2")]);
+    certs(&[
+        "issue",
+        "--ca",
+        &p("ca1"),
+        "--name",
+        "alpha",
+        "--out",
+        &p("alpha-tls"),
+    ]);
+    certs(&[
+        "issue",
+        "--ca",
+        &p("ca2"),
+        "--name",
+        "beta",
+        "--out",
+        &p("beta-tls"),
+    ]);
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("free port")
+        .port();
+    let alpha_peer = format!("127.0.0.1:{port}");
+    let (alpha_log, beta_log) = (dir.path().join("alpha.log"), dir.path().join("beta.log"));
+    let mut alpha = serve_logged(
+        &[
+            "--http",
+            "127.0.0.1:0",
+            "--peer-listen",
+            &alpha_peer,
+            "--tls",
+            &p("alpha-tls"),
+            "--data",
+            &p("alpha"),
+        ],
+        &alpha_log,
+    );
+    let alpha_url = url_in(&first_line(&mut alpha)).expect("alpha url");
+    let mut beta = serve_logged(
+        &[
+            "--http",
+            "127.0.0.1:0",
+            "--peer-listen",
+            "127.0.0.1:0",
+            "--tls",
+            &p("beta-tls"),
+            "--data",
+            &p("beta"),
+            "--join",
+            &alpha_peer,
+        ],
+        &beta_log,
+    );
+    first_line(&mut beta);
+    let warned = |log: &std::path::Path| {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains("certificate from another CA"))
+            .count()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while warned(&alpha_log) == 0 || warned(&beta_log) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no warning naming the CA\nalpha:\n{}\nbeta:\n{}",
+            std::fs::read_to_string(&alpha_log).unwrap_or_default(),
+            std::fs::read_to_string(&beta_log).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // beta keeps redialling (a few times in these seconds); each side still warned once.
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    assert_eq!((warned(&alpha_log), warned(&beta_log)), (1, 1));
+    let m = ureq::get(&format!("{alpha_url}/metrics"))
+        .call()
+        .expect("metrics")
+        .into_body()
+        .read_to_string()
+        .expect("body");
+    let refused = m
+        .lines()
+        .find(|l| l.starts_with("tidemark_peer_connections_total{result=\"refused\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(refused >= 1, "{m}");
+    for mut c in [alpha, beta] {
+        sigterm(&mut c);
+    }
+}

@@ -18,6 +18,7 @@ pub mod certs;
 mod faults;
 pub(crate) mod link;
 mod membership;
+mod refusals;
 mod tls;
 pub(crate) mod transport;
 

@@ -150,6 +150,8 @@ pub(crate) struct Net {
     conflicts: Mutex<BTreeSet<(String, u64)>>,
     /// The instance of the last connection registered for each peer name.
     instances: Mutex<BTreeMap<String, u64>>,
+    /// Refused and failed connections already warned about, per remote and reason.
+    warned: super::refusals::WarnLimiter,
     next_link: AtomicU64,
     pub(crate) stats: Arc<NetStats>,
     closing: AtomicBool,
@@ -252,6 +254,7 @@ impl Net {
             links: Mutex::new(BTreeMap::new()),
             conflicts: Mutex::new(BTreeSet::new()),
             instances: Mutex::new(BTreeMap::new()),
+            warned: super::refusals::WarnLimiter::new(Duration::from_secs(60)),
             next_link: AtomicU64::new(1),
             stats: Arc::new(NetStats::default()),
             closing: AtomicBool::new(false),
@@ -376,9 +379,22 @@ impl Net {
                 d.remove(&addr);
             }
             if let Err(e) = outcome {
-                tracing::debug!(%addr, error = %e, "member dial failed");
+                net.dial_failed(addr, &e, "member");
             }
         });
+    }
+
+    /// Logs a failed dial: at WARN (once a minute per address and reason) when the cause is
+    /// configuration (certificates, names) or the address is a seed; at DEBUG when a member
+    /// is merely down.
+    fn dial_failed(&self, addr: SocketAddr, e: &NetError, what: &'static str) {
+        let why = super::refusals::reason(&e.to_string());
+        let loud = what == "seed" || super::refusals::is_misconfiguration(why);
+        if loud && self.warned.due(&addr.to_string(), why) {
+            tracing::warn!(%addr, reason = why, error = %e, "cannot connect to a {what} peer");
+        } else {
+            tracing::debug!(%addr, reason = why, error = %e, "cannot connect to a {what} peer");
+        }
     }
 
     /// One dial to `addr`, running the connection to its end if it is made.
@@ -406,6 +422,7 @@ impl Net {
                 continue;
             }
             let net = Arc::clone(&self);
+            let remote = incoming.remote_address();
             tokio::spawn(async move {
                 match incoming.await {
                     Ok(conn) => {
@@ -413,7 +430,17 @@ impl Net {
                     }
                     Err(e) => {
                         NetStats::add(&net.stats.connections_refused, 1);
-                        tracing::debug!(error = %e, "incoming handshake failed");
+                        let why = super::refusals::reason(&e.to_string());
+                        if net.warned.due(&remote.to_string(), why) {
+                            tracing::warn!(
+                                %remote,
+                                reason = why,
+                                error = %e,
+                                "refused a peer connection"
+                            );
+                        } else {
+                            tracing::debug!(%remote, reason = why, error = %e, "refused a peer connection");
+                        }
                     }
                 }
             });
@@ -468,7 +495,7 @@ impl Net {
                         backoff = (backoff * 2).min(net.opts.redial_max);
                     }
                     Err(e) => {
-                        tracing::debug!(%addr, error = %e, "seed dial failed");
+                        net.dial_failed(addr, &e, "seed");
                         backoff = (backoff * 2).min(net.opts.redial_max);
                     }
                 }
@@ -515,7 +542,15 @@ impl Net {
             }
             Err(e) => {
                 NetStats::add(&self.stats.connections_refused, 1);
-                tracing::warn!(remote = %conn.remote_address(), error = %e, "peer refused");
+                let (remote, why) = (
+                    conn.remote_address(),
+                    super::refusals::reason(&e.to_string()),
+                );
+                if self.warned.due(&remote.to_string(), why) {
+                    tracing::warn!(%remote, reason = why, error = %e, "refused a peer connection");
+                } else {
+                    tracing::debug!(%remote, reason = why, error = %e, "refused a peer connection");
+                }
                 conn.close(VarInt::from_u32(close::IDENTITY), b"identity");
                 return Err(e);
             }
