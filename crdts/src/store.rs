@@ -301,6 +301,19 @@ impl Value {
     pub fn empty(kind: KeyKind) -> Value {
         Entry::bottom(kind).value()
     }
+
+    /// About the bytes of this value's JSON text (its elements' canonical JSON, one separator
+    /// each; 20 for a number): what serving or buffering it costs, without building the text.
+    pub fn text_bytes(&self) -> usize {
+        match self {
+            Value::GCounter(_) | Value::PNCounter(_) => 20,
+            Value::Lww(None) => 4,
+            Value::Lww(Some(v)) => v.len(),
+            Value::ORSet(items) | Value::MvReg(items) => {
+                2 + items.iter().map(|v| v.len() + 1).sum::<usize>()
+            }
+        }
+    }
 }
 
 /// A mutation of one key.

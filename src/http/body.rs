@@ -15,6 +15,15 @@ fn timeout_error() -> ApiError {
     )
 }
 
+fn line_timeout_error(line: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "body_timeout",
+        format!("line {line} did not arrive whole within http.body_read_timeout_ms"),
+    )
+    .at(format!("line {line}"))
+}
+
 fn read_error(e: &axum::Error) -> ApiError {
     ApiError::bad_request("body_read", format!("reading the request body failed: {e}"))
 }
@@ -135,6 +144,10 @@ pub(crate) async fn read_limited(
 }
 
 /// NDJSON lines of a streamed body, numbered from 1; blank lines are skipped (but counted).
+///
+/// The line buffer is charged to the in-flight body budget as it grows (in steps of
+/// [`LINE_CHARGE_STEP`]), so a client that trickles holds only what it sent; and each line must
+/// arrive whole within the body timeout, so one that trickles a line forever is cut off (408).
 pub(crate) struct Lines {
     chunks: Chunks,
     buf: Vec<u8>,
@@ -145,10 +158,24 @@ pub(crate) struct Lines {
     line_no: usize,
     line_max: usize,
     done: bool,
+    budget: BodyBudget,
+    held: Option<tokio::sync::OwnedSemaphorePermit>,
+    charged: usize,
+    retry_after: u64,
+    /// When the first byte of the line being read arrived.
+    line_since: Option<tokio::time::Instant>,
 }
 
+/// The line buffer's bytes are charged to the body budget in steps of this many.
+pub(crate) const LINE_CHARGE_STEP: usize = 64 * 1024;
+
 impl Lines {
-    pub(crate) fn new(chunks: Chunks, line_max: usize) -> Self {
+    pub(crate) fn new(
+        chunks: Chunks,
+        line_max: usize,
+        budget: &BodyBudget,
+        retry_after: u64,
+    ) -> Self {
         Self {
             chunks,
             buf: Vec::new(),
@@ -157,7 +184,27 @@ impl Lines {
             line_no: 0,
             line_max,
             done: false,
+            budget: std::sync::Arc::clone(budget),
+            held: None,
+            charged: 0,
+            retry_after,
+            line_since: None,
         }
+    }
+
+    /// Charges the buffer's bytes (rounded up to a step) to the budget.
+    fn charge_buffer(&mut self) -> Result<(), ApiError> {
+        let need = self.buf.len().div_ceil(LINE_CHARGE_STEP) * LINE_CHARGE_STEP;
+        if need > self.charged {
+            charge(
+                &self.budget,
+                &mut self.held,
+                need - self.charged,
+                self.retry_after,
+            )?;
+            self.charged = need;
+        }
+        Ok(())
     }
 
     fn line_too_long(&self, line: usize) -> ApiError {
@@ -189,6 +236,8 @@ impl Lines {
                 let line = line.to_vec();
                 self.start = end + 1;
                 self.scanned = 0;
+                // The rest of the buffer (if any) is the next line's start, which arrived now.
+                self.line_since = Some(tokio::time::Instant::now());
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
@@ -213,8 +262,25 @@ impl Lines {
                 self.buf.drain(..self.start);
                 self.start = 0;
             }
-            match self.chunks.next().await? {
-                Some(chunk) => self.buf.extend_from_slice(&chunk),
+            // A line that started must end within the body timeout.
+            let chunk = match self.line_since.filter(|_| self.start < self.buf.len()) {
+                Some(since) => {
+                    let left = (since + self.chunks.timeout)
+                        .saturating_duration_since(tokio::time::Instant::now());
+                    tokio::time::timeout(left, self.chunks.next())
+                        .await
+                        .map_err(|_| line_timeout_error(self.line_no + 1))??
+                }
+                None => self.chunks.next().await?,
+            };
+            match chunk {
+                Some(chunk) => {
+                    if self.start >= self.buf.len() || self.line_since.is_none() {
+                        self.line_since = Some(tokio::time::Instant::now());
+                    }
+                    self.buf.extend_from_slice(&chunk);
+                    self.charge_buffer()?;
+                }
                 None => self.done = true,
             }
         }

@@ -395,8 +395,9 @@ fn has_body(req: &Request) -> bool {
 /// Browser safety on every route but `/healthz` and `/readyz` (they answer only a status word,
 /// and probes behind port mappings or proxies send a `Host` of their own): the `Host` must name this node (421, against
 /// DNS rebinding), an `Origin` must be the node's own or allowed (403, against cross-site
-/// pages), and a write body must be JSON or NDJSON (415: the content types a page can send
-/// without a CORS preflight are refused).
+/// pages; so is a request a page of another site caused without an `Origin`, by its
+/// `Sec-Fetch-Site`), and a write body must be JSON or NDJSON (415: the content types a page
+/// can send without a CORS preflight are refused).
 pub(crate) async fn browser_guard(
     State(state): State<AppState>,
     req: Request,
@@ -450,6 +451,28 @@ pub(crate) async fn browser_guard(
             .at("header Origin")
             .into_response();
         }
+    }
+    // A browser names where a request comes from even when it sends no `Origin` (an `<img>`,
+    // a `<script>`, a link): a request a page of another site caused is refused, unless its
+    // origin was allowed above. Clients that are not browsers send no such header.
+    let fetch_site = req
+        .headers()
+        .get("sec-fetch-site")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("none");
+    let allowed_origin = req.headers().contains_key(header::ORIGIN);
+    if !allowed_origin && matches!(fetch_site, "cross-site" | "same-site") {
+        state.metrics.rejected("origin");
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "origin_not_allowed",
+            format!(
+                "requests caused by pages of other sites are refused (Sec-Fetch-Site: \
+                 {fetch_site}); open the node's console or API directly"
+            ),
+        )
+        .at("header Sec-Fetch-Site")
+        .into_response();
     }
     let writes = matches!(
         *req.method(),

@@ -319,6 +319,13 @@ fn list_query(
 
 const LIST_LIMIT_MAX: usize = 1000;
 
+/// Largest value (about, as JSON text) a watch event carries; a larger one is announced with
+/// `value_omitted` and read with `GET /v1/keys/{type}/{name}`.
+const WATCH_EVENT_VALUE_BYTES_MAX: usize = 1 << 20;
+
+/// About the most bytes of values one `GET /v1/keys` page carries (past it, `next` continues).
+const LIST_PAGE_BYTES_MAX: usize = 1 << 20;
+
 async fn list_keys(
     State(state): State<AppState>,
     q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
@@ -357,6 +364,10 @@ async fn list_keys(
     ];
     let mut keys = Vec::new();
     let mut last: Option<Key> = None;
+    // Bytes of the values on the page so far: a page holds at most `limit` keys and about
+    // `LIST_PAGE_BYTES_MAX` bytes of values (at least one key), so a listing of large sets
+    // cannot make one answer of any size.
+    let (mut page_bytes, mut full_bytes) = (0usize, false);
     for kind in kinds {
         if only.is_some_and(|o| o != kind) {
             continue;
@@ -376,6 +387,11 @@ async fn list_keys(
             let full = page.len() == want;
             let mut skip_to = None;
             for (key, value) in page {
+                if !keys.is_empty() && page_bytes + value.text_bytes() > LIST_PAGE_BYTES_MAX {
+                    // Over the page's byte bound: this key starts the next page.
+                    full_bytes = true;
+                    break;
+                }
                 if !q.internal && crate::model::is_reserved(&key.name) {
                     // Internal keys are contiguous: go on past all of them at once.
                     skip_to = Some(past_reserved(
@@ -384,9 +400,13 @@ async fn list_keys(
                     ));
                     break;
                 }
+                page_bytes += key.name.len() + value.text_bytes();
                 keys.push(key_json(&key, &value));
                 start = Some(key.name.clone());
                 last = Some(key);
+            }
+            if full_bytes {
+                break;
             }
             match skip_to {
                 Some(past) => start = Some(past),
@@ -397,11 +417,11 @@ async fn list_keys(
                 break;
             }
         }
-        if keys.len() >= limit {
+        if keys.len() >= limit || full_bytes {
             break;
         }
     }
-    let next = if keys.len() >= limit {
+    let next = if keys.len() >= limit || full_bytes {
         last.map(|k| format!("{}/{}", k.kind.as_str(), k.name))
     } else {
         None
@@ -548,20 +568,14 @@ async fn ingest_stream(
         )
         .at("path stream"));
     }
-    // The line buffer can grow to `line_bytes_max` before the first line (and the slot) is
-    // taken: that share of the in-flight body budget is held for the whole request, so many
-    // ingests that trickle a first line cannot hold unbounded memory between them.
-    let mut line_share = None;
-    super::body::charge(
-        &state.body_budget,
-        &mut line_share,
-        state.config.line_bytes_max,
-        state.config.retry_after_secs,
-    )?;
     let batch_events = state.config.ingest_batch_events.min(limits.batch_ops_max);
+    // The line buffer is charged to the body budget as it fills; each line must arrive whole
+    // within the body timeout.
     let mut lines = Lines::new(
         Chunks::new(body, body_timeout(state)),
         state.config.line_bytes_max,
+        &state.body_budget,
+        state.config.retry_after_secs,
     );
     let mut batch: Vec<StreamEvent> = Vec::new();
     let mut batch_lines: Vec<usize> = Vec::new();
@@ -674,6 +688,21 @@ async fn watch(
             };
             let ev = next?;
             let sse = match ev {
+                // A value over the bound is not copied into the stream (each stalled client
+                // would hold its own copy): the event says so and the client reads the key.
+                WatchEvent::Changed(change)
+                    if change.value.text_bytes() > WATCH_EVENT_VALUE_BYTES_MAX =>
+                {
+                    SseEvent::default().event("change").data(
+                        json!({
+                            "type": change.key.kind.as_str(),
+                            "key": change.key.name,
+                            "value_omitted": true,
+                            "value_bytes": change.value.text_bytes(),
+                        })
+                        .to_string(),
+                    )
+                }
                 WatchEvent::Changed(change) => SseEvent::default()
                     .event("change")
                     .data(key_json(&change.key, &change.value).to_string()),
