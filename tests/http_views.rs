@@ -240,6 +240,27 @@ fn key_listings_hide_the_views_internal_keys_unless_asked() {
         (400, "invalid_query", "query after"),
         "{a:?}"
     );
+    // Valid JSON but not a cursor as pages give them: another spelling of the same value, the
+    // wrong number of group values. Each would page from elsewhere.
+    let (prefix, group) = next.split_once("/-/").expect("a cell of an unwindowed view");
+    let prefix = format!("{prefix}/-");
+    for other in [
+        format!("{prefix}/{}", group.replace('/', "\\u002f")),
+        format!("{prefix}/{}", group.replacen('[', "[ ", 1)),
+        format!("{prefix}/{}", group.replacen(']', ",2]", 1)),
+        format!("{prefix}/[]"),
+    ] {
+        assert_ne!(other, next);
+        let a = get(&s.url(&format!(
+            "/v1/views/clicks_per_page?after={}",
+            encode(&other)
+        )));
+        assert_eq!(
+            (a.status, a.code()),
+            (400, "invalid_query"),
+            "{other}: {a:?}"
+        );
+    }
     let followed = view(&s, "clicks_per_page", &format!("?after={}", encode(&next)));
     assert_eq!(counts(&followed).len(), 28);
     let bad = get(&s.url("/v1/keys?internal=maybe"));

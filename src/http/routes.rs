@@ -319,6 +319,25 @@ fn list_query(
 
 const LIST_LIMIT_MAX: usize = 1000;
 
+/// Is `after` a cell name of `view` exactly as a page's `next` gives it? (Its window start
+/// present exactly when the view is windowed, one value per group field, and its group JSON in
+/// the one encoding cells are written with: another spelling of the same values would sort
+/// elsewhere and page from the wrong place.)
+fn is_view_cursor(view: &crate::views::CompiledView, after: &str) -> bool {
+    use crate::views::keys::{parse_view_key, view_key};
+    let Some((start, group)) = parse_view_key(&view.def.name, &view.digest, after) else {
+        return false;
+    };
+    start.is_some() == view.window.is_some()
+        && group.len() == view.def.group_by.len()
+        && view_key(
+            &view.def.name,
+            &view.digest,
+            start,
+            &serde_json::Value::Array(group).to_string(),
+        ) == after
+}
+
 /// Largest value (about, as JSON text) a watch event carries; a larger one is announced with
 /// `value_omitted` and read with `GET /v1/keys/{type}/{name}`.
 const WATCH_EVENT_VALUE_BYTES_MAX: usize = 1 << 20;
@@ -940,7 +959,7 @@ async fn view(
     // A cursor is a page's `next` as given: one that is not (say, mangled by a shell that ate
     // its quotes) would page from somewhere else and skip rows without a word.
     if let Some(after) = &query.after
-        && crate::views::keys::parse_view_key(&def.def.name, &def.digest, after).is_none()
+        && !is_view_cursor(def, after)
     {
         return Err(bad_query(
             "after",
