@@ -275,6 +275,18 @@ fn duplicate_members_are_refused_naming_the_member() {
         (400, "invalid_op", "line 2, field type"),
         "{a:?}"
     );
+    // Inside a value, at any depth.
+    for value in [r#"{"a":1,"a":2}"#, r#"[{"x":{"b":1,"b":1}}]"#] {
+        let a = post(
+            &url,
+            format!(r#"[{{"type":"lww","key":"d","op":"set","value":{value}}}]"#),
+        );
+        assert_eq!(
+            (a.status, a.code(), a.at()),
+            (400, "invalid_op", "index 0, field value"),
+            "{value}: {a:?}"
+        );
+    }
     http_support::missing(&s, "lww", "d");
     http_support::missing(&s, "gcounter", "d");
     let a = post(

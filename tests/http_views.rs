@@ -242,7 +242,9 @@ fn key_listings_hide_the_views_internal_keys_unless_asked() {
     );
     // Valid JSON but not a cursor as pages give them: another spelling of the same value, the
     // wrong number of group values. Each would page from elsewhere.
-    let (prefix, group) = next.split_once("/-/").expect("a cell of an unwindowed view");
+    let (prefix, group) = next
+        .split_once("/-/")
+        .expect("a cell of an unwindowed view");
     let prefix = format!("{prefix}/-");
     for other in [
         format!("{prefix}/{}", group.replace('/', "\\u002f")),

@@ -84,6 +84,18 @@ fn wire_to_op(w: WireOp<'_>, pos: Pos, limits: &Limits) -> Result<Op, ApiError> 
                 )
                 .at(format!("{pos}, field value")));
             }
+            // Inside a value too, a member given twice would silently mean its last copy.
+            let mut de = serde_json::Deserializer::from_str(raw.get());
+            if let Err(e) = NoDuplicates::deserialize(&mut de) {
+                if let Some(member) = e.to_string().strip_prefix(DUPLICATE) {
+                    let member = member.split('`').next().unwrap_or("");
+                    return Err(ApiError::bad_request(
+                        "invalid_op",
+                        format!("member `{member}` is given twice in the value"),
+                    )
+                    .at(format!("{pos}, field value")));
+                }
+            }
             Some(serde_json::from_str(raw.get()).map_err(|e| syntax_error(&e, None))?)
         }
     };
