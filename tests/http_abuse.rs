@@ -314,5 +314,21 @@ fn a_watcher_that_never_reads_holds_bounded_memory_on_a_large_set() {
             seen.drain(..seen.len() - (1 << 20));
         }
     }
+    // The set is now over 1 MiB of JSON: a change to it comes without its value, which the
+    // watcher reads instead (no stream holds a copy of it).
+    let body = format!(
+        r#"[{{"type":"orset","key":"big","op":"add","value":"{}"}}]"#,
+        element(5000)
+    );
+    assert_eq!(http_support::post(&s.url("/v1/ops"), body).status, 200);
+    seen.clear();
+    while !String::from_utf8_lossy(&seen).contains("\"value_omitted\":true") {
+        assert!(Instant::now() < deadline, "no change without its value");
+        let n = watcher.read(&mut buf).expect("read watch");
+        assert!(n > 0, "watch closed");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.contains("\"value_bytes\":"), "{text}");
     assert_eq!(get(&s.url("/healthz")).status, 200);
 }
