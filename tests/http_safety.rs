@@ -310,6 +310,12 @@ fn duplicate_members_are_refused_naming_the_member() {
 fn every_error_is_the_json_error_shape() {
     let s = Served::start();
     let h = host(&s);
+    let a = post(&s.url("/v1/streams/%FF/events"), "{}\n");
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (400, "invalid_stream", "path stream"),
+        "{a:?}"
+    );
     for (req, status, at) in [
         ("GET /v1/keys/lww/%FF", 400, "path"),
         ("GET /v1/keys?limit=-1", 400, "query limit"),

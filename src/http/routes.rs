@@ -546,9 +546,17 @@ async fn commit_events(
 
 async fn post_events(
     State(state): State<AppState>,
-    Path(stream): Path<String>,
+    stream: Result<Path<String>, axum::extract::rejection::PathRejection>,
     body: Body,
 ) -> Response {
+    let stream = match stream {
+        Ok(Path(stream)) => stream,
+        Err(e) => {
+            return ApiError::bad_request("invalid_stream", e.body_text())
+                .at("path stream")
+                .into_response();
+        }
+    };
     let mut tally = Tally::default();
     match ingest_stream(&state, &stream, body, &mut tally).await {
         Ok(()) => axum::Json(json!({
