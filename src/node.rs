@@ -565,7 +565,7 @@ impl Node {
         // no watermark.
         let reader = self.reader()?;
         let me = self.shared.replica;
-        let early = crate::store::first_overflow(&writes, |k| {
+        let early = crate::store::first_overflow(writes.iter().map(|w| w.ops.as_slice()), |k| {
             Ok(crate::store::counter_state(reader.entry(k)?.as_ref(), me))
         })?;
         if let Some(o) = early {

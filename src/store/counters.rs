@@ -5,7 +5,6 @@
 //! batches queued at once cannot both pass and overflow together.
 
 use super::error::StoreError;
-use super::local::LocalWrite;
 use std::collections::HashMap;
 use tidemark_crdts::{Entry, Key, KeyKind, Mutation, ReplicaId, Value};
 
@@ -43,11 +42,11 @@ pub(crate) fn counter_state(entry: Option<&Entry>, me: ReplicaId) -> (i128, i128
     (value, own_inc, own_dec)
 }
 
-/// The first op of `batch` whose increment (with the batch's earlier ops on the same counter)
-/// would take its counter out of range; `state` gives a counter's [`counter_state`] before
-/// the batch.
-pub(crate) fn first_overflow(
-    batch: &[LocalWrite],
+/// The first op of `batch` (the ops of each of its writes, in order) whose increment (with the
+/// batch's earlier ops on the same counter) would take its counter out of range; `state` gives
+/// a counter's [`counter_state`] before the batch.
+pub(crate) fn first_overflow<'a>(
+    batch: impl IntoIterator<Item = &'a [(Key, Mutation)]>,
     mut state: impl FnMut(&Key) -> Result<(i128, i128, i128), StoreError>,
 ) -> Result<Option<Overflow>, StoreError> {
     struct Running {
@@ -58,8 +57,8 @@ pub(crate) fn first_overflow(
     }
     let mut totals: HashMap<&Key, Running> = HashMap::new();
     let sides = i128::from(u64::MAX);
-    for (index, w) in batch.iter().enumerate() {
-        for (key, m) in &w.ops {
+    for (index, ops) in batch.into_iter().enumerate() {
+        for (key, m) in ops {
             let (inc, dec) = match (key.kind, m) {
                 (KeyKind::GCounter | KeyKind::PNCounter, Mutation::Inc(n)) => (i128::from(*n), 0),
                 (KeyKind::PNCounter, Mutation::Dec(n)) => (0, i128::from(*n)),

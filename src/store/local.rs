@@ -390,7 +390,8 @@ impl RedbStore {
                         let batch_start = batch_end;
                         batch_end = batch_ends.next().unwrap_or(writes.len());
                         let batch = &writes[batch_start..batch_end];
-                        if let Some(o) = super::counters::first_overflow(batch, |k| {
+                        let ops = batch.iter().map(|w| w.ops.as_slice());
+                        if let Some(o) = super::counters::first_overflow(ops, |k| {
                             Ok(super::counters::counter_state(rows.entry(k)?, me))
                         })? {
                             refused.push(Refusal {

@@ -72,7 +72,7 @@ pub fn plan(
             // may have been vouched over a membership without this node (a fresh node alone
             // vouches for itself), and no node removes a window it still holds open.
             let own = marks.get(stream).and_then(|m| m.wm);
-            c.wm.max(adopted(c.horizon, own))
+            c.wm.max(super::read::adopted(c.horizon, own))
         } else {
             None
         };
@@ -97,11 +97,6 @@ pub fn plan(
         }
     }
     Ok(out)
-}
-
-/// The part of an announced `horizon` a node with watermark `own` adopts: at most `own`.
-pub(crate) fn adopted(horizon: Option<u64>, own: Option<u64>) -> Option<u64> {
-    horizon.zip(own).map(|(h, w)| h.min(w))
 }
 
 impl Views {

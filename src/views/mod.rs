@@ -289,7 +289,7 @@ impl Views {
                     let (wm, h) = read::largest_announced(reader, stream)?;
                     let bound = self.time_bound(stream, now_ms);
                     let wm = wm.map(|w| w.min(bound));
-                    let h = maintain::adopted(h, wm);
+                    let h = read::adopted(h, wm);
                     if wm.is_some() || h.is_some() {
                         announce.push(self.announcement(stream, wm.unwrap_or(0), h, me));
                     }

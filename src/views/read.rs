@@ -234,6 +234,11 @@ fn to_json(kind: ViewKind, v: &Value) -> serde_json::Value {
     j
 }
 
+/// The part of an announced `horizon` a node with watermark `own` adopts: at most `own`.
+pub(crate) fn adopted(horizon: Option<u64>, own: Option<u64>) -> Option<u64> {
+    horizon.zip(own).map(|(h, w)| h.min(w))
+}
+
 impl Views {
     /// Reads a page of view `name`.
     ///
@@ -276,7 +281,7 @@ impl Views {
             let h = [
                 rh.get(stream).copied(),
                 self.horizon(stream),
-                super::maintain::adopted(announced_h, watermark),
+                adopted(announced_h, watermark),
                 cluster,
             ]
             .into_iter()
