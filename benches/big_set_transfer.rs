@@ -35,6 +35,7 @@ fn main() {
                     ops: vec![(key.clone(), Mutation::Add(format!("\"element-{i:09}\"")))],
                     event: None,
                     stamps: Vec::new(),
+                    late: None,
                 })
                 .collect();
             store.commit_local(&writes, 1).expect("commit");

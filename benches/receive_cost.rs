@@ -120,6 +120,7 @@ fn main() {
                     ops: vec![(k.clone(), m.clone())],
                     event: None,
                     stamps: Vec::new(),
+                    late: None,
                 })
                 .collect();
             store.commit_local(&writes, 0).expect("commit");

@@ -35,6 +35,9 @@ pub struct Limits {
     /// lagged (default 8 MiB): a watcher that stops reading holds at most this much (plus one
     /// change, when a single value is larger).
     pub watch_buffer_bytes_max: usize,
+    /// Most bytes of late events kept per stream in the late lane (default 16 MiB): past it the
+    /// oldest are dropped first, and counted.
+    pub late_bytes_max: usize,
     /// redb page cache in bytes (default 64 MiB): with per-key rows this bounds resident memory.
     pub cache_bytes: usize,
     /// How far ahead of our clock a remote HLC timestamp may be before our clock refuses to
@@ -65,6 +68,7 @@ impl Default for Limits {
             record_bytes_max: 64 * 1024 * 1024,
             watch_buffer_max: 1024,
             watch_buffer_bytes_max: 8 * 1024 * 1024,
+            late_bytes_max: 16 * 1024 * 1024,
             cache_bytes: 64 * 1024 * 1024,
             max_clock_drift_ms: 500,
             sources_per_batch_max: 10_000,
@@ -96,6 +100,7 @@ impl Limits {
             ("record_bytes_max", self.record_bytes_max),
             ("watch_buffer_max", self.watch_buffer_max),
             ("watch_buffer_bytes_max", self.watch_buffer_bytes_max),
+            ("late_bytes_max", self.late_bytes_max),
             ("sources_per_batch_max", self.sources_per_batch_max),
             ("dedup_ranges_max", self.dedup_ranges_max),
         ];

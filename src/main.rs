@@ -146,6 +146,19 @@ enum Command {
         /// The shell, e.g. bash (also zsh, fish, elvish, powershell).
         shell: clap_complete::Shell,
     },
+    /// Show a stream's late lane: events this node acknowledged but applied to no view for
+    /// being late (`late clicks`; `--after ID` continues a page).
+    Late {
+        /// The stream, e.g. clicks.
+        #[arg(value_name = "STREAM")]
+        stream: String,
+        /// Continue after this record id (the `--after` a page prints).
+        #[arg(long)]
+        after: Option<u64>,
+        /// Most records (1..=1000; default 1000).
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1000))]
+        limit: Option<u16>,
+    },
     /// Read a stream view.
     View {
         /// The view's name (a `[[views]]` name of the node's config), e.g. clicks_per_minute.
@@ -281,6 +294,11 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Ingest { stream, input } => return cli::ingest::run(&c, &out, stream, input),
         Command::Watch { kind, prefix } => client::watch(&c, &out, kind.as_deref(), prefix)?,
         Command::Status => client::status(&c, &out)?,
+        Command::Late {
+            stream,
+            after,
+            limit,
+        } => cli::late::late(&c, &out, stream, *after, *limit)?,
         Command::View {
             name,
             group,

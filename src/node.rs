@@ -595,9 +595,12 @@ impl Node {
             let mut wms = views.watermarks.lock().map_err(|_| Error::Closed)?;
             let mut admitted = views.admit(
                 wms.get(stream).copied().unwrap_or_default(),
-                stream,
+                crate::views::AdmitBatch {
+                    stream,
+                    folded,
+                    events: &events,
+                },
                 &mut writes,
-                folded,
                 self.shared.replica,
                 coalesce.then_some(&reader),
             );
@@ -649,6 +652,23 @@ impl Node {
             &known,
             peer_id_of,
         )
+    }
+
+    /// Up to `limit` events of `stream`'s late lane with ids above `after` (from the oldest
+    /// kept with `None`; `limit` 0 means the page maximum): every event this node
+    /// acknowledged but applied to no view for being late, with the views, the reason, its
+    /// watermark then and when. The lane is durable (written with the event) and bounded by
+    /// `limits.late_bytes_max` per stream, oldest dropped first (counted in `dropped`).
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub fn late_events(
+        &self,
+        stream: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<crate::views::LateEvents, Error> {
+        crate::views::late::page(&self.reader()?, stream, after, limit)
     }
 
     /// Peers that count as members for view finality: every peer met since open.

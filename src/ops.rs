@@ -393,6 +393,7 @@ impl<'l> OpsValidator<'l> {
             ops: vec![(key, mutation)],
             event,
             stamps: Vec::new(),
+            late: None,
         };
         check_write_size(&w, i, limits)?;
         Ok(w)
@@ -475,6 +476,7 @@ pub fn validate_events(
                     seq: ev.seq,
                 }),
                 stamps: Vec::new(),
+                late: None,
             };
             check_write_size(&w, i, limits)?;
             Ok(w)

@@ -63,6 +63,7 @@ fn lww(name: &str, value_len: usize, tag: usize) -> LocalWrite {
         )],
         event: None,
         stamps: Vec::new(),
+        late: None,
     }
 }
 
@@ -74,6 +75,7 @@ fn set_add(name: &str, elem_len: usize, tag: usize) -> LocalWrite {
         )],
         event: None,
         stamps: Vec::new(),
+        late: None,
     }
 }
 
@@ -90,6 +92,7 @@ fn event(source: &str, seq: u64) -> LocalWrite {
             seq,
         }),
         stamps: Vec::new(),
+        late: None,
     }
 }
 
@@ -355,6 +358,7 @@ fn a_set_larger_than_a_frame_transfers_in_parts_without_losing_dots() {
             )],
             event: None,
             stamps: Vec::new(),
+            late: None,
         });
     }
     for i in ELEMS..ELEMS + 20 {
@@ -415,6 +419,7 @@ fn a_large_set_of_small_elements_is_transferred_again_in_parts_exactly() {
             ops: vec![(key.clone(), tidemark::crdts::Mutation::Remove(text(22, i)))],
             event: None,
             stamps: Vec::new(),
+            late: None,
         });
     }
     for i in N..N + 50 {

@@ -981,6 +981,7 @@ impl Sim {
                     ops,
                     event: None,
                     stamps: Vec::new(),
+                    late: None,
                 }
             })
             .collect();

@@ -265,7 +265,7 @@ pub fn accept(answer: Answer) -> anyhow::Result<J> {
 }
 
 /// Percent-encodes every byte of `text` but `A-Z a-z 0-9 - . _ ~` (one URL path segment).
-fn encode_segment(text: &str) -> String {
+pub(crate) fn encode_segment(text: &str) -> String {
     text.bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {

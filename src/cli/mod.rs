@@ -4,6 +4,7 @@ pub mod certs;
 pub mod client;
 pub mod config;
 pub mod ingest;
+pub mod late;
 pub mod output;
 pub mod serve;
 pub mod snapshot;

@@ -34,6 +34,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/cluster", get(cluster))
         .route("/v1/views/{view}", get(view))
         .route("/v1/snapshot", get(super::snapshot::get_snapshot))
+        .route("/v1/streams/{stream}/late", get(super::late::get_late))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
@@ -265,7 +266,7 @@ struct ListQuery {
 
 /// Query parameters as pairs, decoded by hand so every fault names its parameter in the JSON
 /// error shape (a parameter given twice is refused; unknown ones are ignored).
-fn query_pairs(
+pub(super) fn query_pairs(
     q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
     known: &[&str],
 ) -> Result<Vec<(String, String)>, ApiError> {
@@ -876,7 +877,7 @@ fn cluster_members(
     members
 }
 
-fn bad_query(param: &str, message: impl Into<String>) -> ApiError {
+pub(super) fn bad_query(param: &str, message: impl Into<String>) -> ApiError {
     ApiError::bad_request("invalid_query", message).at(format!("query {param}"))
 }
 

@@ -58,6 +58,7 @@ impl TestStore {
             ops: ops.to_vec(),
             event: None,
             stamps: Vec::new(),
+            late: None,
         };
         let seq = self.0.commit_local(&[write], wall_ms)?.log_seq;
         let seq = seq.expect("a non-empty group is logged");

@@ -49,6 +49,9 @@ pub struct LocalWrite {
     /// the key already holds a value stamped at or after it: the register then keeps the
     /// value of the latest event whatever order events arrive in (what `latest` views use).
     pub stamps: Vec<Option<Timestamp>>,
+    /// Present for an event late for some view: kept in the stream's late lane, in the same
+    /// transaction, when the write is applied (not for a duplicate or a refused write).
+    pub late: Option<super::late::LateNote>,
 }
 
 /// Writes of a commit group that were refused: nothing of them was applied (they are not
@@ -528,6 +531,15 @@ impl RedbStore {
                 }
                 rows.into_cache()
             };
+        // Late events of applied writes go to their streams' late lanes, in this transaction.
+        let late: Vec<&super::late::LateNote> = writes
+            .iter()
+            .zip(&duplicate)
+            .enumerate()
+            .filter(|(i, (_, d))| !**d && !refused.iter().any(|r: &Refusal| r.writes.contains(i)))
+            .filter_map(|(_, (w, _))| w.late.as_ref())
+            .collect();
+        super::late::append(&txn, &late, self.options.limits.late_bytes_max, max)?;
         let log_seq = (!records.is_empty()).then_some(self.log_end);
         let log_end = append_log(&txn, None, records, self.log_end, max)?;
         if log_seq.is_some() {
@@ -1154,6 +1166,7 @@ mod tests {
             ops,
             event: None,
             stamps: Vec::new(),
+            late: None,
         };
         let value = |s: &RedbStore, k: &Key| s.reader().get(k).expect("read");
         a.commit_local(
@@ -1332,6 +1345,7 @@ mod tests {
                 seq,
             }),
             stamps: Vec::new(),
+            late: None,
         };
         let all: Vec<u64> = (0..sources).collect();
         for chunk in all.chunks(10_000) {
@@ -1408,6 +1422,7 @@ mod tests {
                             seq: seq / 3,
                         }),
                         stamps: Vec::new(),
+                        late: None,
                     });
                 }
                 let out = store.commit_local(&writes, 1_000 + group).expect("commit");

@@ -14,6 +14,7 @@ mod big_row;
 mod counters;
 mod error;
 mod fallback;
+mod late;
 mod local;
 mod purge;
 mod read;
@@ -34,6 +35,7 @@ pub use counters::Overflow;
 pub(crate) use counters::{counter_state, first_overflow};
 pub use error::StoreError;
 pub use fallback::BatchFallback;
+pub use late::{LateNote, LatePage, Totals as LateTotals};
 pub use local::{EventId, LocalCommit, LocalWrite, Refusal, RefusalCause};
 pub use purge::RemoteFilter;
 pub use read::Reader;
@@ -321,6 +323,9 @@ impl RedbStore {
         }
         txn.open_table(LOG).map_err(StoreError::redb)?;
         txn.open_table(CURSORS).map_err(StoreError::redb)?;
+        txn.open_table(late::LATE).map_err(StoreError::redb)?;
+        txn.open_table(late::LATE_TOTALS)
+            .map_err(StoreError::redb)?;
         let existing: Option<ReplicaId> = meta_get(&txn, META_REPLICA, max)?;
         let format: Option<u32> = meta_get(&txn, META_FORMAT, max)?;
         match (existing, format) {

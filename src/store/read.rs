@@ -154,6 +154,20 @@ impl Reader {
         }
     }
 
+    /// Up to `limit` records of `stream`'s late lane with ids above `after` (from the start
+    /// with `None`), and the lane's totals.
+    ///
+    /// # Errors
+    /// Storage failures and corrupt rows.
+    pub fn late_events(
+        &self,
+        stream: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<super::LatePage, StoreError> {
+        super::late::page(&self.db, stream, after, limit, self.limits.record_bytes_max)
+    }
+
     /// Every committed entry, ascending by key (tests, digests; O(store)).
     ///
     /// # Errors

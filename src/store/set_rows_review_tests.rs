@@ -71,6 +71,7 @@ fn group_with(store: &mut RedbStore, model: &mut Store, ops: &[(Key, Mutation)],
             ops: vec![(k.clone(), m.clone())],
             event: None,
             stamps: Vec::new(),
+            late: None,
         })
         .collect();
     let commit = store.commit_local(&writes, 1_000).expect("commit");
@@ -296,6 +297,7 @@ fn a_remote_delta_removing_thousands_across_sets_and_adding_joins_exactly() {
                 ops: vec![op],
                 event: None,
                 stamps: Vec::new(),
+                late: None,
             })
             .collect();
         store.commit_local(&writes, 1_000).expect("commit");
@@ -579,6 +581,7 @@ fn three_replicas_run(seed: u64) {
                 ops: w,
                 event: None,
                 stamps: Vec::new(),
+                late: None,
             });
         }
         let me = stores[i].replica();
@@ -685,6 +688,7 @@ fn re_add_in_pieces(bytes_max: usize) {
         ops: many.clone(),
         event: None,
         stamps: Vec::new(),
+        late: None,
     }];
     a.commit_local(&writes, 1_000).expect("commit");
     for (k, m) in &many {

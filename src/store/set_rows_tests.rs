@@ -94,6 +94,7 @@ fn group(
             ops: vec![(key, m)],
             event: None,
             stamps: Vec::new(),
+            late: None,
         });
     }
     store.commit_local(&writes, 1_000).expect("commit");
@@ -229,6 +230,7 @@ fn sets_as_element_rows_match_the_reference_through_deltas_reopen_and_transfers(
                     ops: vec![(set("big"), Mutation::Add(format!("\"a{fa}\"")))],
                     event: None,
                     stamps: Vec::new(),
+                    late: None,
                 }
             })
             .collect();
@@ -333,6 +335,7 @@ fn bytes_per_commit(size: u64, adds: u64) -> (f64, f64) {
                 ops: vec![(set("big"), Mutation::Add(format!("\"e{i}\"")))],
                 event: None,
                 stamps: Vec::new(),
+                late: None,
             })
             .collect();
         store.commit_local(&writes, 1_000).expect("fill");
@@ -345,6 +348,7 @@ fn bytes_per_commit(size: u64, adds: u64) -> (f64, f64) {
                     ops: vec![(set("big"), m)],
                     event: None,
                     stamps: Vec::new(),
+                    late: None,
                 }],
                 1_000,
             )

@@ -217,6 +217,7 @@ mod tests {
             ops: vec![(Key::new(KeyKind::Lww, "user"), Mutation::Set(text.clone()))],
             event: None,
             stamps: Vec::new(),
+            late: None,
         };
         let mixed = LocalWrite {
             ops: vec![
@@ -229,6 +230,7 @@ mod tests {
             ],
             event: None,
             stamps: Vec::new(),
+            late: None,
         };
         let mut writes = vec![plain, mixed];
         stamp_latest_writes(&mut writes);

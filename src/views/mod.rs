@@ -50,11 +50,13 @@ pub mod coalesce;
 pub mod def;
 pub mod fold;
 pub mod keys;
+pub mod late;
 pub mod maintain;
 pub mod read;
 
 pub use def::{CompiledView, FieldEquals, Hopping, ViewDef, ViewKind, Window, WindowDef};
 pub use fold::{FoldedEvent, StreamEvent, ViewOp};
+pub use late::{LateEvent, LateEvents};
 pub use read::{ViewCounters, ViewPage, ViewQuery, ViewRow};
 
 use crate::error::Error;
@@ -129,6 +131,17 @@ pub struct Views {
 
 /// The `(stream, source)` pairs of a batch in flight and its events per pair.
 pub(crate) type InFlight = Vec<((String, String), usize)>;
+
+/// A batch for [`Views::admit`]: the stream, the folded view ops of each event and the
+/// events themselves (for the late-lane record), in the order of the writes.
+pub(crate) struct AdmitBatch<'a> {
+    /// The stream the batch was ingested into.
+    pub(crate) stream: &'a str,
+    /// The view ops of each event ([`Views::fold`]).
+    pub(crate) folded: Vec<FoldedEvent>,
+    /// The events, one per write.
+    pub(crate) events: &'a [StreamEvent],
+}
 
 /// What [`Views::admit`] decided for a batch.
 #[derive(Debug, Default)]
@@ -460,6 +473,7 @@ impl Views {
             )],
             event: None,
             stamps: Vec::new(),
+            late: None,
         }
     }
 
@@ -472,12 +486,16 @@ impl Views {
     pub(crate) fn admit(
         &self,
         marks: StreamMarks,
-        stream: &str,
+        batch: AdmitBatch<'_>,
         writes: &mut Vec<LocalWrite>,
-        folded: Vec<FoldedEvent>,
         me: ReplicaId,
         coalesce: Option<&crate::store::Reader>,
     ) -> Admitted {
+        let AdmitBatch {
+            stream,
+            folded,
+            events,
+        } = batch;
         let mut merged = Vec::new();
         let wm = marks.wm;
         let horizon = self.horizon(stream);
@@ -485,13 +503,15 @@ impl Views {
         let mut out = Admitted::default();
         let mut max_wm = None::<u64>;
         let mut per_event = Vec::new();
-        for (w, f) in writes.iter_mut().zip(folded) {
+        for ((w, f), event) in writes.iter_mut().zip(folded).zip(events) {
             let mut late = Vec::new();
+            let mut removed_any = false;
             let mut applied = Vec::new();
             let mut own = Vec::new();
             for op in f.ops {
                 let removed = matches!((op.start, horizon), (Some(s), Some(h)) if self.expired(op.view, s, h));
                 let is_late = removed || matches!((op.deadline, wm), (Some(d), Some(wm)) if d < wm);
+                removed_any |= removed;
                 let list = if is_late { &mut late } else { &mut applied };
                 if list.last() != Some(&op.view) {
                     list.push(op.view);
@@ -506,6 +526,9 @@ impl Views {
                 }
             }
             per_event.push(own);
+            if !late.is_empty() {
+                w.late = Some(self.late_note(stream, event, &late, removed_any, wm, me));
+            }
             out.late.push(late);
             out.applied.push(applied);
             let t = f.time_ms.saturating_sub(ooo);
@@ -535,6 +558,7 @@ impl Views {
                     ops,
                     event: None,
                     stamps: Vec::new(),
+                    late: None,
                 });
             }
         }
@@ -545,6 +569,36 @@ impl Views {
             }
         }
         out
+    }
+
+    /// The late-lane record of `event`, late for the views `late` (indexes): the event as
+    /// ingested, the views, why (`window_removed` by retention, else `behind_watermark`), this
+    /// node's watermark then, the node and when (wall-clock ms).
+    fn late_note(
+        &self,
+        stream: &str,
+        event: &StreamEvent,
+        late: &[usize],
+        removed: bool,
+        wm: Option<u64>,
+        me: ReplicaId,
+    ) -> crate::store::LateNote {
+        let views: Vec<&str> = late
+            .iter()
+            .filter_map(|&v| self.views.get(v).map(|c| c.def.name.as_str()))
+            .collect();
+        let record = serde_json::json!({
+            "event": event,
+            "views": views,
+            "reason": if removed { "window_removed" } else { "behind_watermark" },
+            "watermark": wm,
+            "node": me.to_string(),
+            "received_ms": crate::clock::wall_ms(),
+        });
+        crate::store::LateNote {
+            stream: stream.to_owned(),
+            record: record.to_string(),
+        }
     }
 
     /// Drops the adds of `distinct` views whose element the committed cell already holds: a

@@ -69,6 +69,7 @@ impl SimStore {
             ops: ops.to_vec(),
             event,
             stamps: Vec::new(),
+            late: None,
         };
         let commit = self.db.commit_local(&[write], wall_ms)?;
         let Some(seq) = commit.log_seq else {
