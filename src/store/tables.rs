@@ -9,6 +9,8 @@
 //! | `log` | log seq | encoded [`LogRecord`] (origin + delta) |
 //! | `cursors` | peer id | `(peer log id, first seq not joined)` |
 //! | `dedup` | encoded `(stream, source)` | encoded `IntervalSet` of seen seqs |
+//! | `late` | stream length (4 B BE) + stream + record id (8 B BE) | a late-lane record (JSON text) |
+//! | `late_totals` | stream | encoded late-lane totals (bytes kept, records dropped, next id) |
 //!
 //! Every value is written through [`crate::codec`] (version byte, size limits on read).
 
