@@ -150,6 +150,49 @@ async fn the_lane_is_bounded_in_bytes_and_drops_the_oldest_first() {
     node.shutdown().await.expect("shutdown");
 }
 
+#[tokio::test]
+async fn a_full_batch_from_many_sources_and_a_record_over_the_cap_stay_bounded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(dir.path());
+    cfg.limits.late_bytes_max = 64 * 1024;
+    let node = Node::open(cfg).await.expect("open");
+    node.ingest_events("s", vec![ev("w", 1, T + 10 * MIN)])
+        .await
+        .expect("ingest");
+    // One batch of 1,000 late events, each from its own source.
+    let batch: Vec<StreamEvent> = (0..1_000).map(|i| ev(&format!("src-{i}"), 1, T)).collect();
+    let o = node.ingest_events("s", batch).await.expect("ingest");
+    assert_eq!((o.applied, o.late), (1_000, 1_000));
+    let lane = node.late_events("s", None, 0).expect("lane");
+    assert!(lane.kept_bytes <= 64 * 1024, "{}", lane.kept_bytes);
+    assert_eq!(lane.dropped + lane.events.len() as u64, 1_000);
+    assert_eq!(
+        lane.events
+            .last()
+            .map(|e| e.record["event"]["source"].clone()),
+        Some(json!("src-999")),
+        "the newest is kept"
+    );
+
+    // A single record larger than the whole cap is counted as dropped, never kept over it.
+    let big = StreamEvent::new("big", 1, json!({"page": "x".repeat(100 * 1024)})).at(T);
+    let o = node.ingest_events("s", vec![big]).await.expect("ingest");
+    assert_eq!(o.late, 1);
+    let lane = node.late_events("s", None, 0).expect("lane");
+    assert!(lane.kept_bytes <= 64 * 1024, "{}", lane.kept_bytes);
+    assert_eq!(lane.dropped + lane.events.len() as u64, 1_001);
+    assert!(
+        lane.events
+            .iter()
+            .all(|e| e.record["event"]["source"] != json!("big"))
+    );
+
+    // The last possible cursor is an empty page, not an error or a wrap-around.
+    let end = node.late_events("s", Some(u64::MAX), 0).expect("page");
+    assert!(end.events.is_empty() && end.next.is_none(), "{end:?}");
+    node.shutdown().await.expect("shutdown");
+}
+
 fn served() -> Served {
     Served::start_with(|node, _| node.views = defs())
 }

@@ -7,15 +7,12 @@
 //! it drops the oldest records first and counts them. Records are opaque text to the store
 //! (the views layer writes and reads them); ids are per stream, ascending, never reused.
 //!
-//! Tables (see [`super::tables`]): `late` keyed by stream length (4 B BE) + stream + id (8 B
-//! BE) holds the record; `late_totals` keyed by stream holds [`Totals`].
+//! Tables and key encodings: [`super::tables`] (`late`, `late_totals`).
 
 use super::error::StoreError;
+use super::tables::{LATE, LATE_TOTALS, late_key, parse_late_id};
 use crate::codec;
-use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
-
-pub(crate) const LATE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("late");
-pub(crate) const LATE_TOTALS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("late_totals");
+use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 
 /// A late event to keep: its stream and the record (text the views layer defines).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,28 +41,6 @@ pub struct LatePage {
     pub records: Vec<(u64, String)>,
     /// The lane's totals.
     pub totals: Totals,
-}
-
-fn prefix(stream: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(4 + stream.len() + 8);
-    out.extend_from_slice(
-        &u32::try_from(stream.len())
-            .unwrap_or(u32::MAX)
-            .to_be_bytes(),
-    );
-    out.extend_from_slice(stream.as_bytes());
-    out
-}
-
-fn record_key(stream: &str, id: u64) -> Vec<u8> {
-    let mut k = prefix(stream);
-    k.extend_from_slice(&id.to_be_bytes());
-    k
-}
-
-fn id_of(key: &[u8], prefix_len: usize) -> Option<u64> {
-    let b: [u8; 8] = key.get(prefix_len..)?.try_into().ok()?;
-    Some(u64::from_be_bytes(b))
 }
 
 fn decode_totals(bytes: &[u8], max: usize) -> Result<Totals, StoreError> {
@@ -102,16 +77,14 @@ pub(crate) fn append(
         for note in notes.iter().filter(|n| n.stream == stream) {
             let id = totals.next;
             totals.next = totals.next.saturating_add(1);
-            lane.insert(record_key(stream, id).as_slice(), note.record.as_bytes())
+            lane.insert(late_key(stream, id).as_slice(), note.record.as_bytes())
                 .map_err(StoreError::redb)?;
             totals.bytes = totals.bytes.saturating_add(note.record.len() as u64);
         }
-        let p = prefix(stream);
-        let mut end = p.clone();
-        end.extend_from_slice(&u64::MAX.to_be_bytes());
+        let (start, end) = (late_key(stream, 0), late_key(stream, u64::MAX));
         while totals.bytes > bytes_max {
             let Some((k, len)) = lane
-                .range(p.as_slice()..=end.as_slice())
+                .range(start.as_slice()..=end.as_slice())
                 .map_err(StoreError::redb)?
                 .next()
                 .transpose()
@@ -162,17 +135,13 @@ pub(crate) fn page(
         Some(g) => decode_totals(g.value(), record_max)?,
         None => Totals::default(),
     };
-    let p = prefix(stream);
-    let start = match after {
-        Some(a) => record_key(stream, a.saturating_add(1)),
-        None => p.clone(),
-    };
-    let mut end = p.clone();
-    end.extend_from_slice(&u64::MAX.to_be_bytes());
     let mut records = Vec::new();
-    if after == Some(u64::MAX) {
-        return Ok(LatePage { records, totals });
-    }
+    let start = match after {
+        None => 0,
+        Some(u64::MAX) => return Ok(LatePage { records, totals }),
+        Some(a) => a + 1,
+    };
+    let (start, end) = (late_key(stream, start), late_key(stream, u64::MAX));
     for item in lane
         .range(start.as_slice()..=end.as_slice())
         .map_err(StoreError::redb)?
@@ -181,7 +150,7 @@ pub(crate) fn page(
             break;
         }
         let (k, v) = item.map_err(StoreError::redb)?;
-        let Some(id) = id_of(k.value(), p.len()) else {
+        let Some(id) = parse_late_id(stream, k.value()) else {
             continue;
         };
         let text = String::from_utf8_lossy(v.value()).into_owned();

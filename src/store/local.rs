@@ -536,8 +536,11 @@ impl RedbStore {
             .iter()
             .zip(&duplicate)
             .enumerate()
-            .filter(|(i, (_, d))| !**d && !refused.iter().any(|r: &Refusal| r.writes.contains(i)))
-            .filter_map(|(_, (w, _))| w.late.as_ref())
+            .filter_map(|(i, (w, d))| {
+                let note = w.late.as_ref()?;
+                let kept_out = *d || refused.iter().any(|r: &Refusal| r.writes.contains(&i));
+                (!kept_out).then_some(note)
+            })
             .collect();
         super::late::append(&txn, &late, self.options.limits.late_bytes_max, max)?;
         let log_seq = (!records.is_empty()).then_some(self.log_end);

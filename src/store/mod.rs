@@ -323,8 +323,8 @@ impl RedbStore {
         }
         txn.open_table(LOG).map_err(StoreError::redb)?;
         txn.open_table(CURSORS).map_err(StoreError::redb)?;
-        txn.open_table(late::LATE).map_err(StoreError::redb)?;
-        txn.open_table(late::LATE_TOTALS)
+        txn.open_table(tables::LATE).map_err(StoreError::redb)?;
+        txn.open_table(tables::LATE_TOTALS)
             .map_err(StoreError::redb)?;
         let existing: Option<ReplicaId> = meta_get(&txn, META_REPLICA, max)?;
         let format: Option<u32> = meta_get(&txn, META_FORMAT, max)?;

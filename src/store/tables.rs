@@ -29,6 +29,10 @@ pub(crate) const ELEMS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("el
 pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 pub(crate) const CURSORS: TableDefinition<u64, &[u8]> = TableDefinition::new("cursors");
 pub(crate) const DEDUP: TableDefinition<&[u8], &[u8]> = TableDefinition::new("dedup");
+/// The late lane: [`late_key`] → a record's text.
+pub(crate) const LATE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("late");
+/// Per stream, the late lane's encoded totals.
+pub(crate) const LATE_TOTALS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("late_totals");
 
 pub(crate) const META_REPLICA: &str = "replica_id";
 pub(crate) const META_EPOCH: &str = "epoch";
@@ -146,18 +150,37 @@ pub(crate) fn dot_key(replica: ReplicaId, seq: u64) -> [u8; 24] {
     dot_bytes(Dot::new(replica, seq))
 }
 
-/// Dedup table key for `(stream, source)`.
-pub(crate) fn dedup_key(stream: &str, source: &str) -> Vec<u8> {
-    // Length-prefixed stream so ("a","bc") and ("ab","c") differ.
-    let mut out = Vec::with_capacity(4 + stream.len() + source.len());
+/// The length-prefixed stream (4 B BE length + name) that `dedup` and `late` keys start with,
+/// so ("a","bc") and ("ab","c") differ; `extra` bytes of capacity are reserved for the rest.
+fn stream_prefix(stream: &str, extra: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + stream.len() + extra);
     out.extend_from_slice(
         &u32::try_from(stream.len())
             .unwrap_or(u32::MAX)
             .to_be_bytes(),
     );
     out.extend_from_slice(stream.as_bytes());
+    out
+}
+
+/// Dedup table key for `(stream, source)`.
+pub(crate) fn dedup_key(stream: &str, source: &str) -> Vec<u8> {
+    let mut out = stream_prefix(stream, source.len());
     out.extend_from_slice(source.as_bytes());
     out
+}
+
+/// Late-lane table key of record `id` of `stream`.
+pub(crate) fn late_key(stream: &str, id: u64) -> Vec<u8> {
+    let mut out = stream_prefix(stream, 8);
+    out.extend_from_slice(&id.to_be_bytes());
+    out
+}
+
+/// The record id of a late-lane key of `stream` (`None` for another stream's key).
+pub(crate) fn parse_late_id(stream: &str, key: &[u8]) -> Option<u64> {
+    let rest = key.strip_prefix(stream_prefix(stream, 0).as_slice())?;
+    Some(u64::from_be_bytes(rest.try_into().ok()?))
 }
 
 /// Parses a dedup table key.
