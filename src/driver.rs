@@ -83,6 +83,9 @@ pub struct ReplicationStatus {
     pub peers_connected: Vec<PeerId>,
     /// Per peer, the acknowledged cursor into our log (`None`: unknown yet).
     pub peer_acked: Vec<(PeerId, Option<u64>)>,
+    /// Per linked peer, milliseconds since it last had acknowledged our whole log (since it
+    /// was linked, if it never had; 0 while caught up, to within one writer tick).
+    pub peer_lag_ms: Vec<(PeerId, u64)>,
     /// Our log as `[start, end)`.
     pub log_bounds: (u64, u64),
     /// The protocol's counters.
@@ -124,6 +127,9 @@ pub(crate) struct Driver {
     pub(crate) net_alive: std::collections::BTreeSet<PeerId>,
     /// Frees committed groups' writes off the writer thread.
     pub(crate) freer: Freer,
+    /// Per linked peer, when it last had acknowledged our whole log (or when it was first
+    /// seen linked, if it never had): its replication lag in time.
+    pub(crate) caught_up: BTreeMap<PeerId, Instant>,
 }
 
 /// Frees the writes of committed groups (one or more heap blocks per event, allocated by the
@@ -334,8 +340,24 @@ impl Driver {
 
     fn on_tick(&mut self) {
         Metrics::set(&self.metrics.log_entries, self.store.log_len());
+        self.note_caught_up();
+        self.metrics.sample_writes(wall_ms());
         if let Err(e) = self.durable.sync(&mut self.store) {
             tracing::error!(error = %e, "periodic durable commit failed; writes halted");
+        }
+    }
+
+    /// Notes, for every linked peer, whether it has acknowledged our whole log now (it is
+    /// caught up: its lag in time restarts from here); forgets peers no longer linked.
+    fn note_caught_up(&mut self) {
+        let now = Instant::now();
+        let end = self.store.log_bounds().1;
+        self.caught_up.retain(|p, _| self.links.contains_key(p));
+        for p in self.links.keys() {
+            let at = self.caught_up.entry(*p).or_insert(now);
+            if self.replica.peer_acked(*p).is_some_and(|a| a >= end) {
+                *at = now;
+            }
         }
     }
 
@@ -501,8 +523,18 @@ impl Driver {
                 let _ = reply.send(r.map_err(Error::from));
             }
             Input::Status { reply } => {
+                self.note_caught_up();
                 let peers: Vec<PeerId> = self.links.keys().copied().collect();
+                let now = Instant::now();
                 let _ = reply.send(ReplicationStatus {
+                    peer_lag_ms: self
+                        .caught_up
+                        .iter()
+                        .map(|(p, at)| {
+                            let ms = now.saturating_duration_since(*at).as_millis();
+                            (*p, u64::try_from(ms).unwrap_or(u64::MAX))
+                        })
+                        .collect(),
                     peer_acked: peers
                         .iter()
                         .map(|p| (*p, self.replica.peer_acked(*p)))

@@ -23,7 +23,21 @@ pub struct Metrics {
     pub(crate) frames_oversize: AtomicU64,
     pub(crate) reidentified: AtomicU64,
     pub(crate) commit_histograms: CommitHistograms,
+    /// The applied-writes counter sampled about once a second, the last ten minutes.
+    pub(crate) write_history: std::sync::Mutex<std::collections::VecDeque<WriteSample>>,
 }
+
+/// The applied-writes counter at one moment: consecutive samples give the write rate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WriteSample {
+    /// When (wall clock, ms since the Unix epoch).
+    pub at_ms: u64,
+    /// Operations and events applied since the node opened.
+    pub applied: u64,
+}
+
+/// Samples [`Metrics::write_history`] keeps: ten minutes at one a second.
+pub const WRITE_HISTORY_SAMPLES: usize = 600;
 
 /// One local commit group as the writer saw it: what the driver reports after each successful
 /// commit (the commit hook).
@@ -114,6 +128,33 @@ impl Metrics {
 
     pub(crate) fn set(counter: &AtomicU64, n: u64) {
         counter.store(n, Ordering::Relaxed);
+    }
+
+    /// Samples the applied-writes counter into the history when the last sample is at least a
+    /// second old (the writer calls this on its tick); the history keeps the newest
+    /// [`WRITE_HISTORY_SAMPLES`].
+    pub(crate) fn sample_writes(&self, now_ms: u64) {
+        let Ok(mut h) = self.write_history.lock() else {
+            return;
+        };
+        if h.back().is_some_and(|l| now_ms < l.at_ms.saturating_add(1000)) {
+            return;
+        }
+        if h.len() == WRITE_HISTORY_SAMPLES {
+            h.pop_front();
+        }
+        h.push_back(WriteSample {
+            at_ms: now_ms,
+            applied: self.ops_applied.load(Ordering::Relaxed),
+        });
+    }
+
+    /// The write history, oldest first.
+    pub fn write_history(&self) -> Vec<WriteSample> {
+        self.write_history
+            .lock()
+            .map(|h| h.iter().copied().collect())
+            .unwrap_or_default()
     }
 
     /// Records one successful local commit group (called by the writer after the commit).

@@ -182,6 +182,7 @@ impl Node {
             links: std::collections::BTreeMap::new(),
             net_alive: std::collections::BTreeSet::new(),
             freer: crate::driver::Freer::spawn(),
+            caught_up: std::collections::BTreeMap::new(),
         };
         let thread = std::thread::Builder::new()
             .name("tidemark-writer".into())
@@ -654,6 +655,18 @@ impl Node {
         )
     }
 
+    /// Every configured view with its definition, counters, watermark, cluster watermark,
+    /// conflicting definitions and horizon on this node (what `GET /v1/views` lists).
+    ///
+    /// # Errors
+    /// Storage failures; [`Error::Closed`].
+    pub async fn view_summaries(&self) -> Result<Vec<crate::views::ViewSummary>, Error> {
+        let known = self.view_members().await?;
+        self.shared
+            .views
+            .summaries(&self.reader()?, self.shared.replica, &known, peer_id_of)
+    }
+
     /// Up to `limit` events of `stream`'s late lane with ids above `after` (from the oldest
     /// kept with `None`; `limit` 0 means the page maximum): every event this node
     /// acknowledged but applied to no view for being late, with the views, the reason, its
@@ -883,6 +896,12 @@ impl Node {
     /// Current metrics.
     pub fn metrics(&self) -> MetricsSnapshot {
         self.shared.metrics.snapshot()
+    }
+
+    /// The applied-writes counter sampled about once a second over the last ten minutes,
+    /// oldest first (the console's write-rate chart; kept in memory, empty after open).
+    pub fn write_history(&self) -> Vec<crate::metrics::WriteSample> {
+        self.shared.metrics.write_history()
     }
 
     /// Histograms of local commit groups (group size, commit and fsync latency), live.

@@ -8,6 +8,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
+use std::sync::atomic::AtomicU64;
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -57,6 +58,120 @@ impl HttpMetrics {
     }
 }
 
+/// Per member SWIM knows, its state as a state set (1 for its state, 0 for the others), and
+/// the seconds since this node last heard from it.
+fn register_members(r: &mut Registry, members: &[crate::net::MemberStatus]) {
+    if members.is_empty() {
+        return;
+    }
+    let state: Family<Labels, Gauge> = Family::default();
+    let contact: Family<Labels, Gauge<f64, AtomicU64>> = Family::default();
+    for m in members {
+        let now = match m.state {
+            crate::net::MemberState::Alive => "alive",
+            crate::net::MemberState::Suspect => "suspect",
+            crate::net::MemberState::Down if m.left => "left",
+            crate::net::MemberState::Down => "down",
+        };
+        for st in ["alive", "suspect", "down", "left"] {
+            state
+                .get_or_create(&vec![("member", m.name.clone()), ("state", st.to_owned())])
+                .set(i64::from(st == now));
+        }
+        if let Some(ms) = m.last_contact_ms {
+            contact
+                .get_or_create(&vec![("member", m.name.clone())])
+                .set(ms as f64 / 1000.0);
+        }
+    }
+    r.register(
+        "member_state",
+        "Per member SWIM knows, 1 for its state (alive, suspect, down, left), 0 for the others",
+        state,
+    );
+    r.register_with_unit(
+        "member_last_contact",
+        "Per member, time since this node last heard from it",
+        Unit::Seconds,
+        contact,
+    );
+}
+
+/// Per view: events by result, and the watermarks (epoch seconds) with this node's lag
+/// behind its clock. A watermark not announced yet is left out (no sample), not zero.
+fn register_views(r: &mut Registry, views: &[crate::views::ViewSummary], now_ms: u64) {
+    if views.is_empty() {
+        return;
+    }
+    let events: Family<Labels, Counter> = Family::default();
+    let wm: Family<Labels, Gauge<f64, AtomicU64>> = Family::default();
+    let cluster: Family<Labels, Gauge<f64, AtomicU64>> = Family::default();
+    let lag: Family<Labels, Gauge<f64, AtomicU64>> = Family::default();
+    let conflicts: Family<Labels, Gauge> = Family::default();
+    for v in views {
+        let name = &v.definition.name;
+        let labels = |extra: Option<(&'static str, &str)>| {
+            let mut l: Labels = vec![
+                ("view", name.clone()),
+                ("stream", v.definition.stream.clone()),
+            ];
+            l.extend(extra.map(|(k, x)| (k, x.to_owned())));
+            l
+        };
+        let c = &v.counters;
+        for (result, n) in [
+            ("folded", c.folded),
+            ("late", c.late),
+            ("rejected", c.rejected),
+        ] {
+            events
+                .get_or_create(&labels(Some(("result", result))))
+                .inc_by(n);
+        }
+        if let Some(w) = v.watermark {
+            wm.get_or_create(&labels(None)).set(w as f64 / 1000.0);
+            lag.get_or_create(&labels(None))
+                .set(now_ms.saturating_sub(w) as f64 / 1000.0);
+        }
+        if let Some(w) = v.cluster_watermark {
+            cluster.get_or_create(&labels(None)).set(w as f64 / 1000.0);
+        }
+        conflicts
+            .get_or_create(&labels(None))
+            .set(v.definition_conflicts.len() as i64);
+    }
+    r.register(
+        "view_events",
+        "Per view, stream events by result (folded into a window, late for one, rejected)",
+        events,
+    );
+    r.register_with_unit(
+        "view_watermark",
+        "Per view, this node's announced watermark of its stream (epoch seconds)",
+        Unit::Seconds,
+        wm,
+    );
+    r.register_with_unit(
+        "view_cluster_watermark",
+        "Per view, the watermark every member has passed, as this node can vouch (epoch \
+         seconds; windows end plus lateness below it are final)",
+        Unit::Seconds,
+        cluster,
+    );
+    r.register_with_unit(
+        "view_watermark_lag",
+        "Per view, how far this node's watermark trails its clock",
+        Unit::Seconds,
+        lag,
+    );
+    r.register(
+        "view_definition_conflicts",
+        "Per view, replicas announcing another definition of its stream's views (no window \
+         is final while above 0)",
+        conflicts,
+    );
+}
+
 fn labelled(pairs: &[(&'static str, &str, u64)]) -> Family<Labels, Counter> {
     let f: Family<Labels, Counter> = Family::default();
     for (k, v, n) in pairs {
@@ -77,6 +192,12 @@ pub(crate) struct Scrape<'a> {
     pub(crate) requests_in_flight: u64,
     /// This process's resource use (`process_*`), where the platform reports it.
     pub(crate) process: Option<crate::metrics::ProcessStats>,
+    /// Every configured view with where it stands (empty when they could not be read).
+    pub(crate) views: Vec<crate::views::ViewSummary>,
+    /// Every member SWIM knows (empty for a node without a network).
+    pub(crate) members: Vec<crate::net::MemberStatus>,
+    /// This node's wall clock (ms) at the scrape: watermark lag is measured against it.
+    pub(crate) now_ms: u64,
 }
 
 /// Renders a scrape in `format`.
@@ -103,22 +224,11 @@ pub(crate) fn render(s: &Scrape<'_>, format: Format) -> Result<String, std::fmt:
         "Writes carried by commit groups (divide by commits for the mean group size)",
         ConstCounter::new(n.commit_groups_ops),
     );
-    r.register(
-        "commit_group_writes_max",
-        "Largest commit group so far",
-        ConstGauge::new(n.commit_group_max as i64),
-    );
     r.register_with_unit(
         "commit_duration",
         "Time spent in durable commits (fsync included)",
         Unit::Seconds,
         ConstCounter::new(n.commit_latency_us_sum as f64 / 1e6),
-    );
-    r.register_with_unit(
-        "commit_duration_max",
-        "Longest durable commit so far",
-        Unit::Seconds,
-        ConstGauge::new(n.commit_latency_us_max as f64 / 1e6),
     );
     r.register(
         "commit_group_ops",
@@ -184,6 +294,18 @@ pub(crate) fn render(s: &Scrape<'_>, format: Format) -> Result<String, std::fmt:
             "Per peer, our log entries it has not acknowledged",
             lag,
         );
+        let lag_secs: Family<Labels, Gauge<f64, AtomicU64>> = Family::default();
+        for (peer, ms) in &rep.peer_lag_ms {
+            lag_secs
+                .get_or_create(&vec![("peer", format!("{:016x}", peer.0))])
+                .set(*ms as f64 / 1000.0);
+        }
+        r.register_with_unit(
+            "replication_lag",
+            "Per connected peer, time since it last had acknowledged our whole log",
+            Unit::Seconds,
+            lag_secs,
+        );
         r.register(
             "peers_connected",
             "Peers connected now",
@@ -214,6 +336,8 @@ pub(crate) fn render(s: &Scrape<'_>, format: Format) -> Result<String, std::fmt:
             ConstCounter::new(rep.frames_rejected),
         );
     }
+    register_views(&mut r, &s.views, s.now_ms);
+    register_members(&mut r, &s.members);
     if let Some(net) = &s.net {
         r.register(
             "peer_connections",

@@ -32,6 +32,8 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/streams/{stream}/events", post(post_events))
         .route("/v1/watch", get(watch))
         .route("/v1/cluster", get(cluster))
+        .route("/v1/views", get(views_list))
+        .route("/v1/stats/writes", get(write_history))
         .route("/v1/views/{view}", get(view))
         .route("/v1/snapshot", get(super::snapshot::get_snapshot))
         .route("/v1/streams/{stream}/late", get(super::late::get_late))
@@ -124,8 +126,10 @@ async fn metrics_text(State(state): State<AppState>, headers: HeaderMap) -> Resp
     let format =
         metrics::Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
     let replication = state.node.replication_status().await.ok();
+    let net = state.node.net_status();
     let scrape = metrics::Scrape {
-        net: state.node.net_status().map(|n| n.stats),
+        members: net.as_ref().map(|n| n.members.clone()).unwrap_or_default(),
+        net: net.map(|n| n.stats),
         node: state.node.metrics(),
         commits: state.node.commit_histograms(),
         replication,
@@ -136,6 +140,8 @@ async fn metrics_text(State(state): State<AppState>, headers: HeaderMap) -> Resp
             .concurrency_max
             .saturating_sub(state.requests.available_permits()) as u64,
         process: crate::metrics::ProcessStats::read(),
+        views: state.node.view_summaries().await.unwrap_or_default(),
+        now_ms: crate::clock::wall_ms(),
     };
     match metrics::render(&scrape, format) {
         Ok(text) => ([(header::CONTENT_TYPE, format.content_type())], text).into_response(),
@@ -829,6 +835,15 @@ fn cluster_members(
     };
     let lag =
         |acked: Option<Option<u64>>| acked.map(|a| log_end.saturating_sub(a.unwrap_or(log_start)));
+    // Lag in time: since a linked member last had our whole log; for one not linked and
+    // behind, at least since we last heard from it.
+    let lag_secs = |peer: crate::proto::PeerId, behind: Option<u64>, contact_ms: Option<u64>| {
+        match rep.peer_lag_ms.iter().find(|(p, _)| *p == peer) {
+            Some((_, ms)) => Some(*ms as f64 / 1000.0),
+            None if behind.is_some_and(|b| b > 0) => contact_ms.map(|ms| ms as f64 / 1000.0),
+            None => behind.map(|_| 0.0),
+        }
+    };
     let mut members: Vec<serde_json::Value> = swim
         .iter()
         .map(|m| {
@@ -851,6 +866,7 @@ fn cluster_members(
                 "incarnation": m.incarnation,
                 "acked": acked.flatten(),
                 "lag_entries": lag(acked),
+                "lag_seconds": lag_secs(peer, lag(acked), m.last_contact_ms),
                 "last_contact": m.last_contact_ms.map(|ms| ms as f64 / 1000.0),
                 "version": serde_json::Value::Null,
             })
@@ -869,6 +885,7 @@ fn cluster_members(
             "peer": format!("{:016x}", peer.0),
             "acked": acked.flatten(),
             "lag_entries": lag(acked).unwrap_or(log_end.saturating_sub(log_start)),
+            "lag_seconds": lag_secs(peer, Some(1), None),
             "last_contact": serde_json::Value::Null,
             "version": serde_json::Value::Null,
         }));
@@ -948,6 +965,34 @@ fn view_query(params: Vec<(String, String)>, group_by: &[String]) -> Result<View
 /// `GET /v1/views/{view}`: the view's rows (`group`, `window_start`, `window_end`, `final`,
 /// `value`) with the page's `next` cursor, this node's and the cluster's watermark, the view's
 /// counters and any definition conflicts.
+/// `GET /v1/stats/writes`: the applied-writes counter about once a second, last ten minutes.
+async fn write_history(State(state): State<AppState>) -> Response {
+    axum::Json(json!({ "samples": state.node.write_history() })).into_response()
+}
+
+/// `GET /v1/views`: every configured view with its definition and where it stands here.
+async fn views_list(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let views = state
+        .node
+        .view_summaries()
+        .await
+        .map_err(|e| ApiError::from_node(e, Pos::Index, state.config.retry_after_secs))?;
+    let now = crate::clock::wall_ms();
+    let views: Vec<serde_json::Value> = views
+        .into_iter()
+        .map(|v| {
+            let lag = v.watermark.map(|w| now.saturating_sub(w) as f64 / 1000.0);
+            let mut j = json!(v);
+            if let Some(o) = j.as_object_mut() {
+                o.insert("name".into(), json!(v.definition.name));
+                o.insert("watermark_lag_seconds".into(), json!(lag));
+            }
+            j
+        })
+        .collect();
+    Ok(axum::Json(json!({ "views": views })).into_response())
+}
+
 async fn view(
     State(state): State<AppState>,
     view: Result<Path<String>, axum::extract::rejection::PathRejection>,

@@ -57,7 +57,7 @@ pub mod read;
 pub use def::{CompiledView, FieldEquals, Hopping, ViewDef, ViewKind, Window, WindowDef};
 pub use fold::{FoldedEvent, StreamEvent, ViewOp};
 pub use late::{LateEvent, LateEvents};
-pub use read::{ViewCounters, ViewPage, ViewQuery, ViewRow};
+pub use read::{ViewCounters, ViewPage, ViewQuery, ViewRow, ViewSummary};
 
 use crate::error::Error;
 use crate::limits::Limits;

@@ -239,7 +239,129 @@ pub(crate) fn adopted(horizon: Option<u64>, own: Option<u64>) -> Option<u64> {
     horizon.zip(own).map(|(h, w)| h.min(w))
 }
 
+/// Where a stream's views stand on this node: what finality and retention are judged by.
+struct Standing {
+    watermark: Option<u64>,
+    cluster: Option<u64>,
+    conflicts: Vec<String>,
+    horizon: Option<u64>,
+}
+
+/// One configured view and where it stands on this node (`GET /v1/views`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ViewSummary {
+    /// The view's definition, as configured.
+    pub definition: super::ViewDef,
+    /// The view's counters on this node.
+    pub counters: ViewCounters,
+    /// This node's announced watermark of the view's stream (ms).
+    pub watermark: Option<u64>,
+    /// The cluster watermark as this node can vouch for it (see [`ViewPage::cluster_watermark`]).
+    pub cluster_watermark: Option<u64>,
+    /// Replicas that announced other definitions for the stream (no window is final meanwhile).
+    pub definition_conflicts: Vec<String>,
+    /// The stream's retention horizon as this node knows it.
+    pub horizon: Option<u64>,
+}
+
 impl Views {
+    /// The counters of view `vi`.
+    fn counters_of(&self, vi: usize) -> ViewCounters {
+        let c = &self.counters[vi];
+        ViewCounters {
+            folded: c.folded.load(Ordering::Relaxed),
+            late: c.late.load(Ordering::Relaxed),
+            rejected: c.rejected.load(Ordering::Relaxed),
+            expired_dropped: c.expired_dropped.load(Ordering::Relaxed),
+            foreign_cells: c.foreign_cells.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Where `stream` stands: our watermark, the cluster watermark, conflicting definitions and
+    /// the horizon reads hide windows behind (monotone: the largest ever seen by reads, the one
+    /// this node acts on, any announced one it adopts, and the cluster watermark now).
+    fn standing(
+        &self,
+        reader: &Reader,
+        stream: &str,
+        me: ReplicaId,
+        known: &[PeerId],
+        peer_of: fn(ReplicaId) -> PeerId,
+    ) -> Result<Standing, Error> {
+        let digest = self.digests.get(stream).map_or("", String::as_str);
+        let Cluster {
+            wm: cluster,
+            conflicts,
+            horizon: announced_h,
+        } = cluster_watermark(
+            reader,
+            stream,
+            digest,
+            me,
+            known,
+            peer_of,
+            self.time_bound(stream, crate::clock::wall_ms()),
+        )?;
+        let watermark = announcement_of(reader, &keys::wm_key(stream, me))?.map(|a| a.wm);
+        let horizon = {
+            let mut rh = self.read_horizons.lock().map_err(|_| Error::Closed)?;
+            let h = [
+                rh.get(stream).copied(),
+                self.horizon(stream),
+                adopted(announced_h, watermark),
+                cluster,
+            ]
+            .into_iter()
+            .flatten()
+            .max();
+            if let Some(h) = h {
+                rh.insert(stream.to_owned(), h);
+            }
+            h
+        };
+        Ok(Standing {
+            watermark,
+            cluster,
+            conflicts,
+            horizon,
+        })
+    }
+
+    /// Every configured view with where it stands on this node, in configuration order (one
+    /// standing per stream, shared by its views).
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub(crate) fn summaries(
+        &self,
+        reader: &Reader,
+        me: ReplicaId,
+        known: &[PeerId],
+        peer_of: fn(ReplicaId) -> PeerId,
+    ) -> Result<Vec<ViewSummary>, Error> {
+        let mut by_stream: std::collections::HashMap<&str, Standing> = Default::default();
+        let mut out = Vec::with_capacity(self.list().len());
+        for (vi, view) in self.list().iter().enumerate() {
+            let stream = view.def.stream.as_str();
+            if !by_stream.contains_key(stream) {
+                let st = self.standing(reader, stream, me, known, peer_of)?;
+                by_stream.insert(stream, st);
+            }
+            let Some(st) = by_stream.get(stream) else {
+                continue;
+            };
+            out.push(ViewSummary {
+                definition: view.def.clone(),
+                counters: self.counters_of(vi),
+                watermark: st.watermark,
+                cluster_watermark: st.cluster,
+                definition_conflicts: st.conflicts.clone(),
+                horizon: st.horizon,
+            });
+        }
+        Ok(out)
+    }
+
     /// Reads a page of view `name`.
     ///
     /// # Errors
@@ -257,41 +379,13 @@ impl Views {
             .find(name)
             .ok_or_else(|| Error::Config(format!("no view named {name:?} is configured")))?;
         let d = &view.def;
-        let stream = d.stream.as_str();
         // Finality inputs first: rows read afterwards can only be newer, never older.
-        let digest = self.digests.get(stream).map_or("", String::as_str);
-        let Cluster {
-            wm: cluster,
+        let Standing {
+            watermark,
+            cluster,
             conflicts,
-            horizon: announced_h,
-        } = cluster_watermark(
-            reader,
-            stream,
-            digest,
-            me,
-            known,
-            peer_of,
-            self.time_bound(stream, crate::clock::wall_ms()),
-        )?;
-        let watermark = announcement_of(reader, &keys::wm_key(stream, me))?.map(|a| a.wm);
-        // Windows are hidden by a monotone horizon: the largest ever seen by reads, the one
-        // this node acts on, any announced, and the cluster watermark now.
-        let horizon = {
-            let mut rh = self.read_horizons.lock().map_err(|_| Error::Closed)?;
-            let h = [
-                rh.get(stream).copied(),
-                self.horizon(stream),
-                adopted(announced_h, watermark),
-                cluster,
-            ]
-            .into_iter()
-            .flatten()
-            .max();
-            if let Some(h) = h {
-                rh.insert(stream.to_owned(), h);
-            }
-            h
-        };
+            horizon,
+        } = self.standing(reader, d.stream.as_str(), me, known, peer_of)?;
         let kind = key_kind(d.kind);
         let limit = if query.limit == 0 { 1000 } else { query.limit };
         let prefix = keys::view_prefix(&d.name, &view.digest);
@@ -343,17 +437,10 @@ impl Views {
                 break;
             }
         }
-        let c = &self.counters[vi];
         Ok(ViewPage {
             rows,
             next,
-            counters: ViewCounters {
-                folded: c.folded.load(Ordering::Relaxed),
-                late: c.late.load(Ordering::Relaxed),
-                rejected: c.rejected.load(Ordering::Relaxed),
-                expired_dropped: c.expired_dropped.load(Ordering::Relaxed),
-                foreign_cells: c.foreign_cells.load(Ordering::Relaxed),
-            },
+            counters: self.counters_of(vi),
             horizon,
             watermark,
             cluster_watermark: cluster,
