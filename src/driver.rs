@@ -81,7 +81,8 @@ pub(crate) enum Input {
 pub struct ReplicationStatus {
     /// Peers connected now.
     pub peers_connected: Vec<PeerId>,
-    /// Per peer, the acknowledged cursor into our log (`None`: unknown yet).
+    /// Per peer linked since open (connected now or not), the acknowledged cursor into our
+    /// log (`None`: unknown yet).
     pub peer_acked: Vec<(PeerId, Option<u64>)>,
     /// Per linked peer, milliseconds since it last had acknowledged our whole log (since it
     /// was linked, if it never had; 0 while caught up, to within one writer tick).
@@ -130,6 +131,8 @@ pub(crate) struct Driver {
     /// Per linked peer, when it last had acknowledged our whole log (or when it was first
     /// seen linked, if it never had): its replication lag in time.
     pub(crate) caught_up: BTreeMap<PeerId, Instant>,
+    /// Every peer linked since open: its acknowledged cursor is reported while it is away.
+    pub(crate) ever_linked: std::collections::BTreeSet<PeerId>,
 }
 
 /// Frees the writes of committed groups (one or more heap blocks per event, allocated by the
@@ -353,6 +356,7 @@ impl Driver {
         let now = Instant::now();
         let end = self.store.log_bounds().1;
         self.caught_up.retain(|p, _| self.links.contains_key(p));
+        self.ever_linked.extend(self.links.keys().copied());
         for p in self.links.keys() {
             let at = self.caught_up.entry(*p).or_insert(now);
             if self.replica.peer_acked(*p).is_some_and(|a| a >= end) {
@@ -535,7 +539,8 @@ impl Driver {
                             (*p, u64::try_from(ms).unwrap_or(u64::MAX))
                         })
                         .collect(),
-                    peer_acked: peers
+                    peer_acked: self
+                        .ever_linked
                         .iter()
                         .map(|p| (*p, self.replica.peer_acked(*p)))
                         .collect(),

@@ -183,6 +183,7 @@ impl Node {
             net_alive: std::collections::BTreeSet::new(),
             freer: crate::driver::Freer::spawn(),
             caught_up: std::collections::BTreeMap::new(),
+            ever_linked: std::collections::BTreeSet::new(),
         };
         let thread = std::thread::Builder::new()
             .name("tidemark-writer".into())
@@ -685,10 +686,22 @@ impl Node {
     }
 
     /// Peers that count as members for view finality: every peer met since open.
+    ///
+    /// Finality compares members by replica ([`peer_id_of`]); a network peer's link is keyed by
+    /// its certificate name, so it is translated through the identity SWIM gossips for that
+    /// name (until SWIM knows it, the name's id stays: it matches no announcer, so no cluster
+    /// watermark is vouched for meanwhile).
     async fn view_members(&self) -> Result<Vec<PeerId>, Error> {
         let status = self.replication_status().await?;
+        let swim = self.net_status().map(|n| n.members).unwrap_or_default();
+        let as_member = |p: PeerId| {
+            swim.iter()
+                .find(|m| crate::net::peer_id_of_name(&m.name) == p)
+                .and_then(|m| u128::from_str_radix(&m.replica.replace('-', ""), 16).ok())
+                .map_or(p, |r| peer_id_of(ReplicaId(r)))
+        };
         let mut met = self.shared.views.met.lock().map_err(|_| Error::Closed)?;
-        met.extend(status.peers_connected.iter().copied());
+        met.extend(status.peers_connected.iter().map(|p| as_member(*p)));
         Ok(met.iter().copied().collect())
     }
 
