@@ -139,6 +139,10 @@ enum Command {
     },
     /// Show the node (with its version), its peers and readiness.
     Status,
+    /// List every member known (alive, suspect, down, left) with its lag and last contact.
+    Members,
+    /// List the configured views with their watermarks and counters.
+    Views,
     /// Print this program's version.
     Version,
     /// Print a shell completion script: `tidemark completions bash > ~/.local/share/bash-completion/completions/tidemark`.
@@ -294,6 +298,8 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Ingest { stream, input } => return cli::ingest::run(&c, &out, stream, input),
         Command::Watch { kind, prefix } => client::watch(&c, &out, kind.as_deref(), prefix)?,
         Command::Status => client::status(&c, &out)?,
+        Command::Members => client::members(&c, &out)?,
+        Command::Views => cli::views::views(&c, &out)?,
         Command::Late {
             stream,
             after,

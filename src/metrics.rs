@@ -137,7 +137,9 @@ impl Metrics {
         let Ok(mut h) = self.write_history.lock() else {
             return;
         };
-        if h.back().is_some_and(|l| now_ms < l.at_ms.saturating_add(1000)) {
+        if h.back()
+            .is_some_and(|l| now_ms < l.at_ms.saturating_add(1000))
+        {
             return;
         }
         if h.len() == WRITE_HISTORY_SAMPLES {

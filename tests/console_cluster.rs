@@ -78,13 +78,7 @@ fn free_udp_port() -> u16 {
 
 /// The console page at `width` px: its DOM after the page ran for `budget_ms` of virtual time,
 /// and a screenshot written to `shot` when given.
-fn console(
-    browser: &str,
-    url: &str,
-    width: u32,
-    budget_ms: u32,
-    shot: Option<&Path>,
-) -> String {
+fn console(browser: &str, url: &str, width: u32, budget_ms: u32, shot: Option<&Path>) -> String {
     let profile = tempfile::tempdir().expect("profile");
     let mut cmd = Command::new(browser);
     cmd.args([
@@ -135,7 +129,12 @@ fn assert_clean(dom: &str, width: u32) {
 
 fn rfc3339(ms: u64) -> String {
     let out = Command::new("date")
-        .args(["-u", "-d", &format!("@{}", ms / 1000), "+%Y-%m-%dT%H:%M:%SZ"])
+        .args([
+            "-u",
+            "-d",
+            &format!("@{}", ms / 1000),
+            "+%Y-%m-%dT%H:%M:%SZ",
+        ])
         .output()
         .expect("date");
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
@@ -197,8 +196,16 @@ window = { tumbling = "1m" }
         let data = p(name);
         let config = p("views.toml");
         let mut args = vec![
-            "--config", &config, "--http", "127.0.0.1:0", "--peer-listen", &peer, "--tls", &tls,
-            "--data", &data,
+            "--config",
+            &config,
+            "--http",
+            "127.0.0.1:0",
+            "--peer-listen",
+            &peer,
+            "--tls",
+            &tls,
+            "--data",
+            &data,
         ];
         if i > 0 {
             args.extend(["--join", seed.as_str()]);
@@ -313,6 +320,33 @@ window = { tumbling = "1m" }
         !gamma.contains(r#"<td class="num">?</td>"#),
         "gamma's lag not shown: {gamma}"
     );
+    // The same from the command line.
+    let cli = |args: &[&str]| {
+        let o = Command::new(BIN)
+            .args(["--url", alpha, "--json"])
+            .args(args)
+            .output()
+            .expect("cli");
+        assert!(o.status.success(), "{args:?}: {o:?}");
+        serde_json::from_slice::<J>(&o.stdout).expect("cli json")
+    };
+    let members = cli(&["members"]);
+    let gamma = members
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["name"] == "gamma"))
+        .unwrap_or_else(|| panic!("gamma missing: {members}"));
+    assert_eq!(gamma["state"], "down", "{gamma}");
+    assert!(
+        gamma["lag_entries"].as_u64().is_some_and(|l| l >= 5),
+        "{gamma}"
+    );
+    assert!(
+        gamma["lag_seconds"].as_f64().is_some_and(|s| s > 0.0),
+        "{gamma}"
+    );
+    let views = cli(&["views"]);
+    assert_eq!(views["views"][0]["name"], "clicks_per_minute", "{views}");
+    assert_eq!(views["views"][0]["counters"]["folded"], 2, "{views}");
     // Screenshots to look at (target/console-screenshots).
     let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/console-screenshots");
     std::fs::create_dir_all(&shots).expect("screenshot dir");

@@ -464,41 +464,7 @@ pub fn status(client: &Client, out: &Output) -> anyhow::Result<()> {
     // Every member SWIM knows, down ones included, with what replication knows of it.
     let members = cluster["members"].as_array().cloned().unwrap_or_default();
     println!();
-    if members.is_empty() {
-        println!("single node: no other members known");
-    } else {
-        let text = |v: &serde_json::Value| match v {
-            serde_json::Value::Null => "-".to_owned(),
-            serde_json::Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
-        let rows: Vec<Vec<String>> = members
-            .iter()
-            .map(|m| {
-                vec![
-                    text(&m["name"]),
-                    text(&m["state"]),
-                    text(&m["addr"]),
-                    m["connected"].as_bool().unwrap_or(false).to_string(),
-                    text(&m["lag_entries"]),
-                    m["last_contact"]
-                        .as_f64()
-                        .map_or_else(|| "-".to_owned(), |s| format!("{s:.1}s ago")),
-                ]
-            })
-            .collect();
-        print_table(
-            &[
-                "MEMBER",
-                "STATE",
-                "PEER ADDR",
-                "CONNECTED",
-                "LAG (ENTRIES)",
-                "LAST CONTACT",
-            ],
-            &rows,
-        );
-    }
+    print_members(&members);
     // Replication peers no member name is known for (an in-process link, a member being
     // forgotten).
     let named = |p: &serde_json::Value| {
@@ -586,6 +552,66 @@ pub fn view(
     if let Some(next) = body["next"].as_str() {
         println!("more rows: --after {}", shell_quoted(next));
     }
+    Ok(())
+}
+
+/// Prints every member SWIM knows (down ones included) with its state, address, lag in
+/// entries and seconds and last contact; a node without other members says so.
+fn print_members(members: &[serde_json::Value]) {
+    if members.is_empty() {
+        println!("single node: no other members known");
+    } else {
+        let text = |v: &serde_json::Value| match v {
+            serde_json::Value::Null => "-".to_owned(),
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let rows: Vec<Vec<String>> = members
+            .iter()
+            .map(|m| {
+                vec![
+                    text(&m["name"]),
+                    text(&m["state"]),
+                    text(&m["addr"]),
+                    m["connected"].as_bool().unwrap_or(false).to_string(),
+                    text(&m["lag_entries"]),
+                    m["lag_seconds"]
+                        .as_f64()
+                        .map_or_else(|| "-".to_owned(), |s| format!("{s:.1}")),
+                    m["last_contact"]
+                        .as_f64()
+                        .map_or_else(|| "-".to_owned(), |s| format!("{s:.1}s ago")),
+                ]
+            })
+            .collect();
+        print_table(
+            &[
+                "MEMBER",
+                "STATE",
+                "PEER ADDR",
+                "CONNECTED",
+                "LAG (ENTRIES)",
+                "LAG (S)",
+                "LAST CONTACT",
+            ],
+            &rows,
+        );
+    }
+}
+
+/// `tidemark members`: the members table of `status` alone (`--json`: `/v1/cluster`'s
+/// `members` as is).
+///
+/// # Errors
+/// Transport failures and error answers.
+pub fn members(client: &Client, out: &Output) -> anyhow::Result<()> {
+    let cluster = accept(client.get("/v1/cluster", &[])?)?;
+    let members = cluster["members"].as_array().cloned().unwrap_or_default();
+    if out.json {
+        println!("{}", serde_json::Value::Array(members));
+        return Ok(());
+    }
+    print_members(&members);
     Ok(())
 }
 

@@ -8,3 +8,4 @@ pub mod late;
 pub mod output;
 pub mod serve;
 pub mod snapshot;
+pub mod views;

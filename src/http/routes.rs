@@ -837,13 +837,16 @@ fn cluster_members(
         |acked: Option<Option<u64>>| acked.map(|a| log_end.saturating_sub(a.unwrap_or(log_start)));
     // Lag in time: since a linked member last had our whole log; for one not linked and
     // behind, at least since we last heard from it.
-    let lag_secs = |peer: crate::proto::PeerId, behind: Option<u64>, contact_ms: Option<u64>| {
-        match rep.peer_lag_ms.iter().find(|(p, _)| *p == peer) {
+    let lag_secs =
+        |peer: crate::proto::PeerId, behind: Option<u64>, contact_ms: Option<u64>| match rep
+            .peer_lag_ms
+            .iter()
+            .find(|(p, _)| *p == peer)
+        {
             Some((_, ms)) => Some(*ms as f64 / 1000.0),
             None if behind.is_some_and(|b| b > 0) => contact_ms.map(|ms| ms as f64 / 1000.0),
             None => behind.map(|_| 0.0),
-        }
-    };
+        };
     let mut members: Vec<serde_json::Value> = swim
         .iter()
         .map(|m| {
