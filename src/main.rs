@@ -6,7 +6,7 @@
 
 mod cli;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use cli::client::{self, Client, KeyArg, parse_key};
 use cli::output::Output;
 use serde_json::json;
@@ -232,12 +232,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         return Ok(true);
     }
     if let Command::Completions { shell } = &cli.command {
-        clap_complete::generate(
-            *shell,
-            &mut Cli::command(),
-            "tidemark",
-            &mut std::io::stdout(),
-        );
+        clap_complete::generate(*shell, &mut command(), "tidemark", &mut std::io::stdout());
         return Ok(true);
     }
     let c = Client::new(&cli.url, cli.token.clone());
@@ -355,8 +350,42 @@ impl std::fmt::Display for Usage {
 
 impl std::error::Error for Usage {}
 
+/// The global flags each command does not read: kept accepted (`tidemark --url U serve` still
+/// parses) but hidden from its help and completions. `serve` has a `--token` of its own.
+const UNREAD_GLOBALS: [(&str, &[&str]); 4] = [
+    ("serve", &["url", "json"]),
+    ("certs", &["url", "token", "json"]),
+    ("completions", &["url", "token", "json"]),
+    ("version", &["url", "token"]),
+];
+
+/// The command line: [`Cli`] with the global flags hidden where they do not apply.
+fn command() -> clap::Command {
+    let cmd = Cli::command();
+    let globals: Vec<clap::Arg> = cmd.get_arguments().cloned().collect();
+    cmd.mut_subcommands(|mut sub| {
+        let ids = UNREAD_GLOBALS
+            .iter()
+            .find(|(name, _)| sub.get_name() == *name)
+            .map_or(&[][..], |(_, ids)| *ids);
+        // A command that defines a global's id itself is not given the global's copy (clap
+        // propagates only missing ids): a hidden copy takes its place, and passes it on
+        // hidden to the command's own subcommands.
+        for arg in globals
+            .iter()
+            .filter(|a| ids.contains(&a.get_id().as_str()))
+        {
+            sub = sub.arg(arg.clone().hide(true));
+        }
+        sub
+    })
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse(); // usage errors exit with status 2
+    // Usage errors exit with status 2.
+    let mut cmd = command();
+    let mut matches = cmd.get_matches_mut();
+    let cli = Cli::from_arg_matches_mut(&mut matches).unwrap_or_else(|e| e.format(&mut cmd).exit());
     match run(cli) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
@@ -390,7 +419,7 @@ mod tests {
             }
         }
         let mut missing = Vec::new();
-        walk(&Cli::command(), "tidemark", &mut missing);
+        walk(&command(), "tidemark", &mut missing);
         assert!(
             missing.is_empty(),
             "positionals without an example: {missing:#?}"
@@ -400,5 +429,6 @@ mod tests {
     #[test]
     fn the_cli_definition_is_consistent() {
         Cli::command().debug_assert();
+        command().debug_assert();
     }
 }

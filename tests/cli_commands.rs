@@ -378,7 +378,7 @@ fn serve_config_token_and_clean_restart() {
         .expect("run");
     assert_eq!(o.status.code(), Some(1));
     assert!(
-        stderr(&o).contains("cannot open the node"),
+        stderr(&o).contains("is in use by another tidemark (pid"),
         "{}",
         stderr(&o)
     );

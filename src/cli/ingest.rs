@@ -41,6 +41,20 @@ fn line_of(at: Option<&str>) -> Option<usize> {
     digits.parse().ok()
 }
 
+/// Rewrites the `line N` an error body's `at` starts with to `line {abs}`.
+fn renumber(body: &mut J, line: usize, abs: u64) {
+    let Some(at) = body.pointer_mut("/error/at") else {
+        return;
+    };
+    let renumbered = at.as_str().and_then(|text| {
+        let rest = text.strip_prefix(&format!("line {line}"))?;
+        (!rest.starts_with(|c: char| c.is_ascii_digit())).then(|| format!("line {abs}{rest}"))
+    });
+    if let Some(text) = renumbered {
+        *at = J::String(text);
+    }
+}
+
 /// Sends one chunk of `(line number, line)` until everything in it is committed or rejected.
 fn send_chunk(
     client: &Client,
@@ -84,10 +98,15 @@ fn send_chunk(
             continue;
         }
         busy = 0;
-        match line_of(rejected.at()) {
-            Some(line)
-                if line >= 1 && line <= pending.len() && (400..500).contains(&rejected.status) =>
-            {
+        let mut rejected = rejected;
+        let line = line_of(rejected.at()).filter(|l| (1..=pending.len()).contains(l));
+        if let Some(line) = line {
+            // The node numbers the lines of this request: name the input's line instead, as
+            // the node would have for the whole input sent at once.
+            renumber(&mut rejected.body, line, pending[line - 1].0);
+        }
+        match line {
+            Some(line) if (400..500).contains(&rejected.status) => {
                 let (abs, _) = pending[line - 1];
                 summary.rejected.push((abs, rejected.to_string()));
                 // Lines before `done` are committed; the rejected one is dropped; the rest
@@ -101,33 +120,39 @@ fn send_chunk(
     Ok(())
 }
 
-/// Progress: an indicatif bar on a terminal, plain lines on stderr otherwise.
+/// Progress on stderr: an indicatif bar when stderr is a terminal (a bar with bytes/s and ETA
+/// for a file, a spinner with counts for stdin), plain lines every second otherwise.
 enum Progress {
     Bar(indicatif::ProgressBar),
     Lines { last: Instant },
 }
 
+/// A file's bar: at 80 columns everything but the bar takes at most ~56 cells
+/// (`100% 1023.99 MiB/1023.99 MiB 1023.99 MiB/s ETA 59m`), leaving the bar 20 or more.
+const FILE_TEMPLATE: &str =
+    "{spinner} [{wide_bar}] {percent:>3}% {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}";
+/// Stdin's spinner: no length to measure against, so counts and rates.
+const STDIN_TEMPLATE: &str = "{spinner} [{elapsed_precise}] {msg}, {bytes} ({bytes_per_sec})";
+
 impl Progress {
     fn new(total: Option<u64>) -> Self {
-        if std::io::stdout().is_terminal() {
-            let bar = match total {
-                Some(t) => indicatif::ProgressBar::new(t),
-                None => indicatif::ProgressBar::no_length(),
-            };
-            let template = if total.is_some() {
-                "{spinner} [{elapsed_precise}] [{wide_bar}] {bytes}/{total_bytes} ({bytes_per_sec}) {msg}"
-            } else {
-                "{spinner} [{elapsed_precise}] {bytes} ({bytes_per_sec}) {msg}"
-            };
-            if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
-                bar.set_style(style);
-            }
-            Progress::Bar(bar)
-        } else {
-            Progress::Lines {
+        if !std::io::stderr().is_terminal() {
+            return Progress::Lines {
                 last: Instant::now(),
-            }
+            };
         }
+        let (bar, template) = match total {
+            Some(t) => (indicatif::ProgressBar::new(t), FILE_TEMPLATE),
+            None => (indicatif::ProgressBar::no_length(), STDIN_TEMPLATE),
+        };
+        bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+        if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_message("0 events, 0 events/s");
+        // The spinner turns (and the rate and ETA update) between chunks too.
+        bar.enable_steady_tick(Duration::from_millis(100));
+        Progress::Bar(bar)
     }
 
     fn update(&mut self, s: &Summary, started: Instant) {
@@ -156,6 +181,48 @@ impl Progress {
     }
 }
 
+/// Reads `reader` line by line and sends it in chunks, counting into `summary`.
+fn send_all(
+    client: &Client,
+    path: &str,
+    reader: &mut impl BufRead,
+    summary: &mut Summary,
+    progress: &mut Progress,
+    started: Instant,
+) -> anyhow::Result<()> {
+    let mut line_no = 0u64;
+    let mut chunk: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut chunk_bytes = 0;
+    loop {
+        let mut line = Vec::new();
+        let n = reader
+            .read_until(b'\n', &mut line)
+            .context("reading the input")?;
+        if n > 0 {
+            line_no += 1;
+            summary.bytes += n as u64;
+            while matches!(line.last(), Some(b'\n' | b'\r')) {
+                line.pop();
+            }
+            if !line.iter().all(u8::is_ascii_whitespace) {
+                chunk_bytes += line.len();
+                chunk.push((line_no, line));
+            }
+        }
+        if !chunk.is_empty() && (n == 0 || chunk.len() >= CHUNK_LINES || chunk_bytes >= CHUNK_BYTES)
+        {
+            summary.lines += chunk.len() as u64;
+            send_chunk(client, path, std::mem::take(&mut chunk), summary)?;
+            chunk_bytes = 0;
+            progress.update(summary, started);
+        }
+        if n == 0 {
+            break;
+        }
+    }
+    Ok(())
+}
+
 /// Runs the ingest; `Ok(false)` when some lines were rejected (exit status 1).
 pub fn run(client: &Client, out: &Output, stream: &str, input: &str) -> anyhow::Result<bool> {
     let (reader, total): (Box<dyn Read>, Option<u64>) = if input == "-" {
@@ -180,37 +247,17 @@ pub fn run(client: &Client, out: &Output, stream: &str, input: &str) -> anyhow::
     let started = Instant::now();
     let mut progress = Progress::new(total);
     let mut summary = Summary::default();
-    let mut line_no = 0u64;
-    let mut chunk: Vec<(u64, Vec<u8>)> = Vec::new();
-    let mut chunk_bytes = 0;
-    loop {
-        let mut line = Vec::new();
-        let n = reader
-            .read_until(b'\n', &mut line)
-            .context("reading the input")?;
-        if n > 0 {
-            line_no += 1;
-            summary.bytes += n as u64;
-            while matches!(line.last(), Some(b'\n' | b'\r')) {
-                line.pop();
-            }
-            if !line.iter().all(u8::is_ascii_whitespace) {
-                chunk_bytes += line.len();
-                chunk.push((line_no, line));
-            }
-        }
-        if !chunk.is_empty() && (n == 0 || chunk.len() >= CHUNK_LINES || chunk_bytes >= CHUNK_BYTES)
-        {
-            summary.lines += chunk.len() as u64;
-            send_chunk(client, &path, std::mem::take(&mut chunk), &mut summary)?;
-            chunk_bytes = 0;
-            progress.update(&summary, started);
-        }
-        if n == 0 {
-            break;
-        }
-    }
+    let sent = send_all(
+        client,
+        &path,
+        &mut reader,
+        &mut summary,
+        &mut progress,
+        started,
+    );
+    // The bar is cleared before anything else is printed, an error too.
     progress.finish();
+    sent?;
     let ok = summary.rejected.is_empty();
     if out.json {
         let rejected: Vec<J> = summary

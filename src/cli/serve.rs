@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use tidemark::Node;
 use tidemark::http::HttpServer;
+use tidemark::store::StoreError;
 
 /// Flags of `tidemark serve` (each overrides the config file).
 #[derive(Debug, clap::Args)]
@@ -210,6 +211,9 @@ async fn stop_signal() {
     }
 }
 
+const ADVERTISE_NEEDS_TLS: &str = "peer.advertise needs peer.tls: a node without cluster \
+     certificates is reachable on loopback only";
+
 /// Starts the peer endpoint: with `--tls DIR` the cluster identity in it, else a local CA in the
 /// data directory (loopback only); then dials every `--join` address.
 async fn start_peers(node: &Node, config: &Config) -> anyhow::Result<SocketAddr> {
@@ -224,10 +228,7 @@ async fn start_peers(node: &Node, config: &Config) -> anyhow::Result<SocketAddr>
         }
         None => {
             if config.peer.advertise.is_some() {
-                anyhow::bail!(
-                    "peer.advertise needs peer.tls: a node without cluster certificates is \
-                     reachable on loopback only"
-                );
+                anyhow::bail!(ADVERTISE_NEEDS_TLS);
             }
             node.listen_local(listen).await
         }
@@ -327,12 +328,32 @@ pub async fn run(mut config: Config, restore_from: Option<PathBuf>) -> anyhow::R
         std::net::UdpSocket::bind(config.peer.listen)
             .map_err(|e| listen_error(config.peer.listen, "--peer-listen", &e))?;
     }
+    // Checked before a restore too: a restore is not left behind by a start that cannot serve.
+    if config.peer.advertise.is_some() && config.peer.tls.is_none() {
+        return Err(crate::Usage(ADVERTISE_NEEDS_TLS.to_owned()).into());
+    }
     if let Some(file) = &restore_from {
         restore(&config, file)?;
     }
-    let node = Node::open(config.node_config())
-        .await
-        .with_context(|| format!("cannot open the node in {}", config.data_dir.display()))?;
+    let node = match Node::open(config.node_config()).await {
+        Ok(node) => node,
+        Err(tidemark::Error::Store(StoreError::AlreadyOpen { holder, .. })) => {
+            let by = holder.map_or_else(
+                || "another tidemark".to_owned(),
+                |pid| format!("another tidemark (pid {pid})"),
+            );
+            anyhow::bail!(
+                "data directory {} is in use by {by} — stop it or use --data DIR",
+                config.data_dir.display()
+            );
+        }
+        Err(e) => {
+            return Err(anyhow::Error::new(e).context(format!(
+                "cannot open the node in {}",
+                config.data_dir.display()
+            )));
+        }
+    };
     let server = match HttpServer::on_listener(
         node.clone(),
         config.http.clone(),

@@ -186,7 +186,7 @@ pub fn run(args: &SnapshotArgs, json: bool, client: &Client) -> anyhow::Result<(
         (file.clone(), info)
     } else {
         let Some(out) = &args.out else {
-            bail!("--out is required");
+            return Err(crate::Usage("--out FILE is required (or --verify FILE)".into()).into());
         };
         if out.exists() {
             bail!(

@@ -77,7 +77,25 @@ impl ApiError {
     /// array index or the NDJSON line).
     pub(crate) fn from_node(e: Error, pos: impl Fn(usize) -> Pos, retry_after: u64) -> Self {
         let code = e.code();
-        let message = e.to_string();
+        let mut message = e.to_string();
+        let index = match &e {
+            Error::InvalidOp { index, .. }
+            | Error::WrongOp { index, .. }
+            | Error::CounterNotDeletable { index, .. }
+            | Error::Overflow { index, .. }
+            | Error::TooLarge { index, .. }
+            | Error::TooManySources { index, .. }
+            | Error::DedupGaps { index, .. } => Some(*index),
+            _ => None,
+        };
+        // The node's `op N` is the op's index in its batch: the request's own JSON array index,
+        // but not an NDJSON line (0-based, blank lines skipped, a long ingest split in batches),
+        // which the message then names as `at` does.
+        if let Some(index) = index
+            && let line @ Pos::Line(_) = pos(index)
+        {
+            message = message.replacen(&format!("op {index}"), &line.to_string(), 1);
+        }
         match e {
             Error::InvalidOp { index, field, .. } => {
                 Self::bad_request(code, message).at(format!("{}, field {field}", pos(index)))
@@ -229,6 +247,28 @@ mod tests {
         assert_eq!(
             (e.status, e.at.as_deref()),
             (StatusCode::BAD_REQUEST, Some("line 3, field value"))
+        );
+        // The message names the op where `at` does: the line, not the node's batch index.
+        assert_eq!(e.message, "line 3: field `value`: x");
+        let wrong = |pos: fn(usize) -> Pos| {
+            ApiError::from_node(
+                Error::WrongOp {
+                    index: 1,
+                    message: "no".into(),
+                },
+                pos,
+                1,
+            )
+        };
+        let e = wrong(|i| Pos::Line(i + 3));
+        assert_eq!(
+            (e.message.as_str(), e.at.as_deref()),
+            ("line 4: no", Some("line 4, field op"))
+        );
+        let e = wrong(Pos::Index);
+        assert_eq!(
+            (e.message.as_str(), e.at.as_deref()),
+            ("op 1: no", Some("index 1, field op"))
         );
     }
 }

@@ -9,10 +9,25 @@ use crate::codec::CodecError;
 #[non_exhaustive]
 pub enum StoreError {
     /// Another process (or another `Node` in this one) has the data directory open.
-    #[error("data directory {path} is in use by another tidemark process")]
+    #[error("data directory {path} is in use by another tidemark process{}", holder_note(*.holder))]
     AlreadyOpen {
         /// The database path.
         path: String,
+        /// The pid of the process holding its lock, when the system says (Linux: `/proc/locks`).
+        holder: Option<u32>,
+    },
+    /// The data directory holds what a restore from a snapshot left when it stopped before
+    /// finishing (killed, or the machine went down): it is not a store to open or restore into.
+    /// Nothing in it was ever served; remove the directory and restore again.
+    #[error(
+        "{dir} was left by a restore that did not finish ({note}); nothing in it was served: \
+         remove it (rm -r {dir}) and restore again"
+    )]
+    RestoreUnfinished {
+        /// The data directory.
+        dir: String,
+        /// What the restore's marker says: the snapshot and when the restore started.
+        note: String,
     },
     /// redb reported an error (I/O, corruption, commit failure).
     #[error("storage engine: {0}")]
@@ -78,5 +93,14 @@ pub enum StoreError {
 impl StoreError {
     pub(crate) fn redb<E: Into<redb::Error>>(e: E) -> Self {
         StoreError::Redb(e.into())
+    }
+}
+
+/// ` (pid N)` for [`StoreError::AlreadyOpen`], or nothing when the holder is unknown.
+fn holder_note(holder: Option<u32>) -> String {
+    match holder {
+        Some(pid) if pid == std::process::id() => format!(" (this process, pid {pid})"),
+        Some(pid) => format!(" (pid {pid})"),
+        None => String::new(),
     }
 }

@@ -14,6 +14,7 @@ mod big_row;
 mod counters;
 mod error;
 mod fallback;
+mod holder;
 mod late;
 mod local;
 mod purge;
@@ -41,7 +42,8 @@ pub use purge::RemoteFilter;
 pub use read::Reader;
 pub use replicate::DeltasSince;
 pub use snapshot::{
-    SNAPSHOT_FORMAT, SnapshotInfo, SnapshotRead, publish_file, restore_snapshot, verify_snapshot,
+    RESTORE_MARKER, SNAPSHOT_FORMAT, SnapshotInfo, SnapshotRead, publish_file, restore_snapshot,
+    verify_snapshot,
 };
 pub use split::write_bytes_estimate;
 pub use stream_snapshot::{
@@ -279,6 +281,11 @@ impl RedbStore {
             path: dir.display().to_string(),
             source,
         };
+        // A directory a restore left half-written is no store: opening it would start an
+        // empty node beside the remains.
+        if let Some(e) = snapshot::unfinished_restore(dir) {
+            return Err(e);
+        }
         private_dir(dir).map_err(io)?;
         let path = dir.join(DB_FILE);
         create_private(&path).map_err(io)?;
@@ -288,6 +295,7 @@ impl RedbStore {
             .map_err(|e| match e {
                 redb::DatabaseError::DatabaseAlreadyOpen => StoreError::AlreadyOpen {
                     path: path.display().to_string(),
+                    holder: holder::lock_holder(&path),
                 },
                 other if never_initialized(&path) => StoreError::Corrupt(format!(
                     "{} was never fully created (a crash during the very first start, before \

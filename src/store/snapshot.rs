@@ -57,6 +57,11 @@ pub(crate) const META_SEED_CURSOR: &str = "seed_cursor";
 /// The snapshot format this build writes and reads.
 pub const SNAPSHOT_FORMAT: u32 = 1;
 
+/// The file a restore writes into the data directory first and removes once the restored
+/// database is complete and durable under its final name: found later, it says a restore was
+/// cut short (the process killed, the machine down) and by whom.
+pub const RESTORE_MARKER: &str = "tidemark.restore-unfinished";
+
 /// What a snapshot file holds (its `snapshot/header` record).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SnapshotInfo {
@@ -206,6 +211,74 @@ fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
     #[cfg(not(unix))]
     let _ = dir;
     Ok(())
+}
+
+/// [`StoreError::RestoreUnfinished`] when `dir` holds what a restore left when it stopped
+/// before finishing: its marker, or its database written under the temporary name only.
+pub(crate) fn unfinished_restore(dir: &Path) -> Option<StoreError> {
+    let marker = dir.join(RESTORE_MARKER);
+    let note = match std::fs::read_to_string(&marker) {
+        Ok(text) => {
+            let field = |name: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(name)?.strip_prefix(": "))
+                    .unwrap_or("?")
+                    .to_owned()
+            };
+            format!(
+                "of {}, started at {} by pid {}",
+                field("snapshot"),
+                field("started"),
+                field("pid")
+            )
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let partial = dir.join(format!("{DB_FILE}.restoring"));
+            if !partial.exists() || dir.join(DB_FILE).exists() {
+                return None;
+            }
+            format!("a partial {DB_FILE}.restoring")
+        }
+        Err(e) => format!("its marker {} cannot be read: {e}", marker.display()),
+    };
+    Some(StoreError::RestoreUnfinished {
+        dir: dir.display().to_string(),
+        note,
+    })
+}
+
+/// Now as RFC 3339 UTC, to the second.
+fn now_rfc3339() -> String {
+    let t = time::OffsetDateTime::now_utc();
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
+}
+
+/// Writes the restore marker into `dir`, durably (the file and its directory entry).
+fn write_restore_marker(dir: &Path, snapshot: &Path) -> Result<PathBuf, StoreError> {
+    use std::io::Write;
+    let marker = dir.join(RESTORE_MARKER);
+    let pid = std::process::id();
+    let text = format!(
+        "snapshot: {}\nstarted: {}\npid: {pid}\n\
+         A restore from that snapshot into this directory has not finished. If process {pid} is \
+         gone, it failed: remove this directory and restore again.\n",
+        snapshot.display(),
+        now_rfc3339()
+    );
+    let mut file = std::fs::File::create(&marker).map_err(io_err(&marker))?;
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(io_err(&marker))?;
+    fsync_dir(dir)?;
+    Ok(marker)
 }
 
 /// The directory a file path lives in (`.` for a bare file name).
@@ -451,14 +524,15 @@ pub fn verify_snapshot(path: &Path, limits: &Limits) -> Result<SnapshotInfo, Sto
 /// `new_replica` (`None`: a random one), and returns the snapshot's header.
 ///
 /// Guarantees: the snapshot is verified first; `dir` must be absent or empty (it is never
-/// overwritten); the restored store never reuses the source's replica id (the source's dots are
+/// overwritten); until the restore is complete `dir` holds [`RESTORE_MARKER`], so a restore cut
+/// short is named as such by the next restore or open ([`StoreError::RestoreUnfinished`]); the restored store never reuses the source's replica id (the source's dots are
 /// remote dots to it), has an epoch above the source's, an empty log, and a seed cursor
 /// `(source, source_log_end)`; the database appears under its final name only once complete
 /// and durable.
 ///
 /// # Errors
 /// [`StoreError::Snapshot`] for a non-empty `dir`, a `new_replica` equal to the source's, or an
-/// invalid snapshot; storage and filesystem failures.
+/// invalid snapshot; [`StoreError::RestoreUnfinished`] for a `dir` an earlier restore left; storage and filesystem failures.
 pub fn restore_snapshot(
     snapshot: &Path,
     dir: &Path,
@@ -478,16 +552,28 @@ pub fn restore_snapshot(
             "a restored store must not take the replica id of the snapshot's source".into(),
         ));
     }
+    if let Some(e) = unfinished_restore(dir) {
+        return Err(e);
+    }
     if dir.exists() {
         let mut entries = std::fs::read_dir(dir).map_err(io_err(dir))?;
         if entries.next().is_some() {
+            let held = if dir.join(DB_FILE).is_file() {
+                "it holds a node's data (serve it without restoring)"
+            } else {
+                "it holds files that are not tidemark's"
+            };
             return Err(StoreError::Snapshot(format!(
-                "{} is not empty; restore only into a new or empty directory",
+                "{} is not empty: {held}; restore only into a new or empty directory",
                 dir.display()
             )));
         }
     }
     super::private_dir(dir).map_err(io_err(dir))?;
+    // Until the database is complete under its final name the marker says a restore is under
+    // way; a failure returned here removes both (the directory is left empty), a crash leaves
+    // both for the next start to name.
+    let mut marker_guard = TempFile(Some(write_restore_marker(dir, snapshot)?));
     let tmp = dir.join(format!("{DB_FILE}.restoring"));
     let mut guard = TempFile(Some(tmp.clone()));
     {
@@ -521,6 +607,10 @@ pub fn restore_snapshot(
     let final_path = dir.join(DB_FILE);
     std::fs::rename(&tmp, &final_path).map_err(io_err(&final_path))?;
     guard.0 = None;
+    fsync_dir(dir)?;
+    if let Some(marker) = marker_guard.0.take() {
+        std::fs::remove_file(&marker).map_err(io_err(&marker))?;
+    }
     fsync_dir(dir)?;
     tracing::info!(
         source = %info.source_replica,
