@@ -36,6 +36,7 @@ fn main() {
                     event: None,
                     stamps: Vec::new(),
                     late: None,
+                    own_dots: false,
                 })
                 .collect();
             store.commit_local(&writes, 1).expect("commit");

@@ -121,6 +121,7 @@ fn main() {
                     event: None,
                     stamps: Vec::new(),
                     late: None,
+                    own_dots: false,
                 })
                 .collect();
             store.commit_local(&writes, 0).expect("commit");

@@ -394,6 +394,7 @@ impl<'l> OpsValidator<'l> {
             event,
             stamps: Vec::new(),
             late: None,
+            own_dots: false,
         };
         check_write_size(&w, i, limits)?;
         Ok(w)
@@ -477,6 +478,7 @@ pub fn validate_events(
                 }),
                 stamps: Vec::new(),
                 late: None,
+                own_dots: false,
             };
             check_write_size(&w, i, limits)?;
             Ok(w)

@@ -64,6 +64,7 @@ fn lww(name: &str, value_len: usize, tag: usize) -> LocalWrite {
         event: None,
         stamps: Vec::new(),
         late: None,
+        own_dots: false,
     }
 }
 
@@ -76,6 +77,7 @@ fn set_add(name: &str, elem_len: usize, tag: usize) -> LocalWrite {
         event: None,
         stamps: Vec::new(),
         late: None,
+        own_dots: false,
     }
 }
 
@@ -93,6 +95,7 @@ fn event(source: &str, seq: u64) -> LocalWrite {
         }),
         stamps: Vec::new(),
         late: None,
+        own_dots: false,
     }
 }
 
@@ -359,6 +362,7 @@ fn a_set_larger_than_a_frame_transfers_in_parts_without_losing_dots() {
             event: None,
             stamps: Vec::new(),
             late: None,
+            own_dots: false,
         });
     }
     for i in ELEMS..ELEMS + 20 {
@@ -420,6 +424,7 @@ fn a_large_set_of_small_elements_is_transferred_again_in_parts_exactly() {
             event: None,
             stamps: Vec::new(),
             late: None,
+            own_dots: false,
         });
     }
     for i in N..N + 50 {

@@ -982,6 +982,7 @@ impl Sim {
                     event: None,
                     stamps: Vec::new(),
                     late: None,
+                    own_dots: false,
                 }
             })
             .collect();

@@ -196,6 +196,49 @@ impl Entry {
         }
     }
 
+    /// The entry holding only the dots whose replica `keep` accepts (an orset element left
+    /// without dots is gone): the value the kept replicas' contributions alone make, for
+    /// entries whose writers cover only their own dots ([`mutate_own_in_place`]).
+    #[must_use]
+    pub fn retain_replicas(&self, keep: impl Fn(ReplicaId) -> bool) -> Entry {
+        match self {
+            Entry::GCounter(f) => Entry::GCounter(DotFun::from_entries(
+                f.iter()
+                    .filter(|(d, _)| keep(d.replica))
+                    .map(|(d, v)| (*d, *v))
+                    .collect(),
+            )),
+            Entry::PNCounter(f) => Entry::PNCounter(DotFun::from_entries(
+                f.iter()
+                    .filter(|(d, _)| keep(d.replica))
+                    .map(|(d, v)| (*d, *v))
+                    .collect(),
+            )),
+            Entry::ORSet(m) => {
+                let mut out = DotMap::default();
+                for (e, dots) in m.iter() {
+                    let kept: Vec<Dot> = dots.iter().copied().filter(|d| keep(d.replica)).collect();
+                    if !kept.is_empty() {
+                        out.set(e.clone(), DotSet::from_dots(kept));
+                    }
+                }
+                Entry::ORSet(out)
+            }
+            Entry::Lww(f) => Entry::Lww(DotFun::from_entries(
+                f.iter()
+                    .filter(|(d, _)| keep(d.replica))
+                    .map(|(d, v)| (*d, v.clone()))
+                    .collect(),
+            )),
+            Entry::MvReg(f) => Entry::MvReg(DotFun::from_entries(
+                f.iter()
+                    .filter(|(d, _)| keep(d.replica))
+                    .map(|(d, v)| (*d, v.clone()))
+                    .collect(),
+            )),
+        }
+    }
+
     /// The live dot of `replica` in a causal counter, with its payload.
     fn counter_dot<V: Clone + Ord + fmt::Debug>(
         f: &DotFun<V>,
@@ -602,6 +645,79 @@ pub fn mutate_in_place(
         *current = None;
     }
     result
+}
+
+/// [`mutate_in_place`] for a writer whose `Add` and register `Set` cover only its own dots
+/// (those of `dot.replica`): every other replica's dots of the element (an orset `Add`) or of
+/// the register (an lww/mvreg `Set`) stay in the entry, and only the writer's own overwritten
+/// dots are appended to `removed`. Every other mutation is exactly [`mutate_in_place`].
+///
+/// What it guarantees: each replica's contribution to the entry stays separable by the dots'
+/// replica — no replica's write ever removes another's — so [`Entry::retain_replicas`] on the
+/// result gives the value the kept replicas' writes alone make, whatever order they arrived
+/// in. `current` ends exactly as joining the delta whose store is the written dot and whose
+/// context is that dot plus the appended dots would leave it.
+///
+/// # Errors
+/// As [`mutate_in_place`]; `current` is then unchanged.
+pub fn mutate_own_in_place(
+    kind: KeyKind,
+    current: &mut Option<Entry>,
+    mutation: &Mutation,
+    dot: Dot,
+    ts: Option<Timestamp>,
+    removed: &mut Vec<Dot>,
+) -> Result<(), MutationError> {
+    let me = dot.replica;
+    // The other replicas' dots the plain mutation would overwrite.
+    let others: Option<Entry> = match (current.as_ref(), mutation) {
+        (Some(Entry::ORSet(m)), Mutation::Add(e)) => m.get(e).map(|s| {
+            let mut one = DotMap::default();
+            one.set(e.clone(), s.clone());
+            Entry::ORSet(one).retain_replicas(|r| r != me)
+        }),
+        (Some(e @ (Entry::Lww(_) | Entry::MvReg(_))), Mutation::Set(_)) => {
+            Some(e.retain_replicas(|r| r != me))
+        }
+        _ => None,
+    };
+    let start = removed.len();
+    mutate_in_place(kind, current, mutation, dot, ts, removed)?;
+    let Some(others) = others.filter(|o| !o.is_bottom()) else {
+        return Ok(());
+    };
+    let mut i = start;
+    while i < removed.len() {
+        if removed[i].replica == me {
+            i += 1;
+        } else {
+            removed.swap_remove(i);
+        }
+    }
+    let entry = current.get_or_insert_with(|| Entry::bottom(kind));
+    match (entry, others) {
+        (Entry::ORSet(m), Entry::ORSet(o)) => {
+            for (e, theirs) in o.iter() {
+                let mut dots: Vec<Dot> = theirs.iter().copied().collect();
+                if let Some(mine) = m.get(e) {
+                    dots.extend(mine.iter().copied());
+                }
+                m.replace(e.clone(), DotSet::from_dots(dots));
+            }
+        }
+        (Entry::Lww(f), Entry::Lww(o)) => {
+            for (d, v) in o.iter() {
+                f.insert(*d, v.clone());
+            }
+        }
+        (Entry::MvReg(f), Entry::MvReg(o)) => {
+            for (d, v) in o.iter() {
+                f.insert(*d, v.clone());
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// A delta (or whole state) of the store: keyed entries plus one shared context.

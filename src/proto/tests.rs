@@ -59,6 +59,7 @@ impl TestStore {
             event: None,
             stamps: Vec::new(),
             late: None,
+            own_dots: false,
         };
         let seq = self.0.commit_local(&[write], wall_ms)?.log_seq;
         let seq = seq.expect("a non-empty group is logged");

@@ -18,10 +18,10 @@ use redb::ReadableTable;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use tidemark_crdts::store::mutate_in_place;
+use tidemark_crdts::store::{mutate_in_place, mutate_own_in_place};
 use tidemark_crdts::{
     Causal, CausalContext, DedupMarks, Dot, DotFun, DotMap, DotSet, DotStore, Entry, IntervalSet,
-    Key, KeyKind, Mutation, Rows, Timestamp, Value,
+    Key, KeyKind, Mutation, ReplicaId, Rows, Timestamp, Value,
 };
 
 /// Identity of an ingested event: `(stream, source, seq)`; a retry with the same identity is
@@ -52,6 +52,12 @@ pub struct LocalWrite {
     /// Present for an event late for some view: kept in the stream's late lane, in the same
     /// transaction, when the write is applied (not for a duplicate or a refused write).
     pub late: Option<super::late::LateNote>,
+    /// The write's set `Add`s and register `Set`s cover only this replica's own dots: other
+    /// replicas' dots of the element or register stay (`mutate_own_in_place`), so every
+    /// replica's contribution to such a key stays separable by dot (what view cells need to
+    /// count exactly a seal's members). A stamped `Set` is then skipped only when this
+    /// replica's own value is stamped at or after it.
+    pub own_dots: bool,
 }
 
 /// Writes of a commit group that were refused: nothing of them was applied (they are not
@@ -473,8 +479,9 @@ impl RedbStore {
                             w.stamps.get(i).copied().flatten().filter(|_| {
                                 key.kind == KeyKind::Lww && matches!(m, Mutation::Set(_))
                             });
+                        let own = w.own_dots.then_some(me);
                         if let Some(ts) = stamp
-                            && superseded(rows.entry(key)?, ts)
+                            && superseded(rows.entry(key)?, ts, own)
                         {
                             continue;
                         }
@@ -491,7 +498,7 @@ impl RedbStore {
                         // In place: the join of the op's delta (its context is `dot` plus the
                         // dots it overwrote, all of this key's entry; `rec.dots` gets the latter,
                         // `dot` is in the record's fresh range).
-                        let k = rows.apply_local(key, m, dot, ts, &mut rec.dots)?;
+                        let k = rows.apply_local(key, m, dot, ts, own, &mut rec.dots)?;
                         ctx.insert(dot);
                         rec.last = dot.seq;
                         if let Some(k) = k {
@@ -752,7 +759,8 @@ impl<'r, 't> GroupRows<'r, 't> {
 
     /// Applies one local mutation of `key` at `dot` (in place: the join of its delta), writes
     /// its dot-index changes, and appends to `dots` the dots the op overwrote or removed (its
-    /// delta's context without `dot`). Returns the key when its entry changed.
+    /// delta's context without `dot`). With `own` (the write's `own_dots`), adds and register
+    /// sets overwrite only that replica's dots. Returns the key when its entry changed.
     ///
     /// # Errors
     /// [`StoreError::InvalidOp`] when the mutation does not apply; storage failures.
@@ -762,10 +770,11 @@ impl<'r, 't> GroupRows<'r, 't> {
         m: &Mutation,
         dot: Dot,
         ts: Option<tidemark_crdts::Timestamp>,
+        own: Option<ReplicaId>,
         dots: &mut Vec<Dot>,
     ) -> Result<Option<Arc<Key>>, StoreError> {
         if per_element(key.kind) {
-            return self.apply_set(key, m, dot, dots);
+            return self.apply_set(key, m, dot, own.is_some(), dots);
         }
         let start = dots.len();
         // One hash lookup when the key is cached (the common case), two after a load.
@@ -779,8 +788,12 @@ impl<'r, 't> GroupRows<'r, 't> {
             }
         };
         let was_none = c.entry.is_none();
-        mutate_in_place(key.kind, &mut c.entry, m, dot, ts, dots)
-            .map_err(|e| StoreError::InvalidOp(format!("{key}: {e}")))?;
+        if own.is_some() {
+            mutate_own_in_place(key.kind, &mut c.entry, m, dot, ts, dots)
+        } else {
+            mutate_in_place(key.kind, &mut c.entry, m, dot, ts, dots)
+        }
+        .map_err(|e| StoreError::InvalidOp(format!("{key}: {e}")))?;
         let changed = !(was_none && c.entry.is_none());
         let rc = Arc::clone(&c.key);
         if changed && !c.dirty {
@@ -819,6 +832,7 @@ impl<'r, 't> GroupRows<'r, 't> {
         key: &Key,
         m: &Mutation,
         dot: Dot,
+        own: bool,
         dots: &mut Vec<Dot>,
     ) -> Result<Option<Arc<Key>>, StoreError> {
         let max = self.inner.record_bytes_max;
@@ -854,7 +868,27 @@ impl<'r, 't> GroupRows<'r, 't> {
                         .elems
                         .insert(ek.as_slice(), bytes.as_slice())
                         .map_err(StoreError::redb)?;
-                    prev.map(|g| decode_elem(g.value(), max)).transpose()?
+                    let prev = prev.map(|g| decode_elem(g.value(), max)).transpose()?;
+                    // An own add leaves the other replicas' dots of the element in its row.
+                    match prev {
+                        Some(old) if own && old.iter().any(|d| d.replica != dot.replica) => {
+                            let (mine, theirs): (Vec<Dot>, Vec<Dot>) =
+                                old.iter().partition(|d| d.replica == dot.replica);
+                            let mut kept = theirs;
+                            kept.push(dot);
+                            let row = codec::encode("set element", &DotSet::from_dots(kept))
+                                .map_err(|source| StoreError::Codec {
+                                    table: "elems",
+                                    source,
+                                })?;
+                            self.inner
+                                .elems
+                                .insert(ek.as_slice(), row.as_slice())
+                                .map_err(StoreError::redb)?;
+                            Some(DotSet::from_dots(mine))
+                        }
+                        other => other,
+                    }
                 } else {
                     let prev = self
                         .inner
@@ -1127,9 +1161,12 @@ impl<'r, 't> GroupRows<'r, 't> {
 
 /// True when `current` already holds an LWW value stamped at or after `ts`: a write stamped
 /// `ts` would not change what the register reads, so it is skipped.
-fn superseded(current: Option<&Entry>, ts: Timestamp) -> bool {
+/// With `own`, only that replica's own value counts (its writes cover only its own dots).
+fn superseded(current: Option<&Entry>, ts: Timestamp, own: Option<ReplicaId>) -> bool {
     match current {
-        Some(Entry::Lww(f)) => f.iter().any(|(_, (t, _))| *t >= ts),
+        Some(Entry::Lww(f)) => f
+            .iter()
+            .any(|(d, (t, _))| *t >= ts && own.is_none_or(|me| d.replica == me)),
         _ => false,
     }
 }
@@ -1170,6 +1207,7 @@ mod tests {
             event: None,
             stamps: Vec::new(),
             late: None,
+            own_dots: false,
         };
         let value = |s: &RedbStore, k: &Key| s.reader().get(k).expect("read");
         a.commit_local(
@@ -1349,6 +1387,7 @@ mod tests {
             }),
             stamps: Vec::new(),
             late: None,
+            own_dots: false,
         };
         let all: Vec<u64> = (0..sources).collect();
         for chunk in all.chunks(10_000) {
@@ -1426,6 +1465,7 @@ mod tests {
                         }),
                         stamps: Vec::new(),
                         late: None,
+                        own_dots: false,
                     });
                 }
                 let out = store.commit_local(&writes, 1_000 + group).expect("commit");

@@ -59,6 +59,39 @@ impl Reader {
         Ok(found)
     }
 
+    /// Whether the committed set `key` holds `element` under a dot of `replica` (one element
+    /// row is read): what an own-dots writer (`LocalWrite::own_dots`) needs to know that
+    /// re-adding the element would change nothing of its own contribution.
+    ///
+    /// # Errors
+    /// Storage failures and corrupt rows.
+    pub fn set_holds_own(
+        &self,
+        key: &Key,
+        element: &str,
+        replica: tidemark_crdts::ReplicaId,
+    ) -> Result<bool, StoreError> {
+        if !per_element(key.kind) {
+            return Ok(false);
+        }
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let elems = rtxn.open_table(ELEMS).map_err(StoreError::redb)?;
+        let Some(row) = elems
+            .get(elem_key(key, element).as_slice())
+            .map_err(StoreError::redb)?
+        else {
+            return Ok(false);
+        };
+        let dots: tidemark_crdts::DotSet =
+            codec::decode("set element", row.value(), self.limits.record_bytes_max).map_err(
+                |source| StoreError::Codec {
+                    table: "elems",
+                    source,
+                },
+            )?;
+        Ok(dots.iter().any(|d| d.replica == replica))
+    }
+
     /// The committed value of `key` (`None` when the key holds nothing).
     ///
     /// # Errors

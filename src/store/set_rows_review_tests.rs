@@ -72,6 +72,7 @@ fn group_with(store: &mut RedbStore, model: &mut Store, ops: &[(Key, Mutation)],
             event: None,
             stamps: Vec::new(),
             late: None,
+            own_dots: false,
         })
         .collect();
     let commit = store.commit_local(&writes, 1_000).expect("commit");
@@ -298,6 +299,7 @@ fn a_remote_delta_removing_thousands_across_sets_and_adding_joins_exactly() {
                 event: None,
                 stamps: Vec::new(),
                 late: None,
+                own_dots: false,
             })
             .collect();
         store.commit_local(&writes, 1_000).expect("commit");
@@ -582,6 +584,7 @@ fn three_replicas_run(seed: u64) {
                 event: None,
                 stamps: Vec::new(),
                 late: None,
+                own_dots: false,
             });
         }
         let me = stores[i].replica();
@@ -689,6 +692,7 @@ fn re_add_in_pieces(bytes_max: usize) {
         event: None,
         stamps: Vec::new(),
         late: None,
+        own_dots: false,
     }];
     a.commit_local(&writes, 1_000).expect("commit");
     for (k, m) in &many {

@@ -95,6 +95,7 @@ fn group(
             event: None,
             stamps: Vec::new(),
             late: None,
+            own_dots: false,
         });
     }
     store.commit_local(&writes, 1_000).expect("commit");
@@ -231,6 +232,7 @@ fn sets_as_element_rows_match_the_reference_through_deltas_reopen_and_transfers(
                     event: None,
                     stamps: Vec::new(),
                     late: None,
+                    own_dots: false,
                 }
             })
             .collect();
@@ -336,6 +338,7 @@ fn bytes_per_commit(size: u64, adds: u64) -> (f64, f64) {
                 event: None,
                 stamps: Vec::new(),
                 late: None,
+                own_dots: false,
             })
             .collect();
         store.commit_local(&writes, 1_000).expect("fill");
@@ -349,6 +352,7 @@ fn bytes_per_commit(size: u64, adds: u64) -> (f64, f64) {
                     event: None,
                     stamps: Vec::new(),
                     late: None,
+                    own_dots: false,
                 }],
                 1_000,
             )

@@ -218,6 +218,7 @@ mod tests {
             event: None,
             stamps: Vec::new(),
             late: None,
+            own_dots: false,
         };
         let mixed = LocalWrite {
             ops: vec![
@@ -231,6 +232,7 @@ mod tests {
             event: None,
             stamps: Vec::new(),
             late: None,
+            own_dots: false,
         };
         let mut writes = vec![plain, mixed];
         stamp_latest_writes(&mut writes);

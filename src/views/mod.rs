@@ -474,6 +474,7 @@ impl Views {
             event: None,
             stamps: Vec::new(),
             late: None,
+            own_dots: false,
         }
     }
 
@@ -504,6 +505,9 @@ impl Views {
         let mut max_wm = None::<u64>;
         let mut per_event = Vec::new();
         for ((w, f), event) in writes.iter_mut().zip(folded).zip(events) {
+            // View cells: each replica's contribution stays separable by dot (seals count
+            // exactly their members' contributions, `seal.rs`).
+            w.own_dots = true;
             let mut late = Vec::new();
             let mut removed_any = false;
             let mut applied = Vec::new();
@@ -537,7 +541,7 @@ impl Views {
         if !merged.is_empty() {
             let mut ops = coalesce::coalesce(merged);
             if let Some(r) = coalesce {
-                self.skip_present(&mut ops, r);
+                self.skip_present(&mut ops, r, me);
             }
             if !ops.is_empty() {
                 out.fallback = Some(crate::store::BatchFallback {
@@ -559,6 +563,7 @@ impl Views {
                     event: None,
                     stamps: Vec::new(),
                     late: None,
+                    own_dots: true,
                 });
             }
         }
@@ -601,11 +606,16 @@ impl Views {
         }
     }
 
-    /// Drops the adds of `distinct` views whose element the committed cell already holds: a
-    /// `distinct` set never removes, so re-adding changes no value (it would only take a dot
+    /// Drops the adds of `distinct` views whose element the committed cell already holds under
+    /// this node's own dot: a `distinct` set never removes, so re-adding changes no value (it would only take a dot
     /// and rewrite the row). Reads one element row per add (sets are stored per element), never
     /// the whole cell. Cells that cannot be read are left alone.
-    fn skip_present(&self, ops: &mut Vec<(Key, Mutation)>, reader: &crate::store::Reader) {
+    fn skip_present(
+        &self,
+        ops: &mut Vec<(Key, Mutation)>,
+        reader: &crate::store::Reader,
+        me: ReplicaId,
+    ) {
         ops.retain(|(key, m)| {
             let Mutation::Add(elem) = m else { return true };
             let distinct = keys::cell_of(&key.name).is_some_and(|(name, digest, _)| {
@@ -615,7 +625,8 @@ impl Views {
             if !distinct {
                 return true;
             }
-            !reader.set_contains(key, elem).unwrap_or(false)
+            // Only this node's own add counts: contributions stay separable by replica.
+            !reader.set_holds_own(key, elem, me).unwrap_or(false)
         });
     }
 

@@ -70,6 +70,7 @@ impl SimStore {
             event,
             stamps: Vec::new(),
             late: None,
+            own_dots: false,
         };
         let commit = self.db.commit_local(&[write], wall_ms)?;
         let Some(seq) = commit.log_seq else {
