@@ -26,6 +26,13 @@ pub struct NodeConfig {
     /// Stream views (docs/design/principles.md, "Stream views"), validated at open; every node of a
     /// cluster must run the same definitions (default: none).
     pub views: Vec<crate::views::ViewDef>,
+    /// This node joins an existing cluster (the daemon sets it when started with `--join`).
+    /// Until its state holds another node's announcement of a stream, it seals and removes
+    /// no window of it on its own watermark alone and refuses the stream's windowed events
+    /// as late (`not_synced`, kept in the late lane); a node that is its cluster's first
+    /// (the default) finalizes alone. Two clusters started apart and merged later may each
+    /// have sealed windows the other counts differently (ARCHITECTURE.md, "Seals").
+    pub joining: bool,
 }
 
 impl NodeConfig {
@@ -44,6 +51,7 @@ impl NodeConfig {
             },
             log_retain_entries: 10_000,
             views: Vec::new(),
+            joining: false,
         }
     }
 }

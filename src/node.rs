@@ -124,7 +124,7 @@ impl Node {
     /// As [`Node::open`].
     pub fn open_blocking(config: NodeConfig) -> Result<Node, Error> {
         config.limits.validate().map_err(Error::Config)?;
-        let views = Arc::new(crate::views::Views::new(&config.views)?);
+        let views = Arc::new(crate::views::Views::new(&config.views)?.joining(config.joining));
         let mut store = RedbStore::open(
             &config.data_dir,
             OpenOptions {
@@ -595,17 +595,23 @@ impl Node {
         let reader = self.reader()?;
         let admitted = {
             let mut wms = views.watermarks.lock().map_err(|_| Error::Closed)?;
+            // A joining node applies nothing to windows before it synced the stream, and
+            // then starts from the largest watermark it holds.
+            let (synced, adopted) =
+                views.first_sync(&mut wms, stream, &reader, me, crate::clock::wall_ms())?;
             let mut admitted = views.admit(
                 wms.get(stream).copied().unwrap_or_default(),
                 crate::views::AdmitBatch {
                     stream,
                     folded,
                     events: &events,
+                    unsynced: !synced,
                 },
                 &mut writes,
                 self.shared.replica,
                 coalesce.then_some(&reader),
             );
+            writes.extend(adopted);
             crate::views::keys::stamp_latest_writes(&mut writes);
             guard.pending = Some(self.enqueue_with(writes, admitted.fallback.take())?);
             if let Some(wm) = admitted.new_wm {
@@ -645,7 +651,7 @@ impl Node {
         name: &str,
         query: &crate::views::ViewQuery,
     ) -> Result<crate::views::ViewPage, Error> {
-        let known = self.view_members().await?;
+        let known = self.seal_before_read().await?;
         self.shared.views.read(
             &self.reader()?,
             name,
@@ -662,7 +668,7 @@ impl Node {
     /// # Errors
     /// Storage failures; [`Error::Closed`].
     pub async fn view_summaries(&self) -> Result<Vec<crate::views::ViewSummary>, Error> {
-        let known = self.view_members().await?;
+        let known = self.seal_before_read().await?;
         self.shared
             .views
             .summaries(&self.reader()?, self.shared.replica, &known, peer_id_of)
@@ -717,6 +723,7 @@ impl Node {
         let _round = views.maintenance.lock().await;
         let me = self.shared.replica;
         let known = self.view_members().await?;
+        self.seal_step(&known).await?;
         let plans = maintain::plan(
             views,
             &self.reader()?,
@@ -751,6 +758,61 @@ impl Node {
             }
         }
         Ok(purged)
+    }
+
+    /// The seal step of view maintenance (`views/seal.rs`): extends this node's membership
+    /// epochs by the cluster watermark it vouches for, seals every deadline range all its
+    /// members agree on, and waits until the announcement carrying them is committed (so a
+    /// window is reported final only once its seal is durable). Call with the maintenance
+    /// lock held.
+    async fn seal_step(&self, known: &[PeerId]) -> Result<(), Error> {
+        use crate::views::maintain;
+        let views = &self.shared.views;
+        let me = self.shared.replica;
+        // A node that has no watermark yet (a joining node, one that never ingested) starts
+        // from its cluster's once it holds their announcements.
+        let mut started = Vec::new();
+        let reader = self.reader()?;
+        for stream in views.windowed_streams() {
+            let mut wms = views.watermarks.lock().map_err(|_| Error::Closed)?;
+            let (_, write) =
+                views.first_sync(&mut wms, &stream, &reader, me, crate::clock::wall_ms())?;
+            if let Some(w) = write {
+                started.push(self.enqueue(vec![w])?);
+            }
+        }
+        for rx in started {
+            rx.await.map_err(|_| Error::Closed)??;
+        }
+        let inputs = maintain::seal_inputs(
+            views,
+            &self.reader()?,
+            me,
+            known,
+            peer_id_of,
+            crate::clock::wall_ms(),
+        )?;
+        let mut pending = Vec::new();
+        for input in inputs {
+            let wms = views.watermarks.lock().map_err(|_| Error::Closed)?;
+            if let Some(w) = views.seal_stage(&wms, input, me)? {
+                pending.push(self.enqueue(vec![w])?);
+            }
+        }
+        for rx in pending {
+            rx.await.map_err(|_| Error::Closed)??;
+        }
+        Ok(())
+    }
+
+    /// Brings this node's seals up to date before a read of views (one seal step under the
+    /// maintenance lock), so a read reports final every window this node can seal now.
+    async fn seal_before_read(&self) -> Result<Vec<PeerId>, Error> {
+        let views = &self.shared.views;
+        let _round = views.maintenance.lock().await;
+        let known = self.view_members().await?;
+        self.seal_step(&known).await?;
+        Ok(known)
     }
 
     /// The configured views.

@@ -11,7 +11,7 @@ mod common;
 use common::{rid, seeded_rng};
 use tidemark_crdts::dotstore::{DotFun, DotMap, DotSet};
 use tidemark_crdts::store::mutate_own_in_place;
-use tidemark_crdts::{CausalContext, Causal, Entry, Key, KeyKind, Mutation, Store, Timestamp};
+use tidemark_crdts::{Causal, CausalContext, Entry, Key, KeyKind, Mutation, Store, Timestamp};
 
 const REPLICAS: usize = 3;
 
@@ -74,7 +74,11 @@ fn own_writes_converge_and_every_subset_of_writers_is_separable() {
             for (to, queue) in pending.iter_mut().enumerate() {
                 while !queue.is_empty() && rng.chance(1, 3) {
                     let i = rng.below(queue.len());
-                    let li = if rng.chance(1, 4) { queue[i] } else { queue.swap_remove(i) };
+                    let li = if rng.chance(1, 4) {
+                        queue[i]
+                    } else {
+                        queue.swap_remove(i)
+                    };
                     stores[to].apply(log[li].1.clone());
                 }
             }
@@ -107,7 +111,11 @@ fn own_writes_converge_and_every_subset_of_writers_is_separable() {
         for s in &stores[1..] {
             assert_eq!(s.entries(), stores[0].entries(), "round {round}: diverged");
         }
-        let whole = stores[0].entries().get(&key).cloned().unwrap_or(Entry::bottom(kind));
+        let whole = stores[0]
+            .entries()
+            .get(&key)
+            .cloned()
+            .unwrap_or(Entry::bottom(kind));
         for mask in 0u32..(1 << REPLICAS) {
             let keep = |r: tidemark_crdts::ReplicaId| {
                 (0..REPLICAS).any(|i| mask & (1 << i) != 0 && rid(i) == r)

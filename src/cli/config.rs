@@ -258,6 +258,7 @@ impl Config {
         node.log_retain_entries = self.log_retain_entries;
         node.replication.member_down_grace_ms = self.peer.down_grace_ms;
         node.views = self.views.clone();
+        node.joining = !self.peer.join.is_empty();
         node
     }
 

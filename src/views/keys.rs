@@ -4,8 +4,11 @@
 //!   {group values as a JSON array}` (so a view's cells sort by window start, then group, and
 //!   cells of a differing definition of the same view name are other keys, never merged);
 //! - watermark announcements: `lww/~wm/{stream}/{replica id, 32 hex digits}`, written only by
-//!   that replica, holding `{"defs": digest of its view definitions of the stream, "h": its
-//!   retention horizon of the stream in ms (optional), "wm": its local watermark in ms}`.
+//!   that replica, holding `{"defs": digest of its view definitions of the stream, "e": its
+//!   membership epochs, "f": its seals (both `super::seal`, optional), "h": its retention
+//!   horizon of the stream in ms (optional), "s": its watermark when it first applied an
+//!   event to a window, "u": 1 while it applied none (both optional), "wm": its local
+//!   watermark in ms}`.
 //!
 //! Client ops may not name keys under these prefixes ([`is_reserved`]).
 
@@ -103,16 +106,59 @@ pub struct Announcement {
     /// The announcer's retention horizon of the stream (windows whose end plus retention is
     /// below it are removed on every node that learns it).
     pub horizon: Option<u64>,
+    /// The announcer's membership epochs (`super::seal`); `None` when malformed (then it
+    /// agrees to no seal).
+    pub epochs: Option<Vec<super::seal::Epoch>>,
+    /// The deadline ranges the announcer sealed (reported final), with the members counted.
+    pub sealed: Vec<super::seal::Sealed>,
+    /// The watermark the announcer had when it first applied an event to a window (it
+    /// applied nothing to windows whose deadline is below it; 0 when it applied events from
+    /// its start).
+    pub since: u64,
+    /// False while the announcer has applied no event to any window of the stream (then
+    /// `since` is meaningless: it applied nothing below its watermark).
+    pub applied: bool,
 }
 
-/// The text of a watermark announcement.
-pub fn announcement_text(wm: u64, defs_digest: &str, horizon: Option<u64>) -> String {
+/// What a node announces for a stream besides its definitions digest.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Marks<'a> {
+    /// Its local watermark.
+    pub wm: u64,
+    /// Its retention horizon.
+    pub horizon: Option<u64>,
+    /// Its membership epochs.
+    pub epochs: &'a [super::seal::Epoch],
+    /// Its seals.
+    pub sealed: &'a [super::seal::Sealed],
+    /// The watermark it had when it first applied an event to a window.
+    pub since: u64,
+    /// Whether it has applied any event to a window.
+    pub applied: bool,
+}
+
+/// The text of a watermark announcement: `{"defs", "e": epochs, "f": seals, "h": horizon,
+/// "s": since, "u": 1 while it applied nothing, "wm"}` (`e`, `f`, `h`, `s`, `u` left out when
+/// empty, 0 or false).
+pub fn announcement_text(defs_digest: &str, marks: &Marks<'_>) -> String {
     let mut m = serde_json::Map::new();
     m.insert("defs".into(), defs_digest.into());
-    if let Some(h) = horizon {
+    if !marks.epochs.is_empty() {
+        m.insert("e".into(), super::seal::epochs_json(marks.epochs));
+    }
+    if !marks.sealed.is_empty() {
+        m.insert("f".into(), super::seal::sealed_json(marks.sealed));
+    }
+    if let Some(h) = marks.horizon {
         m.insert("h".into(), h.into());
     }
-    m.insert("wm".into(), wm.into());
+    if marks.since > 0 {
+        m.insert("s".into(), marks.since.into());
+    }
+    if !marks.applied {
+        m.insert("u".into(), 1.into());
+    }
+    m.insert("wm".into(), marks.wm.into());
     serde_json::Value::Object(m).to_string()
 }
 
@@ -123,6 +169,17 @@ pub fn parse_announcement(text: &str) -> Option<Announcement> {
         wm: v.get("wm")?.as_u64()?,
         defs: v.get("defs")?.as_str()?.to_owned(),
         horizon: v.get("h").and_then(serde_json::Value::as_u64),
+        epochs: v
+            .get("e")
+            .map_or(Some(Vec::new()), super::seal::parse_epochs),
+        sealed: v
+            .get("f")
+            .and_then(super::seal::parse_sealed)
+            .unwrap_or_default(),
+        since: v.get("s").and_then(serde_json::Value::as_u64).unwrap_or(0),
+        // An announcement without `u` (one of an older version too) applied events:
+        // conservative, it adopts no seal it is not counted in.
+        applied: v.get("u").is_none(),
     })
 }
 

@@ -1,7 +1,10 @@
-//! Periodic view maintenance (the node runs it every [`TICK`] while some view has retention
-//! or an idle timeout): idle watermarks, the retention horizon, and purging removed windows.
+//! Periodic view maintenance (the node runs it every [`TICK`] while some view is windowed):
+//! seals, idle watermarks, the retention horizon, and purging removed windows.
 //!
-//! Per stream, one round:
+//! First the **seal step** ([`seal_inputs`], [`Views::seal_stage`], `seal.rs`): the vouched
+//! cluster watermark extends this node's membership epochs and agreed deadline ranges are
+//! sealed, in one announcement committed before anything is reported final. Then, per
+//! stream:
 //! 1. **plan** ([`plan`]): the horizon target `max(cluster watermark this node vouches for,
 //!    largest horizon announced by anyone)` (streams with retention), and, when the stream
 //!    has been idle here for `idle_timeout` (since its last event or the node's open, and
@@ -26,7 +29,7 @@ use std::time::{Duration, Instant};
 use tidemark_crdts::{Key, ReplicaId};
 
 /// How often maintenance runs.
-pub const TICK: Duration = Duration::from_millis(200);
+pub const TICK: Duration = Duration::from_millis(50);
 
 /// Most rows purged per stream and round.
 pub const PURGE_BATCH: usize = 4_096;
@@ -67,7 +70,16 @@ pub fn plan(
         let horizon = if retains {
             let digest = views.digests.get(stream).map_or("", String::as_str);
             let bound = views.time_bound(stream, now_ms);
-            let c = cluster_watermark(reader, stream, digest, me, known, peer_of, bound)?;
+            let c = cluster_watermark(
+                reader,
+                stream,
+                digest,
+                me,
+                known,
+                peer_of,
+                bound,
+                views.is_joining(),
+            )?;
             // Another node's horizon is adopted only as far as this node's own watermark: it
             // may have been vouched over a membership without this node (a fresh node alone
             // vouches for itself), and no node removes a window it still holds open.
@@ -99,7 +111,108 @@ pub fn plan(
     Ok(out)
 }
 
+/// What one seal step needs of a stream, read before the watermark lock is taken.
+#[derive(Clone, Debug)]
+pub(crate) struct SealInput {
+    /// The stream.
+    pub(crate) stream: String,
+    /// The cluster watermark this node vouches for and the members it is vouched over.
+    pub(crate) cluster: super::read::Cluster,
+    /// The stream's seal ledger as committed (`seal.rs`).
+    pub(crate) ledger: super::seal::Ledger,
+}
+
+/// The seal inputs of every windowed stream.
+///
+/// # Errors
+/// Storage failures.
+pub(crate) fn seal_inputs(
+    views: &Views,
+    reader: &Reader,
+    me: ReplicaId,
+    known: &[PeerId],
+    peer_of: fn(ReplicaId) -> PeerId,
+    now_ms: u64,
+) -> Result<Vec<SealInput>, Error> {
+    let mut out = Vec::new();
+    for (stream, idx) in &views.by_stream {
+        if !idx.iter().any(|&i| views.views[i].window.is_some()) {
+            continue;
+        }
+        let digest = views.digests.get(stream).map_or("", String::as_str);
+        let bound = views.time_bound(stream, now_ms);
+        let cluster = cluster_watermark(
+            reader,
+            stream,
+            digest,
+            me,
+            known,
+            peer_of,
+            bound,
+            views.is_joining(),
+        )?;
+        let ledger = super::read::ledger(reader, stream, me)?;
+        out.push(SealInput {
+            stream: stream.clone(),
+            cluster,
+            ledger,
+        });
+    }
+    Ok(out)
+}
+
 impl Views {
+    /// The seal step of one stream (`seal.rs`), under the watermark lock `wms`: the vouched
+    /// cluster watermark extends this node's epochs, and every deadline range whose members
+    /// all announced the same set for it (and whose writes this node holds up to those
+    /// announcements) is sealed. Returns the announcement carrying them when either grew;
+    /// queue it before releasing the lock, and report nothing final before it committed.
+    ///
+    /// # Errors
+    /// [`Error::Closed`] on a poisoned lock.
+    pub(crate) fn seal_stage(
+        &self,
+        wms: &BTreeMap<String, StreamMarks>,
+        input: SealInput,
+        me: ReplicaId,
+    ) -> Result<Option<LocalWrite>, Error> {
+        let SealInput {
+            stream,
+            cluster,
+            mut ledger,
+        } = input;
+        let Some(m) = wms.get(&stream).copied() else {
+            return Ok(None);
+        };
+        let Some(wm) = m.wm else {
+            return Ok(None); // an announcer with no watermark would hold every window open
+        };
+        let mut seals = self.seals.lock().map_err(|_| Error::Closed)?;
+        let cur = seals.entry(stream.clone()).or_default();
+        let epochs = cluster
+            .wm
+            .and_then(|cw| super::seal::extend(&cur.epochs, cw, cluster.members.clone()));
+        ledger
+            .epochs
+            .insert(me, epochs.clone().unwrap_or_else(|| cur.epochs.clone()));
+        ledger.held.insert(me);
+        ledger.sealed = cur.sealed.clone();
+        // Having applied nothing to a window, it has nothing below its watermark.
+        ledger.since = if cur.applied { cur.since } else { wm };
+        let sealed = ledger.agree();
+        if epochs.is_none() && sealed.is_none() {
+            return Ok(None);
+        }
+        if let Some(e) = epochs {
+            cur.epochs = e;
+        }
+        if let Some(s) = sealed {
+            cur.sealed = s;
+        }
+        drop(seals);
+        Ok(Some(self.announcement(&stream, wm, m.horizon, me)))
+    }
+
     /// Step 2: under the watermark lock `wms`, the announcement `plan` needs (if it moves
     /// anything), with the marks updated as queued. Queue the write before releasing the lock.
     pub(crate) fn stage(

@@ -53,6 +53,7 @@ pub mod keys;
 pub mod late;
 pub mod maintain;
 pub mod read;
+pub mod seal;
 
 pub use def::{CompiledView, FieldEquals, Hopping, ViewDef, ViewKind, Window, WindowDef};
 pub use fold::{FoldedEvent, StreamEvent, ViewOp};
@@ -127,6 +128,26 @@ pub struct Views {
     /// Serializes maintenance rounds (a horizon is acted on only after its own announcement
     /// committed, which a concurrent round could otherwise skip).
     pub(crate) maintenance: tokio::sync::Mutex<()>,
+    /// Stream → this node's membership epochs and seals as last queued in an announcement
+    /// (`seal.rs`). Locked after [`Views::watermarks`], never before.
+    pub(crate) seals: Mutex<BTreeMap<String, StreamSeals>>,
+    /// The node joins an existing cluster ([`crate::NodeConfig::joining`]): it vouches for no
+    /// stream alone, and applies no event to a window before it synced the stream.
+    joining: bool,
+    /// Streams this (joining) node has synced: its state holds another node's announcement.
+    synced: Mutex<BTreeSet<String>>,
+}
+
+/// This node's epochs and seals of one stream.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct StreamSeals {
+    pub(crate) epochs: Vec<seal::Epoch>,
+    pub(crate) sealed: Vec<seal::Sealed>,
+    /// This node's watermark when it first applied an event to a window of the stream
+    /// (see [`seal::Ledger::since`]).
+    pub(crate) since: u64,
+    /// Whether it has applied any (until then it applied nothing below its watermark).
+    pub(crate) applied: bool,
 }
 
 /// The `(stream, source)` pairs of a batch in flight and its events per pair.
@@ -141,6 +162,9 @@ pub(crate) struct AdmitBatch<'a> {
     pub(crate) folded: Vec<FoldedEvent>,
     /// The events, one per write.
     pub(crate) events: &'a [StreamEvent],
+    /// A joining node that has not synced the stream yet ([`Views::first_sync`]): every
+    /// windowed op is late (`not_synced`) and the watermark does not move.
+    pub(crate) unsynced: bool,
 }
 
 /// What [`Views::admit`] decided for a batch.
@@ -206,7 +230,35 @@ impl Views {
             warned: Mutex::new(BTreeSet::new()),
             inflight: Mutex::new(BTreeMap::new()),
             maintenance: tokio::sync::Mutex::new(()),
+            seals: Mutex::new(BTreeMap::new()),
+            joining: false,
+            synced: Mutex::new(BTreeSet::new()),
         })
+    }
+
+    /// The same views on a node that joins an existing cluster: until its state holds another
+    /// node's announcement of a stream it vouches for no cluster watermark of it (so it seals
+    /// and removes nothing alone) and refuses the stream's windowed events as late
+    /// (`not_synced`, kept in the late lane); then it starts from the largest watermark it
+    /// holds, as a restored node does.
+    #[must_use]
+    pub fn joining(mut self, joining: bool) -> Self {
+        self.joining = joining;
+        self
+    }
+
+    /// True for a node that joins an existing cluster (see [`Views::joining`]).
+    pub fn is_joining(&self) -> bool {
+        self.joining
+    }
+
+    /// Streams with a windowed view (the ones seals and finality are about).
+    pub(crate) fn windowed_streams(&self) -> Vec<String> {
+        self.by_stream
+            .iter()
+            .filter(|(_, idx)| idx.iter().any(|&i| self.views[i].window.is_some()))
+            .map(|(s, _)| s.clone())
+            .collect()
     }
 
     /// The compiled views.
@@ -232,14 +284,10 @@ impl Views {
         self.by_stream.keys()
     }
 
-    /// True when some view needs the periodic maintenance of [`maintain`] (retention or an
-    /// idle timeout).
+    /// True when some view needs the periodic maintenance of [`maintain`] (a windowed view:
+    /// seals, retention, idle timeouts).
     pub fn needs_maintenance(&self) -> bool {
-        !self.idle.is_empty()
-            || self
-                .views
-                .iter()
-                .any(|v| v.window.is_some_and(|w| w.retention_ms.is_some()))
+        !self.idle.is_empty() || self.views.iter().any(|v| v.window.is_some())
     }
 
     /// True when the window of view `vi` starting at `start` is removed under `horizon`
@@ -297,9 +345,22 @@ impl Views {
             let m = wms.entry(stream.clone()).or_default();
             m.active = Some(now);
             let (wm, horizon) = match own {
-                Some(a) => (Some(a.wm), a.horizon),
+                Some(a) => {
+                    if let Ok(mut seals) = self.seals.lock() {
+                        seals.insert(
+                            stream.clone(),
+                            StreamSeals {
+                                epochs: a.epochs.clone().unwrap_or_default(),
+                                sealed: a.sealed.clone(),
+                                since: a.since,
+                                applied: a.applied,
+                            },
+                        );
+                    }
+                    (Some(a.wm), a.horizon)
+                }
                 None => {
-                    let (wm, h) = read::largest_announced(reader, stream)?;
+                    let (wm, h, _) = read::largest_announced(reader, stream, None)?;
                     let bound = self.time_bound(stream, now_ms);
                     let wm = wm.map(|w| w.min(bound));
                     let h = read::adopted(h, wm);
@@ -316,6 +377,51 @@ impl Views {
             }
         }
         Ok(announce)
+    }
+
+    /// Whether `stream` is synced here, and the announcement to queue when this node just
+    /// started from its cluster's marks. A joining node ([`Views::joining`]) is synced once its
+    /// state holds another node's announcement of the stream; a node with no watermark of its
+    /// own yet (it never ingested into the stream) whose state holds such announcements
+    /// starts from them too. Starting means: the largest watermark and horizon held (capped
+    /// like [`Views::restore`]) become this node's, announced at once — so it refuses events
+    /// for windows its cluster passed, adopts the seals below that watermark, and no longer
+    /// holds windows open as a silent member. Other nodes are always synced. Call with the
+    /// watermark lock held.
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub(crate) fn first_sync(
+        &self,
+        wms: &mut BTreeMap<String, StreamMarks>,
+        stream: &str,
+        reader: &crate::store::Reader,
+        me: ReplicaId,
+        now_ms: u64,
+    ) -> Result<(bool, Option<LocalWrite>), Error> {
+        let mut synced = self.synced.lock().map_err(|_| Error::Closed)?;
+        let has_wm = wms.get(stream).is_some_and(|m| m.wm.is_some());
+        if synced.contains(stream) || (!self.joining && has_wm) {
+            return Ok((true, None));
+        }
+        let (wm, h, others) = read::largest_announced(reader, stream, Some(me))?;
+        if !others {
+            return Ok((!self.joining, None));
+        }
+        synced.insert(stream.to_owned());
+        let bound = self.time_bound(stream, now_ms);
+        let m = wms.entry(stream.to_owned()).or_default();
+        let wm = wm.map(|w| w.min(bound)).max(m.wm);
+        let h = read::adopted(h, wm).max(m.horizon);
+        if wm == m.wm && h == m.horizon {
+            return Ok((true, None));
+        }
+        m.wm = wm;
+        m.horizon = h;
+        Ok((
+            true,
+            Some(self.announcement(stream, wm.unwrap_or(0), h, me)),
+        ))
     }
 
     /// Whether the entry under `key`, arriving from a peer, is joined: `false` for a cell of
@@ -462,13 +568,27 @@ impl Views {
         horizon: Option<u64>,
         me: ReplicaId,
     ) -> LocalWrite {
+        // Every announcement carries this node's epochs and seals: they only grow, and the
+        // register keeps the last announcement only.
+        let seals = self
+            .seals
+            .lock()
+            .ok()
+            .and_then(|s| s.get(stream).cloned())
+            .unwrap_or_default();
         LocalWrite {
             ops: vec![(
                 keys::wm_key(stream, me),
                 Mutation::Set(keys::announcement_text(
-                    wm,
                     self.digests.get(stream).map_or("", String::as_str),
-                    horizon,
+                    &keys::Marks {
+                        wm,
+                        horizon,
+                        epochs: &seals.epochs,
+                        sealed: &seals.sealed,
+                        since: seals.since,
+                        applied: seals.applied,
+                    },
                 )),
             )],
             event: None,
@@ -496,6 +616,7 @@ impl Views {
             stream,
             folded,
             events,
+            unsynced,
         } = batch;
         let mut merged = Vec::new();
         let wm = marks.wm;
@@ -504,6 +625,7 @@ impl Views {
         let mut out = Admitted::default();
         let mut max_wm = None::<u64>;
         let mut per_event = Vec::new();
+        let mut applied_window = false;
         for ((w, f), event) in writes.iter_mut().zip(folded).zip(events) {
             // View cells: each replica's contribution stays separable by dot (seals count
             // exactly their members' contributions, `seal.rs`).
@@ -514,13 +636,16 @@ impl Views {
             let mut own = Vec::new();
             for op in f.ops {
                 let removed = matches!((op.start, horizon), (Some(s), Some(h)) if self.expired(op.view, s, h));
-                let is_late = removed || matches!((op.deadline, wm), (Some(d), Some(wm)) if d < wm);
+                let is_late = (unsynced && op.deadline.is_some())
+                    || removed
+                    || matches!((op.deadline, wm), (Some(d), Some(wm)) if d < wm);
                 removed_any |= removed;
                 let list = if is_late { &mut late } else { &mut applied };
                 if list.last() != Some(&op.view) {
                     list.push(op.view);
                 }
                 if !is_late {
+                    applied_window |= op.deadline.is_some();
                     if coalesce.is_some() {
                         own.push((op.key.clone(), op.mutation.clone()));
                         merged.push((op.key, op.mutation));
@@ -531,12 +656,21 @@ impl Views {
             }
             per_event.push(own);
             if !late.is_empty() {
-                w.late = Some(self.late_note(stream, event, &late, removed_any, wm, me));
+                let reason = if unsynced {
+                    "not_synced"
+                } else if removed_any {
+                    "window_removed"
+                } else {
+                    "behind_watermark"
+                };
+                w.late = Some(self.late_note(stream, event, &late, reason, wm, me));
             }
             out.late.push(late);
             out.applied.push(applied);
-            let t = f.time_ms.saturating_sub(ooo);
-            max_wm = Some(max_wm.map_or(t, |m| m.max(t)));
+            if !unsynced {
+                let t = f.time_ms.saturating_sub(ooo);
+                max_wm = Some(max_wm.map_or(t, |m| m.max(t)));
+            }
         }
         if !merged.is_empty() {
             let mut ops = coalesce::coalesce(merged);
@@ -567,24 +701,43 @@ impl Views {
                 });
             }
         }
-        if let Some(m) = max_wm {
-            if wm.is_none_or(|wm| m > wm) {
+        let mut first_applied = false;
+        if applied_window {
+            // The first event applied to a window: below the watermark it was judged by,
+            // this node applied (and will apply) nothing. Announced in this batch, so no
+            // restart can forget it.
+            if let Ok(mut seals) = self.seals.lock() {
+                let s = seals.entry(stream.to_owned()).or_default();
+                if !s.applied {
+                    s.applied = true;
+                    s.since = wm.unwrap_or(0);
+                    first_applied = true;
+                }
+            }
+        }
+        match max_wm {
+            Some(m) if wm.is_none_or(|wm| m > wm) => {
                 out.new_wm = Some(m);
                 writes.push(self.announcement(stream, m, marks.horizon, me));
             }
+            _ if first_applied => {
+                writes.push(self.announcement(stream, wm.unwrap_or(0), marks.horizon, me));
+            }
+            _ => {}
         }
         out
     }
 
     /// The late-lane record of `event`, late for the views `late` (indexes): the event as
-    /// ingested, the views, why (`window_removed` by retention, else `behind_watermark`), this
-    /// node's watermark then, the node and when (wall-clock ms).
+    /// ingested, the views, why (`window_removed` by retention, `not_synced` on a joining
+    /// node that has not synced the stream yet, else `behind_watermark`), this node's
+    /// watermark then, the node and when (wall-clock ms).
     fn late_note(
         &self,
         stream: &str,
         event: &StreamEvent,
         late: &[usize],
-        removed: bool,
+        reason: &str,
         wm: Option<u64>,
         me: ReplicaId,
     ) -> crate::store::LateNote {
@@ -595,7 +748,7 @@ impl Views {
         let record = serde_json::json!({
             "event": event,
             "views": views,
-            "reason": if removed { "window_removed" } else { "behind_watermark" },
+            "reason": reason,
             "watermark": wm,
             "node": me.to_string(),
             "received_ms": crate::clock::wall_ms(),

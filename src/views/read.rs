@@ -3,12 +3,13 @@
 use super::Views;
 use super::def::ViewKind;
 use super::keys;
+use super::seal;
 use crate::error::Error;
 use crate::proto::PeerId;
 use crate::store::Reader;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
-use tidemark_crdts::{CausalContext, Entry, Key, KeyKind, ReplicaId, Value};
+use tidemark_crdts::{CausalContext, DotStore, Entry, Key, KeyKind, ReplicaId, Value};
 
 /// Which rows of a view to read.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -110,29 +111,34 @@ pub(crate) fn announcement_of(
 }
 
 /// The largest watermark and the largest horizon among every announcement of `stream` this
-/// node holds (whoever made them).
+/// node holds (whoever made them, but `except`), and whether there is any.
 ///
 /// # Errors
 /// Storage failures.
 pub(crate) fn largest_announced(
     reader: &Reader,
     stream: &str,
-) -> Result<(Option<u64>, Option<u64>), Error> {
+    except: Option<ReplicaId>,
+) -> Result<(Option<u64>, Option<u64>, bool), Error> {
     let prefix = keys::wm_prefix(stream);
-    let (mut wm, mut horizon) = (None::<u64>, None::<u64>);
+    let (mut wm, mut horizon, mut any) = (None::<u64>, None::<u64>, false);
     let mut after: Option<String> = None;
     loop {
         let page = reader.list(KeyKind::Lww, &prefix, after.as_deref(), 256)?;
         let done = page.len() < 256;
         for (key, _) in &page {
+            if except.is_some() && keys::wm_replica(stream, &key.name) == except {
+                continue;
+            }
             if let Some(a) = announcement_of(reader, key)? {
+                any = true;
                 wm = wm.max(Some(a.wm));
                 horizon = horizon.max(a.horizon);
             }
         }
         after = page.last().map(|(k, _)| k.name.clone());
         if done {
-            return Ok((wm, horizon));
+            return Ok((wm, horizon, any));
         }
     }
 }
@@ -146,6 +152,8 @@ pub(crate) struct Cluster {
     pub(crate) conflicts: Vec<String>,
     /// The largest horizon announced by any replica.
     pub(crate) horizon: Option<u64>,
+    /// Every replica that announced (the members the watermark is vouched over).
+    pub(crate) members: Vec<ReplicaId>,
 }
 
 /// The cluster watermark of `stream` as this node can vouch for it: the minimum over every
@@ -156,6 +164,8 @@ pub(crate) struct Cluster {
 /// announced horizon. Every announced watermark and horizon is taken at most at `bound` (this
 /// node's clock plus the stream's `max_future`): a peer announcing one further ahead (its
 /// clock or its `max_future` differs) moves nothing here beyond what this node would accept.
+/// A `joining` node vouches for nothing while it is the only announcer (it never synced the
+/// stream with the cluster it joins).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn cluster_watermark(
     reader: &Reader,
@@ -165,6 +175,7 @@ pub(crate) fn cluster_watermark(
     known: &[PeerId],
     peer_of: fn(ReplicaId) -> PeerId,
     bound: u64,
+    joining: bool,
 ) -> Result<Cluster, Error> {
     let ctx: CausalContext = reader.context()?;
     let prefix = keys::wm_prefix(stream);
@@ -204,6 +215,7 @@ pub(crate) fn cluster_watermark(
     if unsure
         || !conflicts.is_empty()
         || !announcers.contains(&me)
+        || (joining && announcers.iter().all(|r| *r == me))
         || known.iter().any(|p| !peers.contains(p))
         || ctx.replicas().any(|r| !announcers.contains(r))
     {
@@ -213,7 +225,49 @@ pub(crate) fn cluster_watermark(
         wm: min,
         conflicts,
         horizon,
+        members: announcers,
     })
+}
+
+/// What this node's state says about `stream`'s seals (`seal::Ledger`): every announcer's
+/// epochs, which announcers it holds every write of up to their announcement, and this
+/// node's own committed seals.
+///
+/// # Errors
+/// Storage failures.
+pub(crate) fn ledger(reader: &Reader, stream: &str, me: ReplicaId) -> Result<seal::Ledger, Error> {
+    let ctx: CausalContext = reader.context()?;
+    let prefix = keys::wm_prefix(stream);
+    let mut out = seal::Ledger {
+        me,
+        ..seal::Ledger::default()
+    };
+    let mut after: Option<String> = None;
+    loop {
+        let page = reader.list(KeyKind::Lww, &prefix, after.as_deref(), 256)?;
+        let done = page.len() < 256;
+        for (key, _) in &page {
+            let (Some(replica), Some((a, dot))) = (
+                keys::wm_replica(stream, &key.name),
+                announcement(reader, key)?,
+            ) else {
+                continue;
+            };
+            if replica == me {
+                out.sealed = a.sealed.clone();
+                out.since = if a.applied { a.since } else { a.wm };
+            }
+            let Some(epochs) = a.epochs else { continue };
+            if CausalContext::from_range(dot.replica, 1, dot.seq).is_subset(&ctx) {
+                out.held.insert(replica);
+            }
+            out.epochs.insert(replica, epochs);
+        }
+        after = page.last().map(|(k, _)| k.name.clone());
+        if done {
+            return Ok(out);
+        }
+    }
 }
 
 /// The store key kind of a view kind's cells.
@@ -245,6 +299,9 @@ struct Standing {
     cluster: Option<u64>,
     conflicts: Vec<String>,
     horizon: Option<u64>,
+    /// This node's committed seals (`seal.rs`): what is final here, and whose contributions
+    /// a final window counts.
+    sealed: Vec<seal::Sealed>,
 }
 
 /// One configured view and where it stands on this node (`GET /v1/views`).
@@ -293,6 +350,7 @@ impl Views {
             wm: cluster,
             conflicts,
             horizon: announced_h,
+            ..
         } = cluster_watermark(
             reader,
             stream,
@@ -301,8 +359,11 @@ impl Views {
             known,
             peer_of,
             self.time_bound(stream, crate::clock::wall_ms()),
+            self.is_joining(),
         )?;
-        let watermark = announcement_of(reader, &keys::wm_key(stream, me))?.map(|a| a.wm);
+        let own = announcement_of(reader, &keys::wm_key(stream, me))?;
+        let watermark = own.as_ref().map(|a| a.wm);
+        let sealed = own.map(|a| a.sealed).unwrap_or_default();
         let horizon = {
             let mut rh = self.read_horizons.lock().map_err(|_| Error::Closed)?;
             let h = [
@@ -324,6 +385,7 @@ impl Views {
             cluster,
             conflicts,
             horizon,
+            sealed,
         })
     }
 
@@ -385,6 +447,7 @@ impl Views {
             cluster,
             conflicts,
             horizon,
+            sealed,
         } = self.standing(reader, d.stream.as_str(), me, known, peer_of)?;
         let kind = key_kind(d.kind);
         let limit = if query.limit == 0 { 1000 } else { query.limit };
@@ -420,6 +483,22 @@ impl Views {
                         continue; // past retention: removed on every node alike
                     }
                 }
+                // A sealed window counts exactly its seal's members' contributions (each
+                // replica's stays separable by dot in a view cell): the same value on every
+                // node that sealed it, whoever else wrote to it.
+                let members = deadline.and_then(|dl| seal::sealed_members(&sealed, dl));
+                let value = match members {
+                    Some(members) => {
+                        let entry = reader.entry(key)?.unwrap_or_else(|| Entry::bottom(kind));
+                        let kept = entry.retain_replicas(|r| members.binary_search(&r).is_ok());
+                        if kept.is_bottom() {
+                            continue; // nothing of the seal's members: no row, as on a node
+                            // that never received the others' contributions
+                        }
+                        kept.value()
+                    }
+                    None => value.clone(),
+                };
                 if rows.len() == limit {
                     next = last_key;
                     break 'pages;
@@ -429,8 +508,8 @@ impl Views {
                     group,
                     window_start: start,
                     window_end: end,
-                    is_final: deadline.zip(cluster).is_some_and(|(dl, c)| dl < c),
-                    value: to_json(d.kind, value),
+                    is_final: members.is_some(),
+                    value: to_json(d.kind, &value),
                 });
             }
             if done {

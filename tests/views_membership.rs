@@ -1,0 +1,279 @@
+//! Finality through a cluster's life (`src/views/seal.rs`): a window reported final keeps its
+//! value and stays final on every node when nodes join for the first time (joining or
+//! started alone), come back from a snapshot, or sit idle; a node that joins adopts the
+//! cluster's seals instead of counting its own contributions into them.
+//!
+//! Embedded nodes connected in-process: the same writer, views and seal code as the daemon.
+
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use tidemark::views::{StreamEvent, ViewDef, ViewQuery};
+use tidemark::{Node, NodeConfig};
+
+const MIN: u64 = 60_000;
+
+fn defs() -> Vec<ViewDef> {
+    serde_json::from_value(json!([
+        {"name": "c", "stream": "s", "kind": "count", "window": {"tumbling": "1m"}},
+        {"name": "d", "stream": "s", "kind": "distinct", "field": "user",
+         "window": {"tumbling": "1m"}},
+    ]))
+    .expect("defs")
+}
+
+async fn open(dir: &std::path::Path, joining: bool) -> Node {
+    let mut cfg = NodeConfig::new(dir);
+    cfg.views = defs();
+    cfg.joining = joining;
+    Node::open(cfg).await.expect("open")
+}
+
+fn ev(src: &str, seq: u64, t: u64, user: &str) -> StreamEvent {
+    StreamEvent::new(src, seq, json!({"user": user})).at(t)
+}
+
+/// `(view, window start) → (value, final)` on `node`.
+async fn rows(node: &Node) -> BTreeMap<(String, u64), (serde_json::Value, bool)> {
+    let mut out = BTreeMap::new();
+    for v in ["c", "d"] {
+        let page = node.view(v, &ViewQuery::default()).await.expect("view");
+        for r in page.rows {
+            out.insert(
+                (v.to_owned(), r.window_start.unwrap_or(0)),
+                (r.value, r.is_final),
+            );
+        }
+    }
+    out
+}
+
+async fn converge(nodes: &[&Node]) {
+    let started = Instant::now();
+    loop {
+        let ctxs: Vec<_> = nodes.iter().map(|n| n.context().expect("ctx")).collect();
+        if ctxs.windows(2).all(|w| w[0] == w[1]) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no convergence"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until `window` of both views is final on every node of `nodes`; returns its values.
+async fn final_on(nodes: &[&Node], window: u64) -> (serde_json::Value, serde_json::Value) {
+    let started = Instant::now();
+    loop {
+        converge(nodes).await;
+        let mut all = Vec::new();
+        for n in nodes {
+            all.push(rows(n).await);
+        }
+        let get = |r: &BTreeMap<(String, u64), (serde_json::Value, bool)>, v: &str| {
+            r.get(&(v.to_owned(), window)).cloned()
+        };
+        let done = all
+            .iter()
+            .all(|r| get(r, "c").is_some_and(|(_, f)| f) && get(r, "d").is_some_and(|(_, f)| f));
+        if done {
+            let c = get(&all[0], "c").map(|(v, _)| v).unwrap_or_default();
+            let d = get(&all[0], "d").map(|(v, _)| v).unwrap_or_default();
+            for r in &all {
+                assert_eq!(get(r, "c").map(|(v, _)| v), Some(c.clone()), "{all:?}");
+                assert_eq!(get(r, "d").map(|(v, _)| v), Some(d.clone()), "{all:?}");
+            }
+            return (c, d);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "window {window} not final everywhere: {all:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+}
+
+/// Two seeded nodes A and B with window [0, 1m) final: count 2, distinct ["a", "b"].
+async fn two_with_a_final_window(root: &std::path::Path) -> (Node, Node) {
+    let a = open(&root.join("a"), false).await;
+    let b = open(&root.join("b"), false).await;
+    a.connect(&b).expect("connect");
+    a.ingest_events("s", vec![ev("a", 1, 10_000, "a")])
+        .await
+        .expect("a");
+    b.ingest_events("s", vec![ev("b", 1, 20_000, "b")])
+        .await
+        .expect("b");
+    // Both pass the window's deadline (lateness 0).
+    a.ingest_events("s", vec![ev("a", 2, 2 * MIN, "a")])
+        .await
+        .expect("a");
+    b.ingest_events("s", vec![ev("b", 2, 2 * MIN, "b")])
+        .await
+        .expect("b");
+    let got = final_on(&[&a, &b], 0).await;
+    assert_eq!(got, (json!(2), json!(["a", "b"])));
+    (a, b)
+}
+
+/// Rounds of seals and reads on every node; the window stays final with its value on each of
+/// `watched`, never turning non-final in between.
+async fn stays_final(
+    watched: &[&Node],
+    all: &[&Node],
+    window: u64,
+    want: &(serde_json::Value, serde_json::Value),
+) {
+    for _ in 0..10 {
+        for n in all {
+            n.maintain_views().await.expect("maintain");
+        }
+        for n in watched {
+            let r = rows(n).await;
+            assert_eq!(
+                r.get(&("c".to_owned(), window)),
+                Some(&(want.0.clone(), true)),
+                "{r:?}"
+            );
+            assert_eq!(
+                r.get(&("d".to_owned(), window)),
+                Some(&(want.1.clone(), true)),
+                "{r:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue item 1, a joining node: C (started to join a cluster) ingests an event for the final
+/// window before it ever met anyone. It is refused as late (`not_synced`, kept in C's late
+/// lane); after C connects every node reports the window final with the same value, and C
+/// refuses later events for it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_node_never_met_before_changes_no_final_window() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (a, b) = two_with_a_final_window(root.path()).await;
+    let want = (json!(2), json!(["a", "b"]));
+    let c = open(&root.path().join("c"), true).await;
+    let out = c
+        .ingest_events("s", vec![ev("c", 1, 30_000, "c")])
+        .await
+        .expect("c ingests");
+    assert_eq!((out.applied, out.late), (1, 1), "{out:?}");
+    let lane = c.late_events("s", None, 0).expect("late lane");
+    assert_eq!(lane.events.len(), 1, "{lane:?}");
+    assert_eq!(lane.events[0].record["reason"], json!("not_synced"));
+    assert!(rows(&c).await.is_empty(), "C applied nothing to a window");
+    c.connect(&a).expect("connect");
+    c.connect(&b).expect("connect");
+    assert_eq!(final_on(&[&a, &b, &c], 0).await, want);
+    stays_final(&[&a, &b, &c], &[&a, &b, &c], 0, &want).await;
+    // Synced, C starts from the cluster's watermark: the final window is late on C as well.
+    let out = c
+        .ingest_events("s", vec![ev("c", 2, 40_000, "c")])
+        .await
+        .expect("c ingests");
+    assert_eq!(out.late, 1, "{out:?}");
+    stays_final(&[&a, &b, &c], &[&a, &b, &c], 0, &want).await;
+    for n in [a, b, c] {
+        n.shutdown().await.expect("shutdown");
+    }
+}
+
+/// Issue item 1, a node started alone (the default: it may finalize alone): C applies an
+/// event for the window A and B sealed, then connects. A and B keep the window final with
+/// their value (C's contribution is outside their seal); C, which counted its own event,
+/// never reports that window final with another value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_started_alone_cannot_change_a_final_window() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (a, b) = two_with_a_final_window(root.path()).await;
+    let want = (json!(2), json!(["a", "b"]));
+    let c = open(&root.path().join("c"), false).await;
+    let out = c
+        .ingest_events("s", vec![ev("c", 1, 30_000, "c")])
+        .await
+        .expect("c ingests");
+    assert_eq!((out.applied, out.late), (1, 0), "{out:?}");
+    c.connect(&a).expect("connect");
+    c.connect(&b).expect("connect");
+    converge(&[&a, &b, &c]).await;
+    stays_final(&[&a, &b], &[&a, &b, &c], 0, &want).await;
+    let r = rows(&c).await;
+    for v in ["c", "d"] {
+        if let Some((value, true)) = r.get(&(v.to_owned(), 0)) {
+            let w = if v == "c" { &want.0 } else { &want.1 };
+            assert_eq!(
+                value, w,
+                "C reports the window final with another value: {r:?}"
+            );
+        }
+    }
+    for n in [a, b, c] {
+        n.shutdown().await.expect("shutdown");
+    }
+}
+
+/// Issue item 7: an idle node joins (it never ingests): windows that were final stay final
+/// with their value on every node that reported them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_node_joining_takes_back_no_final_window() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (a, b) = two_with_a_final_window(root.path()).await;
+    let want = (json!(2), json!(["a", "b"]));
+    let d = open(&root.path().join("d"), true).await;
+    d.connect(&a).expect("connect");
+    d.connect(&b).expect("connect");
+    converge(&[&a, &b, &d]).await;
+    stays_final(&[&a, &b], &[&a, &b, &d], 0, &want).await;
+    // It holds later windows open (it announced no watermark): nothing new is final.
+    a.ingest_events("s", vec![ev("a", 3, 4 * MIN, "a")])
+        .await
+        .expect("a");
+    b.ingest_events("s", vec![ev("b", 3, 4 * MIN, "b")])
+        .await
+        .expect("b");
+    converge(&[&a, &b, &d]).await;
+    for n in [&a, &b] {
+        n.maintain_views().await.expect("maintain");
+        let r = rows(n).await;
+        assert_eq!(
+            r.get(&("c".to_owned(), 2 * MIN)),
+            Some(&(json!(2), false)),
+            "{r:?}"
+        );
+    }
+    stays_final(&[&a, &b], &[&a, &b, &d], 0, &want).await;
+    for n in [a, b, d] {
+        n.shutdown().await.expect("shutdown");
+    }
+}
+
+/// Issue item 2: A's snapshot restored as a new node R (new replica id). R starts from the
+/// watermarks its state holds, refuses an event for the final window, adopts the seal its
+/// source made, and after connecting B's final window is unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restored_from_a_snapshot_changes_no_final_window() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (a, b) = two_with_a_final_window(root.path()).await;
+    let want = (json!(2), json!(["a", "b"]));
+    let snap = root.path().join("a.snap");
+    a.snapshot(&snap).await.expect("snapshot");
+    a.shutdown().await.expect("shutdown");
+    drop(a);
+    Node::restore(&snap, root.path().join("r")).expect("restore");
+    let r = open(&root.path().join("r"), false).await;
+    let out = r
+        .ingest_events("s", vec![ev("r", 1, 30_000, "r")])
+        .await
+        .expect("r ingests");
+    assert_eq!(out.late, 1, "{out:?}");
+    r.connect(&b).expect("connect");
+    converge(&[&b, &r]).await;
+    stays_final(&[&b, &r], &[&b, &r], 0, &want).await;
+    for n in [b, r] {
+        n.shutdown().await.expect("shutdown");
+    }
+}
