@@ -211,6 +211,21 @@ async fn a_node_started_alone_cannot_change_a_final_window() {
             );
         }
     }
+    // Now that C holds A's and B's membership for the window, which does not count C, C
+    // refuses a further event for it as late (kept in its late lane) instead of applying
+    // what no seal would count.
+    c.maintain_views().await.expect("maintain");
+    let out = c
+        .ingest_events("s", vec![ev("c", 2, 45_000, "c")])
+        .await
+        .expect("c ingests");
+    assert_eq!(out.late, 1, "{out:?}");
+    let lane = c.late_events("s", None, 0).expect("late lane");
+    assert_eq!(
+        lane.events.last().map(|e| e.record["reason"].clone()),
+        Some(json!("outside_seal")),
+        "{lane:?}"
+    );
     for n in [a, b, c] {
         n.shutdown().await.expect("shutdown");
     }

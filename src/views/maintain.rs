@@ -189,6 +189,9 @@ impl Views {
         };
         let mut seals = self.seals.lock().map_err(|_| Error::Closed)?;
         let cur = seals.entry(stream.clone()).or_default();
+        cur.excluded_to = cur
+            .excluded_to
+            .max(super::seal::excluded_to(&ledger.epochs, me));
         let epochs = cluster
             .wm
             .and_then(|cw| super::seal::extend(&cur.epochs, cw, cluster.members.clone()));

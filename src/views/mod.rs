@@ -148,6 +148,10 @@ pub(crate) struct StreamSeals {
     pub(crate) since: u64,
     /// Whether it has applied any (until then it applied nothing below its watermark).
     pub(crate) applied: bool,
+    /// Deadlines below this have a membership, announced by some other node, that does not
+    /// count this one ([`seal::excluded_to`]): events for them are late here (`outside_seal`).
+    /// Recomputed each seal step, never lowered.
+    pub(crate) excluded_to: u64,
 }
 
 /// The `(stream, source)` pairs of a batch in flight and its events per pair.
@@ -354,6 +358,7 @@ impl Views {
                                 sealed: a.sealed.clone(),
                                 since: a.since,
                                 applied: a.applied,
+                                excluded_to: 0,
                             },
                         );
                     }
@@ -626,20 +631,30 @@ impl Views {
         let mut max_wm = None::<u64>;
         let mut per_event = Vec::new();
         let mut applied_window = false;
+        let excluded = self
+            .seals
+            .lock()
+            .ok()
+            .and_then(|s| s.get(stream).map(|x| x.excluded_to))
+            .unwrap_or(0);
         for ((w, f), event) in writes.iter_mut().zip(folded).zip(events) {
             // View cells: each replica's contribution stays separable by dot (seals count
             // exactly their members' contributions, `seal.rs`).
             w.own_dots = true;
             let mut late = Vec::new();
             let mut removed_any = false;
+            let mut outside_any = false;
             let mut applied = Vec::new();
             let mut own = Vec::new();
             for op in f.ops {
                 let removed = matches!((op.start, horizon), (Some(s), Some(h)) if self.expired(op.view, s, h));
+                let outside = op.deadline.is_some_and(|d| d < excluded);
                 let is_late = (unsynced && op.deadline.is_some())
                     || removed
+                    || outside
                     || matches!((op.deadline, wm), (Some(d), Some(wm)) if d < wm);
                 removed_any |= removed;
+                outside_any |= outside;
                 let list = if is_late { &mut late } else { &mut applied };
                 if list.last() != Some(&op.view) {
                     list.push(op.view);
@@ -660,6 +675,8 @@ impl Views {
                     "not_synced"
                 } else if removed_any {
                     "window_removed"
+                } else if outside_any {
+                    "outside_seal"
                 } else {
                     "behind_watermark"
                 };
@@ -730,7 +747,8 @@ impl Views {
 
     /// The late-lane record of `event`, late for the views `late` (indexes): the event as
     /// ingested, the views, why (`window_removed` by retention, `not_synced` on a joining
-    /// node that has not synced the stream yet, else `behind_watermark`), this node's
+    /// node that has not synced the stream yet, `outside_seal` for a window another node's
+    /// membership does not count this one in, else `behind_watermark`), this node's
     /// watermark then, the node and when (wall-clock ms).
     fn late_note(
         &self,

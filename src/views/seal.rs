@@ -86,6 +86,20 @@ pub fn sealed_members(sealed: &[Sealed], d: u64) -> Option<&[ReplicaId]> {
         .map(|s| s.members.as_slice())
 }
 
+/// The deadline below which some other announcer fixed a membership without `me`: windows
+/// whose deadline is below it can be sealed only without `me`'s contributions, so `me`
+/// refuses events for them as late instead of applying what no seal would count.
+pub fn excluded_to(epochs: &BTreeMap<ReplicaId, Vec<Epoch>>, me: ReplicaId) -> u64 {
+    epochs
+        .iter()
+        .filter(|(r, _)| **r != me)
+        .flat_map(|(_, es)| es.iter())
+        .filter(|e| e.members.binary_search(&me).is_err())
+        .map(|e| e.to)
+        .max()
+        .unwrap_or(0)
+}
+
 /// What one node's state says about a stream's seals.
 #[derive(Clone, Debug, Default)]
 pub struct Ledger {
