@@ -22,8 +22,13 @@
 //! Announcements carry a digest of the announcer's view definitions of the stream; while any
 //! member's digest differs from ours, nothing is final and the page names the conflicting
 //! replicas (their states still merge: the definitions must be made equal).
-//! The caveat is membership: a node whose writes `Y` has never seen and that is not connected
-//! now is not counted; a lone node is final by its own watermark. A member that ingests
+//! That makes a window's contributions complete; *which* members count is then agreed by seals
+//! ([`seal`]): each node announces the member set it vouched over per deadline (fixed once
+//! announced), a window is final once every member of one set announced exactly that set for
+//! its deadline and the seal is committed, and its value counts exactly those members'
+//! contributions — so a node that joins later, a restored copy or an idle member changes no
+//! final window and takes none back. A lone node started alone is final by its own watermark;
+//! a joining node ([`Views::joining`]) seals nothing alone. A member that ingests
 //! nothing holds the stream's windows open unless the stream has an `idle_timeout`: then,
 //! after that long without events, the node advances its watermark to `now − idle_timeout`
 //! and announces it — the same promise as any announcement (events for windows whose deadline
