@@ -652,8 +652,9 @@ impl Node {
         query: &crate::views::ViewQuery,
     ) -> Result<crate::views::ViewPage, Error> {
         let known = self.seal_before_read().await?;
+        // One read transaction for the whole page: finality inputs and rows of one state.
         self.shared.views.read(
-            &self.reader()?,
+            &self.reader()?.snapshot()?,
             name,
             query,
             self.shared.replica,
@@ -669,9 +670,12 @@ impl Node {
     /// Storage failures; [`Error::Closed`].
     pub async fn view_summaries(&self) -> Result<Vec<crate::views::ViewSummary>, Error> {
         let known = self.seal_before_read().await?;
-        self.shared
-            .views
-            .summaries(&self.reader()?, self.shared.replica, &known, peer_id_of)
+        self.shared.views.summaries(
+            &self.reader()?.snapshot()?,
+            self.shared.replica,
+            &known,
+            peer_id_of,
+        )
     }
 
     /// Up to `limit` events of `stream`'s late lane with ids above `after` (from the oldest

@@ -18,6 +18,8 @@ use tidemark_crdts::{CausalContext, DotStore, Entry, Key, KeyKind, Value};
 pub struct Reader {
     db: Arc<Database>,
     limits: Limits,
+    /// Set by [`Reader::snapshot`]: every read goes through this one transaction.
+    snap: Option<Arc<redb::ReadTransaction>>,
 }
 
 impl std::fmt::Debug for Reader {
@@ -28,7 +30,34 @@ impl std::fmt::Debug for Reader {
 
 impl Reader {
     pub(crate) fn new(db: Arc<Database>, limits: Limits) -> Self {
-        Self { db, limits }
+        Self {
+            db,
+            limits,
+            snap: None,
+        }
+    }
+
+    /// A reader pinned to one read transaction: every read through it (and its clones) sees
+    /// the same committed state, however many reads it takes — what a view page needs so its
+    /// finality inputs and its rows come from one state and no window shows partially
+    /// removed. Hold it only as long as the page takes (it keeps that state's pages alive).
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub fn snapshot(&self) -> Result<Reader, StoreError> {
+        Ok(Self {
+            db: Arc::clone(&self.db),
+            limits: self.limits.clone(),
+            snap: Some(Arc::new(self.db.begin_read().map_err(StoreError::redb)?)),
+        })
+    }
+
+    /// The transaction a read uses: the pinned one, or a fresh one per read.
+    fn rtxn(&self) -> Result<Arc<redb::ReadTransaction>, StoreError> {
+        match &self.snap {
+            Some(t) => Ok(Arc::clone(t)),
+            None => Ok(Arc::new(self.db.begin_read().map_err(StoreError::redb)?)),
+        }
     }
 
     /// The committed entry of `key`.
@@ -36,7 +65,7 @@ impl Reader {
     /// # Errors
     /// Storage failures and corrupt rows.
     pub fn entry(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
-        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let rtxn = self.rtxn()?;
         let (rows, elems) = open_read_tables(&rtxn)?;
         read_entry(&rows, &elems, key, self.limits.record_bytes_max)
     }
@@ -50,7 +79,7 @@ impl Reader {
         if !per_element(key.kind) {
             return Ok(false);
         }
-        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let rtxn = self.rtxn()?;
         let elems = rtxn.open_table(ELEMS).map_err(StoreError::redb)?;
         let found = elems
             .get(elem_key(key, element).as_slice())
@@ -74,7 +103,7 @@ impl Reader {
         if !per_element(key.kind) {
             return Ok(false);
         }
-        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let rtxn = self.rtxn()?;
         let elems = rtxn.open_table(ELEMS).map_err(StoreError::redb)?;
         let Some(row) = elems
             .get(elem_key(key, element).as_slice())
@@ -112,7 +141,7 @@ impl Reader {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<(Key, Value)>, StoreError> {
-        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let rtxn = self.rtxn()?;
         let (rows, elems) = open_read_tables(&rtxn)?;
         let start = match after {
             Some(a) if a >= prefix => key_bytes(&Key::new(kind, a)),
@@ -151,7 +180,7 @@ impl Reader {
     /// # Errors
     /// Storage failures and corrupt records.
     pub fn context(&self) -> Result<CausalContext, StoreError> {
-        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let rtxn = self.rtxn()?;
         let meta = rtxn.open_table(META).map_err(StoreError::redb)?;
         match meta.get(META_CONTEXT).map_err(StoreError::redb)? {
             Some(g) => codec::decode("meta record", g.value(), self.limits.record_bytes_max)
@@ -172,7 +201,7 @@ impl Reader {
         stream: &str,
         source: &str,
     ) -> Result<tidemark_crdts::IntervalSet, StoreError> {
-        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let rtxn = self.rtxn()?;
         let t = rtxn
             .open_table(super::tables::DEDUP)
             .map_err(StoreError::redb)?;
@@ -206,7 +235,7 @@ impl Reader {
     /// # Errors
     /// Storage failures and corrupt rows.
     pub fn entries(&self) -> Result<Vec<(Key, Entry)>, StoreError> {
-        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let rtxn = self.rtxn()?;
         let (rows, elems) = open_read_tables(&rtxn)?;
         let mut out = Vec::new();
         for item in rows.iter().map_err(StoreError::redb)? {
@@ -232,7 +261,7 @@ impl Reader {
                 "committed context differs from the in-memory one".into(),
             ));
         }
-        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let rtxn = self.rtxn()?;
         let dots = rtxn.open_table(DOTS).map_err(StoreError::redb)?;
         let mut live = 0u64;
         let (mut sets, mut set_elems) = (0u64, 0u64);
