@@ -203,7 +203,10 @@ pub const VIEW_PREFIX: &str = "~view/";
 /// Prefix of watermark announcement keys.
 pub const WM_PREFIX: &str = "~wm/";
 
+/// Prefix of decommission records: `~gone/{replica id}`, one per member removed for good.
+pub const GONE_PREFIX: &str = "~gone/";
+
 /// True for key names only views may write (client ops naming them are refused).
 pub fn is_reserved(name: &str) -> bool {
-    name.starts_with(VIEW_PREFIX) || name.starts_with(WM_PREFIX)
+    name.starts_with(VIEW_PREFIX) || name.starts_with(WM_PREFIX) || name.starts_with(GONE_PREFIX)
 }

@@ -773,10 +773,21 @@ impl Node {
         use crate::views::maintain;
         let views = &self.shared.views;
         let me = self.shared.replica;
+        let reader = self.reader()?;
+        if crate::views::read::gone(&reader)?.contains(&me)
+            && !views
+                .removed
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(
+                replica = %me,
+                "this node was removed from the cluster for good: it applies no more events \
+                 to windows (they are kept in the late lane as decommissioned)"
+            );
+        }
         // A node that has no watermark yet (a joining node, one that never ingested) starts
         // from its cluster's once it holds their announcements.
         let mut started = Vec::new();
-        let reader = self.reader()?;
         for stream in views.windowed_streams() {
             let mut wms = views.watermarks.lock().map_err(|_| Error::Closed)?;
             let (_, write) =
@@ -807,6 +818,64 @@ impl Node {
             rx.await.map_err(|_| Error::Closed)??;
         }
         Ok(())
+    }
+
+    /// Removes the member `replica` from the cluster for good (decommission): a replicated
+    /// record every node learns. From then on no node waits for its watermark: windows become
+    /// final and retention proceeds without it (windows a seal already counts it in keep its
+    /// contributions; its contributions to windows sealed afterwards are not counted). If it
+    /// comes back it applies no event to a window (late, `decommissioned`). Use it for a member
+    /// that is gone for good (its disk lost, or replaced by a restored copy under a new id).
+    /// Idempotent.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for this node itself; storage failures; [`Error::Closed`].
+    pub async fn decommission(&self, replica: ReplicaId) -> Result<(), Error> {
+        if replica == self.shared.replica {
+            return Err(Error::Config(
+                "a node cannot remove itself: remove it from another member".into(),
+            ));
+        }
+        let record = serde_json::json!({
+            "at": crate::clock::wall_ms(),
+            "by": self.shared.replica.to_string(),
+        });
+        let w = LocalWrite {
+            ops: vec![(
+                crate::views::keys::gone_key(replica),
+                tidemark_crdts::Mutation::Set(record.to_string()),
+            )],
+            ..LocalWrite::default()
+        };
+        let rx = self.enqueue(vec![w])?;
+        rx.await.map_err(|_| Error::Closed)??;
+        tracing::warn!(%replica, "member removed from the cluster for good");
+        Ok(())
+    }
+
+    /// Every member removed for good (see [`Node::decommission`]), as this node knows it.
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub fn decommissioned(&self) -> Result<Vec<ReplicaId>, Error> {
+        Ok(crate::views::read::gone(&self.reader()?)?
+            .into_iter()
+            .collect())
+    }
+
+    /// The replica of the member `name`: a member SWIM knows by that name, or `name` itself
+    /// when it is a replica id (32 hex digits).
+    pub fn member_replica(&self, name: &str) -> Option<ReplicaId> {
+        let swim = self.net_status().map(|n| n.members).unwrap_or_default();
+        swim.iter()
+            .find(|m| m.name == name)
+            .and_then(|m| u128::from_str_radix(&m.replica.replace('-', ""), 16).ok())
+            .or_else(|| {
+                (name.len() == 32)
+                    .then(|| u128::from_str_radix(name, 16).ok())
+                    .flatten()
+            })
+            .map(ReplicaId)
     }
 
     /// Brings this node's seals up to date before a read of views (one seal step under the

@@ -292,3 +292,84 @@ async fn a_node_restored_from_a_snapshot_changes_no_final_window() {
         n.shutdown().await.expect("shutdown");
     }
 }
+
+/// Issue item 6: a member gone for good holds new windows open until it is decommissioned;
+/// then they become final without it on every node. If it comes back it applies no event to
+/// a window (late, `decommissioned`) and final windows keep their values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decommissioned_member_holds_nothing_open_and_changes_nothing_when_back() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (a, b) = two_with_a_final_window(root.path()).await;
+    let g = open(&root.path().join("g"), true).await;
+    g.connect(&a).expect("connect");
+    g.connect(&b).expect("connect");
+    converge(&[&a, &b, &g]).await;
+    g.maintain_views().await.expect("maintain");
+    g.ingest_events("s", vec![ev("g", 1, 2 * MIN + 5_000, "g")])
+        .await
+        .expect("g");
+    converge(&[&a, &b, &g]).await;
+    let g_id = g.replica_id();
+    let g_dir = root.path().join("g");
+    g.shutdown().await.expect("shutdown");
+    drop(g);
+    for (n, src) in [(&a, "a"), (&b, "b")] {
+        n.ingest_events(
+            "s",
+            vec![ev(src, 5, 2 * MIN + 10_000, src), ev(src, 6, 5 * MIN, src)],
+        )
+        .await
+        .expect("ingest");
+    }
+    // G announced a watermark of 2m05s: window [2m, 3m) waits for it.
+    for _ in 0..5 {
+        for n in [&a, &b] {
+            n.maintain_views().await.expect("maintain");
+            let r = rows(n).await;
+            assert_eq!(
+                r.get(&("c".to_owned(), 2 * MIN)).map(|(_, f)| *f),
+                Some(false),
+                "{r:?}"
+            );
+        }
+    }
+    a.decommission(g_id).await.expect("decommission");
+    assert!(
+        b.decommission(b.replica_id()).await.is_err(),
+        "no node removes itself"
+    );
+    let got = final_on(&[&a, &b], 2 * MIN).await;
+    // A's and B's events at 2m and 2m10s; G's (2m05s) is not counted: it was decommissioned
+    // before the window was sealed.
+    assert_eq!(got, (json!(4), json!(["a", "b"])));
+    assert_eq!(a.decommissioned().expect("gone"), vec![g_id]);
+    // G comes back: it applies nothing to windows any more; no final value moves.
+    let g = open(&g_dir, true).await;
+    g.connect(&a).expect("connect");
+    g.connect(&b).expect("connect");
+    converge(&[&a, &b, &g]).await;
+    g.maintain_views().await.expect("maintain");
+    assert_eq!(g.replica_id(), g_id, "G came back under its identity");
+    assert_eq!(g.decommissioned().expect("gone"), vec![g_id]);
+    let out = g
+        .ingest_events("s", vec![ev("g", 2, 6 * MIN, "g")])
+        .await
+        .expect("g");
+    assert_eq!(out.late, 1, "{out:?}");
+    let lane = g.late_events("s", None, 0).expect("lane");
+    assert_eq!(
+        lane.events.last().map(|e| e.record["reason"].clone()),
+        Some(json!("decommissioned"))
+    );
+    stays_final(
+        &[&a, &b],
+        &[&a, &b, &g],
+        2 * MIN,
+        &(json!(4), json!(["a", "b"])),
+    )
+    .await;
+    stays_final(&[&a, &b], &[&a, &b, &g], 0, &(json!(2), json!(["a", "b"]))).await;
+    for n in [a, b, g] {
+        n.shutdown().await.expect("shutdown");
+    }
+}

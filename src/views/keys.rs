@@ -10,11 +10,14 @@
 //!   event to a window, "u": 1 while it applied none (both optional), "wm": its local
 //!   watermark in ms}`.
 //!
+//! - decommission records: `lww/~gone/{replica id}` ([`gone_key`]), written by any node when an
+//!   operator removes a member for good.
+//!
 //! Client ops may not name keys under these prefixes ([`is_reserved`]).
 
 use tidemark_crdts::{Key, KeyKind, Mutation, ReplicaId, Timestamp};
 
-pub use crate::model::{VIEW_PREFIX, WM_PREFIX, is_reserved};
+pub use crate::model::{GONE_PREFIX, VIEW_PREFIX, WM_PREFIX, is_reserved};
 
 /// The key name of a view cell of the definition with `digest`.
 pub fn view_key(view: &str, digest: &str, window_start: Option<u64>, group_json: &str) -> String {
@@ -76,6 +79,18 @@ pub fn wm_key(stream: &str, replica: ReplicaId) -> Key {
 /// Prefix of every watermark announcement of `stream`.
 pub fn wm_prefix(stream: &str) -> String {
     format!("{WM_PREFIX}{stream}/")
+}
+
+/// The decommission record key of `replica` (`~gone/{replica}`, an lww register holding
+/// `{"at": wall-clock ms, "by": the replica that recorded it}`): the member is gone for good.
+pub fn gone_key(replica: ReplicaId) -> Key {
+    Key::new(KeyKind::Lww, format!("{GONE_PREFIX}{replica}"))
+}
+
+/// The replica of a decommission record key.
+pub fn gone_replica(name: &str) -> Option<ReplicaId> {
+    let hex = name.strip_prefix(GONE_PREFIX)?;
+    u128::from_str_radix(hex, 16).ok().map(ReplicaId)
 }
 
 /// The replica of a watermark announcement key of `stream`.

@@ -141,6 +141,9 @@ pub struct Views {
     joining: bool,
     /// Streams this (joining) node has synced: its state holds another node's announcement.
     synced: Mutex<BTreeSet<String>>,
+    /// This node was decommissioned (a `~gone/` record names it): it applies no event to a
+    /// window any more (late, `decommissioned`), since no seal counts it.
+    pub(crate) removed: std::sync::atomic::AtomicBool,
 }
 
 /// This node's epochs and seals of one stream.
@@ -242,6 +245,7 @@ impl Views {
             seals: Mutex::new(BTreeMap::new()),
             joining: false,
             synced: Mutex::new(BTreeSet::new()),
+            removed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -636,6 +640,7 @@ impl Views {
         let mut max_wm = None::<u64>;
         let mut per_event = Vec::new();
         let mut applied_window = false;
+        let decommissioned = self.removed.load(Ordering::Relaxed);
         let excluded = self
             .seals
             .lock()
@@ -654,7 +659,7 @@ impl Views {
             for op in f.ops {
                 let removed = matches!((op.start, horizon), (Some(s), Some(h)) if self.expired(op.view, s, h));
                 let outside = op.deadline.is_some_and(|d| d < excluded);
-                let is_late = (unsynced && op.deadline.is_some())
+                let is_late = ((unsynced || decommissioned) && op.deadline.is_some())
                     || removed
                     || outside
                     || matches!((op.deadline, wm), (Some(d), Some(wm)) if d < wm);
@@ -676,7 +681,9 @@ impl Views {
             }
             per_event.push(own);
             if !late.is_empty() {
-                let reason = if unsynced {
+                let reason = if decommissioned {
+                    "decommissioned"
+                } else if unsynced {
                     "not_synced"
                 } else if removed_any {
                     "window_removed"
@@ -753,7 +760,8 @@ impl Views {
     /// The late-lane record of `event`, late for the views `late` (indexes): the event as
     /// ingested, the views, why (`window_removed` by retention, `not_synced` on a joining
     /// node that has not synced the stream yet, `outside_seal` for a window another node's
-    /// membership does not count this one in, else `behind_watermark`), this node's
+    /// membership does not count this one in, `decommissioned` on a node removed for good,
+    /// else `behind_watermark`), this node's
     /// watermark then, the node and when (wall-clock ms).
     fn late_note(
         &self,

@@ -90,6 +90,24 @@ pub struct ViewPage {
     pub horizon: Option<u64>,
 }
 
+/// Every replica decommissioned (removed for good) in this node's state.
+///
+/// # Errors
+/// Storage failures.
+pub(crate) fn gone(reader: &Reader) -> Result<std::collections::BTreeSet<ReplicaId>, Error> {
+    let mut out = std::collections::BTreeSet::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = reader.list(KeyKind::Lww, keys::GONE_PREFIX, after.as_deref(), 256)?;
+        let done = page.len() < 256;
+        out.extend(page.iter().filter_map(|(k, _)| keys::gone_replica(&k.name)));
+        after = page.last().map(|(k, _)| k.name.clone());
+        if done {
+            return Ok(out);
+        }
+    }
+}
+
 /// The announcement in `key` and its dot.
 fn announcement(
     reader: &Reader,
@@ -178,6 +196,8 @@ pub(crate) fn cluster_watermark(
     joining: bool,
 ) -> Result<Cluster, Error> {
     let ctx: CausalContext = reader.context()?;
+    // Members removed for good count for nothing: no watermark of theirs is waited for.
+    let gone = gone(reader)?;
     let prefix = keys::wm_prefix(stream);
     let mut min = None::<u64>;
     let mut horizon = None::<u64>;
@@ -196,6 +216,9 @@ pub(crate) fn cluster_watermark(
                 unsure = true;
                 continue;
             };
+            if gone.contains(&replica) {
+                continue;
+            }
             if a.defs != digest {
                 conflicts.push(replica.to_string());
             }
@@ -216,8 +239,12 @@ pub(crate) fn cluster_watermark(
         || !conflicts.is_empty()
         || !announcers.contains(&me)
         || (joining && announcers.iter().all(|r| *r == me))
-        || known.iter().any(|p| !peers.contains(p))
-        || ctx.replicas().any(|r| !announcers.contains(r))
+        || known
+            .iter()
+            .any(|p| !peers.contains(p) && !gone.iter().any(|g| peer_of(*g) == *p))
+        || ctx
+            .replicas()
+            .any(|r| !announcers.contains(r) && !gone.contains(r))
     {
         min = None;
     }
