@@ -861,3 +861,66 @@ fn the_watchers_gauge_falls_when_a_watch_client_disconnects() {
     drop(second);
     falls_to(0);
 }
+
+/// The value of the one sample of `family` whose labels contain `label` in `text`.
+fn sample(text: &str, family: &str, label: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(&format!("{family}{{")) && l.contains(label))
+        .find_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse().ok()))
+}
+
+#[test]
+fn a_disconnected_peer_keeps_its_lag_samples_and_they_grow() {
+    let a = Served::start();
+    let b = Served::start();
+    a.node.connect(&b.node).expect("connect");
+    assert_eq!(
+        post(
+            &a.url("/v1/ops"),
+            r#"[{"type":"gcounter","key":"lag","op":"inc"}]"#
+        )
+        .status,
+        200
+    );
+    let peer = format!("peer=\"{:016x}\"", b.node.peer_id().0);
+    // Caught up: 0 entries behind.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = get(&a.url("/metrics")).text;
+        if sample(&m, "tidemark_replication_lag_entries", &peer) == Some(0.0)
+            && sample(&m, "tidemark_replication_lag_seconds", &peer) == Some(0.0)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never caught up: {m}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    a.node.disconnect(&b.node).expect("disconnect");
+    std::thread::sleep(Duration::from_millis(300));
+    let body = r#"[{"type":"gcounter","key":"lag","op":"inc"},{"type":"gcounter","key":"lag","op":"inc"}]"#;
+    assert_eq!(post(&a.url("/v1/ops"), body).status, 200);
+    std::thread::sleep(Duration::from_millis(1200));
+    let m = get(&a.url("/metrics")).text;
+    assert_eq!(
+        sample(&m, "tidemark_replication_lag_entries", &peer),
+        Some(1.0),
+        "{m}"
+    );
+    // Away and behind: counted from the last moment it had our whole log (before the write).
+    let secs = sample(&m, "tidemark_replication_lag_seconds", &peer)
+        .unwrap_or_else(|| panic!("no lag seconds for the disconnected peer: {m}"));
+    assert!((1.0..30.0).contains(&secs), "{secs}: {m}");
+    // /v1/cluster's peers agree on the entries.
+    let c = get(&a.url("/v1/cluster")).json;
+    assert_eq!(c["peers"][0]["connected"], false, "{c}");
+    assert_eq!(c["peers"][0]["lag_entries"], 1, "{c}");
+    std::thread::sleep(Duration::from_millis(600));
+    let later = sample(
+        &get(&a.url("/metrics")).text,
+        "tidemark_replication_lag_seconds",
+        &peer,
+    )
+    .unwrap_or_default();
+    assert!(later >= secs + 0.5, "{later} after {secs}");
+}

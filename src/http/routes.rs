@@ -128,6 +128,7 @@ async fn metrics_text(State(state): State<AppState>, headers: HeaderMap) -> Resp
     let replication = state.node.replication_status().await.ok();
     let net = state.node.net_status();
     let scrape = metrics::Scrape {
+        peer_names: metrics::peer_names(net.as_ref()),
         members: net.as_ref().map(|n| n.members.clone()).unwrap_or_default(),
         net: net.map(|n| n.stats),
         node: state.node.metrics(),
@@ -835,18 +836,11 @@ fn cluster_members(
     };
     let lag =
         |acked: Option<Option<u64>>| acked.map(|a| log_end.saturating_sub(a.unwrap_or(log_start)));
-    // Lag in time: since a linked member last had our whole log; for one not linked and
-    // behind, at least since we last heard from it.
-    let lag_secs =
-        |peer: crate::proto::PeerId, behind: Option<u64>, contact_ms: Option<u64>| match rep
-            .peer_lag_ms
-            .iter()
-            .find(|(p, _)| *p == peer)
-        {
-            Some((_, ms)) => Some(*ms as f64 / 1000.0),
-            None if behind.is_some_and(|b| b > 0) => contact_ms.map(|ms| ms as f64 / 1000.0),
-            None => behind.map(|_| 0.0),
-        };
+    // Lag in time: since a member linked since open (connected now or not) last had our
+    // whole log; what `tidemark_replication_lag_seconds` reports.
+    let lag_secs = |peer: crate::proto::PeerId, acked: Option<Option<u64>>| {
+        acked.and_then(|a| metrics::peer_lag_seconds(rep, peer, a))
+    };
     let mut members: Vec<serde_json::Value> = swim
         .iter()
         .map(|m| {
@@ -869,7 +863,7 @@ fn cluster_members(
                 "incarnation": m.incarnation,
                 "acked": acked.flatten(),
                 "lag_entries": lag(acked),
-                "lag_seconds": lag_secs(peer, lag(acked), m.last_contact_ms),
+                "lag_seconds": lag_secs(peer, acked),
                 "last_contact": m.last_contact_ms.map(|ms| ms as f64 / 1000.0),
                 "version": serde_json::Value::Null,
             })
@@ -888,7 +882,7 @@ fn cluster_members(
             "peer": format!("{:016x}", peer.0),
             "acked": acked.flatten(),
             "lag_entries": lag(acked).unwrap_or(log_end.saturating_sub(log_start)),
-            "lag_seconds": lag_secs(peer, Some(1), None),
+            "lag_seconds": lag_secs(peer, acked),
             "last_contact": serde_json::Value::Null,
             "version": serde_json::Value::Null,
         }));
