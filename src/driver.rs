@@ -531,6 +531,7 @@ impl Driver {
                 let _ = reply.send(r.map_err(Error::from));
             }
             Input::Status { reply } => {
+                Metrics::add(&self.metrics.status_requests, 1);
                 self.note_caught_up();
                 let peers: Vec<PeerId> = self.links.keys().copied().collect();
                 let now = Instant::now();

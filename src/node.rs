@@ -410,6 +410,21 @@ impl Node {
         rx.await.map_err(|_| Error::Closed)
     }
 
+    /// The encoded bytes of our committed delta-log entries in `[from, to)`: a peer's
+    /// replication lag in bytes is `log_bytes(acked, log_end)` with its acknowledged cursor
+    /// (see [`ReplicationStatus`]). Read on an MVCC read transaction (the writer is not
+    /// asked); bounded: at most [`crate::store::LOG_BYTES_ENTRIES_MAX`] entries are summed,
+    /// beyond which the answer is a lower bound marked not `exact`
+    /// ([`crate::store::Reader::log_bytes`]).
+    ///
+    /// # Errors
+    /// Storage failures; [`Error::Closed`].
+    pub fn log_bytes(&self, from: u64, to: u64) -> Result<crate::store::LogBytes, Error> {
+        Ok(self
+            .reader()?
+            .log_bytes(from, to, crate::store::LOG_BYTES_ENTRIES_MAX)?)
+    }
+
     /// The configuration the node was opened with.
     pub fn config(&self) -> &NodeConfig {
         &self.shared.config
@@ -662,7 +677,21 @@ impl Node {
     /// # Errors
     /// Storage failures; [`Error::Closed`].
     pub async fn view_summaries(&self) -> Result<Vec<crate::views::ViewSummary>, Error> {
-        let known = self.view_members().await?;
+        let status = self.replication_status().await?;
+        self.view_summaries_given(&status)
+    }
+
+    /// [`Node::view_summaries`] for a caller that already holds a [`ReplicationStatus`] (a
+    /// metrics scrape): the members met are taken from `status`, so no second round trip to
+    /// the writer is made.
+    ///
+    /// # Errors
+    /// Storage failures; [`Error::Closed`].
+    pub fn view_summaries_given(
+        &self,
+        status: &ReplicationStatus,
+    ) -> Result<Vec<crate::views::ViewSummary>, Error> {
+        let known = self.view_members_given(status)?;
         self.shared
             .views
             .summaries(&self.reader()?, self.shared.replica, &known, peer_id_of)
@@ -693,6 +722,11 @@ impl Node {
     /// watermark is vouched for meanwhile).
     async fn view_members(&self) -> Result<Vec<PeerId>, Error> {
         let status = self.replication_status().await?;
+        self.view_members_given(&status)
+    }
+
+    /// [`Node::view_members`] with the peers connected taken from `status`.
+    fn view_members_given(&self, status: &ReplicationStatus) -> Result<Vec<PeerId>, Error> {
         let swim = self.net_status().map(|n| n.members).unwrap_or_default();
         let as_member = |p: PeerId| {
             swim.iter()

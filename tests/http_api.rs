@@ -890,6 +890,7 @@ fn a_disconnected_peer_keeps_its_lag_samples_and_they_grow() {
         let m = get(&a.url("/metrics")).text;
         if sample(&m, "tidemark_replication_lag_entries", &peer) == Some(0.0)
             && sample(&m, "tidemark_replication_lag_seconds", &peer) == Some(0.0)
+            && sample(&m, "tidemark_replication_lag_bytes", &peer) == Some(0.0)
         {
             break;
         }
@@ -911,10 +912,31 @@ fn a_disconnected_peer_keeps_its_lag_samples_and_they_grow() {
     let secs = sample(&m, "tidemark_replication_lag_seconds", &peer)
         .unwrap_or_else(|| panic!("no lag seconds for the disconnected peer: {m}"));
     assert!((1.0..30.0).contains(&secs), "{secs}: {m}");
-    // /v1/cluster's peers agree on the entries.
+    // The one entry behind is the commit group of two increments: some tens of bytes.
+    let bytes = sample(&m, "tidemark_replication_lag_bytes", &peer)
+        .unwrap_or_else(|| panic!("no lag bytes for the disconnected peer: {m}"));
+    assert!((20.0..1000.0).contains(&bytes), "{bytes}: {m}");
+    // /v1/cluster's peers agree on the entries and bytes.
     let c = get(&a.url("/v1/cluster")).json;
     assert_eq!(c["peers"][0]["connected"], false, "{c}");
     assert_eq!(c["peers"][0]["lag_entries"], 1, "{c}");
+    assert_eq!(c["peers"][0]["lag_bytes"].as_f64(), Some(bytes), "{c}");
+    assert_eq!(c["peers"][0]["lag_bytes_exact"], true, "{c}");
+    // One more entry, with a 40-byte value: the bytes grow by at least that.
+    assert_eq!(
+        post(
+            &a.url("/v1/ops"),
+            r#"[{"type":"lww","key":"big","op":"set","value":"0123456789012345678901234567890123456789"}]"#
+        )
+        .status,
+        200
+    );
+    let c = get(&a.url("/v1/cluster")).json;
+    assert_eq!(c["peers"][0]["lag_entries"], 2, "{c}");
+    assert!(
+        c["peers"][0]["lag_bytes"].as_f64().unwrap_or_default() >= bytes + 40.0,
+        "{c}"
+    );
     std::thread::sleep(Duration::from_millis(600));
     let later = sample(
         &get(&a.url("/metrics")).text,
@@ -923,4 +945,34 @@ fn a_disconnected_peer_keeps_its_lag_samples_and_they_grow() {
     )
     .unwrap_or_default();
     assert!(later >= secs + 0.5, "{later} after {secs}");
+}
+
+#[test]
+fn a_metrics_scrape_asks_the_writer_for_its_status_once() {
+    let s = Served::start_with(|node, _| {
+        node.views = serde_json::from_value(json!([
+            {"name": "hits", "stream": "s", "kind": "count", "window": {"tumbling": "1m"}}
+        ]))
+        .expect("view");
+    });
+    // Warm up (the first scrape may race the node's own start-up requests).
+    assert_eq!(get(&s.url("/metrics")).status, 200);
+    for _ in 0..3 {
+        let before = s.node.metrics().status_requests;
+        let m = get(&s.url("/metrics"));
+        assert_eq!(m.status, 200);
+        // The per-view families are there: the views were read with the scrape's status.
+        assert!(
+            m.text.contains(
+                "tidemark_view_events_total{view=\"hits\",stream=\"s\",result=\"folded\"} 0"
+            ),
+            "{}",
+            m.text
+        );
+        assert_eq!(s.node.metrics().status_requests - before, 1);
+    }
+    // /v1/views makes one too.
+    let before = s.node.metrics().status_requests;
+    assert_eq!(get(&s.url("/v1/views")).status, 200);
+    assert_eq!(s.node.metrics().status_requests - before, 1);
 }

@@ -222,10 +222,26 @@ pub(crate) fn peer_lag_seconds(
     match ms {
         Some(ms) => Some(ms as f64 / 1000.0),
         // Linked but not yet noted by the writer: caught up only if it has the whole log.
-        None => acked
-            .is_some_and(|a| a >= rep.log_bounds.1)
-            .then_some(0.0),
+        None => acked.is_some_and(|a| a >= rep.log_bounds.1).then_some(0.0),
     }
+}
+
+/// Per peer of `rep.peer_acked`, the encoded bytes of our log entries after its acknowledged
+/// cursor (from our log's start when it acknowledged nothing yet): its lag in bytes, a lower
+/// bound marked not `exact` past [`crate::store::LOG_BYTES_ENTRIES_MAX`] entries. A peer
+/// whose bytes could not be read is left out.
+pub(crate) fn lag_bytes(
+    node: &crate::node::Node,
+    rep: &ReplicationStatus,
+) -> BTreeMap<PeerId, crate::store::LogBytes> {
+    let (start, end) = rep.log_bounds;
+    rep.peer_acked
+        .iter()
+        .filter_map(|(peer, acked)| {
+            let from = acked.unwrap_or(start).max(start);
+            node.log_bytes(from, end).ok().map(|b| (*peer, b))
+        })
+        .collect()
 }
 
 /// Everything a scrape reports, gathered before encoding.
@@ -235,6 +251,8 @@ pub(crate) struct Scrape<'a> {
     pub(crate) replication: Option<ReplicationStatus>,
     /// The node names of known peers ([`peer_names`]): the `member` label of per-peer samples.
     pub(crate) peer_names: BTreeMap<PeerId, String>,
+    /// Per peer, its lag in bytes ([`lag_bytes`]).
+    pub(crate) lag_bytes: BTreeMap<PeerId, crate::store::LogBytes>,
     pub(crate) store_bytes: u64,
     pub(crate) net: Option<crate::net::NetStatsSnapshot>,
     pub(crate) http: &'a HttpMetrics,
@@ -351,6 +369,19 @@ pub(crate) fn render(s: &Scrape<'_>, format: Format) -> Result<String, std::fmt:
                 lag_secs.get_or_create(&labels(peer)).set(secs);
             }
         }
+        let lag_bytes: Family<Labels, Gauge> = Family::default();
+        for (peer, b) in &s.lag_bytes {
+            lag_bytes
+                .get_or_create(&labels(peer))
+                .set(i64::try_from(b.bytes).unwrap_or(i64::MAX));
+        }
+        r.register_with_unit(
+            "replication_lag",
+            "Per peer linked since start, the encoded bytes of our log entries it has not \
+             acknowledged (a lower bound past 4096 entries)",
+            Unit::Bytes,
+            lag_bytes,
+        );
         r.register_with_unit(
             "replication_lag",
             "Per peer linked since start (connected or not), time since it last had \

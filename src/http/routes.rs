@@ -129,11 +129,14 @@ async fn metrics_text(State(state): State<AppState>, headers: HeaderMap) -> Resp
     let net = state.node.net_status();
     let scrape = metrics::Scrape {
         peer_names: metrics::peer_names(net.as_ref()),
+        lag_bytes: replication
+            .as_ref()
+            .map(|rep| metrics::lag_bytes(&state.node, rep))
+            .unwrap_or_default(),
         members: net.as_ref().map(|n| n.members.clone()).unwrap_or_default(),
         net: net.map(|n| n.stats),
         node: state.node.metrics(),
         commits: state.node.commit_histograms(),
-        replication,
         store_bytes: metrics::dir_bytes(&state.node.config().data_dir),
         http: &state.metrics,
         requests_in_flight: state
@@ -141,8 +144,12 @@ async fn metrics_text(State(state): State<AppState>, headers: HeaderMap) -> Resp
             .concurrency_max
             .saturating_sub(state.requests.available_permits()) as u64,
         process: crate::metrics::ProcessStats::read(),
-        views: state.node.view_summaries().await.unwrap_or_default(),
+        views: replication
+            .as_ref()
+            .and_then(|rep| state.node.view_summaries_given(rep).ok())
+            .unwrap_or_default(),
         now_ms: crate::clock::wall_ms(),
+        replication,
     };
     match metrics::render(&scrape, format) {
         Ok(text) => ([(header::CONTENT_TYPE, format.content_type())], text).into_response(),
@@ -764,6 +771,7 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
         .await
         .map_err(|e| ApiError::from_node(e, Pos::Index, state.config.retry_after_secs))?;
     let (log_start, log_end) = rep.log_bounds;
+    let bytes = metrics::lag_bytes(node, &rep);
     let net = node.net_status();
     let connected: Vec<String> = net.as_ref().map(|n| n.peers.clone()).unwrap_or_default();
     let swim: &[crate::net::MemberStatus] = net.as_ref().map_or(&[], |n| &n.members);
@@ -785,10 +793,12 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
                 "connected": rep.peers_connected.contains(peer),
                 "acked": acked,
                 "lag_entries": behind,
+                "lag_bytes": bytes.get(peer).map(|b| b.bytes),
+                "lag_bytes_exact": bytes.get(peer).map(|b| b.exact),
             })
         })
         .collect();
-    let mut members = cluster_members(swim, &connected, &rep);
+    let mut members = cluster_members(swim, &connected, &rep, &bytes);
     members.extend(state.cluster.members());
     let m = node.metrics();
     Ok(axum::Json(json!({
@@ -821,11 +831,14 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
 /// what replication knows of it (its acknowledged cursor and lag in our log entries), and any
 /// connected peer SWIM does not know yet (state `connected`), sorted by name. `last_contact` is
 /// the seconds since this node last heard from the member (`null`: never); `version` is `null`
-/// (members do not exchange versions).
+/// (members do not exchange versions). `lag_bytes` is the encoded bytes of our log entries
+/// it has not acknowledged (`bytes`, from [`metrics::lag_bytes`]), a lower bound when
+/// `lag_bytes_exact` is false; both `null` when replication knows nothing of it.
 fn cluster_members(
     swim: &[crate::net::MemberStatus],
     connected: &[String],
     rep: &crate::driver::ReplicationStatus,
+    bytes: &std::collections::BTreeMap<crate::proto::PeerId, crate::store::LogBytes>,
 ) -> Vec<serde_json::Value> {
     let (log_start, log_end) = rep.log_bounds;
     let acked_of = |peer: crate::proto::PeerId| {
@@ -863,6 +876,8 @@ fn cluster_members(
                 "incarnation": m.incarnation,
                 "acked": acked.flatten(),
                 "lag_entries": lag(acked),
+                "lag_bytes": bytes.get(&peer).map(|b| b.bytes),
+                "lag_bytes_exact": bytes.get(&peer).map(|b| b.exact),
                 "lag_seconds": lag_secs(peer, acked),
                 "last_contact": m.last_contact_ms.map(|ms| ms as f64 / 1000.0),
                 "version": serde_json::Value::Null,
@@ -882,6 +897,8 @@ fn cluster_members(
             "peer": format!("{:016x}", peer.0),
             "acked": acked.flatten(),
             "lag_entries": lag(acked).unwrap_or(log_end.saturating_sub(log_start)),
+            "lag_bytes": bytes.get(&peer).map(|b| b.bytes),
+            "lag_bytes_exact": bytes.get(&peer).map(|b| b.exact),
             "lag_seconds": lag_secs(peer, acked),
             "last_contact": serde_json::Value::Null,
             "version": serde_json::Value::Null,
