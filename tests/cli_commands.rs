@@ -471,6 +471,28 @@ fn two_daemons_with_issued_certificates_converge() {
         cluster["cluster"]["members"][0]["state"], "alive",
         "{cluster}"
     );
+    // Members exchange their build version (in their SWIM identity).
+    assert_eq!(
+        cluster["cluster"]["members"][0]["version"],
+        env!("CARGO_PKG_VERSION"),
+        "{cluster}"
+    );
+    let table = ok(&beta.run(&["members"]));
+    let mut lines = table.lines();
+    let header = lines.next().unwrap_or_default();
+    assert!(
+        header.starts_with("MEMBER")
+            && header.contains("VERSION")
+            && header.contains("LAG (BYTES)"),
+        "{table}"
+    );
+    let alpha_row: Vec<&str> = lines
+        .find(|l| l.starts_with("alpha"))
+        .unwrap_or_else(|| panic!("no alpha row: {table}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(alpha_row[1], "alive", "{table}");
+    assert_eq!(alpha_row[2], env!("CARGO_PKG_VERSION"), "{table}");
     // beta dies without a goodbye: alpha keeps listing it, suspect then down, with when it was
     // last heard from, in /v1/cluster and in `tidemark status`.
     let mut beta = beta;
@@ -507,12 +529,36 @@ fn two_daemons_with_issued_certificates_converge() {
         member["last_contact"].as_f64().is_some_and(|s| s > 0.5),
         "{member}"
     );
+    // Writes beta never sees: its lag in entries, bytes and seconds grows while it is down.
+    ok(&alpha.run(&["inc", "gcounter/hits", "1"]));
+    ok(&alpha.run(&["set", "lww/note", "\"written while beta is down\""]));
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let c = json_of(&alpha.run(&["--json", "status"]));
+    let member = c["cluster"]["members"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["name"] == "beta").cloned())
+        .unwrap_or_else(|| panic!("beta is no longer listed: {c}"));
+    assert_eq!(member["state"], "down", "{member}");
+    assert_eq!(member["version"], env!("CARGO_PKG_VERSION"), "{member}");
+    assert_eq!(member["lag_entries"], 2, "{member}");
+    let lag_bytes = member["lag_bytes"].as_u64().unwrap_or_default();
+    assert!((40..2000).contains(&lag_bytes), "{member}");
+    assert_eq!(member["lag_bytes_exact"], true, "{member}");
+    assert!(
+        member["lag_seconds"].as_f64().is_some_and(|s| s >= 1.0),
+        "{member}"
+    );
     let text = ok(&alpha.run(&["status"]));
     let line = text
         .lines()
         .find(|l| l.starts_with("beta"))
         .unwrap_or_else(|| panic!("status does not list beta: {text}"));
     assert!(line.contains("down") && line.contains("s ago"), "{text}");
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    // MEMBER STATE VERSION PEER-ADDR CONNECTED LAG(ENTRIES) LAG(BYTES) ...
+    assert_eq!(cells[2], env!("CARGO_PKG_VERSION"), "{text}");
+    assert_eq!(cells[5], "2", "{text}");
+    assert_eq!(cells[6], lag_bytes.to_string(), "{text}");
     assert!(!text.contains("single node"), "{text}");
     let addr = alpha.url.trim_start_matches("http://").to_owned();
     let metrics = raw(
@@ -521,6 +567,26 @@ fn two_daemons_with_issued_certificates_converge() {
     );
     assert!(
         metrics.contains("\ntidemark_peer_name_conflicts_total 0\n"),
+        "{metrics}"
+    );
+    // The per-peer replication samples of the member that is down, joinable to its member
+    // state by the `member` label.
+    let beta_sample = |family: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{family}{{")) && l.contains("member=\"beta\""))
+            .and_then(|l| l.rsplit_once(' '))
+            .and_then(|(_, v)| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {family} sample for beta: {metrics}"))
+    };
+    assert_eq!(beta_sample("tidemark_replication_lag_entries"), 2.0);
+    assert_eq!(
+        beta_sample("tidemark_replication_lag_bytes"),
+        lag_bytes as f64
+    );
+    assert!(beta_sample("tidemark_replication_lag_seconds") >= 1.0);
+    assert!(
+        metrics.contains("tidemark_member_state{member=\"beta\",state=\"down\"} 1"),
         "{metrics}"
     );
     assert_eq!(alpha.terminate().code(), Some(0));

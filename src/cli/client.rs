@@ -569,7 +569,7 @@ fn lag_bytes_text(m: &serde_json::Value) -> String {
     }
 }
 
-/// Prints every member SWIM knows (down ones included) with its state, address, lag in
+/// Prints every member SWIM knows (down ones included) with its state, version, address, lag in
 /// entries, bytes and seconds and last contact; a node without other members says so.
 fn print_members(members: &[serde_json::Value]) {
     if members.is_empty() {
@@ -586,6 +586,7 @@ fn print_members(members: &[serde_json::Value]) {
                 vec![
                     text(&m["name"]),
                     text(&m["state"]),
+                    text(&m["version"]),
                     text(&m["addr"]),
                     m["connected"].as_bool().unwrap_or(false).to_string(),
                     text(&m["lag_entries"]),
@@ -603,6 +604,7 @@ fn print_members(members: &[serde_json::Value]) {
             &[
                 "MEMBER",
                 "STATE",
+                "VERSION",
                 "PEER ADDR",
                 "CONNECTED",
                 "LAG (ENTRIES)",

@@ -830,8 +830,9 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
 /// `GET /v1/cluster`'s `members`: every member SWIM knows (alive, suspect, down or left), with
 /// what replication knows of it (its acknowledged cursor and lag in our log entries), and any
 /// connected peer SWIM does not know yet (state `connected`), sorted by name. `last_contact` is
-/// the seconds since this node last heard from the member (`null`: never); `version` is `null`
-/// (members do not exchange versions). `lag_bytes` is the encoded bytes of our log entries
+/// the seconds since this node last heard from the member (`null`: never); `version` is the
+/// build version the member announced in its SWIM identity (`null`: not known, as for a
+/// connected peer SWIM does not know yet). `lag_bytes` is the encoded bytes of our log entries
 /// it has not acknowledged (`bytes`, from [`metrics::lag_bytes`]), a lower bound when
 /// `lag_bytes_exact` is false; both `null` when replication knows nothing of it.
 fn cluster_members(
@@ -880,7 +881,7 @@ fn cluster_members(
                 "lag_bytes_exact": bytes.get(&peer).map(|b| b.exact),
                 "lag_seconds": lag_secs(peer, acked),
                 "last_contact": m.last_contact_ms.map(|ms| ms as f64 / 1000.0),
-                "version": serde_json::Value::Null,
+                "version": m.version,
             })
         })
         .collect();
