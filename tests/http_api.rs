@@ -4,7 +4,7 @@
 
 mod http_support;
 
-use http_support::{Served, get, get_auth, post, post_auth, value};
+use http_support::{Served, get, get_auth, post, post_auth, request, value};
 use serde_json::{Value as J, json};
 use std::io::{BufRead, BufReader, Write};
 use std::time::{Duration, Instant};
@@ -484,6 +484,31 @@ fn token_guards_every_route_but_healthz() {
     assert_eq!(a.status, 200);
     let a = get_auth(&s.url("/v1/keys/gcounter/x"), Some("s3cret"));
     assert_eq!(a.json["value"], 1);
+    // The scheme is case-insensitive (RFC 7235); the token is not.
+    for value in ["bearer s3cret", "BEARER s3cret", "bEaReR  s3cret"] {
+        let (a, _) = request(
+            "GET",
+            &s.url("/v1/keys/gcounter/x"),
+            &[("Authorization", value)],
+        );
+        assert_eq!((a.status, &a.json["value"]), (200, &json!(1)), "{value}");
+    }
+    for value in [
+        "Basic s3cret",
+        "Bearers3cret",
+        "Bearer",
+        "Bearer ",
+        "s3cret",
+        "bearer S3CRET",
+        "Bearer s3cret2",
+    ] {
+        let (a, _) = request(
+            "GET",
+            &s.url("/v1/keys/gcounter/x"),
+            &[("Authorization", value)],
+        );
+        assert_eq!((a.status, a.code()), (401, "unauthorized"), "{value}");
+    }
     // The console page is static and asks for the token itself.
     let page = get(&s.url("/"));
     assert_eq!(page.status, 200);
@@ -975,4 +1000,25 @@ fn a_metrics_scrape_asks_the_writer_for_its_status_once() {
     let before = s.node.metrics().status_requests;
     assert_eq!(get(&s.url("/v1/views")).status, 200);
     assert_eq!(s.node.metrics().status_requests - before, 1);
+}
+
+#[test]
+fn routes_without_parameters_refuse_any_like_the_others_refuse_unknown_ones() {
+    let s = Served::start();
+    for path in ["/v1/views", "/v1/stats/writes"] {
+        assert_eq!(get(&s.url(path)).status, 200, "{path}");
+        for (query, param) in [("?colour=red", "colour"), ("?limit=5&x=1", "limit")] {
+            let a = get(&s.url(&format!("{path}{query}")));
+            assert_eq!(
+                (a.status, a.code(), a.at()),
+                (400, "invalid_query", format!("query {param}").as_str()),
+                "{path}{query}: {a:?}"
+            );
+            assert_eq!(
+                a.json["error"]["message"],
+                format!("unknown parameter {param:?} ({path} takes no parameters)"),
+                "{a:?}"
+            );
+        }
+    }
 }

@@ -980,13 +980,37 @@ fn view_query(params: Vec<(String, String)>, group_by: &[String]) -> Result<View
 /// `GET /v1/views/{view}`: the view's rows (`group`, `window_start`, `window_end`, `final`,
 /// `value`) with the page's `next` cursor, this node's and the cluster's watermark, the view's
 /// counters and any definition conflicts.
+/// Refuses any query parameter of a route that takes none (400 `invalid_query` naming it), as
+/// routes with parameters refuse an unknown one: a mistyped query never goes unnoticed.
+fn no_params(
+    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+    route: &str,
+) -> Result<(), ApiError> {
+    let Query(pairs) = q.map_err(|e| bad_query("", e.body_text()).at("query"))?;
+    match pairs.first() {
+        Some((name, _)) => Err(bad_query(
+            name,
+            format!("unknown parameter {name:?} ({route} takes no parameters)"),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// `GET /v1/stats/writes`: the applied-writes counter about once a second, last ten minutes.
-async fn write_history(State(state): State<AppState>) -> Response {
-    axum::Json(json!({ "samples": state.node.write_history() })).into_response()
+async fn write_history(
+    State(state): State<AppState>,
+    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    no_params(q, "/v1/stats/writes")?;
+    Ok(axum::Json(json!({ "samples": state.node.write_history() })).into_response())
 }
 
 /// `GET /v1/views`: every configured view with its definition and where it stands here.
-async fn views_list(State(state): State<AppState>) -> Result<Response, ApiError> {
+async fn views_list(
+    State(state): State<AppState>,
+    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    no_params(q, "/v1/views")?;
     let views = state
         .node
         .view_summaries()
