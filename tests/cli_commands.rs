@@ -1028,10 +1028,68 @@ fn the_token_comes_from_a_file_or_the_environment_and_the_command_line_warns() {
     );
     assert_eq!(status_with(&url, None), 401);
     assert_eq!(status_with(&url, Some("s3cret-file")), 200);
-    let _ = child.kill();
-    let _ = child.wait();
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(!text.contains("visible to other users"), "{text}");
+
+    // Client commands read it from a file too: --token-file or TIDEMARK_TOKEN_FILE.
+    let client = |args: &[&std::ffi::OsStr], env: &[(&str, &std::ffi::OsStr)]| {
+        let mut c = Command::new(BIN);
+        c.args(["--url", &url]).env_remove("TIDEMARK_TOKEN");
+        c.env_remove("TIDEMARK_TOKEN_FILE");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.args(args)
+            .args(["inc", "gcounter/token-file"])
+            .output()
+            .expect("client")
+    };
+    let o = client(&[], &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("401"), "{}", stderr(&o));
+    let o = client(&["--token-file".as_ref(), file.as_os_str()], &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = client(&[], &[("TIDEMARK_TOKEN_FILE", file.as_os_str())]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // A flag wins over the other source's environment variable.
+    let o = client(
+        &["--token-file".as_ref(), file.as_os_str()],
+        &[("TIDEMARK_TOKEN", "wrong".as_ref())],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = client(
+        &["--token".as_ref(), "s3cret-file".as_ref()],
+        &[("TIDEMARK_TOKEN_FILE", dir.path().join("absent").as_os_str())],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // Both flags, or a file that cannot be read: usage errors, before any request.
+    let o = client(
+        &[
+            "--token".as_ref(),
+            "s3cret-file".as_ref(),
+            "--token-file".as_ref(),
+            file.as_os_str(),
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("not both"), "{}", stderr(&o));
+    let absent = dir.path().join("absent");
+    let o = client(&["--token-file".as_ref(), absent.as_os_str()], &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cannot read --token-file"),
+        "{}",
+        stderr(&o)
+    );
+    let got = Command::new(BIN)
+        .args(["--url", &url, "--token", "s3cret-file", "--json", "get"])
+        .arg("gcounter/token-file")
+        .output()
+        .expect("get");
+    assert_eq!(json_of(&got)["value"], 4, "the four accepted increments");
+    let _ = child.kill();
+    let _ = child.wait();
 
     let (mut child, url, log) = serve_with_token_source(dir.path(), &[], Some("s3cret-env"));
     assert_eq!(status_with(&url, None), 401);

@@ -451,7 +451,63 @@ fn usage_errors_exit_2_before_anything_is_done() {
     };
     let missing = dir.path().join("missing.toml");
     let snapshot = dir.path().join("missing.tmsnap");
+    let existing = dir.path().join("existing.tmsnap");
+    std::fs::write(&existing, b"not mine to overwrite").expect("existing file");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "t\n").expect("token file");
+    // With JSON logs a usage error is one JSON line on stderr, and still exits 2.
+    let o = serve(&["--log-format", "json", "--advertise", "127.0.0.1:7701"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    let lines: Vec<serde_json::Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    let line = lines.last().cloned().unwrap_or_default();
+    assert_eq!(line["level"], "ERROR", "{err}");
+    assert!(
+        line["fields"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("peer.advertise needs peer.tls")),
+        "{line}"
+    );
     for (what, o) in [
+        (
+            "--advertise without --tls, JSON logs",
+            serve(&["--log-format", "json", "--advertise", "127.0.0.1:7701"]),
+        ),
+        (
+            "--log-format json with a bad --set",
+            serve(&["--log-format", "json", "--set", "no_such_key=1"]),
+        ),
+        (
+            "--log-format json with an unknown flag",
+            serve(&["--log-format", "json", "--no-such-flag"]),
+        ),
+        (
+            "snapshot --out an existing file",
+            tidemark(&["snapshot", "--out", &existing.to_string_lossy()]),
+        ),
+        (
+            "--token and --token-file",
+            tidemark(&[
+                "--token",
+                "t",
+                "--token-file",
+                &token_file.to_string_lossy(),
+                "get",
+                "gcounter/x",
+            ]),
+        ),
+        (
+            "a --token-file that cannot be read",
+            tidemark(&[
+                "--token-file",
+                &missing.to_string_lossy(),
+                "get",
+                "gcounter/x",
+            ]),
+        ),
         ("a bad --set", serve(&["--set", "no_such_key=1"])),
         (
             "a missing --config",
@@ -483,6 +539,10 @@ fn usage_errors_exit_2_before_anything_is_done() {
         assert!(!stderr(&o).is_empty(), "{what}: no message");
     }
     assert!(!data.exists(), "a usage error created the data directory");
+    assert_eq!(
+        std::fs::read(&existing).expect("existing"),
+        b"not mine to overwrite"
+    );
 }
 
 #[test]
