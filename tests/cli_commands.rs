@@ -4,83 +4,11 @@
 
 mod daemon_support;
 
-use daemon_support::spawn_serve;
+use daemon_support::{BIN, Daemon, issue_certs, spawn_serve, stderr, stdout};
 use serde_json::{Value as J, json};
 use std::io::Write;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
-
-const BIN: &str = env!("CARGO_BIN_EXE_tidemark");
-
-/// A `tidemark serve` child on a free loopback port; SIGTERM + wait on drop.
-struct Daemon {
-    child: Child,
-    url: String,
-}
-
-impl Daemon {
-    fn start(data: &std::path::Path, extra: &[&str]) -> Self {
-        let mut args: Vec<&std::ffi::OsStr> = vec![
-            "--http".as_ref(),
-            "127.0.0.1:0".as_ref(),
-            "--peer-listen".as_ref(),
-            "127.0.0.1:0".as_ref(),
-            "--data".as_ref(),
-            data.as_os_str(),
-        ];
-        args.extend(extra.iter().map(|a| std::ffi::OsStr::new(*a)));
-        let (child, url, _) = spawn_serve(&args);
-        Self { child, url }
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.run_with_input(args, None)
-    }
-
-    fn run_with_input(&self, args: &[&str], input: Option<&[u8]>) -> Output {
-        let mut child = Command::new(BIN)
-            .arg("--url")
-            .arg(&self.url)
-            .args(args)
-            .stdin(if input.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn client");
-        if let (Some(data), Some(mut stdin)) = (input, child.stdin.take()) {
-            stdin.write_all(data).expect("stdin");
-        }
-        child.wait_with_output().expect("client")
-    }
-
-    /// SIGTERM, then the exit status.
-    fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let status = self.child.wait().expect("wait");
-        std::mem::forget(self);
-        status
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 fn ok(o: &Output) -> String {
     assert_eq!(
@@ -390,33 +318,7 @@ fn serve_config_token_and_clean_restart() {
 fn two_daemons_with_issued_certificates_converge() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
-    let certs = |args: &[&str]| {
-        let o = Command::new(BIN)
-            .arg("certs")
-            .args(args)
-            .output()
-            .expect("certs");
-        ok(&o)
-    };
-    certs(&["init", "--out", &p("ca")]);
-    certs(&[
-        "issue",
-        "--ca",
-        &p("ca"),
-        "--name",
-        "alpha",
-        "--out",
-        &p("alpha-tls"),
-    ]);
-    certs(&[
-        "issue",
-        "--ca",
-        &p("ca"),
-        "--name",
-        "beta",
-        "--out",
-        &p("beta-tls"),
-    ]);
+    issue_certs(dir.path(), &["alpha", "beta"]);
     // Refuses to overwrite a CA.
     let again = Command::new(BIN)
         .args(["certs", "init", "--out", &p("ca")])
@@ -530,6 +432,11 @@ fn two_daemons_with_issued_certificates_converge() {
         "{member}"
     );
     // Writes beta never sees: its lag in entries, bytes and seconds grows while it is down.
+    // (What it lacked already depends on when its last acknowledgement came: the baseline.)
+    let entries_before = member["lag_entries"]
+        .as_u64()
+        .expect("lag entries while down");
+    let bytes_before = member["lag_bytes"].as_u64().expect("lag bytes while down");
     ok(&alpha.run(&["inc", "gcounter/hits", "1"]));
     ok(&alpha.run(&["set", "lww/note", "\"written while beta is down\""]));
     std::thread::sleep(std::time::Duration::from_millis(1200));
@@ -540,9 +447,14 @@ fn two_daemons_with_issued_certificates_converge() {
         .unwrap_or_else(|| panic!("beta is no longer listed: {c}"));
     assert_eq!(member["state"], "down", "{member}");
     assert_eq!(member["version"], env!("CARGO_PKG_VERSION"), "{member}");
-    assert_eq!(member["lag_entries"], 2, "{member}");
+    let entries = entries_before + 2;
+    assert_eq!(member["lag_entries"], entries, "{member}");
     let lag_bytes = member["lag_bytes"].as_u64().unwrap_or_default();
-    assert!((40..2000).contains(&lag_bytes), "{member}");
+    // The second write alone holds a 28-byte value.
+    assert!(
+        (bytes_before + 40..bytes_before + 2000).contains(&lag_bytes),
+        "{member} after {bytes_before}"
+    );
     assert_eq!(member["lag_bytes_exact"], true, "{member}");
     assert!(
         member["lag_seconds"].as_f64().is_some_and(|s| s >= 1.0),
@@ -557,7 +469,7 @@ fn two_daemons_with_issued_certificates_converge() {
     let cells: Vec<&str> = line.split_whitespace().collect();
     // MEMBER STATE VERSION PEER-ADDR CONNECTED LAG(ENTRIES) LAG(BYTES) ...
     assert_eq!(cells[2], env!("CARGO_PKG_VERSION"), "{text}");
-    assert_eq!(cells[5], "2", "{text}");
+    assert_eq!(cells[5], entries.to_string(), "{text}");
     assert_eq!(cells[6], lag_bytes.to_string(), "{text}");
     assert!(!text.contains("single node"), "{text}");
     let addr = alpha.url.trim_start_matches("http://").to_owned();
@@ -579,7 +491,10 @@ fn two_daemons_with_issued_certificates_converge() {
             .and_then(|(_, v)| v.trim().parse::<f64>().ok())
             .unwrap_or_else(|| panic!("no {family} sample for beta: {metrics}"))
     };
-    assert_eq!(beta_sample("tidemark_replication_lag_entries"), 2.0);
+    assert_eq!(
+        beta_sample("tidemark_replication_lag_entries"),
+        entries as f64
+    );
     assert_eq!(
         beta_sample("tidemark_replication_lag_bytes"),
         lag_bytes as f64

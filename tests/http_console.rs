@@ -4,25 +4,14 @@
 //!
 //! Skipped, with a message, where no `chromium` binary is installed.
 
+mod daemon_support;
 mod http_support;
 
+use daemon_support::chromium;
 use http_support::{Served, get, post};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tidemark::net::ClusterCa;
-
-fn chromium() -> Option<&'static str> {
-    ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|b| {
-            Command::new(b)
-                .arg("--version")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-}
 
 /// The value of a counter line in Prometheus text.
 fn metric(s: &Served, prefix: &str) -> u64 {

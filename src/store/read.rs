@@ -62,15 +62,13 @@ impl Reader {
         }
         let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
         let log = rtxn.open_table(LOG).map_err(StoreError::redb)?;
-        let mut summed = 0u64;
-        for item in log.range(from..to).map_err(StoreError::redb)? {
+        for (summed, item) in (0u64..).zip(log.range(from..to).map_err(StoreError::redb)?) {
             if summed == entries_max {
                 out.exact = false;
                 break;
             }
             let (_, record) = item.map_err(StoreError::redb)?;
             out.bytes = out.bytes.saturating_add(record.value().len() as u64);
-            summed += 1;
         }
         Ok(out)
     }
