@@ -1004,7 +1004,36 @@ fn a_metrics_scrape_asks_the_writer_for_its_status_once() {
 
 #[test]
 fn routes_without_parameters_refuse_any_like_the_others_refuse_unknown_ones() {
-    let s = Served::start();
+    let s = Served::start_with(|node, _| {
+        node.views = serde_json::from_value(json!([
+            {"name": "hits", "stream": "s", "kind": "count", "window": {"tumbling": "1m"}}
+        ]))
+        .expect("view");
+    });
+    for (path, known) in [
+        ("/v1/keys?prefix=a", "type, prefix, limit, after, internal"),
+        ("/v1/streams/s/late?limit=5", "after, limit"),
+    ] {
+        assert_eq!(get(&s.url(path)).status, 200, "{path}");
+        let a = get(&s.url(&format!("{path}&colour=red")));
+        assert_eq!(
+            (a.status, a.code(), a.at()),
+            (400, "invalid_query", "query colour"),
+            "{path}: {a:?}"
+        );
+        assert_eq!(
+            a.json["error"]["message"],
+            format!("unknown parameter \"colour\" ({known})"),
+            "{a:?}"
+        );
+    }
+    // The watch is refused before it streams.
+    let a = get(&s.url("/v1/watch?prefix=a&colour=red"));
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (400, "invalid_query", "query colour"),
+        "{a:?}"
+    );
     for path in ["/v1/views", "/v1/stats/writes"] {
         assert_eq!(get(&s.url(path)).status, 200, "{path}");
         for (query, param) in [("?colour=red", "colour"), ("?limit=5&x=1", "limit")] {

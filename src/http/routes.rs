@@ -278,8 +278,26 @@ struct ListQuery {
     internal: bool,
 }
 
+/// [`query_pairs`] for a route whose parameters are exactly `known`: an unknown one is refused
+/// too (400 `invalid_query` naming it, the list of known ones in the message), as
+/// `GET /v1/views/{view}` refuses one, so a mistyped parameter never goes unnoticed.
+pub(super) fn known_query_pairs(
+    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+    known: &[&str],
+) -> Result<Vec<(String, String)>, ApiError> {
+    let pairs = query_pairs(q, known)?;
+    if let Some((name, _)) = pairs.iter().find(|(n, _)| !known.contains(&n.as_str())) {
+        return Err(bad_query(
+            name,
+            format!("unknown parameter {name:?} ({})", known.join(", ")),
+        ));
+    }
+    Ok(pairs)
+}
+
 /// Query parameters as pairs, decoded by hand so every fault names its parameter in the JSON
-/// error shape (a parameter given twice is refused; unknown ones are ignored).
+/// error shape (a parameter given twice is refused; unknown ones are left to the caller:
+/// [`known_query_pairs`] refuses them).
 pub(super) fn query_pairs(
     q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
     known: &[&str],
@@ -301,7 +319,7 @@ fn list_query(
     q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<ListQuery, ApiError> {
     let mut out = ListQuery::default();
-    for (name, text) in query_pairs(q, &["type", "prefix", "limit", "after", "internal"])? {
+    for (name, text) in known_query_pairs(q, &["type", "prefix", "limit", "after", "internal"])? {
         match name.as_str() {
             "type" => out.kind = Some(text),
             "internal" => {
@@ -691,7 +709,7 @@ async fn watch(
     q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let mut w = WatchQuery::default();
-    for (name, text) in query_pairs(q, &["type", "prefix"])? {
+    for (name, text) in known_query_pairs(q, &["type", "prefix"])? {
         match name.as_str() {
             "type" => w.kind = Some(text),
             "prefix" => w.prefix = text,
