@@ -84,8 +84,10 @@ pub struct ReplicationStatus {
     /// Per peer linked since open (connected now or not), the acknowledged cursor into our
     /// log (`None`: unknown yet).
     pub peer_acked: Vec<(PeerId, Option<u64>)>,
-    /// Per linked peer, milliseconds since it last had acknowledged our whole log (since it
-    /// was linked, if it never had; 0 while caught up, to within one writer tick).
+    /// Per peer linked since open (connected now or not: the same peers as `peer_acked`),
+    /// milliseconds since it last had acknowledged our whole log (since it was first linked,
+    /// if it never had; 0 while caught up, to within one writer tick). A peer that is away
+    /// and behind keeps counting from the last moment it had our whole log.
     pub peer_lag_ms: Vec<(PeerId, u64)>,
     /// Our log as `[start, end)`.
     pub log_bounds: (u64, u64),
@@ -128,8 +130,9 @@ pub(crate) struct Driver {
     pub(crate) net_alive: std::collections::BTreeSet<PeerId>,
     /// Frees committed groups' writes off the writer thread.
     pub(crate) freer: Freer,
-    /// Per linked peer, when it last had acknowledged our whole log (or when it was first
-    /// seen linked, if it never had): its replication lag in time.
+    /// Per peer linked since open (connected now or not), when it last had acknowledged our
+    /// whole log (or when it was first seen linked, if it never had): its replication lag in
+    /// time.
     pub(crate) caught_up: BTreeMap<PeerId, Instant>,
     /// Every peer linked since open: its acknowledged cursor is reported while it is away.
     pub(crate) ever_linked: std::collections::BTreeSet<PeerId>,
@@ -350,14 +353,15 @@ impl Driver {
         }
     }
 
-    /// Notes, for every linked peer, whether it has acknowledged our whole log now (it is
-    /// caught up: its lag in time restarts from here); forgets peers no longer linked.
+    /// Notes, for every peer linked since open (connected now or not), whether it has
+    /// acknowledged our whole log now (it is caught up: its lag in time restarts from here).
+    /// A peer that went away keeps the instant it last had our whole log, so its lag keeps
+    /// growing while we write and it cannot hear of it.
     fn note_caught_up(&mut self) {
         let now = Instant::now();
         let end = self.store.log_bounds().1;
-        self.caught_up.retain(|p, _| self.links.contains_key(p));
         self.ever_linked.extend(self.links.keys().copied());
-        for p in self.links.keys() {
+        for p in &self.ever_linked {
             let at = self.caught_up.entry(*p).or_insert(now);
             if self.replica.peer_acked(*p).is_some_and(|a| a >= end) {
                 *at = now;
@@ -527,6 +531,7 @@ impl Driver {
                 let _ = reply.send(r.map_err(Error::from));
             }
             Input::Status { reply } => {
+                Metrics::add(&self.metrics.status_requests, 1);
                 self.note_caught_up();
                 let peers: Vec<PeerId> = self.links.keys().copied().collect();
                 let now = Instant::now();

@@ -28,6 +28,10 @@ struct Cli {
     /// Bearer token for a node with `http.token` set (client commands).
     #[arg(long, global = true, env = "TIDEMARK_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Read the bearer token from this file, its first line (client commands; keeps the token
+    /// out of `ps`). One of `--token` and `--token-file` (or their environment variables).
+    #[arg(long, global = true, env = "TIDEMARK_TOKEN_FILE", value_name = "PATH")]
+    token_file: Option<std::path::PathBuf>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -186,6 +190,40 @@ enum Command {
     },
 }
 
+/// The bearer token of a client command: `--token` or `--token-file`, a flag given on the
+/// command line before either environment variable (`TIDEMARK_TOKEN`, `TIDEMARK_TOKEN_FILE`).
+/// Both given at the same level, or a token file that cannot be read or holds no token, is a
+/// usage error.
+fn client_token(cli: &Cli) -> Result<Option<String>, Usage> {
+    let from_env = |var: &str, value: Option<std::ffi::OsString>| {
+        value.is_some() && std::env::var_os(var) == value
+    };
+    let token_env = from_env(
+        "TIDEMARK_TOKEN",
+        cli.token.as_ref().map(std::ffi::OsString::from),
+    );
+    let file_env = from_env(
+        "TIDEMARK_TOKEN_FILE",
+        cli.token_file.as_ref().map(|p| p.as_os_str().to_owned()),
+    );
+    let read = |file: &std::path::Path| {
+        cli::serve::read_token_file(file)
+            .map(Some)
+            .map_err(|e| Usage(format!("{e:#}")))
+    };
+    match (&cli.token, &cli.token_file) {
+        (Some(_), Some(_)) if token_env == file_env => Err(Usage(
+            "give the token one way: --token (TIDEMARK_TOKEN) or --token-file \
+             (TIDEMARK_TOKEN_FILE), not both"
+                .into(),
+        )),
+        // One of them on the command line: it wins over the other's environment variable.
+        (Some(t), Some(_)) if file_env => Ok(Some(t.clone())),
+        (_, Some(file)) => read(file),
+        (t, None) => Ok(t.clone()),
+    }
+}
+
 fn run(cli: Cli) -> anyhow::Result<bool> {
     let out = Output { json: cli.json };
     if let Command::Serve(args) = &cli.command {
@@ -206,16 +244,20 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             .map_err(anyhow::Error::from)
             .and_then(|runtime| runtime.block_on(cli::serve::run(config, args.restore.clone())));
         return match served {
-            // With JSON logs every line on stderr is JSON, the last error's too.
+            // With JSON logs every line on stderr is JSON, the last error's too; a usage
+            // error still exits 2.
             Err(e) if json_logs => {
                 tracing::error!(error = format!("{e:#}"), "tidemark serve failed");
-                Ok(false)
+                Err(Logged {
+                    usage: e.downcast_ref::<Usage>().is_some(),
+                }
+                .into())
             }
             other => other.map(|()| true),
         };
     }
     if let Command::Snapshot(args) = &cli.command {
-        cli::snapshot::run(args, cli.json, &Client::new(&cli.url, cli.token.clone()))?;
+        cli::snapshot::run(args, cli.json, &Client::new(&cli.url, client_token(&cli)?))?;
         return Ok(true);
     }
     if let Command::Certs(cmd) = &cli.command {
@@ -235,7 +277,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         clap_complete::generate(*shell, &mut command(), "tidemark", &mut std::io::stdout());
         return Ok(true);
     }
-    let c = Client::new(&cli.url, cli.token.clone());
+    let c = Client::new(&cli.url, client_token(&cli)?);
     let op = |key: &KeyArg, op: &str, extra: serde_json::Value| {
         let mut o = json!({"type": key.kind, "key": key.name, "op": op});
         if let (Some(o), Some(extra)) = (o.as_object_mut(), extra.as_object()) {
@@ -350,13 +392,28 @@ impl std::fmt::Display for Usage {
 
 impl std::error::Error for Usage {}
 
+/// An error already logged (as a JSON line, with `--log-format json`): `main` prints nothing
+/// more and exits 2 for a usage error, 1 otherwise.
+#[derive(Debug)]
+struct Logged {
+    usage: bool,
+}
+
+impl std::fmt::Display for Logged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("logged")
+    }
+}
+
+impl std::error::Error for Logged {}
+
 /// The global flags each command does not read: kept accepted (`tidemark --url U serve` still
 /// parses) but hidden from its help and completions. `serve` has a `--token` of its own.
 const UNREAD_GLOBALS: [(&str, &[&str]); 4] = [
     ("serve", &["url", "json"]),
-    ("certs", &["url", "token", "json"]),
-    ("completions", &["url", "token", "json"]),
-    ("version", &["url", "token"]),
+    ("certs", &["url", "token", "token_file", "json"]),
+    ("completions", &["url", "token", "token_file", "json"]),
+    ("version", &["url", "token", "token_file"]),
 ];
 
 /// The command line: [`Cli`] with the global flags hidden where they do not apply.
@@ -389,6 +446,13 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
+        Err(e) if e.downcast_ref::<Logged>().is_some() => {
+            if e.downcast_ref::<Logged>().is_some_and(|l| l.usage) {
+                ExitCode::from(2)
+            } else {
+                ExitCode::from(1)
+            }
+        }
         Err(e) => {
             eprintln!("tidemark: {e:#}");
             if e.downcast_ref::<Usage>().is_some() {

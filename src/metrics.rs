@@ -22,6 +22,7 @@ pub struct Metrics {
     pub(crate) hlc_rejected: AtomicU64,
     pub(crate) frames_oversize: AtomicU64,
     pub(crate) reidentified: AtomicU64,
+    pub(crate) status_requests: AtomicU64,
     pub(crate) commit_histograms: CommitHistograms,
     /// The applied-writes counter sampled about once a second, the last ten minutes.
     pub(crate) write_history: std::sync::Mutex<std::collections::VecDeque<WriteSample>>,
@@ -115,6 +116,9 @@ pub struct MetricsSnapshot {
     /// (docs/design/principles.md, "Never reuse a dot" (c)). Nonzero means a backup was copied back
     /// in place: prefer `tidemark serve --restore`.
     pub reidentified: u64,
+    /// Replication status requests the writer thread answered ([`crate::Node::replication_status`]:
+    /// each is one round trip to the writer, queued behind its commits).
+    pub status_requests: u64,
 }
 
 impl Metrics {
@@ -193,6 +197,7 @@ impl Metrics {
             hlc_rejected: g(&self.hlc_rejected),
             frames_oversize: g(&self.frames_oversize),
             reidentified: g(&self.reidentified),
+            status_requests: g(&self.status_requests),
         }
     }
 }

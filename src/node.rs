@@ -410,6 +410,21 @@ impl Node {
         rx.await.map_err(|_| Error::Closed)
     }
 
+    /// The encoded bytes of our committed delta-log entries in `[from, to)`: a peer's
+    /// replication lag in bytes is `log_bytes(acked, log_end)` with its acknowledged cursor
+    /// (see [`ReplicationStatus`]). Read on an MVCC read transaction (the writer is not
+    /// asked); bounded: at most [`crate::store::LOG_BYTES_ENTRIES_MAX`] entries are summed,
+    /// beyond which the answer is a lower bound marked not `exact`
+    /// ([`crate::store::Reader::log_bytes`]).
+    ///
+    /// # Errors
+    /// Storage failures; [`Error::Closed`].
+    pub fn log_bytes(&self, from: u64, to: u64) -> Result<crate::store::LogBytes, Error> {
+        Ok(self
+            .reader()?
+            .log_bytes(from, to, crate::store::LOG_BYTES_ENTRIES_MAX)?)
+    }
+
     /// The configuration the node was opened with.
     pub fn config(&self) -> &NodeConfig {
         &self.shared.config
@@ -678,6 +693,25 @@ impl Node {
         )
     }
 
+    /// [`Node::view_summaries`] for a caller that already holds a [`ReplicationStatus`] (a
+    /// metrics scrape): the members met are taken from `status`, so no second round trip to
+    /// the writer is made, and no seal step runs (seals move on the next maintenance round).
+    ///
+    /// # Errors
+    /// Storage failures; [`Error::Closed`].
+    pub fn view_summaries_given(
+        &self,
+        status: &ReplicationStatus,
+    ) -> Result<Vec<crate::views::ViewSummary>, Error> {
+        let known = self.view_members_given(status)?;
+        self.shared.views.summaries(
+            &self.reader()?.snapshot()?,
+            self.shared.replica,
+            &known,
+            peer_id_of,
+        )
+    }
+
     /// Up to `limit` events of `stream`'s late lane with ids above `after` (from the oldest
     /// kept with `None`; `limit` 0 means the page maximum): every event this node
     /// acknowledged but applied to no view for being late, with the views, the reason, its
@@ -703,6 +737,11 @@ impl Node {
     /// watermark is vouched for meanwhile).
     async fn view_members(&self) -> Result<Vec<PeerId>, Error> {
         let status = self.replication_status().await?;
+        self.view_members_given(&status)
+    }
+
+    /// [`Node::view_members`] with the peers connected taken from `status`.
+    fn view_members_given(&self, status: &ReplicationStatus) -> Result<Vec<PeerId>, Error> {
         let swim = self.net_status().map(|n| n.members).unwrap_or_default();
         let as_member = |p: PeerId| {
             swim.iter()

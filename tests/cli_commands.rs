@@ -4,83 +4,11 @@
 
 mod daemon_support;
 
-use daemon_support::spawn_serve;
+use daemon_support::{BIN, Daemon, issue_certs, spawn_serve, stderr, stdout};
 use serde_json::{Value as J, json};
 use std::io::Write;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
-
-const BIN: &str = env!("CARGO_BIN_EXE_tidemark");
-
-/// A `tidemark serve` child on a free loopback port; SIGTERM + wait on drop.
-struct Daemon {
-    child: Child,
-    url: String,
-}
-
-impl Daemon {
-    fn start(data: &std::path::Path, extra: &[&str]) -> Self {
-        let mut args: Vec<&std::ffi::OsStr> = vec![
-            "--http".as_ref(),
-            "127.0.0.1:0".as_ref(),
-            "--peer-listen".as_ref(),
-            "127.0.0.1:0".as_ref(),
-            "--data".as_ref(),
-            data.as_os_str(),
-        ];
-        args.extend(extra.iter().map(|a| std::ffi::OsStr::new(*a)));
-        let (child, url, _) = spawn_serve(&args);
-        Self { child, url }
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.run_with_input(args, None)
-    }
-
-    fn run_with_input(&self, args: &[&str], input: Option<&[u8]>) -> Output {
-        let mut child = Command::new(BIN)
-            .arg("--url")
-            .arg(&self.url)
-            .args(args)
-            .stdin(if input.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn client");
-        if let (Some(data), Some(mut stdin)) = (input, child.stdin.take()) {
-            stdin.write_all(data).expect("stdin");
-        }
-        child.wait_with_output().expect("client")
-    }
-
-    /// SIGTERM, then the exit status.
-    fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let status = self.child.wait().expect("wait");
-        std::mem::forget(self);
-        status
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 fn ok(o: &Output) -> String {
     assert_eq!(
@@ -390,33 +318,7 @@ fn serve_config_token_and_clean_restart() {
 fn two_daemons_with_issued_certificates_converge() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
-    let certs = |args: &[&str]| {
-        let o = Command::new(BIN)
-            .arg("certs")
-            .args(args)
-            .output()
-            .expect("certs");
-        ok(&o)
-    };
-    certs(&["init", "--out", &p("ca")]);
-    certs(&[
-        "issue",
-        "--ca",
-        &p("ca"),
-        "--name",
-        "alpha",
-        "--out",
-        &p("alpha-tls"),
-    ]);
-    certs(&[
-        "issue",
-        "--ca",
-        &p("ca"),
-        "--name",
-        "beta",
-        "--out",
-        &p("beta-tls"),
-    ]);
+    issue_certs(dir.path(), &["alpha", "beta"]);
     // Refuses to overwrite a CA.
     let again = Command::new(BIN)
         .args(["certs", "init", "--out", &p("ca")])
@@ -471,6 +373,28 @@ fn two_daemons_with_issued_certificates_converge() {
         cluster["cluster"]["members"][0]["state"], "alive",
         "{cluster}"
     );
+    // Members exchange their build version (in their SWIM identity).
+    assert_eq!(
+        cluster["cluster"]["members"][0]["version"],
+        env!("CARGO_PKG_VERSION"),
+        "{cluster}"
+    );
+    let table = ok(&beta.run(&["members"]));
+    let mut lines = table.lines();
+    let header = lines.next().unwrap_or_default();
+    assert!(
+        header.starts_with("MEMBER")
+            && header.contains("VERSION")
+            && header.contains("LAG (BYTES)"),
+        "{table}"
+    );
+    let alpha_row: Vec<&str> = lines
+        .find(|l| l.starts_with("alpha"))
+        .unwrap_or_else(|| panic!("no alpha row: {table}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(alpha_row[1], "alive", "{table}");
+    assert_eq!(alpha_row[2], env!("CARGO_PKG_VERSION"), "{table}");
     // beta dies without a goodbye: alpha keeps listing it, suspect then down, with when it was
     // last heard from, in /v1/cluster and in `tidemark status`.
     let mut beta = beta;
@@ -507,12 +431,46 @@ fn two_daemons_with_issued_certificates_converge() {
         member["last_contact"].as_f64().is_some_and(|s| s > 0.5),
         "{member}"
     );
+    // Writes beta never sees: its lag in entries, bytes and seconds grows while it is down.
+    // (What it lacked already depends on when its last acknowledgement came: the baseline.)
+    let entries_before = member["lag_entries"]
+        .as_u64()
+        .expect("lag entries while down");
+    let bytes_before = member["lag_bytes"].as_u64().expect("lag bytes while down");
+    ok(&alpha.run(&["inc", "gcounter/hits", "1"]));
+    ok(&alpha.run(&["set", "lww/note", "\"written while beta is down\""]));
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let c = json_of(&alpha.run(&["--json", "status"]));
+    let member = c["cluster"]["members"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["name"] == "beta").cloned())
+        .unwrap_or_else(|| panic!("beta is no longer listed: {c}"));
+    assert_eq!(member["state"], "down", "{member}");
+    assert_eq!(member["version"], env!("CARGO_PKG_VERSION"), "{member}");
+    let entries = entries_before + 2;
+    assert_eq!(member["lag_entries"], entries, "{member}");
+    let lag_bytes = member["lag_bytes"].as_u64().unwrap_or_default();
+    // The second write alone holds a 28-byte value.
+    assert!(
+        (bytes_before + 40..bytes_before + 2000).contains(&lag_bytes),
+        "{member} after {bytes_before}"
+    );
+    assert_eq!(member["lag_bytes_exact"], true, "{member}");
+    assert!(
+        member["lag_seconds"].as_f64().is_some_and(|s| s >= 1.0),
+        "{member}"
+    );
     let text = ok(&alpha.run(&["status"]));
     let line = text
         .lines()
         .find(|l| l.starts_with("beta"))
         .unwrap_or_else(|| panic!("status does not list beta: {text}"));
     assert!(line.contains("down") && line.contains("s ago"), "{text}");
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    // MEMBER STATE VERSION PEER-ADDR CONNECTED LAG(ENTRIES) LAG(BYTES) ...
+    assert_eq!(cells[2], env!("CARGO_PKG_VERSION"), "{text}");
+    assert_eq!(cells[5], entries.to_string(), "{text}");
+    assert_eq!(cells[6], lag_bytes.to_string(), "{text}");
     assert!(!text.contains("single node"), "{text}");
     let addr = alpha.url.trim_start_matches("http://").to_owned();
     let metrics = raw(
@@ -521,6 +479,29 @@ fn two_daemons_with_issued_certificates_converge() {
     );
     assert!(
         metrics.contains("\ntidemark_peer_name_conflicts_total 0\n"),
+        "{metrics}"
+    );
+    // The per-peer replication samples of the member that is down, joinable to its member
+    // state by the `member` label.
+    let beta_sample = |family: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{family}{{")) && l.contains("member=\"beta\""))
+            .and_then(|l| l.rsplit_once(' '))
+            .and_then(|(_, v)| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {family} sample for beta: {metrics}"))
+    };
+    assert_eq!(
+        beta_sample("tidemark_replication_lag_entries"),
+        entries as f64
+    );
+    assert_eq!(
+        beta_sample("tidemark_replication_lag_bytes"),
+        lag_bytes as f64
+    );
+    assert!(beta_sample("tidemark_replication_lag_seconds") >= 1.0);
+    assert!(
+        metrics.contains("tidemark_member_state{member=\"beta\",state=\"down\"} 1"),
         "{metrics}"
     );
     assert_eq!(alpha.terminate().code(), Some(0));
@@ -962,10 +943,68 @@ fn the_token_comes_from_a_file_or_the_environment_and_the_command_line_warns() {
     );
     assert_eq!(status_with(&url, None), 401);
     assert_eq!(status_with(&url, Some("s3cret-file")), 200);
-    let _ = child.kill();
-    let _ = child.wait();
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(!text.contains("visible to other users"), "{text}");
+
+    // Client commands read it from a file too: --token-file or TIDEMARK_TOKEN_FILE.
+    let client = |args: &[&std::ffi::OsStr], env: &[(&str, &std::ffi::OsStr)]| {
+        let mut c = Command::new(BIN);
+        c.args(["--url", &url]).env_remove("TIDEMARK_TOKEN");
+        c.env_remove("TIDEMARK_TOKEN_FILE");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.args(args)
+            .args(["inc", "gcounter/token-file"])
+            .output()
+            .expect("client")
+    };
+    let o = client(&[], &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("401"), "{}", stderr(&o));
+    let o = client(&["--token-file".as_ref(), file.as_os_str()], &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = client(&[], &[("TIDEMARK_TOKEN_FILE", file.as_os_str())]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // A flag wins over the other source's environment variable.
+    let o = client(
+        &["--token-file".as_ref(), file.as_os_str()],
+        &[("TIDEMARK_TOKEN", "wrong".as_ref())],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = client(
+        &["--token".as_ref(), "s3cret-file".as_ref()],
+        &[("TIDEMARK_TOKEN_FILE", dir.path().join("absent").as_os_str())],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // Both flags, or a file that cannot be read: usage errors, before any request.
+    let o = client(
+        &[
+            "--token".as_ref(),
+            "s3cret-file".as_ref(),
+            "--token-file".as_ref(),
+            file.as_os_str(),
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("not both"), "{}", stderr(&o));
+    let absent = dir.path().join("absent");
+    let o = client(&["--token-file".as_ref(), absent.as_os_str()], &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cannot read --token-file"),
+        "{}",
+        stderr(&o)
+    );
+    let got = Command::new(BIN)
+        .args(["--url", &url, "--token", "s3cret-file", "--json", "get"])
+        .arg("gcounter/token-file")
+        .output()
+        .expect("get");
+    assert_eq!(json_of(&got)["value"], 4, "the four accepted increments");
+    let _ = child.kill();
+    let _ = child.wait();
 
     let (mut child, url, log) = serve_with_token_source(dir.path(), &[], Some("s3cret-env"));
     assert_eq!(status_with(&url, None), 401);

@@ -6,73 +6,24 @@
 
 mod daemon_support;
 
-use daemon_support::spawn_serve;
+use daemon_support::{BIN, Daemon, spawn_serve, stderr, stdout};
 use serde_json::{Value as J, json};
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tidemark");
-
-/// A `tidemark serve` child on free loopback ports; killed on drop.
-struct Daemon {
-    child: Child,
-    url: String,
-}
-
-impl Daemon {
-    fn start(data: &Path) -> Self {
-        let (child, url, _) = spawn_serve(&[
-            "--http".as_ref(),
-            "127.0.0.1:0".as_ref(),
-            "--peer-listen".as_ref(),
-            "127.0.0.1:0".as_ref(),
-            "--data".as_ref(),
-            data.as_os_str(),
-        ]);
-        Self { child, url }
-    }
-
-    /// `tidemark --url URL ARGS...`.
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(BIN)
-            .arg("--url")
-            .arg(&self.url)
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run the client")
-    }
-
-    /// `POST path` with `body`: the status and the JSON answer.
-    fn post(&self, path: &str, content_type: &str, body: &[u8]) -> (u16, J) {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .build()
-            .into();
-        let mut resp = agent
-            .post(format!("{}{path}", self.url))
-            .content_type(content_type)
-            .send(body)
-            .expect("post");
-        let status = resp.status().as_u16();
-        let text = resp.body_mut().read_to_string().expect("body");
-        (status, serde_json::from_str(&text).expect("a JSON answer"))
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+/// `POST path` to `d` with `body`: the status and the JSON answer.
+fn post(d: &Daemon, path: &str, content_type: &str, body: &[u8]) -> (u16, J) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut resp = agent
+        .post(format!("{}{path}", d.url))
+        .content_type(content_type)
+        .send(body)
+        .expect("post");
+    let status = resp.status().as_u16();
+    let text = resp.body_mut().read_to_string().expect("body");
+    (status, serde_json::from_str(&text).expect("a JSON answer"))
 }
 
 fn tidemark(args: &[&str]) -> Output {
@@ -169,7 +120,7 @@ fn events(source: &str, n: usize) -> String {
 #[test]
 fn the_ingest_bar_is_drawn_on_a_terminal_stderr_and_fits_80_columns() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = Daemon::start(&dir.path().join("data"));
+    let d = Daemon::start(&dir.path().join("data"), &[]);
     // ~3 MB in ~100 requests: long enough for the bar to be drawn several times.
     let file = dir.path().join("events.ndjson");
     std::fs::write(&file, events("bar", 100_000)).expect("write");
@@ -214,7 +165,7 @@ fn the_ingest_bar_is_drawn_on_a_terminal_stderr_and_fits_80_columns() {
 #[test]
 fn the_ingest_of_stdin_shows_a_spinner_with_counts() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = Daemon::start(&dir.path().join("data"));
+    let d = Daemon::start(&dir.path().join("data"), &[]);
     let input = events("spin", 100_000);
     let cmd = [BIN, "--url", &d.url, "ingest", "--stream", "s", "-"];
     let (out, seen) = on_terminal("stderr", &cmd, input.as_bytes());
@@ -244,7 +195,7 @@ fn at(answer: &J) -> &str {
 #[test]
 fn lines_and_ops_are_numbered_as_the_http_api_numbers_them() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = Daemon::start(&dir.path().join("data"));
+    let d = Daemon::start(&dir.path().join("data"), &[]);
     // Line 1 is blank, line 3 has a bad time, line 1203 too (in the CLI's second request).
     let mut file = String::from("\n");
     for seq in 1..=1300 {
@@ -256,7 +207,8 @@ fn lines_and_ops_are_numbered_as_the_http_api_numbers_them() {
             file.push_str(&format!("{{\"source\":\"n\",\"seq\":{seq}}}\n"));
         }
     }
-    let (status, answer) = d.post(
+    let (status, answer) = post(
+        &d,
         "/v1/streams/http/events",
         "application/x-ndjson",
         file.as_bytes(),
@@ -288,7 +240,8 @@ fn lines_and_ops_are_numbered_as_the_http_api_numbers_them() {
         "{\"source\":\"o\",\"seq\":3,\"ops\":[{\"type\":\"gcounter\",\"key\":\"g\",\"op\":\"inc\"},",
         "{\"type\":\"gcounter\",\"key\":\"g\",\"op\":\"add\",\"value\":1}]}\n",
     );
-    let (status, answer) = d.post(
+    let (status, answer) = post(
+        &d,
         "/v1/streams/ops/events",
         "application/x-ndjson",
         events.as_bytes(),
@@ -310,7 +263,7 @@ fn lines_and_ops_are_numbered_as_the_http_api_numbers_them() {
         stderr(&o)
     );
     // NDJSON ops: a blank line, then a counter delete on line 3.
-    let (status, answer) = d.post(
+    let (status, answer) = post(&d,
         "/v1/ops",
         "application/x-ndjson",
         b"\n{\"type\":\"gcounter\",\"key\":\"g\",\"op\":\"inc\"}\n{\"type\":\"gcounter\",\"key\":\"g\",\"op\":\"delete\"}\n",
@@ -324,7 +277,7 @@ fn lines_and_ops_are_numbered_as_the_http_api_numbers_them() {
     );
     // A JSON array: op 0 is index 0, in the API and in the CLI's message alike.
     let op = json!([{"type": "gcounter", "key": "g", "op": "add", "value": "x"}]);
-    let (status, answer) = d.post("/v1/ops", "application/json", op.to_string().as_bytes());
+    let (status, answer) = post(&d, "/v1/ops", "application/json", op.to_string().as_bytes());
     let message = answer["error"]["message"].as_str().unwrap_or_default();
     assert_eq!(
         (status, at(&answer)),
@@ -358,22 +311,21 @@ fn flags_show_only_on_the_commands_that_read_them() {
     );
     for client in ["status", "get", "ingest", "snapshot"] {
         let text = help(&[client, "--help"]);
-        for flag in ["--url", "--token", "--json"] {
+        for flag in ["--url", "--token", "--token-file", "--json"] {
             assert!(text.contains(flag), "{client} --help lacks {flag}: {text}");
         }
-        assert!(!text.contains("--token-file"), "{client}: {text}");
         assert!(!text.contains("--peer-listen"), "{client}: {text}");
     }
     for other in [&["certs", "init", "--help"][..], &["completions", "--help"]] {
         let text = help(other);
         assert!(
-            !text.contains("--url") && !text.contains("--json"),
+            !text.contains("--url") && !text.contains("--json") && !text.contains("--token"),
             "{text}"
         );
     }
     let version = help(&["version", "--help"]);
     assert!(
-        version.contains("--json") && !version.contains("--url"),
+        version.contains("--json") && !version.contains("--url") && !version.contains("--token"),
         "{version}"
     );
     // The README's form: a global flag before the command still parses, for every command.
@@ -451,7 +403,63 @@ fn usage_errors_exit_2_before_anything_is_done() {
     };
     let missing = dir.path().join("missing.toml");
     let snapshot = dir.path().join("missing.tmsnap");
+    let existing = dir.path().join("existing.tmsnap");
+    std::fs::write(&existing, b"not mine to overwrite").expect("existing file");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "t\n").expect("token file");
+    // With JSON logs a usage error is one JSON line on stderr, and still exits 2.
+    let o = serve(&["--log-format", "json", "--advertise", "127.0.0.1:7701"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    let lines: Vec<serde_json::Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    let line = lines.last().cloned().unwrap_or_default();
+    assert_eq!(line["level"], "ERROR", "{err}");
+    assert!(
+        line["fields"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("peer.advertise needs peer.tls")),
+        "{line}"
+    );
     for (what, o) in [
+        (
+            "--advertise without --tls, JSON logs",
+            serve(&["--log-format", "json", "--advertise", "127.0.0.1:7701"]),
+        ),
+        (
+            "--log-format json with a bad --set",
+            serve(&["--log-format", "json", "--set", "no_such_key=1"]),
+        ),
+        (
+            "--log-format json with an unknown flag",
+            serve(&["--log-format", "json", "--no-such-flag"]),
+        ),
+        (
+            "snapshot --out an existing file",
+            tidemark(&["snapshot", "--out", &existing.to_string_lossy()]),
+        ),
+        (
+            "--token and --token-file",
+            tidemark(&[
+                "--token",
+                "t",
+                "--token-file",
+                &token_file.to_string_lossy(),
+                "get",
+                "gcounter/x",
+            ]),
+        ),
+        (
+            "a --token-file that cannot be read",
+            tidemark(&[
+                "--token-file",
+                &missing.to_string_lossy(),
+                "get",
+                "gcounter/x",
+            ]),
+        ),
         ("a bad --set", serve(&["--set", "no_such_key=1"])),
         (
             "a missing --config",
@@ -483,13 +491,17 @@ fn usage_errors_exit_2_before_anything_is_done() {
         assert!(!stderr(&o).is_empty(), "{what}: no message");
     }
     assert!(!data.exists(), "a usage error created the data directory");
+    assert_eq!(
+        std::fs::read(&existing).expect("existing"),
+        b"not mine to overwrite"
+    );
 }
 
 #[test]
 fn a_directory_in_use_names_the_process_holding_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
-    let d = Daemon::start(&data);
+    let d = Daemon::start(&data, &[]);
     let o = tidemark(&[
         "serve",
         "--http",
@@ -516,14 +528,15 @@ fn a_restore_cut_short_is_named_on_the_next_start_and_nothing_is_removed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let snapshot = dir.path().join("node.tmsnap");
     {
-        let d = Daemon::start(&dir.path().join("source"));
+        let d = Daemon::start(&dir.path().join("source"), &[]);
         // ~2 MB of values, so writing the restored copy takes many file extensions.
         let big = "v".repeat(60 * 1024);
         for batch in 0..4 {
             let ops: Vec<J> = (0..8)
                 .map(|i| json!({"type": "lww", "key": format!("k{batch}-{i}"), "op": "set", "value": &big}))
                 .collect();
-            let (status, answer) = d.post(
+            let (status, answer) = post(
+                &d,
                 "/v1/ops",
                 "application/json",
                 J::from(ops).to_string().as_bytes(),

@@ -11,42 +11,11 @@
 
 mod daemon_support;
 
-use daemon_support::spawn_serve;
+use daemon_support::{BIN, Daemon, chromium, issue_certs};
 use serde_json::Value as J;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_tidemark");
-
-fn chromium() -> Option<&'static str> {
-    ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|b| {
-            Command::new(b)
-                .arg("--version")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-}
-
-/// A daemon child: SIGCONT (in case it was stopped), SIGKILL and wait on drop.
-struct Daemon {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-CONT", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn get_json(url: &str) -> J {
     let body = ureq::get(url)
@@ -152,15 +121,6 @@ fn console_shows_views_turning_final_and_a_stopped_member_down() {
     };
     let dir = tempfile::tempdir().expect("tempdir");
     let p = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
-    let certs = |args: &[&str]| {
-        let o = Command::new(BIN)
-            .arg("certs")
-            .args(args)
-            .output()
-            .expect("certs");
-        assert!(o.status.success(), "certs {args:?}: {o:?}");
-    };
-    certs(&["init", "--out", &p("ca")]);
     // Every member ingests the same event times, so the cluster watermark is theirs.
     std::fs::write(
         p("views.toml"),
@@ -177,16 +137,8 @@ window = { tumbling = "1m" }
     let names = ["alpha", "beta", "gamma"];
     let seed = format!("127.0.0.1:{}", free_udp_port());
     let mut nodes = Vec::new();
+    issue_certs(dir.path(), &names);
     for (i, name) in names.iter().enumerate() {
-        certs(&[
-            "issue",
-            "--ca",
-            &p("ca"),
-            "--name",
-            name,
-            "--out",
-            &p(&format!("{name}-tls")),
-        ]);
         let peer = if i == 0 {
             seed.clone()
         } else {
@@ -210,8 +162,7 @@ window = { tumbling = "1m" }
         if i > 0 {
             args.extend(["--join", seed.as_str()]);
         }
-        let (child, url, _) = spawn_serve(&args);
-        nodes.push(Daemon { child, url });
+        nodes.push(Daemon::spawn(&args).0);
     }
     let alpha = &nodes[0].url;
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -319,6 +270,11 @@ window = { tumbling = "1m" }
     assert!(
         !gamma.contains(r#"<td class="num">?</td>"#),
         "gamma's lag not shown: {gamma}"
+    );
+    // Its version, known from its SWIM identity while it is down.
+    assert!(
+        gamma.contains(&format!("<td>{}</td>", env!("CARGO_PKG_VERSION"))),
+        "gamma's version not shown: {gamma}"
     );
     // The same from the command line.
     let cli = |args: &[&str]| {

@@ -4,7 +4,7 @@
 
 mod http_support;
 
-use http_support::{Served, get, get_auth, post, post_auth, value};
+use http_support::{Served, get, get_auth, post, post_auth, request, value};
 use serde_json::{Value as J, json};
 use std::io::{BufRead, BufReader, Write};
 use std::time::{Duration, Instant};
@@ -484,6 +484,31 @@ fn token_guards_every_route_but_healthz() {
     assert_eq!(a.status, 200);
     let a = get_auth(&s.url("/v1/keys/gcounter/x"), Some("s3cret"));
     assert_eq!(a.json["value"], 1);
+    // The scheme is case-insensitive (RFC 7235); the token is not.
+    for value in ["bearer s3cret", "BEARER s3cret", "bEaReR  s3cret"] {
+        let (a, _) = request(
+            "GET",
+            &s.url("/v1/keys/gcounter/x"),
+            &[("Authorization", value)],
+        );
+        assert_eq!((a.status, &a.json["value"]), (200, &json!(1)), "{value}");
+    }
+    for value in [
+        "Basic s3cret",
+        "Bearers3cret",
+        "Bearer",
+        "Bearer ",
+        "s3cret",
+        "bearer S3CRET",
+        "Bearer s3cret2",
+    ] {
+        let (a, _) = request(
+            "GET",
+            &s.url("/v1/keys/gcounter/x"),
+            &[("Authorization", value)],
+        );
+        assert_eq!((a.status, a.code()), (401, "unauthorized"), "{value}");
+    }
     // The console page is static and asks for the token itself.
     let page = get(&s.url("/"));
     assert_eq!(page.status, 200);
@@ -860,4 +885,169 @@ fn the_watchers_gauge_falls_when_a_watch_client_disconnects() {
     falls_to(1);
     drop(second);
     falls_to(0);
+}
+
+/// The value of the one sample of `family` whose labels contain `label` in `text`.
+fn sample(text: &str, family: &str, label: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(&format!("{family}{{")) && l.contains(label))
+        .find_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse().ok()))
+}
+
+#[test]
+fn a_disconnected_peer_keeps_its_lag_samples_and_they_grow() {
+    let a = Served::start();
+    let b = Served::start();
+    a.node.connect(&b.node).expect("connect");
+    assert_eq!(
+        post(
+            &a.url("/v1/ops"),
+            r#"[{"type":"gcounter","key":"lag","op":"inc"}]"#
+        )
+        .status,
+        200
+    );
+    let peer = format!("peer=\"{:016x}\"", b.node.peer_id().0);
+    // Caught up: 0 entries behind.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = get(&a.url("/metrics")).text;
+        if sample(&m, "tidemark_replication_lag_entries", &peer) == Some(0.0)
+            && sample(&m, "tidemark_replication_lag_seconds", &peer) == Some(0.0)
+            && sample(&m, "tidemark_replication_lag_bytes", &peer) == Some(0.0)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never caught up: {m}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    a.node.disconnect(&b.node).expect("disconnect");
+    std::thread::sleep(Duration::from_millis(300));
+    let body = r#"[{"type":"gcounter","key":"lag","op":"inc"},{"type":"gcounter","key":"lag","op":"inc"}]"#;
+    assert_eq!(post(&a.url("/v1/ops"), body).status, 200);
+    std::thread::sleep(Duration::from_millis(1200));
+    let m = get(&a.url("/metrics")).text;
+    assert_eq!(
+        sample(&m, "tidemark_replication_lag_entries", &peer),
+        Some(1.0),
+        "{m}"
+    );
+    // Away and behind: counted from the last moment it had our whole log (before the write).
+    let secs = sample(&m, "tidemark_replication_lag_seconds", &peer)
+        .unwrap_or_else(|| panic!("no lag seconds for the disconnected peer: {m}"));
+    assert!((1.0..30.0).contains(&secs), "{secs}: {m}");
+    // The one entry behind is the commit group of two increments: some tens of bytes.
+    let bytes = sample(&m, "tidemark_replication_lag_bytes", &peer)
+        .unwrap_or_else(|| panic!("no lag bytes for the disconnected peer: {m}"));
+    assert!((20.0..1000.0).contains(&bytes), "{bytes}: {m}");
+    // /v1/cluster's peers agree on the entries and bytes.
+    let c = get(&a.url("/v1/cluster")).json;
+    assert_eq!(c["peers"][0]["connected"], false, "{c}");
+    assert_eq!(c["peers"][0]["lag_entries"], 1, "{c}");
+    assert_eq!(c["peers"][0]["lag_bytes"].as_f64(), Some(bytes), "{c}");
+    assert_eq!(c["peers"][0]["lag_bytes_exact"], true, "{c}");
+    // One more entry, with a 40-byte value: the bytes grow by at least that.
+    assert_eq!(
+        post(
+            &a.url("/v1/ops"),
+            r#"[{"type":"lww","key":"big","op":"set","value":"0123456789012345678901234567890123456789"}]"#
+        )
+        .status,
+        200
+    );
+    let c = get(&a.url("/v1/cluster")).json;
+    assert_eq!(c["peers"][0]["lag_entries"], 2, "{c}");
+    assert!(
+        c["peers"][0]["lag_bytes"].as_f64().unwrap_or_default() >= bytes + 40.0,
+        "{c}"
+    );
+    std::thread::sleep(Duration::from_millis(600));
+    let later = sample(
+        &get(&a.url("/metrics")).text,
+        "tidemark_replication_lag_seconds",
+        &peer,
+    )
+    .unwrap_or_default();
+    assert!(later >= secs + 0.5, "{later} after {secs}");
+}
+
+#[test]
+fn a_metrics_scrape_asks_the_writer_for_its_status_once() {
+    let s = Served::start_with(|node, _| {
+        node.views = serde_json::from_value(json!([
+            {"name": "hits", "stream": "s", "kind": "count", "window": {"tumbling": "1m"}}
+        ]))
+        .expect("view");
+    });
+    // Warm up (the first scrape may race the node's own start-up requests).
+    assert_eq!(get(&s.url("/metrics")).status, 200);
+    for _ in 0..3 {
+        let before = s.node.metrics().status_requests;
+        let m = get(&s.url("/metrics"));
+        assert_eq!(m.status, 200);
+        // The per-view families are there: the views were read with the scrape's status.
+        assert!(
+            m.text.contains(
+                "tidemark_view_events_total{view=\"hits\",stream=\"s\",result=\"folded\"} 0"
+            ),
+            "{}",
+            m.text
+        );
+        assert_eq!(s.node.metrics().status_requests - before, 1);
+    }
+    // /v1/views makes one too.
+    let before = s.node.metrics().status_requests;
+    assert_eq!(get(&s.url("/v1/views")).status, 200);
+    assert_eq!(s.node.metrics().status_requests - before, 1);
+}
+
+#[test]
+fn routes_without_parameters_refuse_any_like_the_others_refuse_unknown_ones() {
+    let s = Served::start_with(|node, _| {
+        node.views = serde_json::from_value(json!([
+            {"name": "hits", "stream": "s", "kind": "count", "window": {"tumbling": "1m"}}
+        ]))
+        .expect("view");
+    });
+    for (path, known) in [
+        ("/v1/keys?prefix=a", "type, prefix, limit, after, internal"),
+        ("/v1/streams/s/late?limit=5", "after, limit"),
+    ] {
+        assert_eq!(get(&s.url(path)).status, 200, "{path}");
+        let a = get(&s.url(&format!("{path}&colour=red")));
+        assert_eq!(
+            (a.status, a.code(), a.at()),
+            (400, "invalid_query", "query colour"),
+            "{path}: {a:?}"
+        );
+        assert_eq!(
+            a.json["error"]["message"],
+            format!("unknown parameter \"colour\" ({known})"),
+            "{a:?}"
+        );
+    }
+    // The watch is refused before it streams.
+    let a = get(&s.url("/v1/watch?prefix=a&colour=red"));
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (400, "invalid_query", "query colour"),
+        "{a:?}"
+    );
+    for path in ["/v1/views", "/v1/stats/writes"] {
+        assert_eq!(get(&s.url(path)).status, 200, "{path}");
+        for (query, param) in [("?colour=red", "colour"), ("?limit=5&x=1", "limit")] {
+            let a = get(&s.url(&format!("{path}{query}")));
+            assert_eq!(
+                (a.status, a.code(), a.at()),
+                (400, "invalid_query", format!("query {param}").as_str()),
+                "{path}{query}: {a:?}"
+            );
+            assert_eq!(
+                a.json["error"]["message"],
+                format!("unknown parameter {param:?} ({path} takes no parameters)"),
+                "{a:?}"
+            );
+        }
+    }
 }

@@ -4,25 +4,14 @@
 //!
 //! Skipped, with a message, where no `chromium` binary is installed.
 
+mod daemon_support;
 mod http_support;
 
+use daemon_support::chromium;
 use http_support::{Served, get, post};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tidemark::net::ClusterCa;
-
-fn chromium() -> Option<&'static str> {
-    ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|b| {
-            Command::new(b)
-                .arg("--version")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-}
 
 /// The value of a counter line in Prometheus text.
 fn metric(s: &Served, prefix: &str) -> u64 {
@@ -129,10 +118,24 @@ fn console_shows_members_and_live_values_in_chromium() {
         dom.contains(r#"<span class="node err" id="errors"></span>"#),
         "script errors: {dom}"
     );
+    let row = |needle: &str| {
+        dom.split("<tr")
+            .find(|r| r.contains(needle))
+            .unwrap_or_else(|| panic!("no row with {needle}: {dom}"))
+            .to_owned()
+    };
+    // This node's state is named as the API names it.
+    let me = row("(this node)</td>");
+    assert!(
+        me.contains(r#"<span class="pill">alive</span>"#),
+        "this node not shown alive: {me}"
+    );
     for name in ["beta", "gamma"] {
+        let r = row(&format!("<td>{name}</td>"));
+        // Its version, from its SWIM identity.
         assert!(
-            dom.contains(&format!("<td>{name}</td>")),
-            "member {name} missing: {dom}"
+            r.contains(&format!("<td>{}</td>", env!("CARGO_PKG_VERSION"))),
+            "member {name} without its version: {r}"
         );
     }
     assert!(

@@ -113,7 +113,7 @@ fn snapshot_command_and_serve_restore() {
         "--out".as_ref(),
         snap.as_os_str(),
     ]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("already exists"), "{}", text(&o));
     let o = run(&["snapshot".as_ref(), "--verify".as_ref(), snap.as_os_str()]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
@@ -243,7 +243,7 @@ fn a_running_daemon_is_snapshotted_over_http_while_it_takes_writes() {
     writer.join().expect("writer");
     // Never overwritten; the token is required.
     let o = cli(&["snapshot".as_ref(), "--out".as_ref(), by_url.as_os_str()]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("already exists"), "{}", text(&o));
     let other = tmp.path().join("no-token.tmsnap");
     let o = Command::new(BIN)

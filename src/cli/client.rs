@@ -489,10 +489,14 @@ pub fn status(client: &Client, out: &Output) -> anyhow::Result<()> {
                         .to_owned(),
                     p["connected"].to_string(),
                     p["lag_entries"].to_string(),
+                    lag_bytes_text(p),
                 ]
             })
             .collect();
-        print_table(&["PEER", "CONNECTED", "LAG (ENTRIES)"], &rows);
+        print_table(
+            &["PEER", "CONNECTED", "LAG (ENTRIES)", "LAG (BYTES)"],
+            &rows,
+        );
     }
     Ok(())
 }
@@ -555,8 +559,18 @@ pub fn view(
     Ok(())
 }
 
-/// Prints every member SWIM knows (down ones included) with its state, address, lag in
-/// entries and seconds and last contact; a node without other members says so.
+/// A member's or peer's `lag_bytes` for a table: the number, `≥N` when it is a lower bound
+/// (`lag_bytes_exact` false), `-` when unknown.
+fn lag_bytes_text(m: &serde_json::Value) -> String {
+    match (m["lag_bytes"].as_u64(), m["lag_bytes_exact"].as_bool()) {
+        (Some(b), Some(false)) => format!("≥{b}"),
+        (Some(b), _) => b.to_string(),
+        (None, _) => "-".to_owned(),
+    }
+}
+
+/// Prints every member SWIM knows (down ones included) with its state, version, address, lag in
+/// entries, bytes and seconds and last contact; a node without other members says so.
 fn print_members(members: &[serde_json::Value]) {
     if members.is_empty() {
         println!("single node: no other members known");
@@ -572,9 +586,11 @@ fn print_members(members: &[serde_json::Value]) {
                 vec![
                     text(&m["name"]),
                     text(&m["state"]),
+                    text(&m["version"]),
                     text(&m["addr"]),
                     m["connected"].as_bool().unwrap_or(false).to_string(),
                     text(&m["lag_entries"]),
+                    lag_bytes_text(m),
                     m["lag_seconds"]
                         .as_f64()
                         .map_or_else(|| "-".to_owned(), |s| format!("{s:.1}")),
@@ -588,9 +604,11 @@ fn print_members(members: &[serde_json::Value]) {
             &[
                 "MEMBER",
                 "STATE",
+                "VERSION",
                 "PEER ADDR",
                 "CONNECTED",
                 "LAG (ENTRIES)",
+                "LAG (BYTES)",
                 "LAG (S)",
                 "LAST CONTACT",
             ],

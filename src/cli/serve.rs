@@ -140,7 +140,7 @@ impl ServeArgs {
 }
 
 /// The token in `file`: its first line without surrounding whitespace.
-fn read_token_file(file: &std::path::Path) -> anyhow::Result<String> {
+pub fn read_token_file(file: &std::path::Path) -> anyhow::Result<String> {
     let text = std::fs::read_to_string(file)
         .with_context(|| format!("cannot read --token-file {}", file.display()))?;
     let token = text.lines().next().unwrap_or("").trim().to_owned();

@@ -188,11 +188,13 @@ pub fn run(args: &SnapshotArgs, json: bool, client: &Client) -> anyhow::Result<(
         let Some(out) = &args.out else {
             return Err(crate::Usage("--out FILE is required (or --verify FILE)".into()).into());
         };
+        // A usage error (exit 2), found before anything is read or asked.
         if out.exists() {
-            bail!(
+            return Err(crate::Usage(format!(
                 "{} already exists; snapshots are never overwritten",
                 out.display()
-            );
+            ))
+            .into());
         }
         let info = match &args.data {
             None => download(client, None, out)?,

@@ -3,7 +3,7 @@
 
 use super::AppState;
 use super::error::{ApiError, Pos};
-use super::routes::{bad_query, query_pairs};
+use super::routes::{bad_query, known_query_pairs};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -16,7 +16,7 @@ pub(super) async fn get_late(
     let Path(stream) = stream
         .map_err(|e| ApiError::bad_request("invalid_stream", e.body_text()).at("path stream"))?;
     let (mut after, mut limit) = (None, 0usize);
-    for (name, text) in query_pairs(params, &["after", "limit"])? {
+    for (name, text) in known_query_pairs(params, &["after", "limit"])? {
         match name.as_str() {
             "after" => {
                 after = Some(text.parse::<u64>().map_err(|_| {

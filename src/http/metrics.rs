@@ -3,11 +3,13 @@
 
 use crate::driver::ReplicationStatus;
 use crate::metrics::MetricsSnapshot;
+use crate::proto::PeerId;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 
 type Labels = Vec<(&'static str, String)>;
@@ -180,11 +182,77 @@ fn labelled(pairs: &[(&'static str, &str, u64)]) -> Family<Labels, Counter> {
     f
 }
 
+/// The labels of a per-peer replication sample: `peer` (its id, hex) and, where the peer's
+/// node name is known (a connected peer or a member SWIM knows), `member` (that name, the
+/// label of the `tidemark_member_*` families, so the two join on it).
+fn peer_labels(peer: PeerId, names: &BTreeMap<PeerId, String>) -> Labels {
+    let mut labels = vec![("peer", format!("{:016x}", peer.0))];
+    if let Some(name) = names.get(&peer) {
+        labels.push(("member", name.clone()));
+    }
+    labels
+}
+
+/// The node names of the peers `net` knows (connected now or members SWIM knows), by peer id.
+pub(crate) fn peer_names(net: Option<&crate::net::NetStatus>) -> BTreeMap<PeerId, String> {
+    net.map(|n| {
+        n.peers
+            .iter()
+            .chain(n.members.iter().map(|m| &m.name))
+            .map(|name| (crate::net::peer_id_of_name(name), name.clone()))
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+/// A peer's replication lag in seconds, as `GET /v1/cluster` and `/metrics` both report it:
+/// for a peer linked since open (connected now or not: `acked` is its entry of
+/// [`ReplicationStatus::peer_acked`]), the time since it last had acknowledged our whole log;
+/// `None` for a peer replication knows nothing of.
+pub(crate) fn peer_lag_seconds(
+    rep: &ReplicationStatus,
+    peer: PeerId,
+    acked: Option<u64>,
+) -> Option<f64> {
+    let ms = rep
+        .peer_lag_ms
+        .iter()
+        .find(|(p, _)| *p == peer)
+        .map(|(_, ms)| *ms);
+    match ms {
+        Some(ms) => Some(ms as f64 / 1000.0),
+        // Linked but not yet noted by the writer: caught up only if it has the whole log.
+        None => acked.is_some_and(|a| a >= rep.log_bounds.1).then_some(0.0),
+    }
+}
+
+/// Per peer of `rep.peer_acked`, the encoded bytes of our log entries after its acknowledged
+/// cursor (from our log's start when it acknowledged nothing yet): its lag in bytes, a lower
+/// bound marked not `exact` past [`crate::store::LOG_BYTES_ENTRIES_MAX`] entries. A peer
+/// whose bytes could not be read is left out.
+pub(crate) fn lag_bytes(
+    node: &crate::node::Node,
+    rep: &ReplicationStatus,
+) -> BTreeMap<PeerId, crate::store::LogBytes> {
+    let (start, end) = rep.log_bounds;
+    rep.peer_acked
+        .iter()
+        .filter_map(|(peer, acked)| {
+            let from = acked.unwrap_or(start).max(start);
+            node.log_bytes(from, end).ok().map(|b| (*peer, b))
+        })
+        .collect()
+}
+
 /// Everything a scrape reports, gathered before encoding.
 pub(crate) struct Scrape<'a> {
     pub(crate) node: MetricsSnapshot,
     pub(crate) commits: crate::metrics::CommitHistograms,
     pub(crate) replication: Option<ReplicationStatus>,
+    /// The node names of known peers ([`peer_names`]): the `member` label of per-peer samples.
+    pub(crate) peer_names: BTreeMap<PeerId, String>,
+    /// Per peer, its lag in bytes ([`lag_bytes`]).
+    pub(crate) lag_bytes: BTreeMap<PeerId, crate::store::LogBytes>,
     pub(crate) store_bytes: u64,
     pub(crate) net: Option<crate::net::NetStatsSnapshot>,
     pub(crate) http: &'a HttpMetrics,
@@ -280,29 +348,44 @@ pub(crate) fn render(s: &Scrape<'_>, format: Format) -> Result<String, std::fmt:
         ConstGauge::new(s.store_bytes as i64),
     );
     if let Some(rep) = &s.replication {
+        let labels = |peer: &PeerId| peer_labels(*peer, &s.peer_names);
         let lag: Family<Labels, Gauge> = Family::default();
         for (peer, acked) in &rep.peer_acked {
             let behind = rep
                 .log_bounds
                 .1
                 .saturating_sub(acked.unwrap_or(rep.log_bounds.0));
-            lag.get_or_create(&vec![("peer", format!("{:016x}", peer.0))])
-                .set(behind as i64);
+            lag.get_or_create(&labels(peer)).set(behind as i64);
         }
         r.register(
             "replication_lag_entries",
-            "Per peer, our log entries it has not acknowledged",
+            "Per peer linked since start (connected or not), our log entries it has not \
+             acknowledged",
             lag,
         );
         let lag_secs: Family<Labels, Gauge<f64, AtomicU64>> = Family::default();
-        for (peer, ms) in &rep.peer_lag_ms {
-            lag_secs
-                .get_or_create(&vec![("peer", format!("{:016x}", peer.0))])
-                .set(*ms as f64 / 1000.0);
+        for (peer, acked) in &rep.peer_acked {
+            if let Some(secs) = peer_lag_seconds(rep, *peer, *acked) {
+                lag_secs.get_or_create(&labels(peer)).set(secs);
+            }
+        }
+        let lag_bytes: Family<Labels, Gauge> = Family::default();
+        for (peer, b) in &s.lag_bytes {
+            lag_bytes
+                .get_or_create(&labels(peer))
+                .set(i64::try_from(b.bytes).unwrap_or(i64::MAX));
         }
         r.register_with_unit(
             "replication_lag",
-            "Per connected peer, time since it last had acknowledged our whole log",
+            "Per peer linked since start, the encoded bytes of our log entries it has not \
+             acknowledged (a lower bound past 4096 entries)",
+            Unit::Bytes,
+            lag_bytes,
+        );
+        r.register_with_unit(
+            "replication_lag",
+            "Per peer linked since start (connected or not), time since it last had \
+             acknowledged our whole log (0 while caught up)",
             Unit::Seconds,
             lag_secs,
         );

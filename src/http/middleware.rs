@@ -208,6 +208,15 @@ fn public(path: &str) -> bool {
     matches!(path, "/healthz" | "/readyz" | "/" | "/index.html")
 }
 
+/// The credentials of an `Authorization` value of the `Bearer` scheme: the scheme is matched
+/// case-insensitively (RFC 7235 §2.1: `bearer`, `BEARER` are the same scheme), followed by
+/// one or more spaces; `None` for another scheme or no credentials.
+fn bearer_credentials(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.split_once(' ')?;
+    let token = rest.trim_start_matches(' ');
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 /// Requires `Authorization: Bearer <http.token>` when a token is configured (401).
 pub(crate) async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if let Some(token) = &state.config.token {
@@ -216,7 +225,7 @@ pub(crate) async fn auth(State(state): State<AppState>, req: Request, next: Next
                 .headers()
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "));
+                .and_then(bearer_credentials);
             if !given.is_some_and(|g| same(g.as_bytes(), token.as_bytes())) {
                 state.metrics.rejected("auth");
                 let mut resp = ApiError::new(
@@ -544,6 +553,18 @@ mod tests {
         assert!(!origin_allowed("http://evil.example", &host, &[]));
         let extra = vec!["https://c.example".to_owned()];
         assert!(origin_allowed("https://c.example", &host, &extra));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_matched_case_insensitively() {
+        use super::bearer_credentials as b;
+        assert_eq!(b("Bearer abc"), Some("abc"));
+        assert_eq!(b("bearer abc"), Some("abc"));
+        assert_eq!(b("BEARER  abc"), Some("abc"));
+        assert_eq!(b("Basic abc"), None);
+        assert_eq!(b("Bearerabc"), None);
+        assert_eq!(b("Bearer"), None);
+        assert_eq!(b("Bearer "), None);
     }
 
     #[test]

@@ -128,11 +128,15 @@ async fn metrics_text(State(state): State<AppState>, headers: HeaderMap) -> Resp
     let replication = state.node.replication_status().await.ok();
     let net = state.node.net_status();
     let scrape = metrics::Scrape {
+        peer_names: metrics::peer_names(net.as_ref()),
+        lag_bytes: replication
+            .as_ref()
+            .map(|rep| metrics::lag_bytes(&state.node, rep))
+            .unwrap_or_default(),
         members: net.as_ref().map(|n| n.members.clone()).unwrap_or_default(),
         net: net.map(|n| n.stats),
         node: state.node.metrics(),
         commits: state.node.commit_histograms(),
-        replication,
         store_bytes: metrics::dir_bytes(&state.node.config().data_dir),
         http: &state.metrics,
         requests_in_flight: state
@@ -140,8 +144,12 @@ async fn metrics_text(State(state): State<AppState>, headers: HeaderMap) -> Resp
             .concurrency_max
             .saturating_sub(state.requests.available_permits()) as u64,
         process: crate::metrics::ProcessStats::read(),
-        views: state.node.view_summaries().await.unwrap_or_default(),
+        views: replication
+            .as_ref()
+            .and_then(|rep| state.node.view_summaries_given(rep).ok())
+            .unwrap_or_default(),
         now_ms: crate::clock::wall_ms(),
+        replication,
     };
     match metrics::render(&scrape, format) {
         Ok(text) => ([(header::CONTENT_TYPE, format.content_type())], text).into_response(),
@@ -270,8 +278,26 @@ struct ListQuery {
     internal: bool,
 }
 
+/// [`query_pairs`] for a route whose parameters are exactly `known`: an unknown one is refused
+/// too (400 `invalid_query` naming it, the list of known ones in the message), as
+/// `GET /v1/views/{view}` refuses one, so a mistyped parameter never goes unnoticed.
+pub(super) fn known_query_pairs(
+    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+    known: &[&str],
+) -> Result<Vec<(String, String)>, ApiError> {
+    let pairs = query_pairs(q, known)?;
+    if let Some((name, _)) = pairs.iter().find(|(n, _)| !known.contains(&n.as_str())) {
+        return Err(bad_query(
+            name,
+            format!("unknown parameter {name:?} ({})", known.join(", ")),
+        ));
+    }
+    Ok(pairs)
+}
+
 /// Query parameters as pairs, decoded by hand so every fault names its parameter in the JSON
-/// error shape (a parameter given twice is refused; unknown ones are ignored).
+/// error shape (a parameter given twice is refused; unknown ones are left to the caller:
+/// [`known_query_pairs`] refuses them).
 pub(super) fn query_pairs(
     q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
     known: &[&str],
@@ -293,7 +319,7 @@ fn list_query(
     q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<ListQuery, ApiError> {
     let mut out = ListQuery::default();
-    for (name, text) in query_pairs(q, &["type", "prefix", "limit", "after", "internal"])? {
+    for (name, text) in known_query_pairs(q, &["type", "prefix", "limit", "after", "internal"])? {
         match name.as_str() {
             "type" => out.kind = Some(text),
             "internal" => {
@@ -687,7 +713,7 @@ async fn watch(
     q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let mut w = WatchQuery::default();
-    for (name, text) in query_pairs(q, &["type", "prefix"])? {
+    for (name, text) in known_query_pairs(q, &["type", "prefix"])? {
         match name.as_str() {
             "type" => w.kind = Some(text),
             "prefix" => w.prefix = text,
@@ -767,6 +793,7 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
         .await
         .map_err(|e| ApiError::from_node(e, Pos::Index, state.config.retry_after_secs))?;
     let (log_start, log_end) = rep.log_bounds;
+    let bytes = metrics::lag_bytes(node, &rep);
     let net = node.net_status();
     let connected: Vec<String> = net.as_ref().map(|n| n.peers.clone()).unwrap_or_default();
     let swim: &[crate::net::MemberStatus] = net.as_ref().map_or(&[], |n| &n.members);
@@ -788,10 +815,12 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
                 "connected": rep.peers_connected.contains(peer),
                 "acked": acked,
                 "lag_entries": behind,
+                "lag_bytes": bytes.get(peer).map(|b| b.bytes),
+                "lag_bytes_exact": bytes.get(peer).map(|b| b.exact),
             })
         })
         .collect();
-    let mut members = cluster_members(swim, &connected, &rep);
+    let mut members = cluster_members(swim, &connected, &rep, &bytes);
     members.extend(state.cluster.members());
     let m = node.metrics();
     Ok(axum::Json(json!({
@@ -823,12 +852,16 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
 /// `GET /v1/cluster`'s `members`: every member SWIM knows (alive, suspect, down or left), with
 /// what replication knows of it (its acknowledged cursor and lag in our log entries), and any
 /// connected peer SWIM does not know yet (state `connected`), sorted by name. `last_contact` is
-/// the seconds since this node last heard from the member (`null`: never); `version` is `null`
-/// (members do not exchange versions).
+/// the seconds since this node last heard from the member (`null`: never); `version` is the
+/// build version the member announced in its SWIM identity (`null`: not known, as for a
+/// connected peer SWIM does not know yet). `lag_bytes` is the encoded bytes of our log entries
+/// it has not acknowledged (`bytes`, from [`metrics::lag_bytes`]), a lower bound when
+/// `lag_bytes_exact` is false; both `null` when replication knows nothing of it.
 fn cluster_members(
     swim: &[crate::net::MemberStatus],
     connected: &[String],
     rep: &crate::driver::ReplicationStatus,
+    bytes: &std::collections::BTreeMap<crate::proto::PeerId, crate::store::LogBytes>,
 ) -> Vec<serde_json::Value> {
     let (log_start, log_end) = rep.log_bounds;
     let acked_of = |peer: crate::proto::PeerId| {
@@ -839,18 +872,11 @@ fn cluster_members(
     };
     let lag =
         |acked: Option<Option<u64>>| acked.map(|a| log_end.saturating_sub(a.unwrap_or(log_start)));
-    // Lag in time: since a linked member last had our whole log; for one not linked and
-    // behind, at least since we last heard from it.
-    let lag_secs =
-        |peer: crate::proto::PeerId, behind: Option<u64>, contact_ms: Option<u64>| match rep
-            .peer_lag_ms
-            .iter()
-            .find(|(p, _)| *p == peer)
-        {
-            Some((_, ms)) => Some(*ms as f64 / 1000.0),
-            None if behind.is_some_and(|b| b > 0) => contact_ms.map(|ms| ms as f64 / 1000.0),
-            None => behind.map(|_| 0.0),
-        };
+    // Lag in time: since a member linked since open (connected now or not) last had our
+    // whole log; what `tidemark_replication_lag_seconds` reports.
+    let lag_secs = |peer: crate::proto::PeerId, acked: Option<Option<u64>>| {
+        acked.and_then(|a| metrics::peer_lag_seconds(rep, peer, a))
+    };
     let mut members: Vec<serde_json::Value> = swim
         .iter()
         .map(|m| {
@@ -873,9 +899,11 @@ fn cluster_members(
                 "incarnation": m.incarnation,
                 "acked": acked.flatten(),
                 "lag_entries": lag(acked),
-                "lag_seconds": lag_secs(peer, lag(acked), m.last_contact_ms),
+                "lag_bytes": bytes.get(&peer).map(|b| b.bytes),
+                "lag_bytes_exact": bytes.get(&peer).map(|b| b.exact),
+                "lag_seconds": lag_secs(peer, acked),
                 "last_contact": m.last_contact_ms.map(|ms| ms as f64 / 1000.0),
-                "version": serde_json::Value::Null,
+                "version": m.version,
             })
         })
         .collect();
@@ -892,7 +920,9 @@ fn cluster_members(
             "peer": format!("{:016x}", peer.0),
             "acked": acked.flatten(),
             "lag_entries": lag(acked).unwrap_or(log_end.saturating_sub(log_start)),
-            "lag_seconds": lag_secs(peer, Some(1), None),
+            "lag_bytes": bytes.get(&peer).map(|b| b.bytes),
+            "lag_bytes_exact": bytes.get(&peer).map(|b| b.exact),
+            "lag_seconds": lag_secs(peer, acked),
             "last_contact": serde_json::Value::Null,
             "version": serde_json::Value::Null,
         }));
@@ -972,13 +1002,37 @@ fn view_query(params: Vec<(String, String)>, group_by: &[String]) -> Result<View
 /// `GET /v1/views/{view}`: the view's rows (`group`, `window_start`, `window_end`, `final`,
 /// `value`) with the page's `next` cursor, this node's and the cluster's watermark, the view's
 /// counters and any definition conflicts.
+/// Refuses any query parameter of a route that takes none (400 `invalid_query` naming it), as
+/// routes with parameters refuse an unknown one: a mistyped query never goes unnoticed.
+fn no_params(
+    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+    route: &str,
+) -> Result<(), ApiError> {
+    let Query(pairs) = q.map_err(|e| bad_query("", e.body_text()).at("query"))?;
+    match pairs.first() {
+        Some((name, _)) => Err(bad_query(
+            name,
+            format!("unknown parameter {name:?} ({route} takes no parameters)"),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// `GET /v1/stats/writes`: the applied-writes counter about once a second, last ten minutes.
-async fn write_history(State(state): State<AppState>) -> Response {
-    axum::Json(json!({ "samples": state.node.write_history() })).into_response()
+async fn write_history(
+    State(state): State<AppState>,
+    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    no_params(q, "/v1/stats/writes")?;
+    Ok(axum::Json(json!({ "samples": state.node.write_history() })).into_response())
 }
 
 /// `GET /v1/views`: every configured view with its definition and where it stands here.
-async fn views_list(State(state): State<AppState>) -> Result<Response, ApiError> {
+async fn views_list(
+    State(state): State<AppState>,
+    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    no_params(q, "/v1/views")?;
     let views = state
         .node
         .view_summaries()

@@ -56,6 +56,20 @@ pub(crate) struct MemberId {
     pub(crate) boot_ms: u64,
     /// Bumped when it renews itself after being declared down.
     pub(crate) bump: u16,
+    /// The build version it runs (`CARGO_PKG_VERSION`; empty: not known, as in the partial
+    /// identity an announce is addressed to).
+    pub(crate) version: String,
+}
+
+/// The longest version text shown for a member; a longer one (or one with control
+/// characters) is shown as unknown.
+const VERSION_BYTES_MAX: usize = 64;
+
+/// A member's version as shown: `None` when it announced none or one that is not a short
+/// printable text.
+fn shown_version(v: &str) -> Option<String> {
+    (!v.is_empty() && v.len() <= VERSION_BYTES_MAX && !v.chars().any(char::is_control))
+        .then(|| v.to_owned())
 }
 
 impl MemberId {
@@ -270,6 +284,8 @@ pub struct MemberStatus {
     /// Down because it said goodbye (its connection closed with a clean shutdown), not
     /// because it stopped answering.
     pub left: bool,
+    /// The build version it announced in its SWIM identity (`None`: not known).
+    pub version: Option<String>,
 }
 
 /// Inputs of the membership task.
@@ -470,6 +486,7 @@ impl<N: SwimLinks> Task<N> {
                             epoch: 0,
                             boot_ms: 0,
                             bump: 0,
+                            version: String::new(),
                         };
                         self.foca.announce(dst, &mut self.rt)
                     }
@@ -592,6 +609,7 @@ impl<N: SwimLinks> Task<N> {
                 epoch: m.id().epoch,
                 last_contact_ms: None,
                 left: false,
+                version: shown_version(&m.id().version),
             })
             .collect();
         self.log_transitions(&view);
@@ -685,6 +703,7 @@ mod tests {
             epoch: 1,
             last_contact_ms: None,
             left: false,
+            version: None,
         }
     }
 
@@ -696,7 +715,25 @@ mod tests {
             epoch: 1,
             boot_ms,
             bump: 0,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
         }
+    }
+
+    #[test]
+    fn a_member_identity_carries_its_version_through_the_codec() {
+        let me = id("alpha", 5, 7);
+        let bytes = crate::codec::encode("swim identity", &me).expect("encode");
+        let back: MemberId = crate::codec::decode("swim identity", &bytes, 1024).expect("decode");
+        assert_eq!(back.version, env!("CARGO_PKG_VERSION"));
+        assert_eq!(back, me);
+        assert_eq!(
+            shown_version(&back.version).as_deref(),
+            Some(env!("CARGO_PKG_VERSION"))
+        );
+        assert_eq!(shown_version(""), None);
+        assert_eq!(shown_version("1.0\n"), None);
+        assert_eq!(shown_version("1.0\u{7}"), None);
+        assert_eq!(shown_version(&"9".repeat(65)), None);
     }
 
     fn conflict_while_active(active: &[MemberId], known: &MemberId, other: &MemberId) -> bool {

@@ -269,6 +269,7 @@ impl Net {
             epoch,
             boot_ms: crate::clock::wall_ms(),
             bump: 0,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
         };
         let sinks = (net.events.clone(), Arc::clone(&net.stats));
         let membership = Membership::start(&net, sinks, me, &net.opts.swim, seed);

@@ -4,7 +4,7 @@
 use super::error::StoreError;
 use super::rows::{for_each_elem, open_read_tables, per_element, read_entry, row_entry};
 use super::tables::{
-    DOTS, ELEMS, META, META_CONTEXT, dot_bytes, elem_key, key_bytes, kind_prefix, parse_key,
+    DOTS, ELEMS, LOG, META, META_CONTEXT, dot_bytes, elem_key, key_bytes, kind_prefix, parse_key,
 };
 use crate::codec;
 use crate::limits::Limits;
@@ -27,6 +27,18 @@ impl std::fmt::Debug for Reader {
         f.debug_struct("Reader").finish_non_exhaustive()
     }
 }
+
+/// Encoded bytes of a run of delta-log entries ([`Reader::log_bytes`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LogBytes {
+    /// The encoded bytes of the entries summed (all of them when `exact`).
+    pub bytes: u64,
+    /// False when the run holds more entries than were summed: `bytes` is then a lower bound.
+    pub exact: bool,
+}
+
+/// The most delta-log entries [`Reader::log_bytes`] sums in one call.
+pub const LOG_BYTES_ENTRIES_MAX: u64 = 4096;
 
 impl Reader {
     pub(crate) fn new(db: Arc<Database>, limits: Limits) -> Self {
@@ -58,6 +70,36 @@ impl Reader {
             Some(t) => Ok(Arc::clone(t)),
             None => Ok(Arc::new(self.db.begin_read().map_err(StoreError::redb)?)),
         }
+    }
+
+    /// The encoded bytes of the committed delta-log entries with sequence numbers in
+    /// `[from, to)` (a peer's replication lag in bytes: from its acknowledged cursor to our
+    /// log's end). The log keeps no sizes, so this is a bounded computation: one redb range
+    /// over the log table, summing the stored length of at most `entries_max` entries (each
+    /// entry's bytes are read by the range); when the run holds more, the sum stops there
+    /// and is marked not `exact` (a lower bound). Entries compacted away are not counted.
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub fn log_bytes(&self, from: u64, to: u64, entries_max: u64) -> Result<LogBytes, StoreError> {
+        let mut out = LogBytes {
+            bytes: 0,
+            exact: true,
+        };
+        if from >= to {
+            return Ok(out);
+        }
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        let log = rtxn.open_table(LOG).map_err(StoreError::redb)?;
+        for (summed, item) in (0u64..).zip(log.range(from..to).map_err(StoreError::redb)?) {
+            if summed == entries_max {
+                out.exact = false;
+                break;
+            }
+            let (_, record) = item.map_err(StoreError::redb)?;
+            out.bytes = out.bytes.saturating_add(record.value().len() as u64);
+        }
+        Ok(out)
     }
 
     /// The committed entry of `key`.
@@ -340,5 +382,91 @@ impl Reader {
             )));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod log_bytes_tests {
+    use super::LogBytes;
+    use crate::store::{LocalWrite, OpenOptions, RedbStore};
+    use redb::ReadableDatabase;
+    use tidemark_crdts::{Key, KeyKind, Mutation};
+
+    fn write(store: &mut RedbStore, value: &str) {
+        let w = LocalWrite {
+            ops: vec![(
+                Key::new(KeyKind::Lww, "k"),
+                Mutation::Set(format!("\"{value}\"")),
+            )],
+            event: None,
+            stamps: Vec::new(),
+            late: None,
+        };
+        store.commit_local(&[w], 1_000).expect("commit");
+    }
+
+    /// The sizes of the log records as redb holds them, read directly.
+    fn record_lens(store: &RedbStore) -> Vec<u64> {
+        let rtxn = store.db.begin_read().expect("read");
+        let log = rtxn.open_table(super::LOG).expect("log");
+        redb::ReadableTable::iter(&log)
+            .expect("iter")
+            .map(|r| r.expect("row").1.value().len() as u64)
+            .collect()
+    }
+
+    #[test]
+    fn sums_the_encoded_entries_after_a_cursor_and_marks_a_capped_sum() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = RedbStore::open(dir.path(), OpenOptions::default()).expect("open");
+        write(&mut store, "a");
+        write(&mut store, &"b".repeat(1000));
+        write(&mut store, &"c".repeat(50));
+        let lens = record_lens(&store);
+        assert_eq!(lens.len(), 3);
+        assert!(lens[1] > 1000, "{lens:?}");
+        let (start, end) = crate::proto::StateStore::log_bounds(&store);
+        assert_eq!(end - start, 3);
+        let r = store.reader();
+        let all: u64 = lens.iter().sum();
+        assert_eq!(
+            r.log_bytes(start, end, 100).expect("sum"),
+            LogBytes {
+                bytes: all,
+                exact: true
+            }
+        );
+        // After a cursor past the first entry.
+        assert_eq!(
+            r.log_bytes(start + 1, end, 100).expect("sum"),
+            LogBytes {
+                bytes: lens[1] + lens[2],
+                exact: true
+            }
+        );
+        // Caught up: nothing.
+        assert_eq!(
+            r.log_bytes(end, end, 100).expect("sum"),
+            LogBytes {
+                bytes: 0,
+                exact: true
+            }
+        );
+        // Capped at two entries: a lower bound, marked so.
+        assert_eq!(
+            r.log_bytes(start, end, 2).expect("sum"),
+            LogBytes {
+                bytes: lens[0] + lens[1],
+                exact: false
+            }
+        );
+        // Exactly at the cap is exact.
+        assert_eq!(
+            r.log_bytes(start + 1, end, 2).expect("sum"),
+            LogBytes {
+                bytes: lens[1] + lens[2],
+                exact: true
+            }
+        );
     }
 }

@@ -271,6 +271,35 @@ fn compile_window(name: &str, w: &WindowDef) -> Result<Window, String> {
     })
 }
 
+/// The characters view names, stream names of views and `group_by` field names are made of:
+/// URL-path-safe without escaping (RFC 3986 unreserved, without `~`).
+fn name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')
+}
+
+/// A view or stream name: 1–`max` characters of `A-Z a-z 0-9 _ - .`, and not `.` or `..`
+/// (a path segment that means "this" or "the parent" in a URL: `/v1/views/..` is not a view).
+fn path_name_ok(name: &str, max: usize) -> bool {
+    !name.is_empty()
+        && name.len() <= max
+        && name.chars().all(name_char)
+        && name != "."
+        && name != ".."
+}
+
+/// A `group_by` field name: 1–128 characters of `A-Z a-z 0-9 _ - .` (so it can be named in
+/// `group.<field>=` and as a column without quoting), not an envelope name.
+fn check_group_field(view: &str, name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 128 || !name.chars().all(name_char) {
+        return Err(err(
+            view,
+            "group_by",
+            format!("{name:?}: group_by field names are 1–128 characters of A-Z a-z 0-9 _ - ."),
+        ));
+    }
+    check_field_name(view, "group_by", name)
+}
+
 fn check_field_name(view: &str, field: &str, name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
         return Err(err(
@@ -299,30 +328,29 @@ pub fn compile(defs: &[ViewDef]) -> Result<Vec<CompiledView>, String> {
     let mut out = Vec::with_capacity(defs.len());
     for d in defs {
         let name = d.name.as_str();
-        let ok_name = !name.is_empty()
-            && name.len() <= 64
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-        if !ok_name {
+        if !path_name_ok(name, 64) {
             return Err(err(
                 name,
                 "name",
-                "view names are 1–64 characters of A-Z a-z 0-9 _ - .",
+                "view names are 1–64 characters of A-Z a-z 0-9 _ - ., not `.` or `..`",
             ));
         }
         if !names.insert(name) {
             return Err(err(name, "name", "defined twice"));
         }
-        if d.stream.is_empty() || d.stream.len() > 128 || d.stream.chars().any(char::is_control) {
+        if !path_name_ok(&d.stream, 128) {
             return Err(err(
                 name,
                 "stream",
-                "stream names are 1–128 bytes without control characters",
+                format!(
+                    "{:?}: stream names of views are 1–128 characters of A-Z a-z 0-9 _ - ., \
+                     not `.` or `..`",
+                    d.stream
+                ),
             ));
         }
         for g in &d.group_by {
-            check_field_name(name, "group_by", g)?;
+            check_group_field(name, g)?;
         }
         let needs_field = d.kind != ViewKind::Count;
         match (&d.field, needs_field) {
@@ -400,6 +428,52 @@ mod tests {
         assert_eq!(hopping.starts(30), vec![10, 20, 30]);
         assert_eq!(hopping.starts(5), vec![0]);
         assert_eq!(hopping.deadline(10), 40);
+    }
+
+    fn def(name: &str, stream: &str, group_by: &[&str]) -> ViewDef {
+        serde_json::from_value(serde_json::json!({
+            "name": name, "stream": stream, "kind": "count", "group_by": group_by,
+        }))
+        .expect("shape")
+    }
+
+    #[test]
+    fn names_that_are_not_path_safe_are_refused_naming_the_field() {
+        assert!(compile(&[def("clicks.v2", "app-clicks_1", &["page", "geo.country"])]).is_ok());
+        for bad in [".", "..", "", "a/b", "a b", "clicks%2F", "é", "~x"] {
+            let e = compile(&[def(bad, "s", &[])]).expect_err(bad);
+            assert_eq!(
+                e,
+                format!(
+                    "view {bad:?}, field `name`: view names are 1–64 characters of \
+                     A-Z a-z 0-9 _ - ., not `.` or `..`"
+                )
+            );
+        }
+        assert!(compile(&[def("...", "s", &[])]).is_ok());
+        assert!(compile(&[def(&"v".repeat(65), "s", &[])]).is_err());
+        for bad in [".", "..", "a/b", "a b", "clicks?x", "é"] {
+            let e = compile(&[def("v", bad, &[])]).expect_err(bad);
+            assert_eq!(
+                e,
+                format!(
+                    "view \"v\", field `stream`: {bad:?}: stream names of views are 1–128 \
+                     characters of A-Z a-z 0-9 _ - ., not `.` or `..`"
+                )
+            );
+        }
+        for bad in ["", "a b", "a=b", "a&b", "é"] {
+            let e = compile(&[def("v", "s", &["page", bad])]).expect_err(bad);
+            assert_eq!(
+                e,
+                format!(
+                    "view \"v\", field `group_by`: {bad:?}: group_by field names are 1–128 \
+                     characters of A-Z a-z 0-9 _ - ."
+                )
+            );
+        }
+        let e = compile(&[def("v", "s", &["seq"])]).expect_err("envelope");
+        assert!(e.starts_with("view \"v\", field `group_by`:"), "{e}");
     }
 
     #[test]
