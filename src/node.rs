@@ -766,7 +766,7 @@ impl Node {
         let _round = views.maintenance.lock().await;
         let me = self.shared.replica;
         let known = self.view_members().await?;
-        self.seal_step(&known).await?;
+        self.seal_step(&known, false).await?;
         let plans = maintain::plan(
             views,
             &self.reader()?,
@@ -808,7 +808,7 @@ impl Node {
     /// members agree on, and waits until the announcement carrying them is committed (so a
     /// window is reported final only once its seal is durable). Call with the maintenance
     /// lock held.
-    async fn seal_step(&self, known: &[PeerId]) -> Result<(), Error> {
+    async fn seal_step(&self, known: &[PeerId], only_new_seals: bool) -> Result<(), Error> {
         use crate::views::maintain;
         let views = &self.shared.views;
         let me = self.shared.replica;
@@ -849,7 +849,7 @@ impl Node {
         let mut pending = Vec::new();
         for input in inputs {
             let wms = views.watermarks.lock().map_err(|_| Error::Closed)?;
-            if let Some(w) = views.seal_stage(&wms, input, me)? {
+            if let Some(w) = views.seal_stage(&wms, input, me, only_new_seals)? {
                 pending.push(self.enqueue(vec![w])?);
             }
         }
@@ -923,7 +923,7 @@ impl Node {
         let views = &self.shared.views;
         let _round = views.maintenance.lock().await;
         let known = self.view_members().await?;
-        self.seal_step(&known).await?;
+        self.seal_step(&known, true).await?;
         Ok(known)
     }
 

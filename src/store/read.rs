@@ -401,6 +401,7 @@ mod log_bytes_tests {
             event: None,
             stamps: Vec::new(),
             late: None,
+            own_dots: false,
         };
         store.commit_local(&[w], 1_000).expect("commit");
     }

@@ -165,8 +165,9 @@ impl Views {
     /// The seal step of one stream (`seal.rs`), under the watermark lock `wms`: the vouched
     /// cluster watermark extends this node's epochs, and every deadline range whose members
     /// all announced the same set for it (and whose writes this node holds up to those
-    /// announcements) is sealed. Returns the announcement carrying them when either grew;
-    /// queue it before releasing the lock, and report nothing final before it committed.
+    /// announcements) is sealed. Returns the announcement carrying them when either grew
+    /// (with `only_new_seals`, a read's step: only when something new is sealed); queue it
+    /// before releasing the lock, and report nothing final before it committed.
     ///
     /// # Errors
     /// [`Error::Closed`] on a poisoned lock.
@@ -175,6 +176,7 @@ impl Views {
         wms: &BTreeMap<String, StreamMarks>,
         input: SealInput,
         me: ReplicaId,
+        only_new_seals: bool,
     ) -> Result<Option<LocalWrite>, Error> {
         let SealInput {
             stream,
@@ -203,7 +205,8 @@ impl Views {
         // Having applied nothing to a window, it has nothing below its watermark.
         ledger.since = if cur.applied { cur.since } else { wm };
         let sealed = ledger.agree();
-        if epochs.is_none() && sealed.is_none() {
+        // A read writes only when it makes something final; epochs alone wait for the tick.
+        if (epochs.is_none() || only_new_seals) && sealed.is_none() {
             return Ok(None);
         }
         if let Some(e) = epochs {

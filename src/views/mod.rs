@@ -144,6 +144,11 @@ pub struct Views {
     /// This node was decommissioned (a `~gone/` record names it): it applies no event to a
     /// window any more (late, `decommissioned`), since no seal counts it.
     pub(crate) removed: std::sync::atomic::AtomicBool,
+    /// Streams a joining node restored (from a snapshot, under a new id) must sync afresh:
+    /// stream → the context at open. Its state holds its source's announcements, which say
+    /// nothing of what the cluster sealed since; it applies nothing to windows until an
+    /// announcement of another node arrives that this context did not hold.
+    fresh_from: Mutex<BTreeMap<String, tidemark_crdts::CausalContext>>,
 }
 
 /// This node's epochs and seals of one stream.
@@ -246,6 +251,7 @@ impl Views {
             joining: false,
             synced: Mutex::new(BTreeSet::new()),
             removed: std::sync::atomic::AtomicBool::new(false),
+            fresh_from: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -353,7 +359,15 @@ impl Views {
         let mut hs = self.horizons.lock().map_err(|_| Error::Closed)?;
         let now = Instant::now();
         let mut announce = Vec::new();
+        let ctx = reader.context()?;
         for stream in self.by_stream.keys() {
+            // Deadlines another node's membership fixed without this one stay late across a
+            // restart (not only from the first seal step on).
+            let excluded = seal::excluded_to(&read::ledger(reader, stream, me)?.epochs, me);
+            if let Ok(mut seals) = self.seals.lock() {
+                let e = &mut seals.entry(stream.clone()).or_default().excluded_to;
+                *e = (*e).max(excluded);
+            }
             let own = read::announcement_of(reader, &keys::wm_key(stream, me))?;
             let m = wms.entry(stream.clone()).or_default();
             m.active = Some(now);
@@ -367,14 +381,20 @@ impl Views {
                                 sealed: a.sealed.clone(),
                                 since: a.since,
                                 applied: a.applied,
-                                excluded_to: 0,
+                                excluded_to: excluded,
                             },
                         );
                     }
                     (Some(a.wm), a.horizon)
                 }
                 None => {
-                    let (wm, h, _) = read::largest_announced(reader, stream, None)?;
+                    let (wm, h, others) = read::largest_announced(reader, stream, None)?;
+                    if others && self.joining {
+                        // Restored (or re-identified) into a cluster: sync afresh first.
+                        if let Ok(mut f) = self.fresh_from.lock() {
+                            f.insert(stream.clone(), ctx.clone());
+                        }
+                    }
                     let bound = self.time_bound(stream, now_ms);
                     let wm = wm.map(|w| w.min(bound));
                     let h = read::adopted(h, wm);
@@ -418,9 +438,23 @@ impl Views {
         if synced.contains(stream) || (!self.joining && has_wm) {
             return Ok((true, None));
         }
+        let mut fresh = self.fresh_from.lock().map_err(|_| Error::Closed)?;
+        if let Some(seen) = fresh.get(stream) {
+            if !read::fresh_announcement(reader, stream, me, seen)? {
+                return Ok((false, None));
+            }
+            fresh.remove(stream);
+        }
+        drop(fresh);
         let (wm, h, others) = read::largest_announced(reader, stream, Some(me))?;
         if !others {
             return Ok((!self.joining, None));
+        }
+        {
+            let excluded = seal::excluded_to(&read::ledger(reader, stream, me)?.epochs, me);
+            let mut seals = self.seals.lock().map_err(|_| Error::Closed)?;
+            let e = &mut seals.entry(stream.to_owned()).or_default().excluded_to;
+            *e = (*e).max(excluded);
         }
         synced.insert(stream.to_owned());
         let bound = self.time_bound(stream, now_ms);

@@ -108,6 +108,39 @@ pub(crate) fn gone(reader: &Reader) -> Result<std::collections::BTreeSet<Replica
     }
 }
 
+/// Whether the state holds an announcement of `stream` by another replica than `me` that
+/// `seen` (the context at open) did not hold: one that arrived from a live peer since.
+///
+/// # Errors
+/// Storage failures.
+pub(crate) fn fresh_announcement(
+    reader: &Reader,
+    stream: &str,
+    me: ReplicaId,
+    seen: &CausalContext,
+) -> Result<bool, Error> {
+    let prefix = keys::wm_prefix(stream);
+    let mut after: Option<String> = None;
+    loop {
+        let page = reader.list(KeyKind::Lww, &prefix, after.as_deref(), 256)?;
+        let done = page.len() < 256;
+        for (key, _) in &page {
+            if keys::wm_replica(stream, &key.name) == Some(me) {
+                continue;
+            }
+            if let Some((_, dot)) = announcement(reader, key)?
+                && !seen.contains(&dot)
+            {
+                return Ok(true);
+            }
+        }
+        after = page.last().map(|(k, _)| k.name.clone());
+        if done {
+            return Ok(false);
+        }
+    }
+}
+
 /// The announcement in `key` and its dot.
 fn announcement(
     reader: &Reader,
