@@ -143,8 +143,12 @@ enum Command {
     },
     /// Show the node (with its version), its peers and readiness.
     Status,
-    /// List every member known (alive, suspect, down, left) with its lag and last contact.
-    Members,
+    /// List every member known (alive, suspect, down, left, decommissioned) with its lag and
+    /// last contact; `members remove NAME` removes a member for good.
+    Members {
+        #[command(subcommand)]
+        action: Option<MembersAction>,
+    },
     /// List the configured views with their watermarks and counters.
     Views,
     /// Print this program's version.
@@ -335,7 +339,10 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Ingest { stream, input } => return cli::ingest::run(&c, &out, stream, input),
         Command::Watch { kind, prefix } => client::watch(&c, &out, kind.as_deref(), prefix)?,
         Command::Status => client::status(&c, &out)?,
-        Command::Members => client::members(&c, &out)?,
+        Command::Members { action: None } => client::members(&c, &out)?,
+        Command::Members {
+            action: Some(MembersAction::Remove { name }),
+        } => client::remove_member(&c, &out, name)?,
         Command::Views => cli::views::views(&c, &out)?,
         Command::Late {
             stream,
@@ -436,6 +443,18 @@ fn command() -> clap::Command {
         }
         sub
     })
+}
+
+/// What `tidemark members` does besides listing.
+#[derive(Debug, Subcommand)]
+enum MembersAction {
+    /// Remove a member for good (decommission: its disk is lost, or a restored copy replaced
+    /// it). No node waits for its watermark any more; if it comes back it applies nothing to
+    /// windows. Example: `tidemark members remove gamma`.
+    Remove {
+        /// The member's name (as `tidemark members` lists it) or its replica id.
+        name: String,
+    },
 }
 
 fn main() -> ExitCode {

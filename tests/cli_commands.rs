@@ -504,6 +504,21 @@ fn two_daemons_with_issued_certificates_converge() {
         metrics.contains("tidemark_member_state{member=\"beta\",state=\"down\"} 1"),
         "{metrics}"
     );
+    // beta is gone for good: removed by name, listed as decommissioned; an unknown name is
+    // refused (exit 1, the node's 404 named).
+    let o = alpha.run(&["members", "remove", "nobody"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("member_not_found"), "{}", stderr(&o));
+    let text = ok(&alpha.run(&["members", "remove", "beta"]));
+    assert!(text.starts_with("removed beta (replica "), "{text}");
+    let table = ok(&alpha.run(&["members"]));
+    let row: Vec<&str> = table
+        .lines()
+        .find(|l| l.starts_with("beta"))
+        .unwrap_or_else(|| panic!("no beta row: {table}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[1], "decommissioned", "{table}");
     assert_eq!(alpha.terminate().code(), Some(0));
 }
 

@@ -633,6 +633,22 @@ pub fn members(client: &Client, out: &Output) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `tidemark members remove NAME`: decommissions the member for good.
+pub fn remove_member(client: &Client, out: &Output, name: &str) -> anyhow::Result<()> {
+    let path = format!("/v1/cluster/members/{}/remove", encode_segment(name));
+    let (answer, _) = client.post(&path, "application/json", b"{}")?;
+    let done = accept(answer)?;
+    if out.json {
+        println!("{done}");
+    } else {
+        println!(
+            "removed {name} (replica {}) for good",
+            done["removed"].as_str().unwrap_or("?")
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod shell_quoting_tests {
     use super::shell_quoted;

@@ -32,6 +32,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/streams/{stream}/events", post(post_events))
         .route("/v1/watch", get(watch))
         .route("/v1/cluster", get(cluster))
+        .route("/v1/cluster/members/{name}/remove", post(remove_member))
         .route("/v1/views", get(views_list))
         .route("/v1/stats/writes", get(write_history))
         .route("/v1/views/{view}", get(view))
@@ -820,7 +821,22 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
             })
         })
         .collect();
+    let gone: Vec<String> = node
+        .decommissioned()
+        .map_err(|e| ApiError::from_node(e, Pos::Index, state.config.retry_after_secs))?
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     let mut members = cluster_members(swim, &connected, &rep, &bytes);
+    // A member removed for good says so, whatever SWIM last heard of it.
+    for m in &mut members {
+        let removed = m["replica"]
+            .as_str()
+            .is_some_and(|r| gone.contains(&r.replace('-', "")));
+        if removed {
+            m["state"] = json!("decommissioned");
+        }
+    }
     members.extend(state.cluster.members());
     let m = node.metrics();
     Ok(axum::Json(json!({
@@ -844,9 +860,42 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
         },
         "swim": net.as_ref().map(|n| &n.members),
         "members": members,
+        "decommissioned": gone,
         "peers": peers,
     }))
     .into_response())
+}
+
+/// `POST /v1/cluster/members/{name}/remove`: decommissions the member `name` (a member SWIM
+/// knows by that name, or a replica id) for good ([`crate::Node::decommission`]). 200
+/// `{"removed": replica, "name"}`; 404 `member_not_found`; 400 `invalid_member` for this node
+/// itself. Idempotent.
+async fn remove_member(
+    State(state): State<AppState>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    let node = &state.node;
+    let Some(replica) = node.member_replica(&name) else {
+        return Err(ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            "member_not_found",
+            format!("no member named {name:?} is known (give its name or replica id)"),
+        )
+        .at("path name"));
+    };
+    match node.decommission(replica).await {
+        Ok(()) => {
+            Ok(axum::Json(json!({"removed": replica.to_string(), "name": name})).into_response())
+        }
+        Err(crate::Error::Config(msg)) => {
+            Err(ApiError::bad_request("invalid_member", msg).at("path name"))
+        }
+        Err(e) => Err(ApiError::from_node(
+            e,
+            Pos::Index,
+            state.config.retry_after_secs,
+        )),
+    }
 }
 
 /// `GET /v1/cluster`'s `members`: every member SWIM knows (alive, suspect, down or left), with
