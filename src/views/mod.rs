@@ -27,8 +27,9 @@
 //! announced), a window is final once every member of one set announced exactly that set for
 //! its deadline and the seal is committed, and its value counts exactly those members'
 //! contributions — so a node that joins later, a restored copy or an idle member changes no
-//! final window and takes none back. A lone node started alone is final by its own watermark;
-//! a joining node ([`Views::joining`]) seals nothing alone. A member that ingests
+//! final window and takes none back. A node started alone finalizes by its own watermark (so
+//! two nodes started alone and connected later can disagree: start new nodes joining); a
+//! joining node ([`Views::joining`]) seals nothing alone. Limits: ARCHITECTURE.md, "Seals". A member that ingests
 //! nothing holds the stream's windows open unless the stream has an `idle_timeout`: then,
 //! after that long without events, the node advances its watermark to `now − idle_timeout`
 //! and announces it — the same promise as any announcement (events for windows whose deadline

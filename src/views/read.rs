@@ -40,7 +40,9 @@ pub struct ViewRow {
     pub window_start: Option<u64>,
     /// Window end, exclusive (ms).
     pub window_end: Option<u64>,
-    /// True when the value can no longer change, on any node (see the module docs).
+    /// True when the window is sealed on this node (`seal.rs`): its value counts exactly the
+    /// seal's members' contributions and never reads non-final again here; every node that
+    /// seals it reports the same value (limits in ARCHITECTURE.md, "Seals").
     #[serde(rename = "final")]
     pub is_final: bool,
     /// The value: count/sum a number, distinct/members a sorted array, latest the value.
@@ -77,8 +79,9 @@ pub struct ViewPage {
     /// This node's announced watermark of the view's stream.
     pub watermark: Option<u64>,
     /// The watermark every known member has passed, with its state joined here (`None`: some
-    /// known member has not announced one or its state is not joined yet): windows whose end
-    /// plus lateness is below it are final.
+    /// known member has not announced one or its state is not joined yet). Windows whose end
+    /// plus lateness is below it become final once sealed (one round of announcements later,
+    /// when every member agrees on the member set); some may stay non-final for good.
     pub cluster_watermark: Option<u64>,
     /// Replicas that announced different view definitions for the stream: while any is
     /// listed, no window is final (every node must run the same definitions), and their cells
