@@ -750,7 +750,15 @@ impl Node {
                 .map_or(p, |r| peer_id_of(ReplicaId(r)))
         };
         let mut met = self.shared.views.met.lock().map_err(|_| Error::Closed)?;
-        met.extend(status.peers_connected.iter().map(|p| as_member(*p)));
+        // Every peer linked since open, however briefly (a link that came and went before a
+        // maintenance round still met it), and every peer connected now.
+        met.extend(
+            status
+                .peers_connected
+                .iter()
+                .chain(status.peer_acked.iter().map(|(p, _)| p))
+                .map(|p| as_member(*p)),
+        );
         Ok(met.iter().copied().collect())
     }
 

@@ -7,8 +7,8 @@
 //!   that replica, holding `{"defs": digest of its view definitions of the stream, "e": its
 //!   membership epochs, "f": its seals (both `super::seal`, optional), "h": its retention
 //!   horizon of the stream in ms (optional), "s": its watermark when it first applied an
-//!   event to a window, "u": 1 while it applied none (both optional), "wm": its local
-//!   watermark in ms}`.
+//!   event to a window, "u": 1 while it applied none (both optional), "k": the peers it ever
+//!   met (optional), "wm": its local watermark in ms}`.
 //!
 //! - decommission records: `lww/~gone/{replica id}` ([`gone_key`]), written by any node when an
 //!   operator removes a member for good.
@@ -133,6 +133,9 @@ pub struct Announcement {
     /// False while the announcer has applied no event to any window of the stream (then
     /// `since` is meaningless: it applied nothing below its watermark).
     pub applied: bool,
+    /// The peers the announcer ever met (their link ids): members for its finality even
+    /// across its restarts.
+    pub met: Vec<u64>,
 }
 
 /// What a node announces for a stream besides its definitions digest.
@@ -150,11 +153,13 @@ pub struct Marks<'a> {
     pub since: u64,
     /// Whether it has applied any event to a window.
     pub applied: bool,
+    /// The peers it ever met (link ids).
+    pub met: &'a [u64],
 }
 
 /// The text of a watermark announcement: `{"defs", "e": epochs, "f": seals, "h": horizon,
-/// "s": since, "u": 1 while it applied nothing, "wm"}` (`e`, `f`, `h`, `s`, `u` left out when
-/// empty, 0 or false).
+/// "k": peers met, "s": since, "u": 1 while it applied nothing, "wm"}` (`e`, `f`, `h`, `k`, `s`,
+/// `u` left out when empty, 0 or false).
 pub fn announcement_text(defs_digest: &str, marks: &Marks<'_>) -> String {
     let mut m = serde_json::Map::new();
     m.insert("defs".into(), defs_digest.into());
@@ -172,6 +177,16 @@ pub fn announcement_text(defs_digest: &str, marks: &Marks<'_>) -> String {
     }
     if !marks.applied {
         m.insert("u".into(), 1.into());
+    }
+    if !marks.met.is_empty() {
+        m.insert(
+            "k".into(),
+            marks
+                .met
+                .iter()
+                .map(|p| serde_json::Value::from(format!("{p:016x}")))
+                .collect(),
+        );
     }
     m.insert("wm".into(), marks.wm.into());
     serde_json::Value::Object(m).to_string()
@@ -195,6 +210,15 @@ pub fn parse_announcement(text: &str) -> Option<Announcement> {
         // An announcement without `u` (one of an older version too) applied events:
         // conservative, it adopts no seal it is not counted in.
         applied: v.get("u").is_none(),
+        met: v
+            .get("k")
+            .and_then(serde_json::Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|p| p.as_str().and_then(|h| u64::from_str_radix(h, 16).ok()))
+                    .collect()
+            })
+            .unwrap_or_default(),
     })
 }
 

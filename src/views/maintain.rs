@@ -120,6 +120,8 @@ pub(crate) struct SealInput {
     pub(crate) cluster: super::read::Cluster,
     /// The stream's seal ledger as committed (`seal.rs`).
     pub(crate) ledger: super::seal::Ledger,
+    /// Whether this node met a peer its committed announcement does not name yet.
+    pub(crate) met_unannounced: bool,
 }
 
 /// The seal inputs of every windowed stream.
@@ -152,10 +154,20 @@ pub(crate) fn seal_inputs(
             views.is_joining(),
         )?;
         let ledger = super::read::ledger(reader, stream, me)?;
+        let announced: Vec<u64> = super::read::announcement_of(reader, &keys::wm_key(stream, me))?
+            .map(|a| a.met)
+            .unwrap_or_default();
+        let met_unannounced = views
+            .met
+            .lock()
+            .map_err(|_| Error::Closed)?
+            .iter()
+            .any(|p| !announced.contains(&p.0));
         out.push(SealInput {
             stream: stream.clone(),
             cluster,
             ledger,
+            met_unannounced,
         });
     }
     Ok(out)
@@ -182,6 +194,7 @@ impl Views {
             stream,
             cluster,
             mut ledger,
+            met_unannounced,
         } = input;
         let Some(m) = wms.get(&stream).copied() else {
             return Ok(None);
@@ -206,7 +219,8 @@ impl Views {
         ledger.since = if cur.applied { cur.since } else { wm };
         let sealed = ledger.agree();
         // A read writes only when it makes something final; epochs alone wait for the tick.
-        if (epochs.is_none() || only_new_seals) && sealed.is_none() {
+        // A peer met and not yet announced is written at once (a restart must not forget it).
+        if (epochs.is_none() || only_new_seals) && sealed.is_none() && !met_unannounced {
             return Ok(None);
         }
         if let Some(e) = epochs {

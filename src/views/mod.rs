@@ -372,6 +372,11 @@ impl Views {
             let own = read::announcement_of(reader, &keys::wm_key(stream, me))?;
             let m = wms.entry(stream.clone()).or_default();
             m.active = Some(now);
+            if let Some(a) = &own
+                && let Ok(mut met) = self.met.lock()
+            {
+                met.extend(a.met.iter().map(|&p| crate::proto::PeerId(p)));
+            }
             let (wm, horizon) = match own {
                 Some(a) => {
                     if let Ok(mut seals) = self.seals.lock() {
@@ -625,12 +630,19 @@ impl Views {
             .ok()
             .and_then(|s| s.get(stream).cloned())
             .unwrap_or_default();
+        // And the peers it ever met: after a restart they still count as members.
+        let met: Vec<u64> = self
+            .met
+            .lock()
+            .map(|m| m.iter().map(|p| p.0).collect())
+            .unwrap_or_default();
         LocalWrite {
             ops: vec![(
                 keys::wm_key(stream, me),
                 Mutation::Set(keys::announcement_text(
                     self.digests.get(stream).map_or("", String::as_str),
                     &keys::Marks {
+                        met: &met,
                         wm,
                         horizon,
                         epochs: &seals.epochs,

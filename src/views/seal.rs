@@ -86,15 +86,18 @@ pub fn sealed_members(sealed: &[Sealed], d: u64) -> Option<&[ReplicaId]> {
         .map(|s| s.members.as_slice())
 }
 
-/// The deadline below which some other announcer fixed a membership without `me`: windows
-/// whose deadline is below it can be sealed only without `me`'s contributions, so `me`
-/// refuses events for them as late instead of applying what no seal would count.
+/// The deadline below which some other announcer fixed a membership of several replicas
+/// without `me`: windows whose deadline is below it are sealed by that cluster without
+/// `me`'s contributions, so `me` refuses events for them as late instead of applying what
+/// that seal does not count. A lone node's own epochs (it vouched over itself alone: a node
+/// started apart) bind nobody else and are left out, so one stranger far ahead cannot make a
+/// cluster refuse events for its open windows.
 pub fn excluded_to(epochs: &BTreeMap<ReplicaId, Vec<Epoch>>, me: ReplicaId) -> u64 {
     epochs
         .iter()
         .filter(|(r, _)| **r != me)
         .flat_map(|(_, es)| es.iter())
-        .filter(|e| e.members.binary_search(&me).is_err())
+        .filter(|e| e.members.len() > 1 && e.members.binary_search(&me).is_err())
         .map(|e| e.to)
         .max()
         .unwrap_or(0)
