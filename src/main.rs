@@ -341,8 +341,8 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Status => client::status(&c, &out)?,
         Command::Members { action: None } => client::members(&c, &out)?,
         Command::Members {
-            action: Some(MembersAction::Remove { name }),
-        } => client::remove_member(&c, &out, name)?,
+            action: Some(MembersAction::Remove { name, force }),
+        } => client::remove_member(&c, &out, name, *force)?,
         Command::Views => cli::views::views(&c, &out)?,
         Command::Late {
             stream,
@@ -452,8 +452,11 @@ enum MembersAction {
     /// it). No node waits for its watermark any more; if it comes back it applies nothing to
     /// windows. Example: `tidemark members remove gamma`.
     Remove {
-        /// The member's name (as `tidemark members` lists it) or its replica id.
+        /// The member's name (as `tidemark members` lists it) or its replica id, e.g. gamma.
         name: String,
+        /// Remove it even though it still answers (it will apply nothing to windows).
+        #[arg(long)]
+        force: bool,
     },
 }
 

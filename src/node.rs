@@ -911,18 +911,26 @@ impl Node {
     }
 
     /// The replica of the member `name`: a member SWIM knows by that name, or `name` itself
-    /// when it is a replica id (32 hex digits).
+    /// when it is the replica id (32 hex digits) of a member or of a node whose writes this
+    /// node holds (`None` otherwise: an id nobody has is no member).
     pub fn member_replica(&self, name: &str) -> Option<ReplicaId> {
         let swim = self.net_status().map(|n| n.members).unwrap_or_default();
         swim.iter()
             .find(|m| m.name == name)
             .and_then(|m| u128::from_str_radix(&m.replica.replace('-', ""), 16).ok())
+            .map(ReplicaId)
             .or_else(|| {
-                (name.len() == 32)
+                // A replica id only if this node knows it: a member, or writes it holds.
+                let id = (name.len() == 32)
                     .then(|| u128::from_str_radix(name, 16).ok())
                     .flatten()
+                    .map(ReplicaId)?;
+                let known = self.context().ok()?.replicas().any(|r| *r == id)
+                    || swim
+                        .iter()
+                        .any(|m| m.replica.replace('-', "") == id.to_string());
+                known.then_some(id)
             })
-            .map(ReplicaId)
     }
 
     /// Brings this node's seals up to date before a read of views (one seal step under the

@@ -395,6 +395,12 @@ fn two_daemons_with_issued_certificates_converge() {
         .collect();
     assert_eq!(alpha_row[1], "alive", "{table}");
     assert_eq!(alpha_row[2], env!("CARGO_PKG_VERSION"), "{table}");
+    // A member that still answers is not removed without --force; a node never removes itself.
+    let o = alpha.run(&["members", "remove", "beta"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("member_alive"), "{}", stderr(&o));
+    let o = alpha.run(&["members", "remove", "alpha"]);
+    assert!(stderr(&o).contains("invalid_member"), "{}", stderr(&o));
     // beta dies without a goodbye: alpha keeps listing it, suspect then down, with when it was
     // last heard from, in /v1/cluster and in `tidemark status`.
     let mut beta = beta;

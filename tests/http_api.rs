@@ -1052,12 +1052,13 @@ fn routes_without_parameters_refuse_any_like_the_others_refuse_unknown_ones() {
     }
 }
 
-/// `POST /v1/cluster/members/{name}/remove` decommissions a member by name or replica id:
-/// an unknown name is 404 `member_not_found`, this node itself 400 `invalid_member`, another
-/// replica 200 and listed in `/v1/cluster`'s `decommissioned` from then on (idempotent); a
-/// client op cannot forge the record (`~gone/` is reserved).
+/// `POST /v1/cluster/members/{name}/remove` on a lone node: an unknown name, and a replica
+/// id no node it knows has, are 404 `member_not_found` (nothing recorded); this node itself,
+/// by replica id, is 400 `invalid_member`; a bad `force` or an unknown parameter is 400; a
+/// client op cannot forge a removal record (`~gone/` is reserved). (Removing a real member by
+/// name: tests/cli_commands.rs; by replica id: tests/views_membership.rs.)
 #[test]
-fn members_are_decommissioned_by_name_or_replica_id() {
+fn members_are_decommissioned_only_when_known_and_not_this_node() {
     let s = Served::start();
     let a = post(&s.url("/v1/cluster/members/nobody/remove"), "{}");
     assert_eq!(
@@ -1065,25 +1066,35 @@ fn members_are_decommissioned_by_name_or_replica_id() {
         (404, "member_not_found", "path name"),
         "{a:?}"
     );
+    let stranger = "000000000000000000000000000000ab";
+    let a = post(
+        &s.url(&format!("/v1/cluster/members/{stranger}/remove")),
+        "{}",
+    );
+    assert_eq!((a.status, a.code()), (404, "member_not_found"), "{a:?}");
     let me = get(&s.url("/v1/cluster")).json["node"]["replica"]
         .as_str()
         .expect("replica")
         .to_owned();
     let a = post(&s.url(&format!("/v1/cluster/members/{me}/remove")), "{}");
     assert_eq!((a.status, a.code()), (400, "invalid_member"), "{a:?}");
-    let other = "000000000000000000000000000000ab";
-    for _ in 0..2 {
-        let a = post(&s.url(&format!("/v1/cluster/members/{other}/remove")), "{}");
-        assert_eq!(a.status, 200, "{a:?}");
-        assert_eq!(a.json["removed"], json!(other));
-    }
-    let c = get(&s.url("/v1/cluster")).json;
-    assert_eq!(c["decommissioned"], json!([other]), "{c}");
+    let a = post(&s.url("/v1/cluster/members/nobody/remove?force=yes"), "{}");
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (400, "invalid_query", "query force"),
+        "{a:?}"
+    );
+    let a = post(&s.url("/v1/cluster/members/nobody/remove?now=1"), "{}");
+    assert_eq!(
+        (a.status, a.code(), a.at()),
+        (400, "invalid_query", "query now"),
+        "{a:?}"
+    );
     let forged = post(
         &s.url("/v1/ops"),
         r#"[{"type":"lww","key":"~gone/000000000000000000000000000000cd","op":"set","value":"{}"}]"#,
     );
     assert_eq!(forged.status, 400, "{forged:?}");
     let c = get(&s.url("/v1/cluster")).json;
-    assert_eq!(c["decommissioned"], json!([other]), "{c}");
+    assert_eq!(c["decommissioned"], json!([]), "{c}");
 }

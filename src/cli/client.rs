@@ -634,8 +634,11 @@ pub fn members(client: &Client, out: &Output) -> anyhow::Result<()> {
 }
 
 /// `tidemark members remove NAME`: decommissions the member for good.
-pub fn remove_member(client: &Client, out: &Output, name: &str) -> anyhow::Result<()> {
-    let path = format!("/v1/cluster/members/{}/remove", encode_segment(name));
+pub fn remove_member(client: &Client, out: &Output, name: &str, force: bool) -> anyhow::Result<()> {
+    let mut path = format!("/v1/cluster/members/{}/remove", encode_segment(name));
+    if force {
+        path.push_str("?force=true");
+    }
     let (answer, _) = client.post(&path, "application/json", b"{}")?;
     let done = accept(answer)?;
     if out.json {

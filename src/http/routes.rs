@@ -866,26 +866,77 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
     .into_response())
 }
 
-/// `POST /v1/cluster/members/{name}/remove`: decommissions the member `name` (a member SWIM
-/// knows by that name, or a replica id) for good ([`crate::Node::decommission`]). 200
-/// `{"removed": replica, "name"}`; 404 `member_not_found`; 400 `invalid_member` for this node
-/// itself. Idempotent.
+/// `POST /v1/cluster/members/{name}/remove[?force=true]`: decommissions the member `name` (a
+/// member SWIM knows by that name, or the replica id of a node whose writes this node holds)
+/// for good ([`crate::Node::decommission`]). 200 `{"removed": replica, "name"}`; 404
+/// `member_not_found`; 400 `invalid_member` for this node itself; 409 `member_alive` for a
+/// member SWIM sees alive or suspect, unless `force=true`. Idempotent.
 async fn remove_member(
     State(state): State<AppState>,
     axum::extract::Path(name): axum::extract::Path<String>,
+    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let Query(pairs) = q.map_err(|e| bad_query("", e.body_text()).at("query"))?;
+    let mut force = false;
+    for (k, v) in &pairs {
+        match (k.as_str(), v.as_str()) {
+            ("force", "true") => force = true,
+            ("force", "false") => force = false,
+            ("force", _) => {
+                return Err(bad_query("force", "force takes true or false").at("query force"));
+            }
+            _ => {
+                return Err(
+                    bad_query(k, format!("unknown query parameter {k:?}")).at(format!("query {k}"))
+                );
+            }
+        }
+    }
     let node = &state.node;
+    let me = node.net_status().map(|n| n.name);
+    if me.as_deref() == Some(name.as_str()) || name == node.replica_id().to_string() {
+        return Err(ApiError::bad_request(
+            "invalid_member",
+            "a node cannot remove itself: remove it from another member",
+        )
+        .at("path name"));
+    }
     let Some(replica) = node.member_replica(&name) else {
         return Err(ApiError::new(
             axum::http::StatusCode::NOT_FOUND,
             "member_not_found",
-            format!("no member named {name:?} is known (give its name or replica id)"),
+            format!(
+                "no member named {name:?} is known (give its name as `tidemark members` lists \
+                 it, or the replica id of a node whose writes this node holds)"
+            ),
         )
         .at("path name"));
     };
+    let swim = node.net_status().map(|n| n.members).unwrap_or_default();
+    let member = swim
+        .iter()
+        .find(|m| m.replica.replace('-', "") == replica.to_string());
+    let alive = member.is_some_and(|m| {
+        matches!(
+            m.state,
+            crate::net::MemberState::Alive | crate::net::MemberState::Suspect
+        )
+    });
+    if alive && !force {
+        return Err(ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "member_alive",
+            format!(
+                "{name} is still answering: decommission a member only when it is gone for good \
+                 (add force=true to remove it anyway)"
+            ),
+        )
+        .at("path name"));
+    }
+    let shown = member.map_or_else(|| name.clone(), |m| m.name.clone());
     match node.decommission(replica).await {
         Ok(()) => {
-            Ok(axum::Json(json!({"removed": replica.to_string(), "name": name})).into_response())
+            Ok(axum::Json(json!({"removed": replica.to_string(), "name": shown})).into_response())
         }
         Err(crate::Error::Config(msg)) => {
             Err(ApiError::bad_request("invalid_member", msg).at("path name"))
