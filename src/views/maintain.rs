@@ -68,18 +68,7 @@ pub fn plan(
                 .is_some_and(|w| w.retention_ms.is_some())
         });
         let horizon = if retains {
-            let digest = views.digests.get(stream).map_or("", String::as_str);
-            let bound = views.time_bound(stream, now_ms);
-            let c = cluster_watermark(
-                reader,
-                stream,
-                digest,
-                me,
-                known,
-                peer_of,
-                bound,
-                views.is_joining(),
-            )?;
+            let c = views.vouched(reader, stream, me, known, peer_of, now_ms)?;
             // Another node's horizon is adopted only as far as this node's own watermark: it
             // may have been vouched over a membership without this node (a fresh node alone
             // vouches for itself), and no node removes a window it still holds open.
@@ -141,18 +130,7 @@ pub(crate) fn seal_inputs(
         if !idx.iter().any(|&i| views.views[i].window.is_some()) {
             continue;
         }
-        let digest = views.digests.get(stream).map_or("", String::as_str);
-        let bound = views.time_bound(stream, now_ms);
-        let cluster = cluster_watermark(
-            reader,
-            stream,
-            digest,
-            me,
-            known,
-            peer_of,
-            bound,
-            views.is_joining(),
-        )?;
+        let cluster = views.vouched(reader, stream, me, known, peer_of, now_ms)?;
         let ledger = super::read::ledger(reader, stream, me)?;
         let announced: Vec<u64> = super::read::announcement_of(reader, &keys::wm_key(stream, me))?
             .map(|a| a.met)
@@ -174,6 +152,32 @@ pub(crate) fn seal_inputs(
 }
 
 impl Views {
+    /// The cluster watermark of `stream` this node vouches for at clock `now_ms`
+    /// ([`cluster_watermark`] with this node's definitions digest, time bound and role).
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub(crate) fn vouched(
+        &self,
+        reader: &Reader,
+        stream: &str,
+        me: ReplicaId,
+        known: &[PeerId],
+        peer_of: fn(ReplicaId) -> PeerId,
+        now_ms: u64,
+    ) -> Result<super::read::Cluster, Error> {
+        cluster_watermark(
+            reader,
+            stream,
+            self.digests.get(stream).map_or("", String::as_str),
+            me,
+            known,
+            peer_of,
+            self.time_bound(stream, now_ms),
+            self.joining,
+        )
+    }
+
     /// The seal step of one stream (`seal.rs`), under the watermark lock `wms`: the vouched
     /// cluster watermark extends this node's epochs, and every deadline range whose members
     /// all announced the same set for it (and whose writes this node holds up to those
