@@ -110,7 +110,7 @@ async fn run(rate: f64, secs: f64) -> Result<(), Box<dyn std::error::Error>> {
                             }
                         }
                     }
-                    WatchEvent::Lagged(n) => lagged += n,
+                    WatchEvent::Reset { missed } => lagged += missed.unwrap_or(1),
                 }
             }
             lagged

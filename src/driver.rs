@@ -191,6 +191,7 @@ impl Driver {
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     self.on_tick();
+                    self.keep_watch_end();
                     return;
                 }
             };
@@ -226,6 +227,7 @@ impl Driver {
                 if let Input::Shutdown { reply } = input {
                     // Relaxed mode: make everything acknowledged so far durable before closing.
                     self.on_tick();
+                    self.keep_watch_end();
                     let _ = reply.send(());
                     return;
                 }
@@ -491,8 +493,12 @@ impl Driver {
                     offset += size;
                     let _ = reply.send(Ok(part));
                 }
-                for (key, value) in commit.changes {
-                    self.changes.publish(Change { key, value });
+                if !commit.changes.is_empty() && !self.changes.recording() {
+                    self.changes.skip();
+                } else {
+                    for (key, value) in commit.changes {
+                        self.changes.publish(Change { key, value });
+                    }
                 }
                 self.publish(&commit.changed);
             }
@@ -732,8 +738,24 @@ impl Driver {
         }
     }
 
+    /// A clean close while watchers are (or were recently) following: keep the newest change's
+    /// cursor so they resume after the restart without a reset. Its commit is durable, and so
+    /// makes every commit before it durable (every published change).
+    fn keep_watch_end(&mut self) {
+        if let Some(end) = self.changes.end_cursor() {
+            if let Err(e) = self.store.save_watch_end(end.parts()) {
+                tracing::warn!(error = %e, "cannot keep the watch cursor for the next run");
+            }
+        }
+    }
+
     fn publish<K: std::borrow::Borrow<Key>>(&self, keys: &[K]) {
-        if !self.changes.has_watchers() {
+        if keys.is_empty() {
+            return;
+        }
+        if !self.changes.recording() {
+            // No value read: the change takes a number, so no cursor resumes past it.
+            self.changes.skip();
             return;
         }
         let reader = self.store.reader();

@@ -29,12 +29,18 @@ pub struct Limits {
     pub message_bytes_target: usize,
     /// Largest disk record (state row, log entry) decoded at recovery (default 64 MiB).
     pub record_bytes_max: usize,
-    /// Most changes buffered per watcher before it is told it lagged (default 1,024).
+    /// Most recent changes the node holds for watchers to read and resume from (default
+    /// 65,536), shared by every watcher: one further behind is reset (`watch.rs`).
     pub watch_buffer_max: usize,
-    /// Most bytes of changes (keys and whole values) buffered per watcher before it is told it
-    /// lagged (default 8 MiB): a watcher that stops reading holds at most this much (plus one
-    /// change, when a single value is larger).
+    /// Most bytes of recent changes (keys and whole values) held for watchers (default
+    /// 16 MiB), shared by every watcher: a watcher that stops reading holds nothing of its
+    /// own, so this bounds the feed's memory whatever the number of watchers (one change
+    /// larger than it is still held alone).
     pub watch_buffer_bytes_max: usize,
+    /// How long changes are still recorded after the last watcher left, and after a clean
+    /// restart that ended while recording (default 600 s): a watcher that comes back within it
+    /// resumes from its cursor; after it, its next changes are not held and it is reset.
+    pub watch_resume_secs: u64,
     /// Most bytes of late events kept per stream in the late lane (default 16 MiB): past it the
     /// oldest are dropped first, and counted.
     pub late_bytes_max: usize,
@@ -66,8 +72,9 @@ impl Default for Limits {
             frame_bytes_max: 4 * 1024 * 1024,
             message_bytes_target: 1024 * 1024,
             record_bytes_max: 64 * 1024 * 1024,
-            watch_buffer_max: 1024,
-            watch_buffer_bytes_max: 8 * 1024 * 1024,
+            watch_buffer_max: 65_536,
+            watch_buffer_bytes_max: 16 * 1024 * 1024,
+            watch_resume_secs: 600,
             late_bytes_max: 16 * 1024 * 1024,
             cache_bytes: 64 * 1024 * 1024,
             max_clock_drift_ms: 500,

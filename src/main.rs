@@ -132,7 +132,8 @@ enum Command {
         #[arg(value_name = "FILE")]
         input: String,
     },
-    /// Print every change of matching keys as it commits.
+    /// Print every change of matching keys as it commits, each with its cursor (resume with
+    /// --from CURSOR: every later change exactly once, or a reset notice, never a gap).
     Watch {
         /// Only this type.
         #[arg(long = "type", value_parser = KIND_NAMES)]
@@ -140,6 +141,12 @@ enum Command {
         /// Only names starting with this.
         #[arg(long, default_value = "")]
         prefix: String,
+        /// Resume after this cursor (the last one printed), e.g. 3f9c2a1b0d4e5f60-42.
+        #[arg(long, value_name = "CURSOR")]
+        from: Option<String>,
+        /// First print the current value of every matching key, then the changes after it.
+        #[arg(long)]
+        snapshot: bool,
     },
     /// Show the node (with its version), its peers and readiness.
     Status,
@@ -337,7 +344,21 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             client::list(&c, &out, kind.as_deref(), prefix, limit, after, *internal)?;
         }
         Command::Ingest { stream, input } => return cli::ingest::run(&c, &out, stream, input),
-        Command::Watch { kind, prefix } => client::watch(&c, &out, kind.as_deref(), prefix)?,
+        Command::Watch {
+            kind,
+            prefix,
+            from,
+            snapshot,
+        } => client::watch(
+            &c,
+            &out,
+            &client::WatchArgs {
+                kind: kind.as_deref(),
+                prefix,
+                from: from.as_deref(),
+                snapshot: *snapshot,
+            },
+        )?,
         Command::Status => client::status(&c, &out)?,
         Command::Members { action: None } => client::members(&c, &out)?,
         Command::Members {

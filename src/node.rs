@@ -14,7 +14,7 @@ use crate::ops::{self, Event, Op};
 use crate::proto::replica::Replica;
 use crate::proto::{ApplyOutcome, PeerId};
 use crate::store::{DeltasSince, LocalCommit, LocalWrite, OpenOptions, Reader, RedbStore};
-use crate::watch::{Feed, KeyFilter, Watch};
+use crate::watch::{Cursor, Feed, KeyFilter, Watch};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
@@ -136,9 +136,12 @@ impl Node {
         let (tx, rx) = std::sync::mpsc::channel();
         let queued_ops = Arc::new(AtomicUsize::new(0));
         let metrics = Arc::new(Metrics::default());
+        let previous_end = store.take_watch_end()?;
         let changes = Arc::new(Feed::new(
             config.limits.watch_buffer_max,
             config.limits.watch_buffer_bytes_max,
+            previous_end.map(|(run, n)| Cursor::from_parts(run, n)),
+            Duration::from_secs(config.limits.watch_resume_secs),
         ));
         let reader = store.reader();
         let replica = store.replica();
@@ -985,7 +988,26 @@ impl Node {
 
     /// Changes committed from now on that match `filter`.
     pub fn watch(&self, filter: KeyFilter) -> Watch {
-        self.shared.changes.subscribe(filter)
+        self.shared.changes.subscribe(filter, None)
+    }
+
+    /// Changes committed after `cursor` (a [`Watch::cursor`] of this node, also from an earlier
+    /// run) that match `filter`: every one exactly once, in commit order, as long as they are
+    /// held (`limits.watch_buffer_max` / `_bytes_max`, `limits.watch_resume_secs`). When they
+    /// are not, the first event is [`WatchEvent::Reset`](crate::WatchEvent::Reset): re-read
+    /// the keys, then the changes after the reset follow. Never a silent gap.
+    pub fn watch_from(&self, filter: KeyFilter, cursor: Cursor) -> Watch {
+        self.shared.changes.subscribe(filter, Some(cursor))
+    }
+
+    /// The cursor of the newest change published (a watch started now resumes after it).
+    pub fn watch_cursor(&self) -> Cursor {
+        self.shared.changes.newest()
+    }
+
+    /// Where the watch feed stands: changes held and how far behind each watcher is.
+    pub fn watch_status(&self) -> crate::watch::FeedStatus {
+        self.shared.changes.status()
     }
 
     /// The committed causal context (the digest of everything this node has seen). In relaxed

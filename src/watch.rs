@@ -1,15 +1,27 @@
-//! Committed changes delivered to watchers, each with a buffer bounded in changes and in bytes.
+//! Committed changes, numbered, kept in one shared bounded ring that every watcher reads at its
+//! own position, so a watcher can resume from the last change it received.
 //!
-//! The writer publishes a change once it committed; every watcher whose filter matches gets it
-//! queued in its own buffer. A watcher that does not keep up never grows the node's memory
-//! beyond its bounds (`limits.watch_buffer_max` changes, `limits.watch_buffer_bytes_max`
-//! bytes): once over, its buffer is dropped, the changes it misses are counted, and its next
-//! read says how many it missed ([`WatchEvent::Lagged`]) so it can re-read the state and go on.
-//! A change is shared by every buffer holding it (one copy of a value, whatever the number of
-//! watchers); a watcher's bytes are counted as if it held its own copy.
+//! The writer publishes a change once it committed; it gets the next number of this node's
+//! change sequence. A [`Cursor`] names a position in that sequence: `RUN-N`, the run (a random
+//! id drawn each time the node opens) and the number of the last change received. The ring
+//! holds the most recent changes, bounded by `limits.watch_buffer_max` changes and
+//! `limits.watch_buffer_bytes_max` bytes in total, whatever the number of watchers: a watcher
+//! holds only its position, so a stalled watcher costs no memory. A watcher whose next change
+//! left the ring (or whose cursor names a run this node cannot vouch for) is told so once
+//! ([`WatchEvent::Reset`]) and goes on from the newest change: it never skips a change
+//! silently.
+//!
+//! Changes are recorded (their values read after each commit) while someone watches and for
+//! `limits.watch_resume_secs` after the last watcher left, so a watcher that reconnects within
+//! that time resumes where it stopped. When the node shuts down cleanly while recording, the
+//! cursor of its last change is kept on disk: a watcher resuming from exactly that cursor after
+//! the restart continues without a reset. Any other cursor of an earlier run is reset (its
+//! changes after the cursor may have been lost with the run: a crash, or relaxed durability).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
 use tidemark_crdts::{Key, KeyKind, Value};
 use tokio::sync::Notify;
 
@@ -24,7 +36,7 @@ pub struct Change {
 
 impl Change {
     /// Bytes this change holds in memory (key, value and their allocations), as counted
-    /// against a watcher's byte budget.
+    /// against the ring's byte budget.
     pub fn held_bytes(&self) -> usize {
         // A string's allocation plus its header.
         let text = |s: &String| s.len() + std::mem::size_of::<String>();
@@ -34,6 +46,59 @@ impl Change {
             Value::ORSet(items) | Value::MvReg(items) => items.iter().map(text).sum(),
         };
         std::mem::size_of::<Self>() + self.key.name.len() + value
+    }
+}
+
+/// A position in this node's change sequence: the run that numbered it and the number of the
+/// last change received (0: before the run's first change). Its text, `RUN-N` (16 hex digits,
+/// a dash, a decimal number), is what an SSE event's `id` carries: opaque, shell-safe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Cursor {
+    run: u64,
+    n: u64,
+}
+
+/// A cursor's text is not `RUN-N`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a watch cursor is RUN-N (16 hex digits, a dash, a decimal number), as sent in an event's \
+     id; got {0:?}"
+)]
+pub struct CursorError(pub String);
+
+impl Cursor {
+    /// The cursor of change `n` of run `run` (as kept on disk).
+    pub(crate) fn from_parts(run: u64, n: u64) -> Self {
+        Self { run, n }
+    }
+
+    /// The run id and change number (as kept on disk).
+    pub(crate) fn parts(self) -> (u64, u64) {
+        (self.run, self.n)
+    }
+}
+
+impl std::fmt::Display for Cursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}-{}", self.run, self.n)
+    }
+}
+
+impl std::str::FromStr for Cursor {
+    type Err = CursorError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || CursorError(s.chars().take(64).collect());
+        let (run, n) = s.split_once('-').ok_or_else(bad)?;
+        if run.len() != 16 || !run.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(bad());
+        }
+        if n.is_empty() || n.len() > 20 || !n.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        Ok(Self {
+            run: u64::from_str_radix(run, 16).map_err(|_| bad())?,
+            n: n.parse().map_err(|_| bad())?,
+        })
     }
 }
 
@@ -68,153 +133,390 @@ impl KeyFilter {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WatchEvent {
     /// A key changed to `value` (published only after the change committed; durably, unless
-    /// the node runs in relaxed durability).
+    /// the node runs in relaxed durability). [`Watch::cursor`] is now this change's cursor.
     Changed(Change),
-    /// The watcher fell behind: its buffer went over `limits.watch_buffer_max` changes or
-    /// `limits.watch_buffer_bytes_max` bytes and this many matching changes were dropped for
-    /// it. Re-read the keys to resync; changes committed after this event follow.
-    Lagged(u64),
+    /// The changes after the watcher's position are not all held any more (`missed`: how many
+    /// left the ring; `None`: the cursor names a run this node cannot vouch for, or a position
+    /// it never reached). Re-read the keys you watch; changes committed after this event
+    /// follow, and [`Watch::cursor`] is where they start.
+    Reset {
+        /// Changes that left the ring before the watcher read them, when known.
+        missed: Option<u64>,
+    },
+}
+
+/// Why a watcher had to be reset, as the wire names it.
+impl WatchEvent {
+    /// `behind_retention` (changes left the ring) or `unknown_cursor` (another run's or node's
+    /// cursor) for a reset; `None` for a change.
+    pub fn reset_reason(&self) -> Option<&'static str> {
+        match self {
+            Self::Changed(_) => None,
+            Self::Reset { missed: Some(_) } => Some("behind_retention"),
+            Self::Reset { missed: None } => Some("unknown_cursor"),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// One watcher's buffer.
-#[derive(Debug, Default)]
-struct Queue {
-    items: VecDeque<(Arc<Change>, usize)>,
+/// One held change.
+#[derive(Debug)]
+struct Held {
+    change: Arc<Change>,
     bytes: usize,
-    /// Matching changes dropped since the watcher last read (0: none).
-    missed: u64,
-    /// The feed is gone: no change will come.
+    /// Bytes of every change published up to and including this one in the run.
+    cum: u64,
+    at: Instant,
+}
+
+#[derive(Debug)]
+struct Ring {
+    run: u64,
+    /// Number of the oldest change held (`next` when empty).
+    first: u64,
+    /// Number the next change gets (changes are numbered from 1).
+    next: u64,
+    items: VecDeque<Held>,
+    bytes: usize,
+    /// Bytes of every change published in the run (see [`Held::cum`]).
+    cum: u64,
+    /// The cursor the previous run ended at, when it ended cleanly while recording: it names
+    /// the same position as `(run, 0)`.
+    previous: Option<Cursor>,
+    /// Positions of the live watchers (for their lag).
+    watchers: Vec<Weak<AtomicU64>>,
+    /// Recording goes on until then even with no watcher (after open or a watcher left).
+    record_until: Option<Instant>,
     closed: bool,
 }
 
-#[derive(Debug)]
-struct Slot {
-    filter: KeyFilter,
-    queue: Mutex<Queue>,
-    ready: Notify,
+impl Ring {
+    fn live_watchers(&mut self) -> usize {
+        self.watchers.retain(|w| w.strong_count() > 0);
+        self.watchers.len()
+    }
+    fn recording(&mut self, now: Instant) -> bool {
+        self.live_watchers() > 0 || self.record_until.is_some_and(|t| now < t)
+    }
 }
 
-/// A stream of committed changes matching a filter, buffered up to the watch limits.
+#[derive(Debug)]
+struct Shared {
+    ring: Mutex<Ring>,
+    ready: Notify,
+    changes_max: usize,
+    bytes_max: usize,
+    resume: Duration,
+}
+
+/// How far behind one watcher is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Behind {
+    /// Changes published after the watcher's position (of any key).
+    pub changes: u64,
+    /// Age of the oldest of them still held (zero when none).
+    pub age: Duration,
+    /// Bytes of those still held in the ring (shared: counted here for each watcher).
+    pub bytes: usize,
+}
+
+/// A stream of committed changes matching a filter, from a position of the change sequence.
 #[derive(Debug)]
 pub struct Watch {
-    slot: Arc<Slot>,
+    shared: Arc<Shared>,
+    filter: KeyFilter,
+    run: u64,
+    /// Number of the last change this watcher has passed (delivered or filtered out).
+    pos: Arc<AtomicU64>,
+    /// A reset to deliver first (the cursor asked for could not be honoured).
+    pending: Option<WatchEvent>,
 }
 
 impl Watch {
-    /// The next change (or the count of changes missed since the last read, when the buffer
-    /// overflowed), or `None` once the node shut down (or its last handle was dropped).
+    /// The next change matching the filter, a [`WatchEvent::Reset`] when the changes after
+    /// this watcher's position are not all held, or `None` once the node shut down (or its
+    /// last handle was dropped) and every held change was read.
     pub async fn next(&mut self) -> Option<WatchEvent> {
+        if let Some(reset) = self.pending.take() {
+            return Some(reset);
+        }
         loop {
-            {
-                let mut q = lock(&self.slot.queue);
-                if q.missed > 0 {
-                    let n = std::mem::take(&mut q.missed);
-                    return Some(WatchEvent::Lagged(n));
+            let notified = self.shared.ready.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let found = {
+                let ring = lock(&self.shared.ring);
+                let pos = self.pos.load(Ordering::Relaxed);
+                if pos.saturating_add(1) < ring.first {
+                    // The next change this watcher needs left the ring: go on from the newest.
+                    let missed = ring.first - pos - 1;
+                    self.pos.store(ring.next - 1, Ordering::Relaxed);
+                    return Some(WatchEvent::Reset {
+                        missed: Some(missed),
+                    });
                 }
-                if let Some((change, bytes)) = q.items.pop_front() {
-                    q.bytes -= bytes;
-                    drop(q);
-                    return Some(WatchEvent::Changed(Arc::unwrap_or_clone(change)));
+                let skip = usize::try_from(pos + 1 - ring.first).unwrap_or(usize::MAX);
+                let mut n = pos;
+                let mut found = None;
+                for held in ring.items.iter().skip(skip) {
+                    n += 1;
+                    if self.filter.matches(&held.change.key) {
+                        found = Some(Arc::clone(&held.change));
+                        break;
+                    }
                 }
-                if q.closed {
+                self.pos.store(
+                    if found.is_some() { n } else { ring.next - 1 },
+                    Ordering::Relaxed,
+                );
+                if found.is_none() && ring.closed {
                     return None;
                 }
+                found
+            };
+            if let Some(change) = found {
+                // Copied outside the lock: the writer never waits for a watcher's copy.
+                return Some(WatchEvent::Changed(Arc::unwrap_or_clone(change)));
             }
-            // A change published between the check and here left a permit: no wake-up is lost.
-            self.slot.ready.notified().await;
+            // A change published after the check wakes this future: `enable` registered it.
+            notified.await;
         }
     }
 
-    /// Bytes of changes buffered for this watcher now.
+    /// This watcher's position: the cursor of the last change it received (or passed over as
+    /// not matching its filter). Resuming from it with [`crate::Node::watch_from`] delivers
+    /// every later change exactly once, as long as they are held.
+    pub fn cursor(&self) -> Cursor {
+        Cursor {
+            run: self.run,
+            n: self.pos.load(Ordering::Relaxed),
+        }
+    }
+
+    /// How far behind the newest change this watcher is.
+    pub fn behind(&self) -> Behind {
+        let ring = lock(&self.shared.ring);
+        behind(&ring, self.pos.load(Ordering::Relaxed), Instant::now())
+    }
+
+    /// Bytes of held changes this watcher has not read yet (they are shared with every other
+    /// watcher: the ring, not the watcher, holds them).
     pub fn buffered_bytes(&self) -> usize {
-        lock(&self.slot.queue).bytes
+        self.behind().bytes
     }
 }
 
-/// The writer's side: every live watcher's buffer.
+fn behind(ring: &Ring, pos: u64, now: Instant) -> Behind {
+    let changes = ring.next.saturating_sub(pos + 1);
+    let skip = usize::try_from((pos + 1).saturating_sub(ring.first)).unwrap_or(usize::MAX);
+    let (age, bytes) = match ring.items.get(skip) {
+        // Bytes from this change on: the running total minus what came before it.
+        Some(h) => (
+            now.saturating_duration_since(h.at),
+            usize::try_from(ring.cum - (h.cum - h.bytes as u64)).unwrap_or(usize::MAX),
+        ),
+        None => (Duration::ZERO, 0),
+    };
+    Behind {
+        changes,
+        age,
+        bytes,
+    }
+}
+
+impl Drop for Watch {
+    /// Recording goes on for `limits.watch_resume_secs`, so this watcher can come back.
+    fn drop(&mut self) {
+        let mut ring = lock(&self.shared.ring);
+        let until = Instant::now() + self.shared.resume;
+        ring.record_until = Some(ring.record_until.map_or(until, |t| t.max(until)));
+    }
+}
+
+/// Where the ring stands, for metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FeedStatus {
+    /// This run's id (the `RUN` of its cursors).
+    pub run: u64,
+    /// Changes held now.
+    pub held_changes: usize,
+    /// Bytes of changes held now.
+    pub held_bytes: usize,
+    /// Whether changes are being recorded (someone watches, or did recently).
+    pub recording: bool,
+    /// How far behind each live watcher is.
+    pub watchers: Vec<Behind>,
+}
+
+/// The writer's side: the numbered ring of recent changes.
 #[derive(Debug)]
 pub(crate) struct Feed {
-    watchers: Mutex<Vec<Weak<Slot>>>,
-    changes_max: usize,
-    bytes_max: usize,
+    shared: Arc<Shared>,
 }
 
 impl Feed {
-    /// A feed whose watchers buffer at most `changes_max` changes and `bytes_max` bytes each
-    /// (one change over `bytes_max` is still delivered to a watcher whose buffer is empty).
-    pub(crate) fn new(changes_max: usize, bytes_max: usize) -> Self {
+    /// A feed holding at most `changes_max` changes and `bytes_max` bytes (one change over
+    /// `bytes_max` is still held alone), numbering changes under a fresh run id. `previous` is
+    /// the cursor the previous run ended at cleanly (it then names this run's start, and
+    /// recording starts at once for `resume`); `resume` is how long recording goes on with no
+    /// watcher.
+    pub(crate) fn new(
+        changes_max: usize,
+        bytes_max: usize,
+        previous: Option<Cursor>,
+        resume: Duration,
+    ) -> Self {
+        let run = u64::from_le_bytes(
+            uuid::Uuid::new_v4().as_bytes()[..8]
+                .try_into()
+                .unwrap_or([0x5a; 8]),
+        );
+        let record_until = previous.map(|_| Instant::now() + resume);
         Self {
-            watchers: Mutex::new(Vec::new()),
-            changes_max: changes_max.max(1),
-            bytes_max,
+            shared: Arc::new(Shared {
+                ring: Mutex::new(Ring {
+                    run,
+                    first: 1,
+                    next: 1,
+                    items: VecDeque::new(),
+                    bytes: 0,
+                    cum: 0,
+                    previous,
+                    watchers: Vec::new(),
+                    record_until,
+                    closed: false,
+                }),
+                ready: Notify::new(),
+                changes_max: changes_max.max(1),
+                bytes_max,
+                resume,
+            }),
         }
     }
 
-    /// A new watcher of the changes published from now on that match `filter`.
-    pub(crate) fn subscribe(&self, filter: KeyFilter) -> Watch {
-        let slot = Arc::new(Slot {
+    /// A watcher of the changes after `from` (`None`: from the newest change) that match
+    /// `filter`. A cursor this feed cannot honour (another run's, other than the previous run's
+    /// clean end; a position not reached yet) gives a watcher whose first event is a reset.
+    pub(crate) fn subscribe(&self, filter: KeyFilter, from: Option<Cursor>) -> Watch {
+        let mut ring = lock(&self.shared.ring);
+        let newest = ring.next - 1;
+        let (pos, pending) = match from {
+            None => (newest, None),
+            Some(c) if c.run == ring.run && c.n <= newest => (c.n, None),
+            Some(c) if Some(c) == ring.previous => (0, None),
+            Some(_) => (newest, Some(WatchEvent::Reset { missed: None })),
+        };
+        let pos = Arc::new(AtomicU64::new(pos));
+        ring.live_watchers();
+        ring.watchers.push(Arc::downgrade(&pos));
+        Watch {
+            shared: Arc::clone(&self.shared),
             filter,
-            queue: Mutex::new(Queue::default()),
-            ready: Notify::new(),
-        });
-        let mut watchers = lock(&self.watchers);
-        watchers.retain(|w| w.strong_count() > 0);
-        watchers.push(Arc::downgrade(&slot));
-        Watch { slot }
+            run: ring.run,
+            pos,
+            pending,
+        }
     }
 
-    /// Is anyone watching? (Nothing needs to be read for watchers when not.)
-    pub(crate) fn has_watchers(&self) -> bool {
-        lock(&self.watchers).iter().any(|w| w.strong_count() > 0)
+    /// The cursor of the newest change (what a watcher subscribed now starts after).
+    pub(crate) fn newest(&self) -> Cursor {
+        let ring = lock(&self.shared.ring);
+        Cursor {
+            run: ring.run,
+            n: ring.next - 1,
+        }
     }
 
-    /// Queues `change` for every watcher whose filter matches it.
+    /// Are changes recorded now? When not, the writer reads no values and calls
+    /// [`Feed::skip`] instead of [`Feed::publish`].
+    pub(crate) fn recording(&self) -> bool {
+        lock(&self.shared.ring).recording(Instant::now())
+    }
+
+    /// A change committed while not recording: it takes a number but is not held, so every
+    /// cursor before it is reset rather than resumed past it.
+    pub(crate) fn skip(&self) {
+        let mut ring = lock(&self.shared.ring);
+        ring.next += 1;
+        ring.first = ring.next;
+        ring.items.clear();
+        ring.bytes = 0;
+        drop(ring);
+        self.shared.ready.notify_waiters();
+    }
+
+    /// Holds `change` as the next of the sequence, dropping the oldest over the bounds, and
+    /// wakes every watcher.
     pub(crate) fn publish(&self, change: Change) {
-        let change = Arc::new(change);
         let bytes = change.held_bytes();
-        let mut watchers = lock(&self.watchers);
-        watchers.retain(|w| w.strong_count() > 0);
-        for slot in watchers.iter().filter_map(Weak::upgrade) {
-            if !slot.filter.matches(&change.key) {
-                continue;
+        let mut ring = lock(&self.shared.ring);
+        ring.cum += bytes as u64;
+        let cum = ring.cum;
+        ring.items.push_back(Held {
+            change: Arc::new(change),
+            bytes,
+            cum,
+            at: Instant::now(),
+        });
+        ring.bytes += bytes;
+        ring.next += 1;
+        while ring.items.len() > 1
+            && (ring.items.len() > self.shared.changes_max || ring.bytes > self.shared.bytes_max)
+        {
+            if let Some(old) = ring.items.pop_front() {
+                ring.bytes -= old.bytes;
+                ring.first += 1;
             }
-            {
-                let mut q = lock(&slot.queue);
-                if q.missed > 0 {
-                    q.missed += 1;
-                } else if !q.items.is_empty()
-                    && (q.items.len() >= self.changes_max || q.bytes + bytes > self.bytes_max)
-                {
-                    // Over a bound: drop the buffer (its memory is freed now) and count.
-                    q.missed = q.items.len() as u64 + 1;
-                    q.items.clear();
-                    q.bytes = 0;
-                } else {
-                    q.bytes += bytes;
-                    q.items.push_back((Arc::clone(&change), bytes));
-                }
-            }
-            slot.ready.notify_one();
+        }
+        drop(ring);
+        self.shared.ready.notify_waiters();
+    }
+
+    /// The cursor to keep on disk when the node closes cleanly: the newest change's, if
+    /// changes are being recorded (a watcher may come back for it); `None` otherwise.
+    pub(crate) fn end_cursor(&self) -> Option<Cursor> {
+        let mut ring = lock(&self.shared.ring);
+        if !ring.recording(Instant::now()) {
+            return None;
+        }
+        Some(Cursor {
+            run: ring.run,
+            n: ring.next - 1,
+        })
+    }
+
+    /// Where the ring and its watchers stand.
+    pub(crate) fn status(&self) -> FeedStatus {
+        let mut ring = lock(&self.shared.ring);
+        let now = Instant::now();
+        let recording = ring.recording(now);
+        let positions: Vec<u64> = ring
+            .watchers
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|p| p.load(Ordering::Relaxed))
+            .collect();
+        FeedStatus {
+            run: ring.run,
+            held_changes: ring.items.len(),
+            held_bytes: ring.bytes,
+            recording,
+            watchers: positions
+                .into_iter()
+                .map(|p| behind(&ring, p, now))
+                .collect(),
         }
     }
 }
 
 impl Drop for Feed {
-    /// Every watcher's next read after its buffer ends is `None`.
+    /// Every watcher's next read after the held changes is `None`.
     fn drop(&mut self) {
-        let watchers = std::mem::take(
-            self.watchers
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner),
-        );
-        for slot in watchers.iter().filter_map(Weak::upgrade) {
-            lock(&slot.queue).closed = true;
-            slot.ready.notify_one();
-        }
+        lock(&self.shared.ring).closed = true;
+        self.shared.ready.notify_waiters();
     }
 }
 
@@ -241,16 +543,39 @@ mod tests {
     }
 
     async fn next(w: &mut Watch) -> Option<WatchEvent> {
-        tokio::time::timeout(std::time::Duration::from_secs(5), w.next())
+        tokio::time::timeout(Duration::from_secs(5), w.next())
             .await
             .expect("a watch event")
     }
 
+    fn feed(changes: usize, bytes: usize) -> Feed {
+        Feed::new(changes, bytes, None, Duration::from_secs(600))
+    }
+
+    #[test]
+    fn cursors_roundtrip_and_refuse_other_text() {
+        let c = Cursor { run: 0xab, n: 42 };
+        assert_eq!(c.to_string(), "00000000000000ab-42");
+        assert_eq!("00000000000000ab-42".parse::<Cursor>(), Ok(c));
+        for bad in [
+            "",
+            "ab-42",
+            "00000000000000ab",
+            "00000000000000ab-",
+            "00000000000000ab-x",
+            "00000000000000ab--1",
+            "00000000000000ag-1",
+            "00000000000000ab-99999999999999999999999",
+        ] {
+            assert!(bad.parse::<Cursor>().is_err(), "{bad:?} accepted");
+        }
+    }
+
     #[tokio::test]
     async fn changes_arrive_in_order_and_only_matching_ones() {
-        let feed = Feed::new(16, 1 << 20);
-        let mut all = feed.subscribe(KeyFilter::all());
-        let mut some = feed.subscribe(KeyFilter::prefix("a"));
+        let feed = feed(16, 1 << 20);
+        let mut all = feed.subscribe(KeyFilter::all(), None);
+        let mut some = feed.subscribe(KeyFilter::prefix("a"), None);
         for (i, name) in ["a1", "b1", "a2"].into_iter().enumerate() {
             feed.publish(counter(name, i as u64));
         }
@@ -268,79 +593,157 @@ mod tests {
             next(&mut some).await,
             Some(WatchEvent::Changed(counter("a2", 2)))
         );
+        assert_eq!(all.cursor(), some.cursor());
         drop(feed);
         assert_eq!(next(&mut all).await, None);
         assert_eq!(next(&mut some).await, None);
     }
 
     #[tokio::test]
-    async fn a_stalled_watcher_holds_at_most_its_byte_budget_and_is_told_what_it_missed() {
+    async fn a_watcher_resumed_from_any_cursor_gets_every_later_change_exactly_once() {
+        let feed = feed(1 << 12, 1 << 24);
+        let mut w = feed.subscribe(KeyFilter::all(), None);
+        let mut got = Vec::new();
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..500u64 {
+            feed.publish(counter(&format!("k{}", i % 7), i));
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            // At random points the watcher goes away and comes back from its cursor.
+            if rng % 5 == 0 {
+                let at = w.cursor();
+                drop(w);
+                w = feed.subscribe(KeyFilter::all(), Some(at));
+            }
+            if rng % 3 == 0 {
+                while w.behind().changes > 0 {
+                    match next(&mut w).await {
+                        Some(WatchEvent::Changed(c)) => got.push(c),
+                        other => panic!("unexpected {other:?}"),
+                    }
+                }
+            }
+        }
+        while w.behind().changes > 0 {
+            if let Some(WatchEvent::Changed(c)) = next(&mut w).await {
+                got.push(c);
+            }
+        }
+        let want: Vec<Change> = (0..500u64)
+            .map(|i| counter(&format!("k{}", i % 7), i))
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[tokio::test]
+    async fn a_stalled_watcher_holds_nothing_and_is_reset_once_its_changes_left_the_ring() {
         let budget = 4 << 20;
-        let feed = Feed::new(1024, budget);
-        let mut stalled = feed.subscribe(KeyFilter::all());
-        let mut reading = feed.subscribe(KeyFilter::all());
-        // 400 changes of a ~1 MiB set: the stalled watcher never holds more than its budget.
-        let mut peak = 0;
+        let feed = feed(1024, budget);
+        let mut stalled = feed.subscribe(KeyFilter::all(), None);
+        let mut reading = feed.subscribe(KeyFilter::all(), None);
+        // 400 changes of a ~1 MiB set: the ring never holds more than its budget.
         for i in 0..400 {
             feed.publish(set(&format!("s{}", i % 3), 1024, 1000));
-            peak = peak.max(stalled.buffered_bytes());
+            assert!(feed.status().held_bytes <= budget);
             assert!(matches!(
                 next(&mut reading).await,
                 Some(WatchEvent::Changed(_))
             ));
         }
-        assert!(peak <= budget, "peak {peak} over the budget {budget}");
         assert_eq!(reading.buffered_bytes(), 0);
-        // It is told how many it missed (every change not still buffered), then gets the rest.
-        let mut seen = 0u64;
-        let mut missed = 0u64;
-        while stalled.buffered_bytes() > 0 || missed == 0 {
-            match next(&mut stalled).await {
-                Some(WatchEvent::Lagged(n)) => missed += n,
-                Some(WatchEvent::Changed(_)) => seen += 1,
-                None => break,
-            }
-        }
-        assert_eq!(seen + missed, 400, "seen {seen}, missed {missed}");
-        assert!(missed > 0);
-        // After the lag it follows new changes again.
+        assert_eq!(stalled.behind().changes, 400);
+        let at = stalled.cursor();
+        // It is told how many it missed, then follows new changes.
+        let held = feed.status().held_changes as u64;
+        assert_eq!(
+            next(&mut stalled).await,
+            Some(WatchEvent::Reset {
+                missed: Some(400 - held)
+            })
+        );
         feed.publish(counter("after", 1));
         assert_eq!(
             next(&mut stalled).await,
             Some(WatchEvent::Changed(counter("after", 1)))
         );
+        // Resuming from a cursor behind the ring is a reset too, never a gap.
+        let mut again = feed.subscribe(KeyFilter::all(), Some(at));
+        assert!(matches!(
+            next(&mut again).await,
+            Some(WatchEvent::Reset { missed: Some(_) })
+        ));
     }
 
     #[tokio::test]
-    async fn the_change_count_bound_still_holds_and_one_oversized_change_is_delivered() {
-        let feed = Feed::new(3, 100);
-        let mut w = feed.subscribe(KeyFilter::all());
-        // Bigger than the byte budget, into an empty buffer: delivered.
+    async fn cursors_of_other_runs_reset_except_the_clean_end_of_the_previous_one() {
+        let old = feed(16, 1 << 20);
+        let w = old.subscribe(KeyFilter::all(), None);
+        old.publish(counter("a", 1));
+        let mid = old.newest();
+        old.publish(counter("a", 2));
+        let end = old.end_cursor().expect("recording while watched");
+        drop(w);
+        let new = Feed::new(16, 1 << 20, Some(end), Duration::from_secs(600));
+        assert!(new.recording(), "records from open after a clean end");
+        new.publish(counter("a", 3));
+        let mut resumed = new.subscribe(KeyFilter::all(), Some(end));
+        assert_eq!(
+            next(&mut resumed).await,
+            Some(WatchEvent::Changed(counter("a", 3)))
+        );
+        let mut behind = new.subscribe(KeyFilter::all(), Some(mid));
+        assert_eq!(
+            next(&mut behind).await,
+            Some(WatchEvent::Reset { missed: None })
+        );
+        // A position this run never reached is not resumed either.
+        let ahead = Cursor {
+            run: new.newest().run,
+            n: 99,
+        };
+        let mut w = new.subscribe(KeyFilter::all(), Some(ahead));
+        assert_eq!(next(&mut w).await, Some(WatchEvent::Reset { missed: None }));
+    }
+
+    #[tokio::test]
+    async fn a_change_not_recorded_resets_the_cursors_before_it() {
+        let feed = Feed::new(16, 1 << 20, None, Duration::ZERO);
+        assert!(!feed.recording());
+        let w = feed.subscribe(KeyFilter::all(), None);
+        assert!(feed.recording());
+        feed.publish(counter("a", 1));
+        let at = w.cursor();
+        drop(w);
+        assert!(!feed.recording(), "no watcher, no resume window");
+        feed.skip();
+        let mut back = feed.subscribe(KeyFilter::all(), Some(at));
+        assert!(matches!(
+            next(&mut back).await,
+            Some(WatchEvent::Reset { missed: Some(_) })
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_change_count_bound_holds_and_one_oversized_change_is_held() {
+        let feed = self::feed(3, 100);
+        let mut w = feed.subscribe(KeyFilter::all(), None);
         feed.publish(set("big", 10, 100));
         assert!(matches!(next(&mut w).await, Some(WatchEvent::Changed(c)) if c.key.name == "big"));
-        let feed = Feed::new(3, 1 << 20);
-        let mut w = feed.subscribe(KeyFilter::all());
+        let feed = self::feed(3, 1 << 20);
+        let mut w = feed.subscribe(KeyFilter::all(), None);
         for i in 0..5 {
             feed.publish(counter("c", i));
         }
-        // The fourth overflows the buffer: it and every change until the next read are missed.
-        assert_eq!(next(&mut w).await, Some(WatchEvent::Lagged(5)));
+        assert_eq!(feed.status().held_changes, 3);
+        assert_eq!(
+            next(&mut w).await,
+            Some(WatchEvent::Reset { missed: Some(2) })
+        );
         feed.publish(counter("c", 5));
         assert_eq!(
             next(&mut w).await,
             Some(WatchEvent::Changed(counter("c", 5)))
         );
-    }
-
-    #[tokio::test]
-    async fn dropped_watchers_are_forgotten() {
-        let feed = Feed::new(8, 1 << 20);
-        assert!(!feed.has_watchers());
-        let w = feed.subscribe(KeyFilter::all());
-        assert!(feed.has_watchers());
-        drop(w);
-        assert!(!feed.has_watchers());
-        feed.publish(counter("x", 1));
-        assert!(lock(&feed.watchers).is_empty());
     }
 }

@@ -413,10 +413,10 @@ fn watch_delivers_every_change_in_order_per_key() {
 }
 
 #[test]
-fn a_lagging_watcher_is_told_so() {
+fn a_watcher_behind_the_held_changes_is_reset() {
     let s = Served::start_with(|n, _| n.limits.watch_buffer_max = 1);
     let mut watch = open_watch(&s, "");
-    // 5,000 changes (one per key) are published at once by one commit; a buffer of one cannot
+    // 5,000 changes (one per key) are published at once by one commit; a ring of one cannot
     // hold them.
     let ops: Vec<J> = (0..5000)
         .map(|i| json!({"type":"gcounter","key":format!("k{i:04}"),"op":"inc"}))
@@ -425,25 +425,25 @@ fn a_lagging_watcher_is_told_so() {
         post(&s.url("/v1/ops"), J::from(ops).to_string()).status,
         200
     );
-    // The group may be published as several records, so the first record's change can arrive
-    // before the buffer overflows; the client must be told it lagged right after.
-    // The watcher may keep up for a while (how long depends on scheduling), but it cannot hold
-    // 5,000 changes in a buffer of one: before it has seen them all it must be told it lagged.
+    // The watcher may keep up for a while (how long depends on scheduling), but it cannot be
+    // given 5,000 changes from a ring of one: before it has seen them all it is reset.
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut seen = Vec::new();
-    let lagged = loop {
+    let reset = loop {
         let event = read_events(&mut watch, 1, deadline).remove(0);
-        if event.0 == "lagged" {
+        if event.0 == "reset" {
             break event;
         }
         assert_eq!(event.0, "change", "{event:?}");
         seen.push(event);
         assert!(
             seen.len() < 5000,
-            "all 5,000 changes arrived without a lag notice"
+            "all 5,000 changes arrived without a reset"
         );
     };
-    assert!(lagged.1["missed"].as_u64().is_some_and(|m| m > 0));
+    assert!(reset.1["missed"].as_u64().is_some_and(|m| m > 0));
+    assert_eq!(reset.1["reason"], "behind_retention");
+    assert!(reset.1["cursor"].as_str().is_some_and(|c| c.contains('-')));
 }
 
 #[test]

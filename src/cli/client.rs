@@ -397,35 +397,75 @@ pub fn list(
     Ok(())
 }
 
-/// `tidemark watch`: prints every change until the stream ends.
-pub fn watch(
-    client: &Client,
-    out: &Output,
-    kind: Option<&str>,
-    prefix: &str,
-) -> anyhow::Result<()> {
-    let mut q = vec![("prefix", prefix.to_owned())];
-    if let Some(k) = kind {
+/// What `tidemark watch` was asked.
+pub struct WatchArgs<'a> {
+    /// Only this type.
+    pub kind: Option<&'a str>,
+    /// Only names starting with this.
+    pub prefix: &'a str,
+    /// Resume after this cursor.
+    pub from: Option<&'a str>,
+    /// Current values first.
+    pub snapshot: bool,
+}
+
+/// `tidemark watch`: prints every change until the stream ends, each with its cursor (the
+/// last column in a table line, `cursor` in JSON), so a script can resume with `--from`.
+pub fn watch(client: &Client, out: &Output, args: &WatchArgs<'_>) -> anyhow::Result<()> {
+    let mut q = vec![("prefix", args.prefix.to_owned())];
+    if let Some(k) = args.kind {
         q.push(("type", k.to_owned()));
     }
+    if let Some(c) = args.from {
+        q.push(("after", c.to_owned()));
+    }
+    if args.snapshot {
+        q.push(("snapshot", "true".to_owned()));
+    }
     let mut event = String::new();
+    let mut id = String::new();
     client.stream_lines("/v1/watch", &q, |line| {
         if let Some(name) = line.strip_prefix("event:") {
             event = name.trim().to_owned();
+        } else if let Some(v) = line.strip_prefix("id:") {
+            v.trim().clone_into(&mut id);
         } else if let Some(data) = line.strip_prefix("data:") {
-            let data: J = serde_json::from_str(data.trim()).unwrap_or(J::Null);
+            let mut data: J = serde_json::from_str(data.trim()).unwrap_or(J::Null);
             match event.as_str() {
-                "lagged" => eprintln!(
-                    "watch: fell behind and missed {} changes; re-read the keys (tidemark list)",
-                    data["missed"]
+                "reset" => eprintln!(
+                    "watch: reset ({}): {}; resume cursor {}",
+                    data["reason"].as_str().unwrap_or("?"),
+                    data["hint"].as_str().unwrap_or_default(),
+                    data["cursor"].as_str().unwrap_or_default(),
                 ),
-                _ if out.json => println!("{data}"),
-                _ => println!(
-                    "{}/{} = {}",
-                    data["type"].as_str().unwrap_or_default(),
-                    data["key"].as_str().unwrap_or_default(),
-                    value_text(&data["value"])
+                "snapshot_end" => eprintln!(
+                    "watch: snapshot done at cursor {}; changes follow",
+                    data["cursor"].as_str().unwrap_or_default()
                 ),
+                _ if out.json => {
+                    if event == "change" {
+                        data["cursor"] = J::String(id.clone());
+                    }
+                    data["event"] = J::String(event.clone());
+                    println!("{data}");
+                }
+                _ => {
+                    let value = if data["value_omitted"].as_bool() == Some(true) {
+                        format!("({} bytes: tidemark get it)", data["value_bytes"])
+                    } else {
+                        value_text(&data["value"])
+                    };
+                    let at = if event == "change" {
+                        format!("  [{id}]")
+                    } else {
+                        String::new()
+                    };
+                    println!(
+                        "{}/{} = {value}{at}",
+                        data["type"].as_str().unwrap_or_default(),
+                        data["key"].as_str().unwrap_or_default(),
+                    );
+                }
             }
             use std::io::Write;
             let _ = std::io::stdout().flush();

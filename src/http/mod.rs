@@ -26,6 +26,7 @@ mod metrics;
 mod middleware;
 mod routes;
 mod snapshot;
+mod watch;
 
 pub use error::ApiError;
 

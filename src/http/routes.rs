@@ -6,16 +6,13 @@ use super::events::{ParseError, parse_event, parse_ops};
 use super::{AppState, console, metrics, middleware};
 use crate::ops::value_to_json;
 use crate::views::{StreamEvent, ViewQuery};
-use crate::watch::{KeyFilter, WatchEvent};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
-use std::convert::Infallible;
 use std::time::Duration;
 use tidemark_crdts::{Key, KeyKind, Value};
 
@@ -30,7 +27,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/keys", get(list_keys))
         .route("/v1/keys/{type}/{*name}", get(get_key))
         .route("/v1/streams/{stream}/events", post(post_events))
-        .route("/v1/watch", get(watch))
+        .route("/v1/watch", get(super::watch::watch))
         .route("/v1/cluster", get(cluster))
         .route("/v1/cluster/members/{name}/remove", post(remove_member))
         .route("/v1/views", get(views_list))
@@ -220,7 +217,7 @@ async fn post_ops(State(state): State<AppState>, headers: HeaderMap, body: Body)
     }
 }
 
-fn parse_kind(s: &str, at: &str) -> Result<KeyKind, ApiError> {
+pub(super) fn parse_kind(s: &str, at: &str) -> Result<KeyKind, ApiError> {
     KeyKind::parse(s).ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
@@ -231,7 +228,7 @@ fn parse_kind(s: &str, at: &str) -> Result<KeyKind, ApiError> {
     })
 }
 
-fn key_json(key: &Key, value: &Value) -> serde_json::Value {
+pub(super) fn key_json(key: &Key, value: &Value) -> serde_json::Value {
     json!({"type": key.kind.as_str(), "key": key.name, "value": value_to_json(value)})
 }
 
@@ -374,7 +371,7 @@ fn is_view_cursor(view: &crate::views::CompiledView, after: &str) -> bool {
 
 /// Largest value (about, as JSON text) a watch event carries; a larger one is announced with
 /// `value_omitted` and read with `GET /v1/keys/{type}/{name}`.
-const WATCH_EVENT_VALUE_BYTES_MAX: usize = 1 << 20;
+pub(super) const WATCH_EVENT_VALUE_BYTES_MAX: usize = 1 << 20;
 
 /// About the most bytes of values one `GET /v1/keys` page carries (past it, `next` continues).
 const LIST_PAGE_BYTES_MAX: usize = 1 << 20;
@@ -681,23 +678,17 @@ async fn ingest_stream(
     Ok(())
 }
 
-#[derive(Default)]
-struct WatchQuery {
-    kind: Option<String>,
-    prefix: String,
-}
-
 /// Ends a watch stream when the server shuts down.
-async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
+pub(super) async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
 }
 
 /// One open watch stream in `tidemark_http_watchers`: counted while the stream lives, whether
 /// it ends (shutdown, node closed) or is dropped because the client disconnected.
-struct Watching(prometheus_client::metrics::gauge::Gauge);
+pub(super) struct Watching(prometheus_client::metrics::gauge::Gauge);
 
 impl Watching {
-    fn new(gauge: prometheus_client::metrics::gauge::Gauge) -> Self {
+    pub(super) fn new(gauge: prometheus_client::metrics::gauge::Gauge) -> Self {
         gauge.inc();
         Self(gauge)
     }
@@ -707,84 +698,6 @@ impl Drop for Watching {
     fn drop(&mut self) {
         self.0.dec();
     }
-}
-
-async fn watch(
-    State(state): State<AppState>,
-    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
-) -> Result<Response, ApiError> {
-    let mut w = WatchQuery::default();
-    for (name, text) in known_query_pairs(q, &["type", "prefix"])? {
-        match name.as_str() {
-            "type" => w.kind = Some(text),
-            "prefix" => w.prefix = text,
-            _ => {}
-        }
-    }
-    let q = w;
-    let kind = q
-        .kind
-        .as_deref()
-        .map(|k| parse_kind(k, "query type"))
-        .transpose()?;
-    let Ok(permit) = state.watchers.clone().try_acquire_owned() else {
-        state.metrics.rejected("watchers");
-        return Err(ApiError::too_many(
-            "too_many_watchers",
-            format!(
-                "more than http.watchers_max ({}) watch streams",
-                state.config.watchers_max
-            ),
-            state.config.retry_after_secs,
-        ));
-    };
-    let watch = state.node.watch(KeyFilter {
-        kind,
-        prefix: q.prefix,
-    });
-    let gauge = Watching::new(state.metrics.watchers.clone());
-    let shutdown = state.shutdown.clone();
-    let stream = futures_util::stream::unfold(
-        (watch, shutdown, permit, gauge),
-        |(mut watch, mut shutdown, permit, gauge)| async move {
-            let next = tokio::select! {
-                () = stopped(&mut shutdown) => None,
-                ev = watch.next() => ev,
-            };
-            let ev = next?;
-            let sse = match ev {
-                // A value over the bound is not copied into the stream (each stalled client
-                // would hold its own copy): the event says so and the client reads the key.
-                WatchEvent::Changed(change)
-                    if change.value.text_bytes() > WATCH_EVENT_VALUE_BYTES_MAX =>
-                {
-                    SseEvent::default().event("change").data(
-                        json!({
-                            "type": change.key.kind.as_str(),
-                            "key": change.key.name,
-                            "value_omitted": true,
-                            "value_bytes": change.value.text_bytes(),
-                        })
-                        .to_string(),
-                    )
-                }
-                WatchEvent::Changed(change) => SseEvent::default()
-                    .event("change")
-                    .data(key_json(&change.key, &change.value).to_string()),
-                WatchEvent::Lagged(missed) => SseEvent::default().event("lagged").data(
-                    json!({"missed": missed, "hint": "re-read the keys you watch"}).to_string(),
-                ),
-            };
-            Some((Ok::<_, Infallible>(sse), (watch, shutdown, permit, gauge)))
-        },
-    );
-    // The first comment flushes the headers so a client knows the watch is registered.
-    let ready = futures_util::stream::once(async {
-        Ok::<_, Infallible>(SseEvent::default().comment("watching"))
-    });
-    Ok(Sse::new(futures_util::StreamExt::chain(ready, stream))
-        .keep_alive(KeepAlive::default())
-        .into_response())
 }
 
 async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
@@ -1210,7 +1123,7 @@ pub(crate) fn fuzz_queries(query: &str) -> [Result<(), Option<String>>; 3] {
     let keys = list_query(Ok(Query(pairs.clone())))
         .map(drop)
         .map_err(|e| e.at);
-    let watch = query_pairs(Ok(Query(pairs.clone())), &["type", "prefix"])
+    let watch = super::watch::parse_query(Ok(Query(pairs.clone())), &HeaderMap::new())
         .map(drop)
         .map_err(|e| e.at);
     let view = query_pairs(Ok(Query(pairs)), &["from", "to", "after", "limit"])

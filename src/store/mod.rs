@@ -61,7 +61,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tables::{
     CURSORS, DEDUP, DOTS, ELEMS, LOG, META, META_CONTEXT, META_EPOCH, META_FORMAT, META_HLC,
-    META_LOG_BOUNDS, META_REPLICA, META_TRUNCATED, ROWS, STORE_FORMAT,
+    META_LOG_BOUNDS, META_REPLICA, META_TRUNCATED, META_WATCH_END, ROWS, STORE_FORMAT,
 };
 use tidemark_crdts::{CausalContext, Hlc, ReplicaId};
 
@@ -523,6 +523,43 @@ impl RedbStore {
             txn.commit().map_err(StoreError::redb)?;
             s.unsynced.store(false, Ordering::Release);
             Ok(())
+        })
+    }
+
+    /// Takes the watch feed's end position the previous run left (`watch.rs`: a run id and a
+    /// change number, kept only by a clean shutdown) and removes it durably, so a crash of this
+    /// run never leaves it behind for the next.
+    ///
+    /// # Errors
+    /// Storage failures; an undecodable record.
+    pub fn take_watch_end(&mut self) -> Result<Option<(u64, u64)>, StoreError> {
+        let max = self.options.limits.record_bytes_max;
+        self.guarded(|s| {
+            let mut txn = s.db.begin_write().map_err(StoreError::redb)?;
+            txn.set_durability(redb::Durability::Immediate)
+                .map_err(StoreError::redb)?;
+            let end: Option<(u64, u64)> = meta_get(&txn, META_WATCH_END, max)?;
+            if end.is_some() {
+                let mut table = txn.open_table(META).map_err(StoreError::redb)?;
+                table.remove(META_WATCH_END).map_err(StoreError::redb)?;
+            }
+            txn.commit().map_err(StoreError::redb)?;
+            Ok(end)
+        })
+    }
+
+    /// Keeps the watch feed's end position for the next run (durably; see
+    /// [`RedbStore::take_watch_end`]).
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub fn save_watch_end(&mut self, end: (u64, u64)) -> Result<(), StoreError> {
+        self.guarded(|s| {
+            let mut txn = s.db.begin_write().map_err(StoreError::redb)?;
+            txn.set_durability(redb::Durability::Immediate)
+                .map_err(StoreError::redb)?;
+            meta_put(&txn, META_WATCH_END, &end)?;
+            txn.commit().map_err(StoreError::redb)
         })
     }
 

@@ -2,7 +2,7 @@
 //!
 //! | table | key | value |
 //! |---|---|---|
-//! | `meta` | name | store format, replica id, epoch, HLC mark, log bounds, truncated-log context |
+//! | `meta` | name | store format, replica id, epoch, HLC mark, log bounds, truncated-log context, watch feed end |
 //! | `rows` | kind byte + key name | encoded [`tidemark_crdts::Entry`]; for an orset an empty header |
 //! | `elems` | kind byte + name length (4 B BE) + name + element | encoded `DotSet` of one set element |
 //! | `dots` | replica (16 B BE) + seq (8 B BE) | row key, or for an orset dot its `elems` key |
@@ -41,6 +41,8 @@ pub(crate) const META_CONTEXT: &str = "context";
 pub(crate) const META_LOG_BOUNDS: &str = "log_bounds";
 pub(crate) const META_TRUNCATED: &str = "truncated_context";
 pub(crate) const META_FORMAT: &str = "store_format";
+/// The watch feed's end position left by a clean shutdown (run id, change number).
+pub(crate) const META_WATCH_END: &str = "watch_end";
 
 /// The layout of the tables this build writes and reads, stored under `meta/store_format`.
 /// 2: counter dots have no dot-index rows (`rows::indexed`). 3: an orset is a header row plus
