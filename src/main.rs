@@ -178,6 +178,22 @@ enum Command {
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1000))]
         limit: Option<u16>,
     },
+    /// Follow a view's final-window feed: each window once, when it is final on the node,
+    /// with its cursor (resume with --from CURSOR).
+    Tail {
+        /// The view's name (a windowed `[[views]]` name of the node's config), e.g. clicks_per_minute.
+        #[arg(value_name = "VIEW")]
+        name: String,
+        /// Follow final windows (the only feed `tail` reads; required, so the command says what it does).
+        #[arg(long = "final", required = true)]
+        final_windows: bool,
+        /// Resume after this cursor (the last one printed), e.g. 3030303030303030303030303030303036303030302f5b5d.
+        #[arg(long, value_name = "CURSOR")]
+        from: Option<String>,
+        /// Stop once every window final now was printed, instead of waiting for more.
+        #[arg(long)]
+        no_follow: bool,
+    },
     /// Read a stream view.
     View {
         /// The view's name (a `[[views]]` name of the node's config), e.g. clicks_per_minute.
@@ -370,6 +386,12 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             after,
             limit,
         } => cli::late::late(&c, &out, stream, *after, *limit)?,
+        Command::Tail {
+            name,
+            final_windows: _,
+            from,
+            no_follow,
+        } => client::tail_final(&c, &out, name, from.as_deref(), !*no_follow)?,
         Command::View {
             name,
             group,

@@ -681,6 +681,32 @@ impl Node {
         )
     }
 
+    /// Up to `limit` (1..=1,000) windows of view `name` that are final on this node, after
+    /// `after` (from the oldest window kept with `None`), in window order: each window once,
+    /// with the value every node that reports it final reports (see
+    /// [`crate::views::final_feed`]). Call again with the page's `next` for the next ones; an
+    /// empty page means the next window is not final yet (`waiting_on`).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a view that is not configured or has no window; storage failures.
+    pub async fn final_windows(
+        &self,
+        name: &str,
+        after: Option<&crate::views::FinalCursor>,
+        limit: usize,
+    ) -> Result<crate::views::FinalPage, Error> {
+        let known = self.seal_before_read().await?;
+        self.shared.views.final_page(
+            &self.reader()?.snapshot()?,
+            name,
+            after,
+            limit,
+            self.shared.replica,
+            &known,
+            peer_id_of,
+        )
+    }
+
     /// Every configured view with its definition, counters, watermark, cluster watermark,
     /// conflicting definitions and horizon on this node (what `GET /v1/views` lists).
     ///

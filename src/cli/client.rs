@@ -474,6 +474,49 @@ pub fn watch(client: &Client, out: &Output, args: &WatchArgs<'_>) -> anyhow::Res
     })
 }
 
+/// `tidemark tail VIEW --final`: prints each final window once (a table line, or the JSON
+/// object with `--json`), each with its cursor so a script can resume with `--from`.
+pub fn tail_final(
+    client: &Client,
+    out: &Output,
+    view: &str,
+    from: Option<&str>,
+    follow: bool,
+) -> anyhow::Result<()> {
+    let mut q = vec![("follow", follow.to_string())];
+    if let Some(c) = from {
+        q.push(("after", c.to_owned()));
+    }
+    let path = format!("/v1/views/{}/final", encode_segment(view));
+    let mut event = String::new();
+    client.stream_lines(&path, &q, |line| {
+        if let Some(name) = line.strip_prefix("event:") {
+            event = name.trim().to_owned();
+        } else if let Some(data) = line.strip_prefix("data:") {
+            let data: J = serde_json::from_str(data.trim()).unwrap_or(J::Null);
+            match event.as_str() {
+                "reset" => eprintln!(
+                    "tail: reset: {}; going on after {}",
+                    data["hint"].as_str().unwrap_or_default(),
+                    data["cursor"]
+                ),
+                _ if out.json => println!("{data}"),
+                _ => println!(
+                    "[{}, {}) {} = {}  [{}]",
+                    data["window_start"],
+                    data["window_end"],
+                    data["group"],
+                    value_text(&data["value"]),
+                    data["cursor"].as_str().unwrap_or_default()
+                ),
+            }
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+        }
+        Ok(())
+    })
+}
+
 /// `tidemark status`.
 pub fn status(client: &Client, out: &Output) -> anyhow::Result<()> {
     let cluster = accept(client.get("/v1/cluster", &[])?)?;

@@ -21,6 +21,7 @@ mod body;
 mod console;
 mod error;
 mod events;
+mod final_feed;
 mod late;
 mod metrics;
 mod middleware;

@@ -33,6 +33,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/views", get(views_list))
         .route("/v1/stats/writes", get(write_history))
         .route("/v1/views/{view}", get(view))
+        .route("/v1/views/{view}/final", get(super::final_feed::final_feed))
         .route("/v1/snapshot", get(super::snapshot::get_snapshot))
         .route("/v1/streams/{stream}/late", get(super::late::get_late))
         .fallback(not_found)

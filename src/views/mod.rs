@@ -54,6 +54,7 @@
 
 pub mod coalesce;
 pub mod def;
+pub mod final_feed;
 pub mod fold;
 pub mod keys;
 pub mod late;
@@ -62,6 +63,7 @@ pub mod read;
 pub mod seal;
 
 pub use def::{CompiledView, FieldEquals, Hopping, ViewDef, ViewKind, Window, WindowDef};
+pub use final_feed::{FinalCursor, FinalCursorError, FinalPage, FinalWindow};
 pub use fold::{FoldedEvent, StreamEvent, ViewOp};
 pub use late::{LateEvent, LateEvents};
 pub use read::{ViewCounters, ViewPage, ViewQuery, ViewRow, ViewSummary};

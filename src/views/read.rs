@@ -93,6 +93,23 @@ pub struct ViewPage {
     pub horizon: Option<u64>,
 }
 
+/// The value of the cell `key` counting only the contributions of `members` (sorted), the
+/// seal of its window; `None` when they contributed nothing.
+///
+/// # Errors
+/// Storage failures.
+pub(super) fn sealed_value(
+    reader: &Reader,
+    key: &Key,
+    members: &[ReplicaId],
+) -> Result<Option<Value>, Error> {
+    let entry = reader
+        .entry(key)?
+        .unwrap_or_else(|| Entry::bottom(key.kind));
+    let kept = entry.retain_replicas(|r| members.binary_search(&r).is_ok());
+    Ok((!kept.is_bottom()).then(|| kept.value()))
+}
+
 /// Every replica decommissioned (removed for good) in this node's state.
 ///
 /// # Errors
@@ -343,7 +360,7 @@ pub(crate) fn key_kind(kind: ViewKind) -> KeyKind {
     }
 }
 
-fn to_json(kind: ViewKind, v: &Value) -> serde_json::Value {
+pub(super) fn to_json(kind: ViewKind, v: &Value) -> serde_json::Value {
     let j = crate::ops::value_to_json(v);
     if kind == ViewKind::Latest {
         return keys::latest_value(&j);
@@ -357,14 +374,14 @@ pub(crate) fn adopted(horizon: Option<u64>, own: Option<u64>) -> Option<u64> {
 }
 
 /// Where a stream's views stand on this node: what finality and retention are judged by.
-struct Standing {
-    watermark: Option<u64>,
-    cluster: Option<u64>,
-    conflicts: Vec<String>,
-    horizon: Option<u64>,
+pub(super) struct Standing {
+    pub(super) watermark: Option<u64>,
+    pub(super) cluster: Option<u64>,
+    pub(super) conflicts: Vec<String>,
+    pub(super) horizon: Option<u64>,
     /// This node's committed seals (`seal.rs`): what is final here, and whose contributions
     /// a final window counts.
-    sealed: Vec<seal::Sealed>,
+    pub(super) sealed: Vec<seal::Sealed>,
 }
 
 /// One configured view and where it stands on this node (`GET /v1/views`).
@@ -400,7 +417,7 @@ impl Views {
     /// Where `stream` stands: our watermark, the cluster watermark, conflicting definitions and
     /// the horizon reads hide windows behind (monotone: the largest ever seen by reads, the one
     /// this node acts on, any announced one it adopts, and the cluster watermark now).
-    fn standing(
+    pub(super) fn standing(
         &self,
         reader: &Reader,
         stream: &str,
@@ -551,15 +568,12 @@ impl Views {
                 // node that sealed it, whoever else wrote to it.
                 let members = deadline.and_then(|dl| seal::sealed_members(&sealed, dl));
                 let value = match members {
-                    Some(members) => {
-                        let entry = reader.entry(key)?.unwrap_or_else(|| Entry::bottom(kind));
-                        let kept = entry.retain_replicas(|r| members.binary_search(&r).is_ok());
-                        if kept.is_bottom() {
-                            continue; // nothing of the seal's members: no row, as on a node
-                            // that never received the others' contributions
-                        }
-                        kept.value()
-                    }
+                    Some(members) => match sealed_value(reader, key, members)? {
+                        Some(v) => v,
+                        // Nothing of the seal's members: no row, as on a node that never
+                        // received the others' contributions.
+                        None => continue,
+                    },
                     None => value.clone(),
                 };
                 if rows.len() == limit {

@@ -1,0 +1,232 @@
+//! `GET /v1/views/{view}/final`: each window of a view once, when it is final on this node,
+//! as server-sent events (`event: final`, `id:` its cursor) or NDJSON (`Accept:
+//! application/x-ndjson`), resumable with `Last-Event-ID` or `?after=CURSOR`. Pulled a page at
+//! a time as the client reads: a slow consumer holds at most one page (64 windows).
+
+use super::AppState;
+use super::error::{ApiError, Pos};
+use super::routes::{Watching, bad_query, known_query_pairs, stopped};
+use crate::views::{FinalCursor, FinalWindow};
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::Duration;
+
+/// Windows read per page.
+const PAGE: usize = 64;
+/// How often a caught-up feed looks for newly final windows.
+const POLL: Duration = Duration::from_millis(250);
+
+/// One item of the feed.
+enum Item {
+    Final(FinalWindow),
+    /// Windows after the cursor were removed by retention before being delivered.
+    Reset(Option<String>),
+}
+
+struct Feed {
+    state: AppState,
+    view: String,
+    after: Option<FinalCursor>,
+    queue: VecDeque<Item>,
+    follow: bool,
+}
+
+impl Feed {
+    /// The next item; `None` when the feed ends (not following and caught up, or a failure).
+    async fn next(&mut self) -> Option<Item> {
+        loop {
+            if let Some(item) = self.queue.pop_front() {
+                if let Item::Final(w) = &item {
+                    self.after = w.cursor.parse().ok();
+                }
+                return Some(item);
+            }
+            let page = match self
+                .state
+                .node
+                .final_windows(&self.view, self.after.as_ref(), PAGE)
+                .await
+            {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(error = %e, view = %self.view, "final feed read failed; ending it");
+                    return None;
+                }
+            };
+            if page.reset {
+                self.queue.push_back(Item::Reset(page.next.clone()));
+            }
+            let got = !page.windows.is_empty();
+            self.queue.extend(page.windows.into_iter().map(Item::Final));
+            if !got {
+                // Cells skipped (empty for the seal's members) still move the cursor.
+                if let Some(next) = page.next.as_deref().and_then(|n| n.parse().ok()) {
+                    self.after = Some(next);
+                }
+                if !self.queue.is_empty() {
+                    continue;
+                }
+                if !self.follow {
+                    return None;
+                }
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    }
+}
+
+fn reset_json(cursor: Option<&String>) -> serde_json::Value {
+    json!({
+        "reason": "behind_retention",
+        "cursor": cursor,
+        "hint": "windows after your cursor were removed by retention before you read them",
+    })
+}
+
+/// `GET /v1/views/{view}/final?after=&follow=`.
+pub(super) async fn final_feed(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    view: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Path(view) =
+        view.map_err(|e| ApiError::bad_request("invalid_view", e.body_text()).at("path view"))?;
+    let Some(def) = state.node.views().iter().find(|v| v.def.name == view) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "view_not_found",
+            format!("no view named {view:?} is configured"),
+        )
+        .at("path view"));
+    };
+    if def.window.is_none() {
+        return Err(ApiError::bad_request(
+            "unwindowed_view",
+            format!("view {view:?} has no window: none of its values ever becomes final"),
+        )
+        .at("path view"));
+    }
+    let mut after_text = None;
+    let mut follow = true;
+    for (name, text) in known_query_pairs(q, &["after", "follow"])? {
+        match name.as_str() {
+            "after" => after_text = Some((text, "query after")),
+            "follow" => {
+                follow = match text.as_str() {
+                    "true" | "1" | "" => true,
+                    "false" | "0" => false,
+                    _ => return Err(bad_query("follow", "follow must be true or false")),
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some(id) = headers.get("last-event-id") {
+        let text = id.to_str().map_err(|_| {
+            ApiError::bad_request("invalid_cursor", "Last-Event-ID is not ASCII text")
+                .at("header Last-Event-ID")
+        })?;
+        after_text = Some((text.to_owned(), "header Last-Event-ID"));
+    }
+    let after = match after_text {
+        Some((text, at)) => Some(
+            text.trim()
+                .parse::<FinalCursor>()
+                .map_err(|e| ApiError::bad_request("invalid_cursor", e.to_string()).at(at))?,
+        ),
+        None => None,
+    };
+    // Refuse a failing read now, as a status, rather than as an ended stream.
+    state
+        .node
+        .final_windows(&view, after.as_ref(), 1)
+        .await
+        .map_err(|e| ApiError::from_node(e, Pos::Index, state.config.retry_after_secs))?;
+    let Ok(permit) = state.watchers.clone().try_acquire_owned() else {
+        state.metrics.rejected("watchers");
+        return Err(ApiError::too_many(
+            "too_many_watchers",
+            format!(
+                "more than http.watchers_max ({}) watch streams",
+                state.config.watchers_max
+            ),
+            state.config.retry_after_secs,
+        ));
+    };
+    let ndjson = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("application/x-ndjson"));
+    let gauge = Watching::new(state.metrics.watchers.clone());
+    let shutdown = state.shutdown.clone();
+    let feed = Feed {
+        state,
+        view,
+        after,
+        queue: VecDeque::new(),
+        follow,
+    };
+    let items = futures_util::stream::unfold(
+        (feed, shutdown, permit, gauge),
+        |(mut feed, mut shutdown, permit, gauge)| async move {
+            let item = tokio::select! {
+                () = stopped(&mut shutdown) => None,
+                item = feed.next() => item,
+            };
+            item.map(|i| (i, (feed, shutdown, permit, gauge)))
+        },
+    );
+    if ndjson {
+        let lines = futures_util::StreamExt::map(items, |item| {
+            let mut line = match item {
+                Item::Final(w) => {
+                    let mut v = serde_json::to_value(&w).unwrap_or_default();
+                    v["event"] = json!("final");
+                    v.to_string()
+                }
+                Item::Reset(c) => {
+                    let mut v = reset_json(c.as_ref());
+                    v["event"] = json!("reset");
+                    v.to_string()
+                }
+            };
+            line.push('\n');
+            Ok::<_, Infallible>(line)
+        });
+        return Ok((
+            [(header::CONTENT_TYPE, "application/x-ndjson")],
+            Body::from_stream(lines),
+        )
+            .into_response());
+    }
+    let events = futures_util::StreamExt::map(items, |item| {
+        Ok::<_, Infallible>(match item {
+            Item::Final(w) => SseEvent::default()
+                .event("final")
+                .id(w.cursor.clone())
+                .data(serde_json::to_string(&w).unwrap_or_default()),
+            Item::Reset(c) => {
+                let mut ev = SseEvent::default()
+                    .event("reset")
+                    .data(reset_json(c.as_ref()).to_string());
+                if let Some(c) = c {
+                    ev = ev.id(c);
+                }
+                ev
+            }
+        })
+    });
+    let ready = futures_util::stream::once(async {
+        Ok::<_, Infallible>(SseEvent::default().comment("following final windows"))
+    });
+    Ok(Sse::new(futures_util::StreamExt::chain(ready, events))
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
