@@ -474,8 +474,9 @@ pub fn watch(client: &Client, out: &Output, args: &WatchArgs<'_>) -> anyhow::Res
     })
 }
 
-/// `tidemark tail VIEW --final`: prints each final window once (a table line, or the JSON
-/// object with `--json`), each with its cursor so a script can resume with `--from`.
+/// `tidemark tail VIEW --final`: prints each final window once as it becomes final (`GROUP
+/// START END VALUE CURSOR`, or the JSON object with `--json`), so a script can resume with
+/// `--from` the last cursor.
 pub fn tail_final(
     client: &Client,
     out: &Output,
@@ -501,14 +502,25 @@ pub fn tail_final(
                     data["cursor"]
                 ),
                 _ if out.json => println!("{data}"),
-                _ => println!(
-                    "[{}, {}) {} = {}  [{}]",
-                    data["window_start"],
-                    data["window_end"],
-                    data["group"],
-                    value_text(&data["value"]),
-                    data["cursor"].as_str().unwrap_or_default()
-                ),
+                _ => {
+                    let group = data["group"]
+                        .as_object()
+                        .map(|g| {
+                            g.iter()
+                                .map(|(k, v)| format!("{k}={}", value_text(v)))
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        })
+                        .filter(|g| !g.is_empty())
+                        .unwrap_or_else(|| "-".into());
+                    println!(
+                        "{group}  {}  {}  {}  {}",
+                        time_text(&data["window_start"]),
+                        time_text(&data["window_end"]),
+                        value_text(&data["value"]),
+                        data["cursor"].as_str().unwrap_or_default()
+                    );
+                }
             }
             use std::io::Write;
             let _ = std::io::stdout().flush();
