@@ -313,6 +313,22 @@ fn an_http_watcher_resumes_with_last_event_id_across_reconnects_and_a_daemon_res
     let ev = next_sse(&mut again);
     assert_eq!(ev.event, "change");
     assert_eq!(ev.data["value"], written["k0"] + 1);
+    // The feed's metrics see the open watchers and the ring.
+    let metrics = ureq::get(&format!("{}/metrics", daemon.url))
+        .call()
+        .expect("metrics")
+        .into_body()
+        .read_to_string()
+        .expect("text");
+    let sample = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+    };
+    assert!(sample("tidemark_watch_consumers") >= 2.0);
+    assert!(sample("tidemark_watch_held_changes") >= 1.0);
+    assert_eq!(sample("tidemark_watch_recording"), 1.0);
     // A malformed cursor is refused, naming where it came from.
     let a = http_support::get(&format!("{}/v1/watch?after=nope", daemon.url));
     assert_eq!(a.status, 400);

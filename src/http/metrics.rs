@@ -244,6 +244,56 @@ pub(crate) fn lag_bytes(
         .collect()
 }
 
+/// The change feed's ring and how far behind its watchers are (`tidemark_watch_*`).
+fn register_watch(r: &mut Registry, w: &crate::watch::FeedStatus) {
+    let gauge = |v: usize| ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX));
+    r.register(
+        "watch_held_changes",
+        "Recent changes the node holds for watchers to read and resume from (limits.watch_buffer_max)",
+        gauge(w.held_changes),
+    );
+    r.register_with_unit(
+        "watch_held",
+        "Bytes of the changes held for watchers, shared by all of them (limits.watch_buffer_bytes_max)",
+        Unit::Bytes,
+        gauge(w.held_bytes),
+    );
+    r.register(
+        "watch_recording",
+        "1 while changes are recorded for watchers (someone watches, or did within limits.watch_resume_secs)",
+        ConstGauge::new(i64::from(w.recording)),
+    );
+    r.register(
+        "watch_consumers",
+        "Watch streams following the change feed now",
+        gauge(w.watchers.len()),
+    );
+    let max_changes = w.watchers.iter().map(|b| b.changes).max().unwrap_or(0);
+    let max_secs = w
+        .watchers
+        .iter()
+        .map(|b| b.age.as_secs_f64())
+        .fold(0.0, f64::max);
+    let max_bytes = w.watchers.iter().map(|b| b.bytes).max().unwrap_or(0);
+    r.register(
+        "watch_behind_changes_max",
+        "Changes the furthest-behind watcher has not read yet (past the ring it is reset)",
+        ConstGauge::new(i64::try_from(max_changes).unwrap_or(i64::MAX)),
+    );
+    r.register_with_unit(
+        "watch_behind_max",
+        "Age of the oldest change the furthest-behind watcher has not read yet",
+        Unit::Seconds,
+        ConstGauge::new(max_secs),
+    );
+    r.register_with_unit(
+        "watch_behind_held_max",
+        "Bytes of held changes the furthest-behind watcher has not read yet (held once, in the shared ring)",
+        Unit::Bytes,
+        gauge(max_bytes),
+    );
+}
+
 /// Everything a scrape reports, gathered before encoding.
 pub(crate) struct Scrape<'a> {
     pub(crate) node: MetricsSnapshot,
@@ -266,6 +316,8 @@ pub(crate) struct Scrape<'a> {
     pub(crate) members: Vec<crate::net::MemberStatus>,
     /// This node's wall clock (ms) at the scrape: watermark lag is measured against it.
     pub(crate) now_ms: u64,
+    /// The change feed's ring and its watchers.
+    pub(crate) watch: crate::watch::FeedStatus,
 }
 
 /// Renders a scrape in `format`.
@@ -421,6 +473,7 @@ pub(crate) fn render(s: &Scrape<'_>, format: Format) -> Result<String, std::fmt:
     }
     register_views(&mut r, &s.views, s.now_ms);
     register_members(&mut r, &s.members);
+    register_watch(&mut r, &s.watch);
     if let Some(net) = &s.net {
         r.register(
             "peer_connections",

@@ -148,6 +148,7 @@ async fn metrics_text(State(state): State<AppState>, headers: HeaderMap) -> Resp
             .and_then(|rep| state.node.view_summaries_given(rep).ok())
             .unwrap_or_default(),
         now_ms: crate::clock::wall_ms(),
+        watch: state.node.watch_status(),
         replication,
     };
     match metrics::render(&scrape, format) {
