@@ -119,7 +119,8 @@ enum Command {
         /// Continue after this cursor (the `next` of the previous page).
         #[arg(long)]
         after: Option<String>,
-        /// Also list the keys stream views keep their state in (`~view/...`, `~wm/...`).
+        /// Also list the node's internal keys (every name under `~`: `~view/...`, `~wm/...`,
+        /// `~gone/...`).
         #[arg(long)]
         internal: bool,
     },

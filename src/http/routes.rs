@@ -275,7 +275,7 @@ struct ListQuery {
     prefix: String,
     limit: Option<usize>,
     after: Option<String>,
-    /// Also list the keys stream views keep their state in (`~view/`, `~wm/`).
+    /// Also list the node's internal keys (every name under `~`: `~view/`, `~wm/`, `~gone/`).
     internal: bool,
 }
 
@@ -485,14 +485,11 @@ async fn list_keys(
 /// A name after every name of at most `key_bytes_max` bytes under the reserved prefix `name`
 /// starts with (longer than any of them, of the highest UTF-8 sequence).
 fn past_reserved(name: &str, key_bytes_max: usize) -> String {
-    let prefix = [
-        crate::model::VIEW_PREFIX,
-        crate::model::WM_PREFIX,
-        crate::model::GONE_PREFIX,
-    ]
-    .into_iter()
-    .find(|p| name.starts_with(p))
-    .unwrap_or("");
+    let prefix = if crate::model::is_reserved(name) {
+        crate::model::RESERVED_PREFIX
+    } else {
+        ""
+    };
     let mut past = prefix.to_owned();
     past.extend(std::iter::repeat_n(
         '\u{10FFFF}',
