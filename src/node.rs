@@ -124,6 +124,7 @@ impl Node {
     /// As [`Node::open`].
     pub fn open_blocking(config: NodeConfig) -> Result<Node, Error> {
         config.limits.validate().map_err(Error::Config)?;
+        config.check_views().map_err(Error::Config)?;
         let views = Arc::new(crate::views::Views::new(&config.views)?.joining(config.joining));
         let mut store = RedbStore::open(
             &config.data_dir,

@@ -336,6 +336,9 @@ fn bad_lines_and_queries_are_named_and_apply_nothing() {
         ("?from=yesterday", "query from"),
         ("?group.user=x", "query group.user"),
         ("?colour=red", "query colour"),
+        // A group field given twice is refused, not read as no group at all.
+        ("?group.page=/home&group.page=/other", "query group.page"),
+        ("?group.page=/home&group.page=/home", "query group.page"),
     ] {
         let a = get(&s.url(&format!("/v1/views/clicks_per_page{query}")));
         assert_eq!(

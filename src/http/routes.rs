@@ -1089,6 +1089,12 @@ fn view_query(params: Vec<(String, String)>, group_by: &[String]) -> Result<View
                         format!("the view does not group by {field:?} (group_by = {group_by:?})"),
                     ));
                 }
+                if q.group.contains_key(field) {
+                    return Err(bad_query(
+                        &name,
+                        format!("{name:?} is given twice: a group field takes one value"),
+                    ));
+                }
                 q.group.insert(field.to_owned(), group_value(&text));
             }
         }
