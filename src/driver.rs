@@ -81,8 +81,9 @@ pub(crate) enum Input {
 pub struct ReplicationStatus {
     /// Peers connected now.
     pub peers_connected: Vec<PeerId>,
-    /// Per peer linked since open (connected now or not), the acknowledged cursor into our
-    /// log (`None`: unknown yet).
+    /// Per peer linked since open (connected now or not), the last cursor into our log it
+    /// acknowledged since open, kept while it is away (`None`: it acknowledged nothing yet, so
+    /// its lag is unknown).
     pub peer_acked: Vec<(PeerId, Option<u64>)>,
     /// Per peer linked since open (connected now or not: the same peers as `peer_acked`),
     /// milliseconds since it last had acknowledged our whole log (since it was first linked,
@@ -136,6 +137,10 @@ pub(crate) struct Driver {
     pub(crate) caught_up: BTreeMap<PeerId, Instant>,
     /// Every peer linked since open: its acknowledged cursor is reported while it is away.
     pub(crate) ever_linked: std::collections::BTreeSet<PeerId>,
+    /// Per peer linked since open, the last cursor into our log it acknowledged: what is
+    /// reported while the replica knows none (it went down, or reconnected and has not
+    /// acknowledged yet), so its lag counts from what it is known to have.
+    pub(crate) last_acked: BTreeMap<PeerId, u64>,
 }
 
 /// Frees the writes of committed groups (one or more heap blocks per event, allocated by the
@@ -365,10 +370,21 @@ impl Driver {
         self.ever_linked.extend(self.links.keys().copied());
         for p in &self.ever_linked {
             let at = self.caught_up.entry(*p).or_insert(now);
-            if self.replica.peer_acked(*p).is_some_and(|a| a >= end) {
+            let acked = self.replica.peer_acked(*p);
+            if let Some(a) = acked {
+                self.last_acked.insert(*p, a);
+            }
+            if acked.is_some_and(|a| a >= end) {
                 *at = now;
             }
         }
+    }
+
+    /// `peer`'s acknowledged cursor: the replica's, else the last one it had.
+    fn acked_of(&self, peer: PeerId) -> Option<u64> {
+        self.replica
+            .peer_acked(peer)
+            .or_else(|| self.last_acked.get(&peer).copied())
     }
 
     /// Un-coalesces every view batch of `group` of which some event would not be applied
@@ -447,17 +463,9 @@ impl Driver {
                 Metrics::max(&m.commit_latency_us_max, latency_us);
                 let dups = commit.duplicate.iter().filter(|d| **d).count() as u64;
                 Metrics::add(&m.duplicates, dups);
-                Metrics::add(
-                    &m.ops_applied,
-                    all.iter()
-                        .zip(&commit.duplicate)
-                        .enumerate()
-                        .filter(|(i, (_, d))| {
-                            !**d && !commit.refused.iter().any(|r| r.writes.contains(i))
-                        })
-                        .map(|(_, (w, _))| w.ops.len() as u64)
-                        .sum(),
-                );
+                // `ops_applied` (client ops and events acknowledged) is counted by the node,
+                // which knows which writes are its callers' (not view cells, watermarks or
+                // records it writes itself).
                 Metrics::set(&m.log_entries, self.store.log_len());
                 let mut offset = 0;
                 let ranges_max = self.store.limits().dedup_ranges_max;
@@ -553,7 +561,7 @@ impl Driver {
                     peer_acked: self
                         .ever_linked
                         .iter()
-                        .map(|p| (*p, self.replica.peer_acked(*p)))
+                        .map(|p| (*p, self.acked_of(*p)))
                         .collect(),
                     peers_connected: peers,
                     log_bounds: self.store.log_bounds(),

@@ -53,7 +53,7 @@ pub use config::NodeConfig;
 pub use driver::{CompactReport, ReplicationStatus};
 pub use error::Error;
 pub use limits::{Durability, Limits};
-pub use node::{Node, WriteOutcome};
+pub use node::{Node, Removal, WriteOutcome};
 pub use ops::{Event, Op, value_to_json};
 pub use tidemark_crdts::{Key, KeyKind, ReplicaId, Value};
 pub use watch::{Behind, Change, Cursor, CursorError, FeedStatus, KeyFilter, Watch, WatchEvent};

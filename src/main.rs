@@ -16,7 +16,8 @@ use std::process::ExitCode;
 #[derive(Debug, Parser)]
 #[command(name = "tidemark", version, about, propagate_version = true)]
 struct Cli {
-    /// The node to talk to (client commands): http://HOST:PORT or HOST:PORT (localhost:7700).
+    /// The node to talk to (client commands): http://HOST[:PORT] or HOST[:PORT], e.g.
+    /// localhost:7700; without a port, the node's default 7700 (not 80).
     #[arg(
         long,
         global = true,
@@ -119,7 +120,8 @@ enum Command {
         /// Continue after this cursor (the `next` of the previous page).
         #[arg(long)]
         after: Option<String>,
-        /// Also list the keys stream views keep their state in (`~view/...`, `~wm/...`).
+        /// Also list the node's internal keys (every name under `~`: `~view/...`, `~wm/...`,
+        /// `~gone/...`).
         #[arg(long)]
         internal: bool,
     },
@@ -254,9 +256,21 @@ fn client_token(cli: &Cli) -> Result<Option<String>, Usage> {
 fn run(cli: Cli) -> anyhow::Result<bool> {
     let out = Output { json: cli.json };
     if let Command::Serve(args) = &cli.command {
-        let config = args.config().map_err(|e| Usage(format!("{e:#}")))?;
+        let config = match args.config() {
+            Ok(config) => config,
+            // With JSON logs asked for, a configuration error is a JSON line too (exit 2).
+            Err(e) if args.json_logs_asked() => {
+                cli::serve::init_logging(cli::config::LogFormat::Json);
+                tracing::error!(
+                    error = format!("{e:#}"),
+                    "tidemark serve: invalid configuration"
+                );
+                return Err(Logged { usage: true }.into());
+            }
+            Err(e) => return Err(Usage(format!("{e:#}")).into()),
+        };
         if args.print_config {
-            print!("{}", config.to_toml()?);
+            cli::output::write_out(config.to_toml()?.as_bytes())?;
             return Ok(true);
         }
         cli::serve::init_logging(config.log.format);
@@ -294,14 +308,16 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
     if let Command::Version = &cli.command {
         let version = env!("CARGO_PKG_VERSION");
         if out.json {
-            println!("{}", json!({"version": version}));
+            crate::outln!("{}", json!({"version": version}))?;
         } else {
-            println!("tidemark {version}");
+            crate::outln!("tidemark {version}")?;
         }
         return Ok(true);
     }
     if let Command::Completions { shell } = &cli.command {
-        clap_complete::generate(*shell, &mut command(), "tidemark", &mut std::io::stdout());
+        let mut script = Vec::new();
+        clap_complete::generate(*shell, &mut command(), "tidemark", &mut script);
+        cli::output::write_out(&script)?;
         return Ok(true);
     }
     let c = Client::new(&cli.url, client_token(&cli)?);
@@ -506,11 +522,35 @@ enum MembersAction {
 fn main() -> ExitCode {
     // Usage errors exit with status 2.
     let mut cmd = command();
-    let mut matches = cmd.get_matches_mut();
-    let cli = Cli::from_arg_matches_mut(&mut matches).unwrap_or_else(|e| e.format(&mut cmd).exit());
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let parsed = cmd
+        .try_get_matches_from_mut(&args)
+        .and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches));
+    let cli = match parsed {
+        Ok(cli) => cli,
+        Err(e) => {
+            let e = e.format(&mut cmd);
+            let shown = matches!(
+                e.kind(),
+                clap::error::ErrorKind::DisplayHelp
+                    | clap::error::ErrorKind::DisplayVersion
+                    | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            );
+            // `serve --log-format json`: every line on stderr is JSON, a usage error's too.
+            if !shown && cli::serve::json_logs_in_args(&args) {
+                cli::serve::init_logging(cli::config::LogFormat::Json);
+                let text = e.render().to_string();
+                tracing::error!(error = text.trim(), "tidemark serve: invalid command line");
+                return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+            }
+            e.exit()
+        }
+    };
     match run(cli) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
+        // The reader of stdout went away (`tidemark list | head -1`): it has what it wanted.
+        Err(e) if e.downcast_ref::<cli::output::StdoutClosed>().is_some() => ExitCode::SUCCESS,
         Err(e) if e.downcast_ref::<Logged>().is_some() => {
             if e.downcast_ref::<Logged>().is_some_and(|l| l.usage) {
                 ExitCode::from(2)

@@ -91,7 +91,9 @@ pub struct MetricsSnapshot {
     pub commit_latency_us_sum: u64,
     /// Largest commit latency in microseconds.
     pub commit_latency_us_max: u64,
-    /// Operations applied.
+    /// Client writes applied: ops and stream events, one each, as acknowledged to their
+    /// callers (not the view cells, watermarks or records the node writes itself, nor writes
+    /// replicated from peers).
     pub ops_applied: u64,
     /// Events or idempotent ops skipped as duplicates.
     pub duplicates: u64,

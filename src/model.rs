@@ -198,7 +198,12 @@ pub(crate) fn marks_bytes(stream: &str, source: &str, seqs: &tidemark_crdts::Int
     stream.len() + source.len() + MARK_OVERHEAD_BYTES + seqs.ranges().len() * RANGE_BYTES
 }
 
-/// The reserved key namespace: prefix of view cell keys (written only by views).
+/// The reserved key namespace: every key name starting with `~` is the node's own (internal
+/// keys: client ops naming one are refused, key listings and the console leave them out
+/// unless asked). The prefixes in use are [`RESERVED_PREFIXES`].
+pub const RESERVED_PREFIX: &str = "~";
+
+/// Prefix of view cell keys (written only by views).
 pub const VIEW_PREFIX: &str = "~view/";
 /// Prefix of watermark announcement keys.
 pub const WM_PREFIX: &str = "~wm/";
@@ -206,7 +211,21 @@ pub const WM_PREFIX: &str = "~wm/";
 /// Prefix of decommission records: `~gone/{replica id}`, one per member removed for good.
 pub const GONE_PREFIX: &str = "~gone/";
 
-/// True for key names only views may write (client ops naming them are refused).
+/// The one list of the internal key prefixes in use, all under [`RESERVED_PREFIX`]: what
+/// messages and listings name.
+pub const RESERVED_PREFIXES: [&str; 3] = [VIEW_PREFIX, WM_PREFIX, GONE_PREFIX];
+
+/// True for key names in the reserved namespace (under [`RESERVED_PREFIX`]): only the node
+/// writes them (client ops naming them are refused).
 pub fn is_reserved(name: &str) -> bool {
-    name.starts_with(VIEW_PREFIX) || name.starts_with(WM_PREFIX) || name.starts_with(GONE_PREFIX)
+    name.starts_with(RESERVED_PREFIX)
+}
+
+/// The internal prefixes in use as a message names them: `` `~view/`, `~wm/`, `~gone/` ``.
+pub fn reserved_prefixes_text() -> String {
+    RESERVED_PREFIXES
+        .iter()
+        .map(|p| format!("`{p}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

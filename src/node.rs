@@ -36,6 +36,23 @@ pub struct WriteOutcome {
     pub late: usize,
 }
 
+/// A member's removal for good ([`Node::decommission`]): its record as the cluster holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Removal {
+    /// The member removed.
+    pub replica: ReplicaId,
+    /// It was already removed: nothing was written, this is the existing record.
+    pub already: bool,
+    /// When the record was written (wall-clock ms of the node that wrote it; `None` when the
+    /// record does not say).
+    pub at_ms: Option<u64>,
+    /// The node that wrote the record (`None` when the record does not say).
+    pub by: Option<ReplicaId>,
+}
+
+/// How often a node looks for removals it has not logged yet.
+const REMOVALS_TICK: Duration = Duration::from_millis(500);
+
 /// A node's peer id: stable for a replica id (a wiped node, with a new id, is a new peer).
 fn peer_id_of(replica: ReplicaId) -> PeerId {
     let [hi, lo] = [(replica.0 >> 64) as u64, replica.0 as u64];
@@ -59,6 +76,10 @@ struct Shared {
     frames_rejected: Arc<std::sync::atomic::AtomicU64>,
     /// Our in-process links (`Node::connect`): peer → link id, to take the link down.
     local_links: Mutex<std::collections::BTreeMap<PeerId, u64>>,
+    /// Held while a removal is checked and written: a repeated request writes nothing.
+    removing: tokio::sync::Mutex<()>,
+    /// The removals already logged (`None` until the first look, at open).
+    removals_logged: Mutex<Option<std::collections::BTreeSet<ReplicaId>>>,
 }
 
 impl Drop for Shared {
@@ -124,6 +145,7 @@ impl Node {
     /// As [`Node::open`].
     pub fn open_blocking(config: NodeConfig) -> Result<Node, Error> {
         config.limits.validate().map_err(Error::Config)?;
+        config.check_views().map_err(Error::Config)?;
         let views = Arc::new(crate::views::Views::new(&config.views)?.joining(config.joining));
         let mut store = RedbStore::open(
             &config.data_dir,
@@ -187,6 +209,7 @@ impl Node {
             freer: crate::driver::Freer::spawn(),
             caught_up: std::collections::BTreeMap::new(),
             ever_linked: std::collections::BTreeSet::new(),
+            last_acked: std::collections::BTreeMap::new(),
         };
         let thread = std::thread::Builder::new()
             .name("tidemark-writer".into())
@@ -208,12 +231,23 @@ impl Node {
                 net: Mutex::new(None),
                 frames_rejected,
                 local_links: Mutex::new(std::collections::BTreeMap::new()),
+                removing: tokio::sync::Mutex::new(()),
+                removals_logged: Mutex::new(None),
             }),
         };
+        // The removals recorded before this run are known (this node's own is logged).
+        node.note_removals()?;
         if !announce.is_empty() {
             // The promises of the state this node opened with, announced before any write of
             // its own (the writer commits in queue order; nobody waits for this one).
             drop(node.enqueue(announce)?);
+        }
+        match tokio::runtime::Handle::try_current() {
+            // Removals learned from peers are logged as they arrive.
+            Ok(rt) => {
+                rt.spawn(removals_watch(Arc::downgrade(&node.shared)));
+            }
+            Err(_) => tracing::debug!("no async runtime at open: removals are logged on request"),
         }
         if node.shared.views.needs_maintenance() {
             // Idle watermarks and retention run in the background while the node lives.
@@ -455,11 +489,19 @@ impl Node {
         let rx = self.enqueue(writes)?;
         let commit: LocalCommit = rx.await.map_err(|_| Error::Closed)??;
         let duplicates = commit.duplicate.iter().filter(|d| **d).count();
+        let applied = commit.duplicate.len() - duplicates;
+        self.count_applied(applied);
         Ok(WriteOutcome {
-            applied: commit.duplicate.len() - duplicates,
+            applied,
             duplicates,
             late: 0,
         })
+    }
+
+    /// Counts `n` client writes (ops or events) acknowledged as applied: the
+    /// `tidemark_writes_total{result="applied"}` counter and the write history.
+    fn count_applied(&self, n: usize) {
+        Metrics::add(&self.shared.metrics.ops_applied, n as u64);
     }
 
     /// Queues `writes` for the writer (after the backpressure check); the receiver gets the
@@ -651,8 +693,10 @@ impl Node {
             .map(|(i, d)| !*d && !commit.refused.iter().any(|r| r.writes.contains(&i)))
             .collect();
         let duplicates = dup.iter().filter(|d| **d).count();
+        let applied = dup.len() - duplicates;
+        self.count_applied(applied);
         Ok(WriteOutcome {
-            applied: dup.len() - duplicates,
+            applied,
             duplicates,
             late: views.count(&admitted, &effective),
         })
@@ -850,16 +894,11 @@ impl Node {
         let views = &self.shared.views;
         let me = self.shared.replica;
         let reader = self.reader()?;
-        if crate::views::read::gone(&reader)?.contains(&me)
-            && !views
+        // Logged once by `note_removals` (WARN), which sees the record whether or not views run.
+        if crate::views::read::gone(&reader)?.contains(&me) {
+            views
                 .removed
-                .swap(true, std::sync::atomic::Ordering::Relaxed)
-        {
-            tracing::warn!(
-                replica = %me,
-                "this node was removed from the cluster for good: it applies no more events \
-                 to windows (they are kept in the late lane as decommissioned)"
-            );
+                .store(true, std::sync::atomic::Ordering::Relaxed);
         }
         // A node that has no watermark yet (a joining node, one that never ingested) starts
         // from its cluster's once it holds their announcements.
@@ -897,25 +936,32 @@ impl Node {
     }
 
     /// Removes the member `replica` from the cluster for good (decommission): a replicated
-    /// record every node learns. From then on no node waits for its watermark: windows become
-    /// final and retention proceeds without it (windows a seal already counts it in keep its
-    /// contributions; its contributions to windows sealed afterwards are not counted). If it
-    /// comes back it applies no event to a window (late, `decommissioned`). Use it for a member
-    /// that is gone for good (its disk lost, or replaced by a restored copy under a new id).
-    /// Idempotent.
+    /// record every node learns (each logs it at INFO when it first does). From then on no
+    /// node waits for its watermark: windows become final and retention proceeds without it
+    /// (windows a seal already counts it in keep its contributions; its contributions to
+    /// windows sealed afterwards are not counted). If it comes back it applies no event to a
+    /// window (late, `decommissioned`). Use it for a member that is gone for good (its disk
+    /// lost, or replaced by a restored copy under a new id).
+    ///
+    /// Idempotent: a member already removed is not written again; the answer is its existing
+    /// record ([`Removal::already`]).
     ///
     /// # Errors
     /// [`Error::Config`] for this node itself; storage failures; [`Error::Closed`].
-    pub async fn decommission(&self, replica: ReplicaId) -> Result<(), Error> {
+    pub async fn decommission(&self, replica: ReplicaId) -> Result<Removal, Error> {
         if replica == self.shared.replica {
             return Err(Error::Config(
                 "a node cannot remove itself: remove it from another member".into(),
             ));
         }
-        let record = serde_json::json!({
-            "at": crate::clock::wall_ms(),
-            "by": self.shared.replica.to_string(),
-        });
+        // One removal at a time, so two requests for the same member write one record.
+        let _one = self.shared.removing.lock().await;
+        if let Some(existing) = self.removal(replica)? {
+            return Ok(existing);
+        }
+        let at_ms = crate::clock::wall_ms();
+        let by = self.shared.replica;
+        let record = serde_json::json!({"at": at_ms, "by": by.to_string()});
         let w = LocalWrite {
             ops: vec![(
                 crate::views::keys::gone_key(replica),
@@ -925,8 +971,90 @@ impl Node {
         };
         let rx = self.enqueue(vec![w])?;
         rx.await.map_err(|_| Error::Closed)??;
-        tracing::warn!(%replica, "member removed from the cluster for good");
+        self.note_removals()?;
+        Ok(Removal {
+            replica,
+            already: false,
+            at_ms: Some(at_ms),
+            by: Some(by),
+        })
+    }
+
+    /// The decommission record of `replica`, if the cluster removed it (`already` set).
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn removal(&self, replica: ReplicaId) -> Result<Option<Removal>, Error> {
+        let Value::Lww(Some(text)) = self.get(&crate::views::keys::gone_key(replica))? else {
+            return Ok(None);
+        };
+        let record: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        Ok(Some(Removal {
+            replica,
+            already: true,
+            at_ms: record["at"].as_u64(),
+            by: record["by"]
+                .as_str()
+                .and_then(|b| u128::from_str_radix(b, 16).ok())
+                .map(ReplicaId),
+        }))
+    }
+
+    /// Logs every removal this node has not logged yet, once each: INFO for another member
+    /// (with who recorded it and when), WARN for this node itself. The records found at open
+    /// are taken as known (logged by the run that learned them), except this node's own.
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn note_removals(&self) -> Result<(), Error> {
+        let gone = self.decommissioned()?;
+        let Ok(mut known) = self.shared.removals_logged.lock() else {
+            return Ok(());
+        };
+        let first = known.is_none();
+        let logged = known.get_or_insert_with(std::collections::BTreeSet::new);
+        for replica in gone {
+            if !logged.insert(replica) {
+                continue;
+            }
+            if replica == self.shared.replica {
+                tracing::warn!(
+                    %replica,
+                    "this node was removed from the cluster for good (decommissioned): it \
+                     applies no more events to windows (they are kept in the late lane as \
+                     decommissioned) and /readyz answers 503; start it on a new data \
+                     directory to rejoin"
+                );
+            } else if !first {
+                let r = self.removal(replica)?;
+                let name = self
+                    .net_status()
+                    .and_then(|n| {
+                        n.members
+                            .into_iter()
+                            .find(|m| m.replica.replace('-', "") == replica.to_string())
+                    })
+                    .map(|m| m.name);
+                tracing::info!(
+                    %replica,
+                    name = name.as_deref().unwrap_or("-"),
+                    by = %r.as_ref().and_then(|r| r.by).map_or_else(|| "-".to_owned(), |b| b.to_string()),
+                    at_ms = r.as_ref().and_then(|r| r.at_ms).unwrap_or(0),
+                    "member removed from the cluster for good"
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// True when the cluster removed this node for good (a `~gone/` record names its replica,
+    /// see [`Node::decommission`]).
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub fn is_decommissioned(&self) -> Result<bool, Error> {
+        self.get(&crate::views::keys::gone_key(self.shared.replica))
+            .map(|v| matches!(v, Value::Lww(Some(_))))
     }
 
     /// Every member removed for good (see [`Node::decommission`]), as this node knows it.
@@ -1209,6 +1337,25 @@ async fn views_maintenance(shared: std::sync::Weak<Shared>) {
             Ok(_) => {}
             Err(Error::Closed) => return,
             Err(e) => tracing::warn!(error = %e, "view maintenance failed"),
+        }
+    }
+}
+
+/// Logs removals learned from peers ([`Node::note_removals`]) every [`REMOVALS_TICK`] while
+/// the node is open (holding it only during a look).
+async fn removals_watch(shared: std::sync::Weak<Shared>) {
+    let mut tick = tokio::time::interval(REMOVALS_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let node = Node { shared };
+        match node.note_removals() {
+            Ok(()) => {}
+            Err(Error::Closed) => return,
+            Err(e) => tracing::debug!(error = %e, "looking for removals failed"),
         }
     }
 }

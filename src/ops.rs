@@ -157,7 +157,11 @@ pub fn validate_op(op: &Op, index: usize, limits: &Limits) -> Result<(Key, Mutat
         return Err(invalid(
             index,
             "key",
-            "names starting with `~view/` or `~wm/` are reserved for stream views",
+            format!(
+                "names starting with `{}` are reserved for the node's internal keys ({})",
+                crate::model::RESERVED_PREFIX,
+                crate::model::reserved_prefixes_text()
+            ),
         ));
     }
     let key = Key::new(kind, op.key.clone());

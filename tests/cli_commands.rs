@@ -437,6 +437,20 @@ fn two_daemons_with_issued_certificates_converge() {
         member["last_contact"].as_f64().is_some_and(|s| s > 0.5),
         "{member}"
     );
+    // What it last acknowledged is kept while it is down, and its lag counts from there:
+    // never `acked: null` beside a computed lag.
+    let c = json_of(&alpha.run(&["--json", "status"]));
+    let b = c["cluster"]["members"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["name"] == "beta").cloned())
+        .unwrap_or_else(|| panic!("no beta: {c}"));
+    let acked = b["acked"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("acked unknown while lag is shown: {b}"));
+    let end = c["cluster"]["node"]["log"]["end"]
+        .as_u64()
+        .unwrap_or_default();
+    assert_eq!(b["lag_entries"].as_u64(), Some(end - acked), "{b} {c}");
     // Writes beta never sees: its lag in entries, bytes and seconds grows while it is down.
     // (What it lacked already depends on when its last acknowledgement came: the baseline.)
     let entries_before = member["lag_entries"]
@@ -1155,4 +1169,208 @@ fn a_peer_from_another_ca_is_refused_with_a_warning_on_both_sides() {
     for mut c in [alpha, beta] {
         sigterm(&mut c);
     }
+}
+
+/// The lines of a daemon's log file that contain every one of `needles`.
+fn log_lines(log: &std::path::Path, needles: &[&str]) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| needles.iter().all(|n| l.contains(n)))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Waits (up to 30 s) until `check` holds.
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !check() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_removed_member_is_decommissioned_everywhere_and_removed_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    issue_certs(dir.path(), &["alpha", "beta"]);
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("free port")
+        .port();
+    let alpha_peer = format!("127.0.0.1:{port}");
+    let (alpha_log, beta_log) = (dir.path().join("alpha.log"), dir.path().join("beta.log"));
+    let (child, url, _) = daemon_support::spawn_serve_logged(
+        &[
+            "--http",
+            "127.0.0.1:0",
+            "--peer-listen",
+            &alpha_peer,
+            "--tls",
+            &p("alpha-tls"),
+            "--data",
+            &p("alpha"),
+        ],
+        &alpha_log,
+    );
+    let alpha = Daemon { child, url };
+    let (child, url, _) = daemon_support::spawn_serve_logged(
+        &[
+            "--http",
+            "127.0.0.1:0",
+            "--peer-listen",
+            "127.0.0.1:0",
+            "--tls",
+            &p("beta-tls"),
+            "--data",
+            &p("beta"),
+            "--join",
+            &alpha_peer,
+        ],
+        &beta_log,
+    );
+    let beta = Daemon { child, url };
+    ok(&alpha.run(&["inc", "gcounter/hits", "2"]));
+    eventually("beta has alpha's write", || {
+        let o = beta.run(&["--json", "get", "gcounter/hits"]);
+        o.status.success() && serde_json::from_slice::<J>(&o.stdout).is_ok_and(|v| v["value"] == 2)
+    });
+    eventually("beta ready", || {
+        beta.run(&["status"]).status.success() && {
+            json_of(&beta.run(&["--json", "status"]))["ready"] == true
+        }
+    });
+    // Removed (forced: it still answers). Logged at INFO where it was asked.
+    let o = alpha.run(&["--json", "members", "remove", "beta", "--force"]);
+    let first = json_of(&o);
+    assert_eq!(first["already"], false, "{first}");
+    let log_end = |d: &Daemon| {
+        json_of(&d.run(&["--json", "status"]))["cluster"]["node"]["log"]["end"].clone()
+    };
+    let end = log_end(&alpha);
+    // A repeat writes nothing and answers with the record there is (also without --force).
+    let again = json_of(&alpha.run(&["--json", "members", "remove", "beta"]));
+    assert_eq!(again["already"], true, "{again}");
+    assert_eq!(again["at_ms"], first["at_ms"], "{again} vs {first}");
+    assert_eq!(again["by"], first["by"], "{again}");
+    let text = ok(&alpha.run(&["members", "remove", "beta"]));
+    assert!(text.contains("was already removed"), "{text}");
+    assert_eq!(log_end(&alpha), end, "a repeated remove wrote again");
+    eventually("alpha logs the removal at INFO", || {
+        log_lines(
+            &alpha_log,
+            &["INFO", "member removed from the cluster for good"],
+        )
+        .len()
+            == 1
+    });
+    // beta learns it was removed: it says so in status, /v1/cluster and /readyz, and logs a
+    // WARN once.
+    eventually("beta knows it was removed", || {
+        json_of(&beta.run(&["--json", "status"]))["cluster"]["node"]["decommissioned"] == true
+    });
+    let status = json_of(&beta.run(&["--json", "status"]));
+    assert_eq!(status["ready"], false, "{status}");
+    let text = ok(&beta.run(&["status"]));
+    assert!(
+        text.contains("removed from the cluster for good (decommissioned)"),
+        "{text}"
+    );
+    let addr = beta.url.trim_start_matches("http://").to_owned();
+    let ready = raw(
+        &beta.url,
+        &format!("GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
+    );
+    assert!(ready.starts_with("HTTP/1.1 503"), "{ready}");
+    assert!(ready.contains("\"code\":\"decommissioned\""), "{ready}");
+    eventually("beta warns about itself", || {
+        !log_lines(
+            &beta_log,
+            &["WARN", "this node was removed from the cluster for good"],
+        )
+        .is_empty()
+    });
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(
+        log_lines(
+            &beta_log,
+            &["WARN", "this node was removed from the cluster for good"]
+        )
+        .len(),
+        1,
+        "{}",
+        std::fs::read_to_string(&beta_log).unwrap_or_default()
+    );
+    // alpha: beta's state is decommissioned in /metrics and /v1/cluster, and its lag series
+    // are gone (nothing waits for it), however much alpha writes.
+    ok(&alpha.run(&["inc", "gcounter/hits", "1"]));
+    let addr = alpha.url.trim_start_matches("http://").to_owned();
+    let metrics = raw(
+        &alpha.url,
+        &format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
+    );
+    assert!(
+        metrics.contains("tidemark_member_state{member=\"beta\",state=\"decommissioned\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tidemark_member_state{member=\"beta\",state=\"alive\"} 0"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics
+            .lines()
+            .any(|l| l.starts_with("tidemark_replication_lag") && l.contains("member=\"beta\"")),
+        "{metrics}"
+    );
+    let c = json_of(&alpha.run(&["--json", "status"]));
+    let b = c["cluster"]["members"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["name"] == "beta").cloned())
+        .unwrap_or_else(|| panic!("no beta: {c}"));
+    assert_eq!(b["state"], "decommissioned", "{b}");
+    assert_eq!(b["lag_entries"], J::Null, "{b}");
+    assert_eq!(b["lag_seconds"], J::Null, "{b}");
+    assert_eq!(c["cluster"]["node"]["decommissioned"], false, "{c}");
+    drop(beta);
+    assert_eq!(alpha.terminate().code(), Some(0));
+}
+
+/// A command whose stdout is closed early (`tidemark list | head -1`) ends quietly: no panic,
+/// exit 0, nothing on stderr.
+#[test]
+fn a_closed_stdout_ends_commands_quietly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = Daemon::start(dir.path(), &[]);
+    for i in 0..3 {
+        ok(&d.run(&["inc", &format!("gcounter/k{i}")]));
+    }
+    for args in [
+        &["list"][..],
+        &["--json", "list"],
+        &["status"],
+        &["members"],
+        &["get", "gcounter/k1"],
+        &["version"],
+        &["completions", "bash"],
+    ] {
+        let mut child = Command::new(BIN)
+            .arg("--url")
+            .arg(&d.url)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        // The reader goes away before anything is written.
+        drop(child.stdout.take());
+        let o = child.wait_with_output().expect("wait");
+        let err = stderr(&o);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {err}");
+        assert!(err.trim().is_empty(), "{args:?}: {err}");
+    }
+    assert_eq!(d.terminate().code(), Some(0));
 }

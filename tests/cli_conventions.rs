@@ -638,3 +638,108 @@ fn a_restore_cut_short_is_named_on_the_next_start_and_nothing_is_removed() {
         stderr(&o)
     );
 }
+
+/// With `--log-format json`, every line `serve` writes on stderr is JSON, the fatal error of a
+/// bad flag value or an unreadable config file included (usage errors: exit 2).
+#[test]
+fn json_logs_cover_configuration_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("d").to_string_lossy().into_owned();
+    let missing = dir
+        .path()
+        .join("missing.toml")
+        .to_string_lossy()
+        .into_owned();
+    let bad_toml = dir.path().join("bad.toml");
+    std::fs::write(&bad_toml, "[log]\nformat = \"json\"\nhttp = {").expect("write");
+    let bad_toml = bad_toml.to_string_lossy().into_owned();
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["serve", "--log-format", "json", "--durability", "sparkles"],
+        vec!["serve", "--log-format=json", "--http", "not-an-address"],
+        vec![
+            "serve",
+            "--log-format",
+            "json",
+            "--config",
+            &missing,
+            "--data",
+            &data,
+        ],
+        vec![
+            "serve",
+            "--config",
+            &bad_toml,
+            "--log-format",
+            "json",
+            "--data",
+            &data,
+        ],
+        vec![
+            "serve",
+            "--log-format",
+            "json",
+            "--set",
+            "http.nonsense=1",
+            "--data",
+            &data,
+        ],
+        vec![
+            "serve",
+            "--log-format",
+            "json",
+            "--set",
+            "views=[{name=\"v\",stream=\"s\",kind=\"count\",group_by=[\"a\",\"a\"]}]",
+            "--data",
+            &data,
+            "--http",
+            "127.0.0.1:0",
+            "--peer-listen",
+            "127.0.0.1:0",
+        ],
+    ];
+    for args in &cases {
+        let o = tidemark(args);
+        assert_ne!(o.status.code(), Some(0), "{args:?}");
+        let err = stderr(&o);
+        assert!(!err.trim().is_empty(), "{args:?}: nothing on stderr");
+        for line in err.lines().filter(|l| !l.trim().is_empty()) {
+            let v: J = serde_json::from_str(line)
+                .unwrap_or_else(|_| panic!("{args:?}: not a JSON line: {line:?}\n{err}"));
+            assert!(v.get("level").is_some(), "{args:?}: {line}");
+        }
+        assert!(err.contains("\"level\":\"ERROR\""), "{args:?}: {err}");
+    }
+    // A bad flag value is still a usage error (exit 2), named in the JSON line.
+    let o = tidemark(&cases[0]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("sparkles"), "{}", stderr(&o));
+    // Without JSON logs, errors stay plain text.
+    let o = tidemark(&["serve", "--durability", "sparkles"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(!stderr(&o).trim_start().starts_with('{'), "{}", stderr(&o));
+    // `--help` is no error: shown as text.
+    let o = tidemark(&["serve", "--log-format", "json", "--help"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(stdout(&o).contains("Usage"), "{}", stdout(&o));
+}
+
+/// `--url HOST` without a port means the node's default port 7700 (not HTTP's 80), and
+/// `--help` says so.
+#[test]
+fn a_url_without_a_port_is_the_default_node_port() {
+    for url in ["localhost", "http://localhost", "http://localhost/"] {
+        let o = tidemark(&["--url", url, "--token", "x", "get", "gcounter/none"]);
+        // No node listens on 7700 here (or one does: either way the URL names port 7700).
+        let err = stderr(&o);
+        if o.status.success() {
+            continue;
+        }
+        assert!(
+            err.contains("http://localhost:7700") || err.contains("404"),
+            "--url {url}: {err}"
+        );
+        assert!(!err.contains("localhost:80"), "--url {url}: {err}");
+    }
+    let help = stdout(&tidemark(&["--help"]));
+    assert!(help.contains("the node's default 7700"), "{help}");
+}

@@ -1095,6 +1095,57 @@ fn members_are_decommissioned_only_when_known_and_not_this_node() {
         r#"[{"type":"lww","key":"~gone/000000000000000000000000000000cd","op":"set","value":"{}"}]"#,
     );
     assert_eq!(forged.status, 400, "{forged:?}");
+    // The refusal names the whole reserved namespace and every internal prefix in use, from
+    // the one list.
+    let message = forged.json["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("`~`"), "{message}");
+    for prefix in tidemark::model::RESERVED_PREFIXES {
+        assert!(
+            message.contains(&format!("`{prefix}`")),
+            "{prefix}: {message}"
+        );
+    }
+    // Any name under `~` is the node's: not only the prefixes in use today.
+    let other = post(
+        &s.url("/v1/ops"),
+        r#"[{"type":"gcounter","key":"~later/x","op":"inc"}]"#,
+    );
+    assert_eq!(
+        (other.status, other.at()),
+        (400, "index 0, field key"),
+        "{other:?}"
+    );
     let c = get(&s.url("/v1/cluster")).json;
     assert_eq!(c["decommissioned"], json!([]), "{c}");
+    assert_eq!(c["node"]["decommissioned"], false, "{c}");
+}
+
+/// A peer evicted from replication (away past `peer_evict_after_ms`) keeps its last
+/// acknowledged cursor in `/v1/cluster`, and its lag counts from it: never `acked: null`
+/// beside a computed `lag_entries`.
+#[test]
+fn an_evicted_peer_keeps_its_last_ack_and_its_lag_agrees() {
+    let a = Served::start_with(|node, _| node.replication.peer_evict_after_ms = 300);
+    let b = Served::start();
+    a.node.connect(&b.node).expect("connect");
+    let inc = r#"[{"type":"gcounter","key":"lag","op":"inc"}]"#;
+    assert_eq!(post(&a.url("/v1/ops"), inc).status, 200);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get(&a.url("/v1/cluster")).json["peers"][0]["lag_entries"] != 0 {
+        assert!(Instant::now() < deadline, "never caught up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    a.node.disconnect(&b.node).expect("disconnect");
+    // Well past the eviction.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(post(&a.url("/v1/ops"), inc).status, 200);
+    assert_eq!(post(&a.url("/v1/ops"), inc).status, 200);
+    let c = get(&a.url("/v1/cluster")).json;
+    let peer = &c["peers"][0];
+    let acked = peer["acked"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("acked unknown beside lag {}: {c}", peer["lag_entries"]));
+    let end = c["node"]["log"]["end"].as_u64().expect("log end");
+    assert_eq!(peer["lag_entries"].as_u64(), Some(end - acked), "{c}");
+    assert_eq!(end - acked, 2, "{c}");
 }

@@ -104,6 +104,14 @@ fn console_shows_members_and_live_values_in_chromium() {
         assert!(Instant::now() < deadline, "the page never listed keys");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // An internal key changes too (a removal record under `~gone/`): the watch brings it, the
+    // page must not list it.
+    std::thread::scope(|sc| {
+        sc.spawn(|| rt.block_on(s.node.decommission(tidemark::ReplicaId(0xdead_beef))))
+            .join()
+    })
+    .expect("decommission thread")
+    .expect("decommission");
     assert_eq!(
         post(
             &s.url("/v1/ops"),
@@ -142,5 +150,25 @@ fn console_shows_members_and_live_values_in_chromium() {
         dom.contains(r#"["alice","live-bob"]"#),
         "the live value did not reach the page: {dom}"
     );
+    assert!(!dom.contains(">~gone/"), "an internal key is listed: {dom}");
     drop(rt);
+}
+
+/// The console hides internal keys by the reserved prefix itself (every name under `~`), not
+/// by a list of the prefixes in use (which missed `~gone/`).
+#[test]
+fn the_console_hides_internal_keys_by_the_reserved_prefix() {
+    let s = Served::start();
+    let page = get(&s.url("/")).text;
+    assert!(
+        page.contains(&format!(
+            "const RESERVED_PREFIX = \"{}\";",
+            tidemark::model::RESERVED_PREFIX
+        )),
+        "the console's reserved prefix is not the node's"
+    );
+    assert!(
+        page.contains("const isInternal = name => name.startsWith(RESERVED_PREFIX);"),
+        "internal keys are not recognised by the reserved prefix"
+    );
 }

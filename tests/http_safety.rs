@@ -327,6 +327,8 @@ fn every_error_is_the_json_error_shape() {
         ("DELETE /v1/ops", 405, ""),
         ("GET /v1/ops", 405, ""),
         ("GET /v1/views/%FF", 400, "path view"),
+        ("GET /v1/keys/gcounter/%FF", 400, "path"),
+        ("POST /v1/cluster/members/%FF/remove", 400, "path name"),
     ] {
         let (got, body) = raw(s.addr, &format!("{req} HTTP/1.1\r\nHost: {h}"), b"");
         assert_eq!(got, status, "{req}: {body}");
@@ -338,7 +340,19 @@ fn every_error_is_the_json_error_shape() {
         if !at.is_empty() {
             assert_eq!(body["error"]["at"], at, "{req}: {body}");
         }
+        // A path that does not decode has a code of its own, never the generic one.
+        assert_ne!(body["error"]["code"], "bad_request", "{req}: {body}");
     }
+    let (got, body) = raw(
+        s.addr,
+        &format!("POST /v1/cluster/members/%FF/remove HTTP/1.1\r\nHost: {h}"),
+        b"",
+    );
+    assert_eq!(
+        (got, &body["error"]["code"]),
+        (400, &json!("invalid_path")),
+        "{body}"
+    );
     let (got, body) = raw(
         s.addr,
         &format!(

@@ -336,6 +336,9 @@ fn bad_lines_and_queries_are_named_and_apply_nothing() {
         ("?from=yesterday", "query from"),
         ("?group.user=x", "query group.user"),
         ("?colour=red", "query colour"),
+        // A group field given twice is refused, not read as no group at all.
+        ("?group.page=/home&group.page=/other", "query group.page"),
+        ("?group.page=/home&group.page=/home", "query group.page"),
     ] {
         let a = get(&s.url(&format!("/v1/views/clicks_per_page{query}")));
         assert_eq!(
@@ -483,4 +486,55 @@ fn cli_serves_views_from_the_config_file() {
     assert_eq!(code, Some(1));
     assert!(err.contains("view_not_found"), "{err}");
     drop(daemon);
+}
+
+/// `tidemark_writes_total{result="applied"}` counts what clients wrote (one per event), not
+/// the view cells and watermarks the events became.
+#[test]
+fn writes_count_events_not_view_mutations() {
+    let s = served();
+    let events: Vec<J> = (1..=3)
+        .map(|i| json!({"source":"w","seq":i,"time":T + i * 1_000,"page":format!("/p{i}"),"amount":1}))
+        .collect();
+    assert_eq!(ingest(&s, &events).status, 200);
+    // A retry is a duplicate, not a write.
+    assert_eq!(ingest(&s, &events[..1]).status, 200);
+    let m = get(&s.url("/metrics")).text;
+    assert!(
+        m.contains("tidemark_writes_total{result=\"applied\"} 3\n"),
+        "{m}"
+    );
+    assert!(
+        m.contains("tidemark_writes_total{result=\"duplicate\"} 1\n"),
+        "{m}"
+    );
+}
+
+/// Definitions that group by `.`, `..` or a field twice are refused at open, naming the field.
+#[test]
+fn group_by_refuses_dot_fields_and_repeats() {
+    for (group_by, named) in [
+        (vec!["."], "\".\""),
+        (vec![".."], "\"..\""),
+        (vec!["page", "user", "page"], "\"page\" is listed twice"),
+    ] {
+        let def: ViewDef = serde_json::from_value(json!({
+            "name": "v", "stream": "s", "kind": "count", "group_by": group_by,
+        }))
+        .expect("def");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut config = tidemark::NodeConfig::new(dir.path());
+        config.views = vec![def];
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let e = rt
+            .block_on(tidemark::Node::open(config))
+            .err()
+            .unwrap_or_else(|| panic!("{group_by:?} accepted"))
+            .to_string();
+        assert!(e.contains("view \"v\", field `group_by`"), "{e}");
+        assert!(e.contains(named), "{group_by:?}: {e}");
+    }
 }

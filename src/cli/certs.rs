@@ -33,21 +33,21 @@ pub fn run(cmd: &CertsCommand) -> anyhow::Result<()> {
         CertsCommand::Init { out } => {
             tidemark::net::certs::init_ca(out)
                 .with_context(|| format!("creating a cluster CA in {}", out.display()))?;
-            println!(
+            crate::outln!(
                 "cluster CA written to {} (keep ca.key secret; issue nodes with `tidemark certs issue --ca {}`)",
                 out.display(),
                 out.display()
-            );
+            )?;
         }
         CertsCommand::Issue { ca, name, out } => {
             let tls = tidemark::net::certs::issue_node(ca, name, out)
                 .with_context(|| format!("issuing a certificate for {name:?}"))?;
-            println!(
+            crate::outln!(
                 "certificate for node {} written to {} (start it with `tidemark serve --tls {}`)",
                 tls.name(),
                 out.display(),
                 out.display()
-            );
+            )?;
         }
     }
     Ok(())

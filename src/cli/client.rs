@@ -37,8 +37,12 @@ pub fn parse_key(s: &str) -> Result<KeyArg, String> {
     })
 }
 
-/// Parses `--url`: `http://HOST:PORT[/base]`, or `HOST:PORT` (`localhost:7700`,
-/// `10.0.0.5:7700`) taken as `http://HOST:PORT` (a usage error, exit 2, otherwise).
+/// The node's default HTTP port: what `--url` means when it names none (`--url localhost`).
+pub const DEFAULT_HTTP_PORT: u16 = 7700;
+
+/// Parses `--url`: `http://HOST[:PORT][/base]`, or `HOST[:PORT]` (`localhost:7700`,
+/// `10.0.0.5`) taken as `http://HOST:PORT`; without a port, the node's default
+/// [`DEFAULT_HTTP_PORT`] (not HTTP's 80). A usage error (exit 2) otherwise.
 pub fn parse_url(text: &str) -> Result<String, String> {
     let text = text.trim();
     let url = if text.contains("://") {
@@ -59,10 +63,20 @@ pub fn parse_url(text: &str) -> Result<String, String> {
         }
         None => return Err(format!("{text:?} has no host; {hint}")),
     }
-    if uri.host().is_none_or(str::is_empty) {
+    let Some(host) = uri.host().filter(|h| !h.is_empty()) else {
         return Err(format!("{text:?} has no host; {hint}"));
+    };
+    if uri.port().is_some() {
+        return Ok(url);
     }
-    Ok(url)
+    // No port: the node's, so `--url localhost` is the node on this machine.
+    let path = uri.path_and_query().map_or("", |p| p.as_str());
+    let path = if path == "/" && !url.ends_with('/') {
+        ""
+    } else {
+        path
+    };
+    Ok(format!("http://{host}:{DEFAULT_HTTP_PORT}{path}"))
 }
 
 /// A request the server answered with an error (exit status 1).
@@ -295,12 +309,13 @@ pub fn write_ops(client: &Client, out: &Output, ops: &[J]) -> anyhow::Result<()>
     let (answer, _) = client.post("/v1/ops", "application/json", &body)?;
     let body = accept(answer)?;
     if out.json {
-        println!("{body}");
+        crate::outln!("{body}")?;
     } else {
-        println!(
+        crate::outln!(
             "applied {} (duplicates {})",
-            body["applied"], body["duplicates"]
-        );
+            body["applied"],
+            body["duplicates"]
+        )?;
     }
     Ok(())
 }
@@ -326,7 +341,7 @@ pub fn counter_op(key: &KeyArg, op: &str, by: i64) -> anyhow::Result<J> {
 pub fn get(client: &Client, out: &Output, key: &KeyArg) -> anyhow::Result<()> {
     let body = accept(client.get(&key_path(key), &[])?)?;
     if out.json {
-        println!("{body}");
+        crate::outln!("{body}")?;
     } else {
         print_table(
             &["TYPE", "KEY", "VALUE"],
@@ -335,7 +350,7 @@ pub fn get(client: &Client, out: &Output, key: &KeyArg) -> anyhow::Result<()> {
                 key.name.clone(),
                 value_text(&body["value"]),
             ]],
-        );
+        )?;
     }
     Ok(())
 }
@@ -373,7 +388,7 @@ pub fn list(
     }
     let body = accept(client.get("/v1/keys", &q)?)?;
     if out.json {
-        println!("{body}");
+        crate::outln!("{body}")?;
         return Ok(());
     }
     let rows: Vec<Vec<String>> = body["keys"]
@@ -390,9 +405,9 @@ pub fn list(
                 .collect()
         })
         .unwrap_or_default();
-    print_table(&["TYPE", "KEY", "VALUE"], &rows);
+    print_table(&["TYPE", "KEY", "VALUE"], &rows)?;
     if let Some(next) = body["next"].as_str() {
-        println!("(more: --after {})", shell_quoted(next));
+        crate::outln!("(more: --after {})", shell_quoted(next))?;
     }
     Ok(())
 }
@@ -447,7 +462,7 @@ pub fn watch(client: &Client, out: &Output, args: &WatchArgs<'_>) -> anyhow::Res
                         data["cursor"] = J::String(id.clone());
                     }
                     data["event"] = J::String(event.clone());
-                    println!("{data}");
+                    crate::outln!("{data}")?;
                 }
                 _ => {
                     let value = if data["value_omitted"].as_bool() == Some(true) {
@@ -460,15 +475,13 @@ pub fn watch(client: &Client, out: &Output, args: &WatchArgs<'_>) -> anyhow::Res
                     } else {
                         String::new()
                     };
-                    println!(
+                    crate::outln!(
                         "{}/{} = {value}{at}",
                         data["type"].as_str().unwrap_or_default(),
                         data["key"].as_str().unwrap_or_default(),
-                    );
+                    )?;
                 }
             }
-            use std::io::Write;
-            let _ = std::io::stdout().flush();
         }
         Ok(())
     })
@@ -501,7 +514,7 @@ pub fn tail_final(
                     data["hint"].as_str().unwrap_or_default(),
                     data["cursor"]
                 ),
-                _ if out.json => println!("{data}"),
+                _ if out.json => crate::outln!("{data}")?,
                 _ => {
                     let group = data["group"]
                         .as_object()
@@ -513,17 +526,15 @@ pub fn tail_final(
                         })
                         .filter(|g| !g.is_empty())
                         .unwrap_or_else(|| "-".into());
-                    println!(
+                    crate::outln!(
                         "{group}  {}  {}  {}  {}",
                         time_text(&data["window_start"]),
                         time_text(&data["window_end"]),
                         value_text(&data["value"]),
                         data["cursor"].as_str().unwrap_or_default()
-                    );
+                    )?;
                 }
             }
-            use std::io::Write;
-            let _ = std::io::stdout().flush();
         }
         Ok(())
     })
@@ -534,7 +545,7 @@ pub fn status(client: &Client, out: &Output) -> anyhow::Result<()> {
     let cluster = accept(client.get("/v1/cluster", &[])?)?;
     let ready = client.get("/readyz", &[])?.is_ok();
     if out.json {
-        println!("{}", json!({"ready": ready, "cluster": cluster}));
+        crate::outln!("{}", json!({"ready": ready, "cluster": cluster}))?;
         return Ok(());
     }
     let n = &cluster["node"];
@@ -555,11 +566,17 @@ pub fn status(client: &Client, out: &Output) -> anyhow::Result<()> {
             format!("{}..{}", n["log"]["start"], n["log"]["end"]),
             ready.to_string(),
         ]],
-    );
+    )?;
+    if n["decommissioned"] == true {
+        crate::outln!(
+            "this node was removed from the cluster for good (decommissioned): it applies no \
+             event to a window and is not ready; start it on a new data directory to rejoin"
+        )?;
+    }
     // Every member SWIM knows, down ones included, with what replication knows of it.
     let members = cluster["members"].as_array().cloned().unwrap_or_default();
-    println!();
-    print_members(&members);
+    crate::outln!()?;
+    print_members(&members)?;
     // Replication peers no member name is known for (an in-process link, a member being
     // forgotten).
     let named = |p: &serde_json::Value| {
@@ -572,7 +589,7 @@ pub fn status(client: &Client, out: &Output) -> anyhow::Result<()> {
         .map(|p| p.iter().filter(|p| !named(p)).cloned().collect())
         .unwrap_or_default();
     if !peers.is_empty() {
-        println!();
+        crate::outln!()?;
         let rows: Vec<Vec<String>> = peers
             .iter()
             .map(|p| {
@@ -583,7 +600,9 @@ pub fn status(client: &Client, out: &Output) -> anyhow::Result<()> {
                         .unwrap_or_default()
                         .to_owned(),
                     p["connected"].to_string(),
-                    p["lag_entries"].to_string(),
+                    p["lag_entries"]
+                        .as_u64()
+                        .map_or_else(|| "-".to_owned(), |l| l.to_string()),
                     lag_bytes_text(p),
                 ]
             })
@@ -591,7 +610,7 @@ pub fn status(client: &Client, out: &Output) -> anyhow::Result<()> {
         print_table(
             &["PEER", "CONNECTED", "LAG (ENTRIES)", "LAG (BYTES)"],
             &rows,
-        );
+        )?;
     }
     Ok(())
 }
@@ -607,7 +626,7 @@ pub fn view(
     let path = format!("/v1/views/{}", encode_segment(name));
     let body = accept(client.get(&path, query)?)?;
     if out.json {
-        println!("{body}");
+        crate::outln!("{body}")?;
         return Ok(());
     }
     let rows: Vec<Vec<String>> = body["rows"]
@@ -638,18 +657,18 @@ pub fn view(
     print_table(
         &["GROUP", "WINDOW START", "WINDOW END", "FINAL", "VALUE"],
         &rows,
-    );
+    )?;
     let c = &body["counters"];
-    println!(
+    crate::outln!(
         "watermark {}  cluster watermark {}  folded {} late {} rejected {}",
         time_text(&body["watermark"]),
         time_text(&body["cluster_watermark"]),
         c["folded"],
         c["late"],
         c["rejected"],
-    );
+    )?;
     if let Some(next) = body["next"].as_str() {
-        println!("more rows: --after {}", shell_quoted(next));
+        crate::outln!("more rows: --after {}", shell_quoted(next))?;
     }
     Ok(())
 }
@@ -666,9 +685,9 @@ fn lag_bytes_text(m: &serde_json::Value) -> String {
 
 /// Prints every member SWIM knows (down ones included) with its state, version, address, lag in
 /// entries, bytes and seconds and last contact; a node without other members says so.
-fn print_members(members: &[serde_json::Value]) {
+fn print_members(members: &[serde_json::Value]) -> anyhow::Result<()> {
     if members.is_empty() {
-        println!("single node: no other members known");
+        crate::outln!("single node: no other members known")?;
     } else {
         let text = |v: &serde_json::Value| match v {
             serde_json::Value::Null => "-".to_owned(),
@@ -708,8 +727,9 @@ fn print_members(members: &[serde_json::Value]) {
                 "LAST CONTACT",
             ],
             &rows,
-        );
+        )?;
     }
+    Ok(())
 }
 
 /// `tidemark members`: the members table of `status` alone (`--json`: `/v1/cluster`'s
@@ -721,10 +741,10 @@ pub fn members(client: &Client, out: &Output) -> anyhow::Result<()> {
     let cluster = accept(client.get("/v1/cluster", &[])?)?;
     let members = cluster["members"].as_array().cloned().unwrap_or_default();
     if out.json {
-        println!("{}", serde_json::Value::Array(members));
+        crate::outln!("{}", serde_json::Value::Array(members))?;
         return Ok(());
     }
-    print_members(&members);
+    print_members(&members)?;
     Ok(())
 }
 
@@ -737,12 +757,14 @@ pub fn remove_member(client: &Client, out: &Output, name: &str, force: bool) -> 
     let (answer, _) = client.post(&path, "application/json", b"{}")?;
     let done = accept(answer)?;
     if out.json {
-        println!("{done}");
+        crate::outln!("{done}")?;
     } else {
-        println!(
-            "removed {name} (replica {}) for good",
-            done["removed"].as_str().unwrap_or("?")
-        );
+        let replica = done["removed"].as_str().unwrap_or("?");
+        if done["already"] == true {
+            crate::outln!("{name} (replica {replica}) was already removed: nothing written")?;
+        } else {
+            crate::outln!("removed {name} (replica {replica}) for good")?;
+        }
     }
     Ok(())
 }

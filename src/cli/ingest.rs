@@ -265,7 +265,7 @@ pub fn run(client: &Client, out: &Output, stream: &str, input: &str) -> anyhow::
             .iter()
             .map(|(line, error)| json!({"line": line, "error": error}))
             .collect();
-        println!(
+        crate::outln!(
             "{}",
             json!({
                 "accepted": summary.accepted,
@@ -273,9 +273,9 @@ pub fn run(client: &Client, out: &Output, stream: &str, input: &str) -> anyhow::
                 "late": summary.late,
                 "rejected": rejected,
             })
-        );
+        )?;
     } else {
-        println!(
+        crate::outln!(
             "accepted {}, duplicates {}, late {}, rejected {} ({} lines, {} bytes in {:.1}s)",
             summary.accepted,
             summary.duplicates,
@@ -284,7 +284,7 @@ pub fn run(client: &Client, out: &Output, stream: &str, input: &str) -> anyhow::
             summary.lines,
             summary.bytes,
             started.elapsed().as_secs_f64()
-        );
+        )?;
         for (line, error) in summary.rejected.iter().take(20) {
             eprintln!("rejected line {line}: {error}");
         }

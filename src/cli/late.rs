@@ -26,7 +26,7 @@ pub fn late(
     }
     let body = accept(client.get(&path, &query)?)?;
     if out.json {
-        println!("{body}");
+        crate::outln!("{body}")?;
         return Ok(());
     }
     let rows: Vec<Vec<String>> = body["events"]
@@ -67,13 +67,14 @@ pub fn late(
             "RECEIVED",
         ],
         &rows,
-    );
-    println!(
+    )?;
+    crate::outln!(
         "kept {} bytes  dropped {} (oldest first, past limits.late_bytes_max)",
-        body["kept_bytes"], body["dropped"]
-    );
+        body["kept_bytes"],
+        body["dropped"]
+    )?;
     if let Some(next) = body["next"].as_u64() {
-        println!("more: --after {next}");
+        crate::outln!("more: --after {next}")?;
     }
     Ok(())
 }

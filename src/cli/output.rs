@@ -18,25 +18,63 @@ pub fn value_text(v: &J) -> String {
     }
 }
 
+/// Stdout was closed by its reader (`tidemark list | head -1`): the command stops, and
+/// `main` exits 0 without a message (what the reader wanted, it has).
+#[derive(Debug)]
+pub struct StdoutClosed;
+
+impl std::fmt::Display for StdoutClosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("stdout was closed")
+    }
+}
+
+impl std::error::Error for StdoutClosed {}
+
+/// Writes `text` as is to stdout: the one way the commands print (never `println!`, which
+/// panics on a closed pipe). A closed stdout is [`StdoutClosed`]; another failure an error.
+pub fn write_out(text: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
+        Err(e) => Err(anyhow::Error::new(e).context("writing to stdout")),
+    }
+}
+
+/// Writes `args` and a newline to stdout ([`write_out`]); see [`outln!`](crate::outln).
+pub fn write_line(args: std::fmt::Arguments<'_>) -> anyhow::Result<()> {
+    let mut text = args.to_string();
+    text.push('\n');
+    write_out(text.as_bytes())
+}
+
 /// Prints `rows` under `headers`, columns aligned.
-pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
+///
+/// # Errors
+/// As [`write_out`].
+pub fn print_table(headers: &[&str], rows: &[Vec<String>]) -> anyhow::Result<()> {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
-    let line = |cells: &mut dyn Iterator<Item = &str>| {
+    let mut text = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
         let parts: Vec<String> = cells
             .zip(&widths)
             .map(|(c, w)| format!("{c:<w$}"))
             .collect();
-        println!("{}", parts.join("  ").trim_end());
+        text.push_str(parts.join("  ").trim_end());
+        text.push('\n');
     };
     line(&mut headers.iter().copied());
     for row in rows {
         line(&mut row.iter().map(String::as_str));
     }
+    write_out(text.as_bytes())
 }
 
 /// Epoch milliseconds as RFC 3339 UTC (`2026-11-29T10:00:00Z`, with `.mmm` when not whole

@@ -120,6 +120,27 @@ impl ServeArgs {
         Config::from_table(table)
     }
 
+    /// True when JSON logs were asked for, as far as that can be told without the whole
+    /// config: `--log-format`, else the last `--set log.format=`, else the config file's
+    /// `log.format` (when it reads). What a configuration error is logged as.
+    pub fn json_logs_asked(&self) -> bool {
+        if let Some(f) = self.log_format {
+            return f == LogFormat::Json;
+        }
+        if let Some(v) = self
+            .set
+            .iter()
+            .rev()
+            .find_map(|a| a.trim().strip_prefix("log.format="))
+        {
+            return v.trim().trim_matches('"') == "json";
+        }
+        Config::load_table(self.config.as_deref())
+            .ok()
+            .and_then(|t| Some(t.get("log")?.get("format")?.as_str()? == "json"))
+            .unwrap_or(false)
+    }
+
     /// True when `--token` was given on the command line (not through TIDEMARK_TOKEN).
     fn token_on_command_line(&self) -> bool {
         self.token.is_some() && std::env::var("TIDEMARK_TOKEN").ok() != self.token
@@ -167,6 +188,19 @@ pub fn restore(config: &Config, file: &std::path::Path) -> anyhow::Result<()> {
         "restored the snapshot under a new replica id"
     );
     Ok(())
+}
+
+/// True when the command line runs `serve` with `--log-format json` (`--log-format=json`):
+/// read from the raw arguments, for errors found before they parse.
+pub fn json_logs_in_args(args: &[std::ffi::OsString]) -> bool {
+    let Some(at) = args.iter().position(|a| a == "serve") else {
+        return false;
+    };
+    let rest = args.get(at + 1..).unwrap_or_default();
+    rest.iter().enumerate().any(|(i, a)| {
+        a == "--log-format=json"
+            || (a == "--log-format" && rest.get(i + 1).is_some_and(|v| v == "json"))
+    })
 }
 
 /// Logs to stderr through `tracing` (`RUST_LOG`, default `info`); text lines are coloured
@@ -375,9 +409,9 @@ pub async fn run(mut config: Config, restore_from: Option<PathBuf>) -> anyhow::R
         }
     };
     let name = node.net_status().map(|s| s.name).unwrap_or_default();
-    if config.log.format == LogFormat::Json {
+    let shown = if config.log.format == LogFormat::Json {
         // The same stream may be collected with the logs: one JSON object, like them.
-        println!(
+        crate::outln!(
             "{}",
             serde_json::json!({
                 "message": "serving",
@@ -388,12 +422,16 @@ pub async fn run(mut config: Config, restore_from: Option<PathBuf>) -> anyhow::R
                 "data_dir": config.data_dir.display().to_string(),
                 "console": format!("http://{addr}/"),
             })
-        );
+        )
     } else {
-        println!(
+        crate::outln!(
             "tidemark: node {name} serving HTTP on http://{addr} (peers on {peer_addr}; data in {}; console at http://{addr}/)",
             config.data_dir.display()
-        );
+        )
+    };
+    // A daemon whose stdout went away (its reader closed it) keeps serving: it logs.
+    if let Err(e) = shown {
+        tracing::debug!(error = %e, "the serving line was not printed");
     }
     tracing::info!(%addr, replica = %node.replica_id(), "serving");
     let served = server.run(stop_signal()).await;

@@ -241,9 +241,9 @@ pub fn run(args: &SnapshotArgs, json: bool, client: &Client) -> anyhow::Result<(
             "source_log_end": info.source_log_end,
             "tables": info.tables.iter().map(|(n, r)| serde_json::json!({"name": n, "rows": r})).collect::<Vec<_>>(),
         });
-        println!("{v}");
+        crate::outln!("{v}")?;
     } else {
-        println!("{}", describe(&path, &info));
+        crate::outln!("{}", describe(&path, &info))?;
     }
     Ok(())
 }

@@ -11,12 +11,12 @@ use super::output::{Output, print_table, time_text, value_text};
 pub fn views(client: &Client, out: &Output) -> anyhow::Result<()> {
     let body = accept(client.get("/v1/views", &[])?)?;
     if out.json {
-        println!("{body}");
+        crate::outln!("{body}")?;
         return Ok(());
     }
     let views = body["views"].as_array().cloned().unwrap_or_default();
     if views.is_empty() {
-        println!("no views: declare [[views]] in the node's config (API.md, Stream views)");
+        crate::outln!("no views: declare [[views]] in the node's config (API.md, Stream views)")?;
         return Ok(());
     }
     let rows: Vec<Vec<String>> = views
@@ -72,6 +72,6 @@ pub fn views(client: &Client, out: &Output) -> anyhow::Result<()> {
             "CONFLICTS",
         ],
         &rows,
-    );
+    )?;
     Ok(())
 }

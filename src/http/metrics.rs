@@ -60,9 +60,14 @@ impl HttpMetrics {
     }
 }
 
-/// Per member SWIM knows, its state as a state set (1 for its state, 0 for the others), and
-/// the seconds since this node last heard from it.
-fn register_members(r: &mut Registry, members: &[crate::net::MemberStatus]) {
+/// Per member SWIM knows, its state as a state set (1 for its state, 0 for the others;
+/// `decommissioned` for a member removed for good, whatever SWIM last heard of it), and the
+/// seconds since this node last heard from it.
+fn register_members(
+    r: &mut Registry,
+    members: &[crate::net::MemberStatus],
+    gone: &std::collections::BTreeSet<String>,
+) {
     if members.is_empty() {
         return;
     }
@@ -70,12 +75,13 @@ fn register_members(r: &mut Registry, members: &[crate::net::MemberStatus]) {
     let contact: Family<Labels, Gauge<f64, AtomicU64>> = Family::default();
     for m in members {
         let now = match m.state {
+            _ if gone.contains(&m.replica.replace('-', "")) => "decommissioned",
             crate::net::MemberState::Alive => "alive",
             crate::net::MemberState::Suspect => "suspect",
             crate::net::MemberState::Down if m.left => "left",
             crate::net::MemberState::Down => "down",
         };
-        for st in ["alive", "suspect", "down", "left"] {
+        for st in ["alive", "suspect", "down", "left", "decommissioned"] {
             state
                 .get_or_create(&vec![("member", m.name.clone()), ("state", st.to_owned())])
                 .set(i64::from(st == now));
@@ -88,7 +94,8 @@ fn register_members(r: &mut Registry, members: &[crate::net::MemberStatus]) {
     }
     r.register(
         "member_state",
-        "Per member SWIM knows, 1 for its state (alive, suspect, down, left), 0 for the others",
+        "Per member SWIM knows, 1 for its state (alive, suspect, down, left, decommissioned), \
+         0 for the others",
         state,
     );
     r.register_with_unit(
@@ -226,10 +233,10 @@ pub(crate) fn peer_lag_seconds(
     }
 }
 
-/// Per peer of `rep.peer_acked`, the encoded bytes of our log entries after its acknowledged
-/// cursor (from our log's start when it acknowledged nothing yet): its lag in bytes, a lower
-/// bound marked not `exact` past [`crate::store::LOG_BYTES_ENTRIES_MAX`] entries. A peer
-/// whose bytes could not be read is left out.
+/// Per peer of `rep.peer_acked` that acknowledged something, the encoded bytes of our log
+/// entries after its acknowledged cursor: its lag in bytes, a lower bound marked not `exact`
+/// past [`crate::store::LOG_BYTES_ENTRIES_MAX`] entries. A peer that acknowledged nothing yet
+/// (its lag is unknown) or whose bytes could not be read is left out.
 pub(crate) fn lag_bytes(
     node: &crate::node::Node,
     rep: &ReplicationStatus,
@@ -238,7 +245,7 @@ pub(crate) fn lag_bytes(
     rep.peer_acked
         .iter()
         .filter_map(|(peer, acked)| {
-            let from = acked.unwrap_or(start).max(start);
+            let from = (*acked)?.max(start);
             node.log_bytes(from, end).ok().map(|b| (*peer, b))
         })
         .collect()
@@ -294,6 +301,24 @@ fn register_watch(r: &mut Registry, w: &crate::watch::FeedStatus) {
     );
 }
 
+/// The replica ids removed for good (`gone`, as [`crate::Node::decommissioned`] lists them)
+/// as 32 hex digits, and the peer ids of the members SWIM knows among them.
+pub(crate) fn gone_members(
+    gone: &[crate::ReplicaId],
+    members: &[crate::net::MemberStatus],
+) -> (
+    std::collections::BTreeSet<String>,
+    std::collections::BTreeSet<PeerId>,
+) {
+    let ids: std::collections::BTreeSet<String> = gone.iter().map(ToString::to_string).collect();
+    let peers = members
+        .iter()
+        .filter(|m| ids.contains(&m.replica.replace('-', "")))
+        .map(|m| crate::net::peer_id_of_name(&m.name))
+        .collect();
+    (ids, peers)
+}
+
 /// Everything a scrape reports, gathered before encoding.
 pub(crate) struct Scrape<'a> {
     pub(crate) node: MetricsSnapshot,
@@ -314,6 +339,10 @@ pub(crate) struct Scrape<'a> {
     pub(crate) views: Vec<crate::views::ViewSummary>,
     /// Every member SWIM knows (empty for a node without a network).
     pub(crate) members: Vec<crate::net::MemberStatus>,
+    /// The replica ids (32 hex digits) removed for good ([`crate::Node::decommissioned`]).
+    pub(crate) gone: std::collections::BTreeSet<String>,
+    /// The peer ids of the members removed for good: no lag sample is reported for them.
+    pub(crate) gone_peers: std::collections::BTreeSet<PeerId>,
     /// This node's wall clock (ms) at the scrape: watermark lag is measured against it.
     pub(crate) now_ms: u64,
     /// The change feed's ring and its watchers.
@@ -326,7 +355,8 @@ pub(crate) fn render(s: &Scrape<'_>, format: Format) -> Result<String, std::fmt:
     let n = &s.node;
     r.register(
         "writes",
-        "Writes (ops or events) by result",
+        "Client writes (ops and stream events, one each) this node acknowledged or refused, by \
+         result; writes replicated from peers are counted by tidemark_deltas_applied",
         labelled(&[
             ("result", "applied", n.ops_applied),
             ("result", "duplicate", n.duplicates),
@@ -402,11 +432,13 @@ pub(crate) fn render(s: &Scrape<'_>, format: Format) -> Result<String, std::fmt:
     if let Some(rep) = &s.replication {
         let labels = |peer: &PeerId| peer_labels(*peer, &s.peer_names);
         let lag: Family<Labels, Gauge> = Family::default();
+        // A peer that acknowledged nothing yet has no sample (its lag is unknown), and a
+        // decommissioned member none (it is not waited for any more).
         for (peer, acked) in &rep.peer_acked {
-            let behind = rep
-                .log_bounds
-                .1
-                .saturating_sub(acked.unwrap_or(rep.log_bounds.0));
+            let Some(acked) = acked.filter(|_| !s.gone_peers.contains(peer)) else {
+                continue;
+            };
+            let behind = rep.log_bounds.1.saturating_sub(acked);
             lag.get_or_create(&labels(peer)).set(behind as i64);
         }
         r.register(
@@ -417,12 +449,19 @@ pub(crate) fn render(s: &Scrape<'_>, format: Format) -> Result<String, std::fmt:
         );
         let lag_secs: Family<Labels, Gauge<f64, AtomicU64>> = Family::default();
         for (peer, acked) in &rep.peer_acked {
+            if s.gone_peers.contains(peer) {
+                continue;
+            }
             if let Some(secs) = peer_lag_seconds(rep, *peer, *acked) {
                 lag_secs.get_or_create(&labels(peer)).set(secs);
             }
         }
         let lag_bytes: Family<Labels, Gauge> = Family::default();
-        for (peer, b) in &s.lag_bytes {
+        for (peer, b) in s
+            .lag_bytes
+            .iter()
+            .filter(|(p, _)| !s.gone_peers.contains(p))
+        {
             lag_bytes
                 .get_or_create(&labels(peer))
                 .set(i64::try_from(b.bytes).unwrap_or(i64::MAX));
@@ -454,7 +493,7 @@ pub(crate) fn render(s: &Scrape<'_>, format: Format) -> Result<String, std::fmt:
         );
         r.register(
             "deltas_applied",
-            "Delta-intervals joined",
+            "Delta-intervals joined from peers (the replicated writes this node applied)",
             ConstCounter::new(st.deltas_applied),
         );
         r.register(
@@ -472,7 +511,7 @@ pub(crate) fn render(s: &Scrape<'_>, format: Format) -> Result<String, std::fmt:
         );
     }
     register_views(&mut r, &s.views, s.now_ms);
-    register_members(&mut r, &s.members);
+    register_members(&mut r, &s.members, &s.gone);
     register_watch(&mut r, &s.watch);
     if let Some(net) = &s.net {
         r.register(

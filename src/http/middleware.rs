@@ -144,7 +144,11 @@ pub(crate) async fn json_errors(req: Request, next: Next) -> Response {
         .await
         .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
         .unwrap_or_default();
+    // A path that does not decode (invalid percent-encoding, not UTF-8) on a route whose
+    // handler does not name its parameter itself: still the API's typed error.
+    let bad_path = status == StatusCode::BAD_REQUEST && text.starts_with("Invalid URL");
     let code = match status.as_u16() {
+        400 if bad_path => "invalid_path",
         400 => "bad_request",
         404 => "not_found",
         405 => "method_not_allowed",
@@ -160,7 +164,8 @@ pub(crate) async fn json_errors(req: Request, next: Next) -> Response {
     } else {
         text
     };
-    let mut out = ApiError::new(status, code, message).into_response();
+    let error = ApiError::new(status, code, message);
+    let mut out = if bad_path { error.at("path") } else { error }.into_response();
     for (name, value) in &parts.headers {
         if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
             out.headers_mut().insert(name.clone(), value.clone());

@@ -105,7 +105,18 @@ async fn readyz(State(state): State<AppState>) -> Response {
         }
         _ => true,
     };
-    if writer_alive && synced && state.cluster.ready() {
+    // A node the cluster removed for good serves reads but applies no event to a window: it
+    // must not take traffic as a member (give it a new data directory to bring it back).
+    let decommissioned = writer_alive && state.node.is_decommissioned().unwrap_or(false);
+    if decommissioned {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "decommissioned",
+            "this node was removed from the cluster for good (decommissioned): it applies no \
+             event to a window; start it again on a new data directory to rejoin",
+        )
+        .into_response()
+    } else if writer_alive && synced && state.cluster.ready() {
         axum::Json(json!({"status": "ready"})).into_response()
     } else {
         ApiError::new(
@@ -126,13 +137,18 @@ async fn metrics_text(State(state): State<AppState>, headers: HeaderMap) -> Resp
         metrics::Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
     let replication = state.node.replication_status().await.ok();
     let net = state.node.net_status();
+    let members = net.as_ref().map(|n| n.members.clone()).unwrap_or_default();
+    let (gone, gone_peers) =
+        metrics::gone_members(&state.node.decommissioned().unwrap_or_default(), &members);
     let scrape = metrics::Scrape {
+        gone,
+        gone_peers,
         peer_names: metrics::peer_names(net.as_ref()),
         lag_bytes: replication
             .as_ref()
             .map(|rep| metrics::lag_bytes(&state.node, rep))
             .unwrap_or_default(),
-        members: net.as_ref().map(|n| n.members.clone()).unwrap_or_default(),
+        members,
         net: net.map(|n| n.stats),
         node: state.node.metrics(),
         commits: state.node.commit_histograms(),
@@ -274,7 +290,7 @@ struct ListQuery {
     prefix: String,
     limit: Option<usize>,
     after: Option<String>,
-    /// Also list the keys stream views keep their state in (`~view/`, `~wm/`).
+    /// Also list the node's internal keys (every name under `~`: `~view/`, `~wm/`, `~gone/`).
     internal: bool,
 }
 
@@ -484,14 +500,11 @@ async fn list_keys(
 /// A name after every name of at most `key_bytes_max` bytes under the reserved prefix `name`
 /// starts with (longer than any of them, of the highest UTF-8 sequence).
 fn past_reserved(name: &str, key_bytes_max: usize) -> String {
-    let prefix = [
-        crate::model::VIEW_PREFIX,
-        crate::model::WM_PREFIX,
-        crate::model::GONE_PREFIX,
-    ]
-    .into_iter()
-    .find(|p| name.starts_with(p))
-    .unwrap_or("");
+    let prefix = if crate::model::is_reserved(name) {
+        crate::model::RESERVED_PREFIX
+    } else {
+        ""
+    };
     let mut past = prefix.to_owned();
     past.extend(std::iter::repeat_n(
         '\u{10FFFF}',
@@ -720,11 +733,18 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
             .find(|n| crate::net::peer_id_of_name(n) == *peer)
             .cloned()
     };
+    let gone_ids = node
+        .decommissioned()
+        .map_err(|e| ApiError::from_node(e, Pos::Index, state.config.retry_after_secs))?;
+    let (gone, gone_peers) = metrics::gone_members(&gone_ids, swim);
+    // A member removed for good is no replication peer any more: no lag is reported for it.
     let peers: Vec<_> = rep
         .peer_acked
         .iter()
+        .filter(|(peer, _)| !gone_peers.contains(peer))
         .map(|(peer, acked)| {
-            let behind = log_end.saturating_sub(acked.unwrap_or(log_start));
+            // Unknown (null) until it acknowledged something, like `acked`.
+            let behind = acked.map(|a| log_end.saturating_sub(a));
             json!({
                 "peer": format!("{:016x}", peer.0),
                 "name": name_of(peer),
@@ -736,22 +756,21 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
             })
         })
         .collect();
-    let gone: Vec<String> = node
-        .decommissioned()
-        .map_err(|e| ApiError::from_node(e, Pos::Index, state.config.retry_after_secs))?
-        .iter()
-        .map(ToString::to_string)
-        .collect();
     let mut members = cluster_members(swim, &connected, &rep, &bytes);
-    // A member removed for good says so, whatever SWIM last heard of it.
+    // A member removed for good says so, whatever SWIM last heard of it, and no lag is
+    // reported for it (nothing waits for it any more): `lag_*` are null, `acked` stays.
     for m in &mut members {
         let removed = m["replica"]
             .as_str()
             .is_some_and(|r| gone.contains(&r.replace('-', "")));
         if removed {
             m["state"] = json!("decommissioned");
+            for field in ["lag_entries", "lag_bytes", "lag_bytes_exact", "lag_seconds"] {
+                m[field] = serde_json::Value::Null;
+            }
         }
     }
+    let me_gone = gone_ids.contains(&node.replica_id());
     members.extend(state.cluster.members());
     let m = node.metrics();
     Ok(axum::Json(json!({
@@ -772,6 +791,8 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
             "writes_applied": m.ops_applied,
             "name": net.as_ref().map(|n| n.name.clone()),
             "peer_listen": net.as_ref().map(|n| n.local_addr.to_string()),
+            // The cluster recorded this node as removed for good (`~gone/{its replica}`).
+            "decommissioned": me_gone,
         },
         "swim": net.as_ref().map(|n| &n.members),
         "members": members,
@@ -783,14 +804,18 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
 
 /// `POST /v1/cluster/members/{name}/remove[?force=true]`: decommissions the member `name` (a
 /// member SWIM knows by that name, or the replica id of a node whose writes this node holds)
-/// for good ([`crate::Node::decommission`]). 200 `{"removed": replica, "name"}`; 404
-/// `member_not_found`; 400 `invalid_member` for this node itself; 409 `member_alive` for a
-/// member SWIM sees alive or suspect, unless `force=true`. Idempotent.
+/// for good ([`crate::Node::decommission`]). 200 `{"removed": replica, "name", "already",
+/// "at_ms", "by"}` (`already`: it was removed before, nothing was written, the record is the
+/// existing one); 404 `member_not_found`; 400 `invalid_member` for this node itself,
+/// `invalid_path` for a name that does not decode; 409 `member_alive` for a member SWIM sees
+/// alive or suspect, unless `force=true` (not asked of a member already removed).
 async fn remove_member(
     State(state): State<AppState>,
-    axum::extract::Path(name): axum::extract::Path<String>,
+    name: Result<Path<String>, axum::extract::rejection::PathRejection>,
     q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let Path(name) =
+        name.map_err(|e| ApiError::bad_request("invalid_path", e.body_text()).at("path name"))?;
     let Query(pairs) = q.map_err(|e| bad_query("", e.body_text()).at("query"))?;
     let mut force = false;
     for (k, v) in &pairs {
@@ -837,7 +862,12 @@ async fn remove_member(
             crate::net::MemberState::Alive | crate::net::MemberState::Suspect
         )
     });
-    if alive && !force {
+    // A member already removed answers with its record, whatever SWIM hears of it.
+    let removed = node
+        .decommissioned()
+        .map_err(|e| ApiError::from_node(e, Pos::Index, state.config.retry_after_secs))?
+        .contains(&replica);
+    if alive && !force && !removed {
         return Err(ApiError::new(
             axum::http::StatusCode::CONFLICT,
             "member_alive",
@@ -850,9 +880,14 @@ async fn remove_member(
     }
     let shown = member.map_or_else(|| name.clone(), |m| m.name.clone());
     match node.decommission(replica).await {
-        Ok(()) => {
-            Ok(axum::Json(json!({"removed": replica.to_string(), "name": shown})).into_response())
-        }
+        Ok(removal) => Ok(axum::Json(json!({
+            "removed": replica.to_string(),
+            "name": shown,
+            "already": removal.already,
+            "at_ms": removal.at_ms,
+            "by": removal.by.map(|b| b.to_string()),
+        }))
+        .into_response()),
         Err(crate::Error::Config(msg)) => {
             Err(ApiError::bad_request("invalid_member", msg).at("path name"))
         }
@@ -878,15 +913,15 @@ fn cluster_members(
     rep: &crate::driver::ReplicationStatus,
     bytes: &std::collections::BTreeMap<crate::proto::PeerId, crate::store::LogBytes>,
 ) -> Vec<serde_json::Value> {
-    let (log_start, log_end) = rep.log_bounds;
+    let log_end = rep.log_bounds.1;
     let acked_of = |peer: crate::proto::PeerId| {
         rep.peer_acked
             .iter()
             .find(|(p, _)| *p == peer)
             .map(|(_, a)| *a)
     };
-    let lag =
-        |acked: Option<Option<u64>>| acked.map(|a| log_end.saturating_sub(a.unwrap_or(log_start)));
+    // Known only from an acknowledged cursor: `null` with `acked`, never one without the other.
+    let lag = |acked: Option<Option<u64>>| acked.flatten().map(|a| log_end.saturating_sub(a));
     // Lag in time: since a member linked since open (connected now or not) last had our
     // whole log; what `tidemark_replication_lag_seconds` reports.
     let lag_secs = |peer: crate::proto::PeerId, acked: Option<Option<u64>>| {
@@ -934,7 +969,7 @@ fn cluster_members(
             "connected": true,
             "peer": format!("{:016x}", peer.0),
             "acked": acked.flatten(),
-            "lag_entries": lag(acked).unwrap_or(log_end.saturating_sub(log_start)),
+            "lag_entries": lag(acked),
             "lag_bytes": bytes.get(&peer).map(|b| b.bytes),
             "lag_bytes_exact": bytes.get(&peer).map(|b| b.exact),
             "lag_seconds": lag_secs(peer, acked),
@@ -1005,6 +1040,12 @@ fn view_query(params: Vec<(String, String)>, group_by: &[String]) -> Result<View
                     return Err(bad_query(
                         &name,
                         format!("the view does not group by {field:?} (group_by = {group_by:?})"),
+                    ));
+                }
+                if q.group.contains_key(field) {
+                    return Err(bad_query(
+                        &name,
+                        format!("{name:?} is given twice: a group field takes one value"),
                     ));
                 }
                 q.group.insert(field.to_owned(), group_value(&text));

@@ -19,19 +19,48 @@ pub(crate) fn reason(error: &str) -> &'static str {
         "certificate not valid yet (clock?)"
     } else if has("NoCertificatesPresented") || has("error 116") {
         "no certificate presented"
+    } else if has("certificate names another node") {
+        "name mismatch: the certificate does not name this peer"
+    } else if has("claims our own name") {
+        "the peer claims this node's name"
+    } else if has("no client certificate") {
+        "no certificate presented"
     } else if has("cryptographic handshake failed") || has("invalid peer certificate") {
         "TLS handshake refused"
-    } else if has("timed out") {
-        "no answer (timed out)"
+    } else if has("timed out") || has("no hello in time") {
+        TIMED_OUT
+    } else if has("authentication failed") {
+        // quinn's words for an Initial packet that does not decrypt: a stale or corrupt
+        // packet (a peer paused then resumed, a restart, a garbled datagram), not certificates.
+        UNREADABLE
+    } else if has("reset by peer")
+        || has("connection lost")
+        || has("closed by peer")
+        || has("closed before its hello")
+    {
+        RESET
     } else {
         "connection failed"
     }
 }
 
+/// The peer did not answer in time (down, paused, unreachable).
+const TIMED_OUT: &str = "no answer (timed out)";
+/// An Initial packet that did not decrypt: stale or corrupt, not a certificate problem.
+const UNREADABLE: &str = "unreadable packet (stale or corrupt: a peer paused or restarted)";
+/// The connection was reset or closed under the handshake (a peer restarting or resuming).
+const RESET: &str = "connection reset (the peer restarted or resumed)";
+
 /// Is a failure with this reason one of configuration (certificates, names) rather than a peer
-/// that is down or unreachable?
+/// that is down, paused, restarting or unreachable? Failed dials are warned about only then.
 pub(crate) fn is_misconfiguration(reason: &str) -> bool {
-    !matches!(reason, "no answer (timed out)" | "connection failed")
+    !is_transient(reason) && reason != "connection failed"
+}
+
+/// Is a failure with this reason a peer pausing, restarting or timing out (it reconnects by
+/// itself): never a refusal worth a warning, and never an authentication failure?
+pub(crate) fn is_transient(reason: &str) -> bool {
+    [TIMED_OUT, UNREADABLE, RESET].contains(&reason)
 }
 
 /// At most one warning per (remote, reason) per period.
@@ -106,13 +135,57 @@ mod tests {
                 "no certificate presented",
             ),
             ("timed out", "no answer (timed out)"),
-            ("connection lost", "connection failed"),
+            ("connect: timed out", "no answer (timed out)"),
+            (
+                "peer identity refused: no hello in time",
+                "no answer (timed out)",
+            ),
+            ("connection lost", RESET),
+            ("peer identity refused: reset by peer", RESET),
+            ("unreachable network", "connection failed"),
         ];
         for (text, want) in cases {
             assert_eq!(reason(text), want, "{text}");
         }
         assert!(is_misconfiguration(reason("error 48")));
         assert!(!is_misconfiguration(reason("timed out")));
+    }
+
+    /// A peer SIGSTOPped then resumed: its stale Initial packets fail to decrypt ("the
+    /// authentication failed" of quinn) and its handshakes time out or reset. None of that is
+    /// a certificate problem, and none is warned about as a refusal.
+    #[test]
+    fn a_paused_peer_is_no_authentication_failure() {
+        for text in [
+            "detected an error with protocol compliance that was not covered by more specific \
+             error codes: authentication failed",
+            "peer identity refused: no hello in time",
+            "reset by peer",
+            "peer identity refused: timed out",
+        ] {
+            let why = reason(text);
+            assert!(
+                !why.contains("certificate") && !why.contains("TLS"),
+                "{text}: {why}"
+            );
+            assert!(
+                !is_misconfiguration(why) && is_transient(why),
+                "{text}: {why}"
+            );
+        }
+        // An identity that does not match is still a refusal to warn about.
+        for text in [
+            "peer identity refused: peer claims to be \"b\" but its certificate names another node",
+            "peer identity refused: peer claims our own name",
+            "peer identity refused: no client certificate",
+        ] {
+            assert!(!is_transient(reason(text)), "{text}");
+            assert!(is_misconfiguration(reason(text)), "{text}");
+        }
+        assert_eq!(
+            reason("...: authentication failed"),
+            "unreadable packet (stale or corrupt: a peer paused or restarted)"
+        );
     }
 
     #[test]

@@ -432,7 +432,11 @@ impl Net {
                     Err(e) => {
                         NetStats::add(&net.stats.connections_refused, 1);
                         let why = super::refusals::reason(&e.to_string());
-                        if net.warned.due(&remote.to_string(), why) {
+                        // Only a configuration problem is a refusal worth a warning; a peer
+                        // that paused, restarted or timed out is reconnecting.
+                        if !super::refusals::is_transient(why)
+                            && net.warned.due(&remote.to_string(), why)
+                        {
                             tracing::warn!(
                                 %remote,
                                 reason = why,
@@ -440,7 +444,7 @@ impl Net {
                                 "refused a peer connection"
                             );
                         } else {
-                            tracing::debug!(%remote, reason = why, error = %e, "refused a peer connection");
+                            tracing::debug!(%remote, reason = why, error = %e, "peer connection failed");
                         }
                     }
                 }
@@ -547,10 +551,11 @@ impl Net {
                     conn.remote_address(),
                     super::refusals::reason(&e.to_string()),
                 );
-                if self.warned.due(&remote.to_string(), why) {
+                if !super::refusals::is_transient(why) && self.warned.due(&remote.to_string(), why)
+                {
                     tracing::warn!(%remote, reason = why, error = %e, "refused a peer connection");
                 } else {
-                    tracing::debug!(%remote, reason = why, error = %e, "refused a peer connection");
+                    tracing::debug!(%remote, reason = why, error = %e, "peer connection failed");
                 }
                 conn.close(VarInt::from_u32(close::IDENTITY), b"identity");
                 return Err(e);

@@ -14,11 +14,25 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_tidemark");
 /// `tidemark serve ARGS...` (stderr discarded); returns the child, the HTTP URL it prints on its
 /// first stdout line, and that line. Panics (killing the child) when no URL is printed.
 pub fn spawn_serve<S: AsRef<OsStr>>(args: &[S]) -> (Child, String, String) {
+    spawn_serve_to(args, Stdio::null())
+}
+
+/// [`spawn_serve`] with the daemon's stderr (its log) appended to the file `log`.
+pub fn spawn_serve_logged<S: AsRef<OsStr>>(args: &[S], log: &Path) -> (Child, String, String) {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log file");
+    spawn_serve_to(args, Stdio::from(file))
+}
+
+fn spawn_serve_to<S: AsRef<OsStr>>(args: &[S], stderr: Stdio) -> (Child, String, String) {
     let mut child = Command::new(BIN)
         .arg("serve")
         .args(args)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .expect("spawn serve");
     let mut line = String::new();
