@@ -33,7 +33,7 @@ fn seed() -> u64 {
     std::env::var("WATCH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed_0f_a11)
+        .unwrap_or(0x0005_eed0_fa11)
 }
 
 /// What a watcher received, per key, checked against the writes.
