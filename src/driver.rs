@@ -449,7 +449,7 @@ impl Driver {
         let latency_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         self.queued_ops.fetch_sub(group_ops, Ordering::AcqRel);
         match result {
-            Ok(commit) => {
+            Ok(mut commit) => {
                 let m = &self.metrics;
                 m.observe_commit(crate::metrics::CommitSample {
                     ops: group_ops as u64,
@@ -467,6 +467,17 @@ impl Driver {
                 // which knows which writes are its callers' (not view cells, watermarks or
                 // records it writes itself).
                 Metrics::set(&m.log_entries, self.store.log_len());
+                // Published before any caller hears back: a write acknowledged is in the feed
+                // (a watcher caught up after the ack has it, and its cursor is past it).
+                let changes = std::mem::take(&mut commit.changes);
+                if !changes.is_empty() && !self.changes.recording() {
+                    self.changes.skip();
+                } else {
+                    for (key, value) in changes {
+                        self.changes.publish(Change { key, value });
+                    }
+                }
+                self.publish(&commit.changed);
                 let mut offset = 0;
                 let ranges_max = self.store.limits().dedup_ranges_max;
                 for (size, reply) in sizes.into_iter().zip(replies) {
@@ -501,14 +512,6 @@ impl Driver {
                     offset += size;
                     let _ = reply.send(Ok(part));
                 }
-                if !commit.changes.is_empty() && !self.changes.recording() {
-                    self.changes.skip();
-                } else {
-                    for (key, value) in commit.changes {
-                        self.changes.publish(Change { key, value });
-                    }
-                }
-                self.publish(&commit.changed);
             }
             Err(e) => {
                 // Not acknowledged: every caller of the group gets the failure.
