@@ -168,7 +168,8 @@ pub fn json_ops(data: &[u8]) {
 
 /// The HTTP request parsers on untrusted bytes: the first byte picks the parser (a `/v1/ops`
 /// body, an NDJSON event line, a query string). No input panics; an accepted ops body yields at
-/// most one write per 30 bytes of body (each op names type, key and op); an error names where.
+/// most one write per 30 bytes of body (each op names type, key and op); an error names where;
+/// a watch or final-window cursor accepted prints back to text that parses to it.
 /// Allocation is bounded by `.ci/fuzz.sh` (`-malloc_limit_mb` for this target).
 pub fn http_requests(data: &[u8]) {
     let Some((&which, rest)) = data.split_first() else {
@@ -184,6 +185,10 @@ pub fn http_requests(data: &[u8]) {
         }
         _ => {
             if let Ok(q) = std::str::from_utf8(rest) {
+                assert!(
+                    tidemark::http::fuzzing::cursors_roundtrip(q),
+                    "a cursor accepted does not print back to itself"
+                );
                 for r in tidemark::http::fuzzing::query(q) {
                     if let Err(at) = r {
                         assert!(

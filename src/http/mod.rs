@@ -61,6 +61,20 @@ pub mod fuzzing {
     pub fn query(query: &str) -> [Result<(), Option<String>>; 3] {
         super::routes::fuzz_queries(query)
     }
+
+    /// Parses `text` as a watch cursor and as a final-window cursor (what `Last-Event-ID` and
+    /// `after=` carry); true when each one accepted prints back to text that parses to it.
+    pub fn cursors_roundtrip(text: &str) -> bool {
+        let watch = match text.parse::<crate::watch::Cursor>() {
+            Ok(c) => c.to_string().parse() == Ok(c),
+            Err(_) => true,
+        };
+        let fin = match text.parse::<crate::views::FinalCursor>() {
+            Ok(c) => c.to_string().parse() == Ok(c),
+            Err(_) => true,
+        };
+        watch && fin
+    }
 }
 pub use events::parse_event_time_ms;
 
