@@ -62,7 +62,10 @@ async fn run(watchers: usize, writes: u64, per: u64) -> (f64, f64, f64) {
                         seen += 1;
                         // The first watcher reports each batch's last change.
                         if w == 0 && c.key.name.ends_with(&format!("-{}", per - 1)) {
-                            let i = c.key.name[1..].split('-').next().and_then(|s| s.parse().ok());
+                            let i = c.key.name[1..]
+                                .split('-')
+                                .next()
+                                .and_then(|s| s.parse().ok());
                             if let Some(i) = i {
                                 let _ = tx.send((i, Instant::now()));
                             }
@@ -92,7 +95,11 @@ async fn run(watchers: usize, writes: u64, per: u64) -> (f64, f64, f64) {
         }
     }
     node.shutdown().await.expect("shutdown");
-    let rate = if watchers == 0 { 0.0 } else { total as f64 / elapsed };
+    let rate = if watchers == 0 {
+        0.0
+    } else {
+        total as f64 / elapsed
+    };
     let writer_rate = total as f64 / elapsed;
     if watchers == 0 {
         return (writer_rate, f64::NAN, f64::NAN);
