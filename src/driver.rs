@@ -776,6 +776,8 @@ impl Driver {
                 Ok(v) => v.unwrap_or_else(|| Value::empty(key.kind)),
                 Err(e) => {
                     tracing::warn!(error = %e, %key, "cannot read changed key for watchers");
+                    // Not held: it takes a number, so no cursor resumes past it silently.
+                    self.changes.skip();
                     continue;
                 }
             };

@@ -60,7 +60,10 @@ impl Feed {
                 }
             };
             if page.reset {
-                self.queue.push_back(Item::Reset(page.next.clone()));
+                // The reset names the position the page was read from, not its end: a client
+                // that resumes from the reset's id gets this page's windows again, none lost.
+                let from = self.after.as_ref().map(ToString::to_string);
+                self.queue.push_back(Item::Reset(from));
             }
             let got = !page.windows.is_empty();
             self.queue.extend(page.windows.into_iter().map(Item::Final));
@@ -85,7 +88,7 @@ fn reset_json(cursor: Option<&String>) -> serde_json::Value {
     json!({
         "reason": "behind_retention",
         "cursor": cursor,
-        "hint": "windows after your cursor were removed by retention before you read them",
+        "hint": "windows after your cursor may have been removed by retention before you read them; the windows still kept follow",
     })
 }
 

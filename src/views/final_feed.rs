@@ -103,8 +103,10 @@ pub struct FinalPage {
     pub windows: Vec<FinalWindow>,
     /// Where to continue: the last window's cursor (the cursor asked with when none).
     pub next: Option<String>,
-    /// True when windows after the cursor were removed by retention before this page: the
-    /// consumer may have missed some (the feed goes on with the first window kept).
+    /// True when windows after the cursor may have been removed by retention before this page
+    /// (the cursor's own window, or a window after it, is past retention): the consumer may
+    /// have missed some; the feed goes on with the first window kept. Conservative: a caught-up
+    /// consumer idle for longer than the retention is told so too.
     pub reset: bool,
     /// The start of the first window after the page that is not final yet (the feed waits for
     /// it), when there is one.
