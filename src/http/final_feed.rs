@@ -131,21 +131,7 @@ pub(super) async fn final_feed(
             _ => {}
         }
     }
-    if let Some(id) = headers.get("last-event-id") {
-        let text = id.to_str().map_err(|_| {
-            ApiError::bad_request("invalid_cursor", "Last-Event-ID is not ASCII text")
-                .at("header Last-Event-ID")
-        })?;
-        after_text = Some((text.to_owned(), "header Last-Event-ID"));
-    }
-    let after = match after_text {
-        Some((text, at)) => Some(
-            text.trim()
-                .parse::<FinalCursor>()
-                .map_err(|e| ApiError::bad_request("invalid_cursor", e.to_string()).at(at))?,
-        ),
-        None => None,
-    };
+    let after: Option<FinalCursor> = super::watch::resume_cursor(after_text, &headers)?;
     // Refuse a failing read now, as a status, rather than as an ended stream.
     state
         .node

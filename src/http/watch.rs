@@ -50,25 +50,37 @@ pub(super) fn parse_query(
             _ => {}
         }
     }
-    // An EventSource reconnecting sends the last id it saw: it wins over the URL's `after`,
-    // which is the position the stream was first opened at.
+    out.after = resume_cursor(after_text, headers)?;
+    Ok(out)
+}
+
+/// The cursor a feed resumes after: `Last-Event-ID` (what an EventSource reconnecting sends:
+/// it wins over the URL's `after`, the position the stream was first opened at), else the
+/// `after` parameter given as `(text, where)`; a malformed one is 400 `invalid_cursor` naming
+/// where it came from.
+pub(super) fn resume_cursor<C>(
+    after: Option<(String, &'static str)>,
+    headers: &HeaderMap,
+) -> Result<Option<C>, ApiError>
+where
+    C: std::str::FromStr,
+    C::Err: std::fmt::Display,
+{
+    let mut after = after;
     if let Some(id) = headers.get("last-event-id") {
         let text = id.to_str().map_err(|_| {
             ApiError::bad_request("invalid_cursor", "Last-Event-ID is not ASCII text")
                 .at("header Last-Event-ID")
         })?;
-        after_text = Some((text.to_owned(), "header Last-Event-ID"));
+        after = Some((text.to_owned(), "header Last-Event-ID"));
     }
-    if let Some((text, at)) = after_text {
-        out.after = Some(
+    after
+        .map(|(text, at)| {
             text.trim()
-                .parse()
-                .map_err(|e: crate::watch::CursorError| {
-                    ApiError::bad_request("invalid_cursor", e.to_string()).at(at)
-                })?,
-        );
-    }
-    Ok(out)
+                .parse::<C>()
+                .map_err(|e| ApiError::bad_request("invalid_cursor", e.to_string()).at(at))
+        })
+        .transpose()
 }
 
 /// A change (or a snapshot entry) as an event's data: a value over the bound is not copied
