@@ -36,29 +36,6 @@ pub struct NodeConfig {
 }
 
 impl NodeConfig {
-    /// Checks what the view definitions' own validation (at open) lets through: a `group_by`
-    /// field named `.` or `..` (a path segment, not a field: `group..=` cannot name it) and a
-    /// field grouped by twice.
-    ///
-    /// # Errors
-    /// The first problem, as `view "NAME", field `group_by`: why`, naming the field.
-    pub fn check_views(&self) -> Result<(), String> {
-        for d in &self.views {
-            let mut seen = std::collections::BTreeSet::new();
-            for g in &d.group_by {
-                let why = if g == "." || g == ".." {
-                    format!("{g:?}: `.` and `..` are no field names")
-                } else if !seen.insert(g.as_str()) {
-                    format!("{g:?} is listed twice")
-                } else {
-                    continue;
-                };
-                return Err(format!("view {:?}, field `group_by`: {why}", d.name));
-            }
-        }
-        Ok(())
-    }
-
     /// Defaults for a node in `data_dir`: immediate durability, default limits.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {

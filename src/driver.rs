@@ -494,7 +494,8 @@ impl Driver {
                                 limit: ranges_max,
                             },
                             RefusalCause::Overflow(o) => {
-                                Metrics::add(&m.rejected_ops, 1);
+                                // The caller's whole batch is refused: each of its writes.
+                                Metrics::add(&m.rejected_ops, size.max(1) as u64);
                                 o.clone().into()
                             }
                         };

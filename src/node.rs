@@ -37,7 +37,7 @@ pub struct WriteOutcome {
 }
 
 /// A member's removal for good ([`Node::decommission`]): its record as the cluster holds it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Removal {
     /// The member removed.
     pub replica: ReplicaId,
@@ -48,6 +48,9 @@ pub struct Removal {
     pub at_ms: Option<u64>,
     /// The node that wrote the record (`None` when the record does not say).
     pub by: Option<ReplicaId>,
+    /// The member's name as SWIM knew it when it was removed (`None` when the record does not
+    /// say: removed by replica id while no member of that name was known).
+    pub name: Option<String>,
 }
 
 /// How often a node looks for removals it has not logged yet.
@@ -145,7 +148,6 @@ impl Node {
     /// As [`Node::open`].
     pub fn open_blocking(config: NodeConfig) -> Result<Node, Error> {
         config.limits.validate().map_err(Error::Config)?;
-        config.check_views().map_err(Error::Config)?;
         let views = Arc::new(crate::views::Views::new(&config.views)?.joining(config.joining));
         let mut store = RedbStore::open(
             &config.data_dir,
@@ -540,11 +542,20 @@ impl Node {
         Ok(rx)
     }
 
-    fn count_rejection<T>(&self, r: Result<T, Error>) -> Result<T, Error> {
+    /// Counts a refused call's `writes` (ops or events, at least one) in
+    /// `tidemark_writes_total{result="rejected"}`: a refused batch applies none of them.
+    fn count_rejection<T>(&self, r: Result<T, Error>, writes: usize) -> Result<T, Error> {
         if r.is_err() {
-            Metrics::add(&self.shared.metrics.rejected_ops, 1);
+            self.note_refused(writes);
         }
         r
+    }
+
+    /// Counts `writes` (at least one) a client sent that were refused before they reached the
+    /// node (a body that does not parse, a line that is no event): every write of a refused
+    /// request, as far as it was read, counts as rejected.
+    pub(crate) fn note_refused(&self, writes: usize) {
+        Metrics::add(&self.shared.metrics.rejected_ops, writes.max(1) as u64);
     }
 
     /// Applies one op; returns after its durable commit.
@@ -562,17 +573,23 @@ impl Node {
     /// As [`Node::apply`]; a validation error names the index of the op at fault and nothing
     /// of the batch is applied.
     pub async fn apply_batch(&self, ops: Vec<Op>) -> Result<WriteOutcome, Error> {
-        let writes = self.count_rejection(ops::validate_ops(&ops, &self.shared.config.limits))?;
+        let writes = self.count_rejection(
+            ops::validate_ops(&ops, &self.shared.config.limits),
+            ops.len(),
+        )?;
         self.submit(writes).await
     }
 
     /// Applies writes validated op by op while a request body was parsed
     /// (`ops::OpsValidator`), all or none; a validation error is counted as a rejection.
+    /// `read`: how many ops the request carried as far as it was read (all of them count as
+    /// rejected when `writes` is an error).
     pub(crate) async fn apply_writes(
         &self,
         writes: Result<Vec<LocalWrite>, Error>,
+        read: usize,
     ) -> Result<WriteOutcome, Error> {
-        let writes = self.count_rejection(writes)?;
+        let writes = self.count_rejection(writes, read)?;
         self.submit(writes).await
     }
 
@@ -586,11 +603,10 @@ impl Node {
                 .ingest_events(stream, events.into_iter().map(Into::into).collect())
                 .await;
         }
-        let writes = self.count_rejection(ops::validate_events(
-            stream,
-            &events,
-            &self.shared.config.limits,
-        ))?;
+        let writes = self.count_rejection(
+            ops::validate_events(stream, &events, &self.shared.config.limits),
+            events.len(),
+        )?;
         self.submit(writes).await
     }
 
@@ -622,7 +638,8 @@ impl Node {
     ) -> Result<WriteOutcome, Error> {
         let limits = &self.shared.config.limits;
         let plain: Vec<Event> = events.iter().map(|e| e.to_event()).collect();
-        let mut writes = self.count_rejection(ops::validate_events(stream, &plain, limits))?;
+        let mut writes =
+            self.count_rejection(ops::validate_events(stream, &plain, limits), events.len())?;
         // Checked again, atomically, by the writer; here first so that a refused batch moves
         // no watermark.
         let reader = self.reader()?;
@@ -631,12 +648,14 @@ impl Node {
             Ok(crate::store::counter_state(reader.entry(k)?.as_ref(), me))
         })?;
         if let Some(o) = early {
-            Metrics::add(&self.shared.metrics.rejected_ops, 1);
+            self.note_refused(events.len());
             return Err(o.into());
         }
         let views = &self.shared.views;
-        let folded =
-            self.count_rejection(views.fold(stream, &events, crate::clock::wall_ms(), limits))?;
+        let folded = self.count_rejection(
+            views.fold(stream, &events, crate::clock::wall_ms(), limits),
+            events.len(),
+        )?;
         if folded.is_empty() {
             return self.submit(writes).await;
         }
@@ -961,7 +980,10 @@ impl Node {
         }
         let at_ms = crate::clock::wall_ms();
         let by = self.shared.replica;
-        let record = serde_json::json!({"at": at_ms, "by": by.to_string()});
+        // The name is kept in the record, so the member can still be named after SWIM forgets
+        // it (a repeated `members remove NAME` after a restart answers with the record).
+        let name = self.swim_name(replica);
+        let record = serde_json::json!({"at": at_ms, "by": by.to_string(), "name": name});
         let w = LocalWrite {
             ops: vec![(
                 crate::views::keys::gone_key(replica),
@@ -977,6 +999,17 @@ impl Node {
             already: false,
             at_ms: Some(at_ms),
             by: Some(by),
+            name,
+        })
+    }
+
+    /// The name SWIM knows `replica` by, if it knows it.
+    fn swim_name(&self, replica: ReplicaId) -> Option<String> {
+        self.net_status().and_then(|n| {
+            n.members
+                .into_iter()
+                .find(|m| m.replica.replace('-', "") == replica.to_string())
+                .map(|m| m.name)
         })
     }
 
@@ -997,6 +1030,7 @@ impl Node {
                 .as_str()
                 .and_then(|b| u128::from_str_radix(b, 16).ok())
                 .map(ReplicaId),
+            name: record["name"].as_str().map(str::to_owned),
         }))
     }
 
@@ -1028,13 +1062,8 @@ impl Node {
             } else if !first {
                 let r = self.removal(replica)?;
                 let name = self
-                    .net_status()
-                    .and_then(|n| {
-                        n.members
-                            .into_iter()
-                            .find(|m| m.replica.replace('-', "") == replica.to_string())
-                    })
-                    .map(|m| m.name);
+                    .swim_name(replica)
+                    .or_else(|| r.as_ref().and_then(|r| r.name.clone()));
                 tracing::info!(
                     %replica,
                     name = name.as_deref().unwrap_or("-"),
@@ -1087,6 +1116,19 @@ impl Node {
                         .iter()
                         .any(|m| m.replica.replace('-', "") == id.to_string());
                 known.then_some(id)
+            })
+            .or_else(|| {
+                // A member removed for good, by the name its record keeps (SWIM forgets it).
+                self.decommissioned().ok()?.into_iter().find(|r| {
+                    *r != self.shared.replica
+                        && (r.to_string() == name
+                            || self
+                                .removal(*r)
+                                .ok()
+                                .flatten()
+                                .and_then(|rec| rec.name)
+                                .is_some_and(|n| n == name))
+                })
             })
     }
 

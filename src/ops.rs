@@ -432,6 +432,22 @@ pub fn validate_ops(ops: &[Op], limits: &Limits) -> Result<Vec<LocalWrite>, Erro
         .collect()
 }
 
+/// Why `stream` is no stream name (`None`: it is one): 1–`key_bytes_max` bytes without
+/// control characters, not starting with `~` (the node's own namespace: `~wm/` names its
+/// watermark announcements per stream).
+pub fn stream_name_problem(stream: &str, limits: &Limits) -> Option<&'static str> {
+    if stream.is_empty()
+        || stream.len() > limits.key_bytes_max
+        || stream.chars().any(char::is_control)
+    {
+        return Some("stream names are 1–256 bytes without control characters");
+    }
+    if crate::model::is_reserved(stream) {
+        return Some("stream names may not start with `~` (the node's own namespace)");
+    }
+    None
+}
+
 /// Validates a batch of events of `stream` into commit-group writes; all or nothing.
 ///
 /// # Errors
@@ -443,15 +459,8 @@ pub fn validate_events(
     events: &[Event],
     limits: &Limits,
 ) -> Result<Vec<LocalWrite>, Error> {
-    if stream.is_empty()
-        || stream.len() > limits.key_bytes_max
-        || stream.chars().any(char::is_control)
-    {
-        return Err(invalid(
-            0,
-            "stream",
-            "stream names are 1–256 bytes without control characters",
-        ));
+    if let Some(why) = stream_name_problem(stream, limits) {
+        return Err(invalid(0, "stream", why));
     }
     let total: usize = events.iter().map(|e| e.ops.len().max(1)).sum();
     if total > limits.batch_ops_max {

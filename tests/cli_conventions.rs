@@ -407,6 +407,46 @@ fn usage_errors_exit_2_before_anything_is_done() {
     std::fs::write(&existing, b"not mine to overwrite").expect("existing file");
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, "t\n").expect("token file");
+    // View definitions that group by `.`, `..` or one field twice (also in another case):
+    // refused while the configuration is read, `--print-config` too.
+    let bad_views: Vec<(String, std::path::PathBuf)> = [
+        r#"["."]"#,
+        r#"[".."]"#,
+        r#"["page", "user", "page"]"#,
+        r#"["page", "Page"]"#,
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, group_by)| {
+        let path = dir.path().join(format!("views{i}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "[[views]]\nname = \"v\"\nstream = \"s\"\nkind = \"count\"\ngroup_by = {group_by}\n"
+            ),
+        )
+        .expect("config");
+        ((*group_by).to_owned(), path)
+    })
+    .collect();
+    for (group_by, path) in &bad_views {
+        for extra in [&[][..], &["--print-config"][..]] {
+            let mut args = vec!["--config", path.to_str().expect("utf-8 path")];
+            args.extend_from_slice(extra);
+            let o = serve(&args);
+            assert_eq!(
+                o.status.code(),
+                Some(2),
+                "group_by {group_by} {extra:?}: {}",
+                stderr(&o)
+            );
+            assert!(
+                stderr(&o).contains("field `group_by`"),
+                "group_by {group_by}: {}",
+                stderr(&o)
+            );
+        }
+    }
     // With JSON logs a usage error is one JSON line on stderr, and still exits 2.
     let o = serve(&["--log-format", "json", "--advertise", "127.0.0.1:7701"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
@@ -491,6 +531,18 @@ fn usage_errors_exit_2_before_anything_is_done() {
         assert!(!stderr(&o).is_empty(), "{what}: no message");
     }
     assert!(!data.exists(), "a usage error created the data directory");
+    // A --tls directory that cannot be read fails before the data directory is created, and
+    // says the OS error once.
+    let o = serve(&["--tls", &dir.path().join("no-such-certs").to_string_lossy()]);
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("--tls"), "{err}");
+    assert_eq!(
+        err.matches("No such file or directory").count(),
+        1,
+        "the OS error once: {err}"
+    );
+    assert!(!data.exists(), "a bad --tls created the data directory");
     assert_eq!(
         std::fs::read(&existing).expect("existing"),
         b"not mine to overwrite"

@@ -317,7 +317,11 @@ fn every_error_is_the_json_error_shape() {
         "{a:?}"
     );
     for (req, status, at) in [
-        ("GET /v1/keys/lww/%FF", 400, "path"),
+        ("GET /v1/keys/lww/%FF", 400, "path name"),
+        ("GET /v1/keys/%FF/x", 400, "path type"),
+        ("GET /v1/views/v/final", 404, ""),
+        ("GET /v1/views/%FF/final", 400, "path view"),
+        ("GET /v1/streams/%FF/late", 400, "path stream"),
         ("GET /v1/keys?limit=-1", 400, "query limit"),
         ("GET /v1/keys?limit=x", 400, "query limit"),
         ("GET /v1/keys?type=a&type=b", 400, "query type"),
@@ -327,7 +331,7 @@ fn every_error_is_the_json_error_shape() {
         ("DELETE /v1/ops", 405, ""),
         ("GET /v1/ops", 405, ""),
         ("GET /v1/views/%FF", 400, "path view"),
-        ("GET /v1/keys/gcounter/%FF", 400, "path"),
+        ("GET /v1/keys/gcounter/%FF", 400, "path name"),
         ("POST /v1/cluster/members/%FF/remove", 400, "path name"),
     ] {
         let (got, body) = raw(s.addr, &format!("{req} HTTP/1.1\r\nHost: {h}"), b"");
@@ -340,8 +344,16 @@ fn every_error_is_the_json_error_shape() {
         if !at.is_empty() {
             assert_eq!(body["error"]["at"], at, "{req}: {body}");
         }
-        // A path that does not decode has a code of its own, never the generic one.
+        // A path that does not decode has a code of its own, never the generic one, and
+        // the message is the API's, not the router's.
         assert_ne!(body["error"]["code"], "bad_request", "{req}: {body}");
+        assert!(
+            !body["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("Invalid URL"),
+            "{req}: {body}"
+        );
     }
     let (got, body) = raw(
         s.addr,

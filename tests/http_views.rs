@@ -510,6 +510,68 @@ fn writes_count_events_not_view_mutations() {
     );
 }
 
+/// `tidemark_writes_total{result="rejected"}` counts every write of a refused request: a batch
+/// refused for one bad event counts each of its events, a line that is no event counts itself
+/// and the uncommitted lines before it, a refused ops batch counts its ops up to the bad one.
+/// A stream name in the node's own namespace (`~...`) is refused.
+#[test]
+fn refused_writes_count_every_write_of_the_refused_request() {
+    let s = served();
+    let rejected = || {
+        let m = get(&s.url("/metrics")).text;
+        m.lines()
+            .find_map(|l| l.strip_prefix("tidemark_writes_total{result=\"rejected\"} "))
+            .map_or(0, |n| n.trim().parse::<u64>().unwrap_or(0))
+    };
+    assert_eq!(rejected(), 0);
+    // Three events, the second without its group field: the batch is refused whole.
+    let a = ingest(
+        &s,
+        &[
+            json!({"source":"r","seq":1,"time":T,"page":"/a","amount":1}),
+            json!({"source":"r","seq":2,"time":T,"amount":1}),
+            json!({"source":"r","seq":3,"time":T,"page":"/c","amount":1}),
+        ],
+    );
+    assert_eq!(a.status, 400, "{a:?}");
+    assert_eq!(rejected(), 3);
+    // Two good lines, then one that is not JSON: three refused, nothing committed.
+    let body = format!(
+        "{}\n{}\nnot json\n",
+        json!({"source":"r","seq":4,"time":T,"page":"/a","amount":1}),
+        json!({"source":"r","seq":5,"time":T,"page":"/a","amount":1}),
+    );
+    let a = post(&s.url("/v1/streams/clicks/events"), body);
+    assert_eq!(a.status, 400, "{a:?}");
+    assert_eq!(rejected(), 6);
+    // Four ops, the third a decrement of a grow-only counter: ops 0..=2 refused.
+    let a = post(
+        &s.url("/v1/ops"),
+        json!([
+            {"type":"gcounter","key":"a","op":"inc","by":1},
+            {"type":"gcounter","key":"b","op":"inc","by":1},
+            {"type":"gcounter","key":"c","op":"dec","by":1},
+            {"type":"gcounter","key":"d","op":"inc","by":1},
+        ])
+        .to_string(),
+    );
+    assert_eq!((a.status, a.at()), (409, "index 2, field op"), "{a:?}");
+    assert_eq!(rejected(), 9);
+    assert_eq!(get(&s.url("/v1/keys/gcounter/a")).status, 404);
+    // The node's own namespace is no stream.
+    for stream in ["~wm", "~view", "~x"] {
+        let a = post(
+            &s.url(&format!("/v1/streams/{stream}/events")),
+            format!("{}\n", json!({"source":"r","seq":9,"ops":[]})),
+        );
+        assert_eq!(
+            (a.status, a.code(), a.at()),
+            (400, "invalid_stream", "path stream"),
+            "{stream}: {a:?}"
+        );
+    }
+}
+
 /// Definitions that group by `.`, `..` or a field twice are refused at open, naming the field.
 #[test]
 fn group_by_refuses_dot_fields_and_repeats() {
@@ -517,6 +579,7 @@ fn group_by_refuses_dot_fields_and_repeats() {
         (vec!["."], "\".\""),
         (vec![".."], "\"..\""),
         (vec!["page", "user", "page"], "\"page\" is listed twice"),
+        (vec!["page", "Page"], "\"Page\" is listed twice"),
     ] {
         let def: ViewDef = serde_json::from_value(json!({
             "name": "v", "stream": "s", "kind": "count", "group_by": group_by,

@@ -250,12 +250,14 @@ const ADVERTISE_NEEDS_TLS: &str = "peer.advertise needs peer.tls: a node without
 
 /// Starts the peer endpoint: with `--tls DIR` the cluster identity in it, else a local CA in the
 /// data directory (loopback only); then dials every `--join` address.
-async fn start_peers(node: &Node, config: &Config) -> anyhow::Result<SocketAddr> {
+async fn start_peers(
+    node: &Node,
+    config: &Config,
+    tls: Option<tidemark::net::TlsDir>,
+) -> anyhow::Result<SocketAddr> {
     let listen = config.peer.listen;
-    let bound = match &config.peer.tls {
-        Some(dir) => {
-            let tls = tidemark::net::TlsDir::load(dir)
-                .with_context(|| format!("loading TLS material from {}", dir.display()))?;
+    let bound = match tls {
+        Some(tls) => {
             let mut opts = tidemark::net::NetOptions::new(config.limits.frame_bytes_max);
             opts.advertise = config.peer.advertise;
             node.listen_with(listen, tls, opts).await
@@ -366,6 +368,17 @@ pub async fn run(mut config: Config, restore_from: Option<PathBuf>) -> anyhow::R
     if config.peer.advertise.is_some() && config.peer.tls.is_none() {
         return Err(crate::Usage(ADVERTISE_NEEDS_TLS.to_owned()).into());
     }
+    // The cluster certificates are read before anything is created too: a wrong --tls
+    // leaves no data directory behind.
+    let tls = match &config.peer.tls {
+        Some(dir) => Some(tidemark::net::TlsDir::load(dir).with_context(|| {
+            format!(
+                "cannot load the cluster certificates (--tls {})",
+                dir.display()
+            )
+        })?),
+        None => None,
+    };
     if let Some(file) = &restore_from {
         restore(&config, file)?;
     }
@@ -401,7 +414,7 @@ pub async fn run(mut config: Config, restore_from: Option<PathBuf>) -> anyhow::R
         }
     };
     let addr = server.local_addr();
-    let peer_addr = match start_peers(&node, &config).await {
+    let peer_addr = match start_peers(&node, &config, tls).await {
         Ok(a) => a,
         Err(e) => {
             let _ = node.shutdown().await;

@@ -272,3 +272,50 @@ mod tests {
         );
     }
 }
+
+/// The answer for a path parameter that does not decode (invalid percent-encoding, or bytes
+/// that are not UTF-8): `code`, at `path {param}`, in the API's words (never the router's).
+pub(crate) fn undecodable_path(code: &'static str, param: &str) -> ApiError {
+    ApiError::bad_request(
+        code,
+        format!("the path's {param} is not UTF-8 text once percent-decoded"),
+    )
+    .at(format!("path {param}"))
+}
+
+/// True when a raw (still percent-encoded) path segment decodes to UTF-8 text, as the router
+/// decodes it: `%XX` is one byte, any other `%` stands for itself.
+pub(crate) fn decodes(segment: &str) -> bool {
+    let b = segment.as_bytes();
+    let hex = |i: usize| b.get(i).and_then(|&c| char::from(c).to_digit(16));
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match (b[i], hex(i + 1), hex(i + 2)) {
+            (b'%', Some(h), Some(l)) => {
+                out.extend(u8::try_from(h * 16 + l).ok());
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    std::str::from_utf8(&out).is_ok()
+}
+
+#[cfg(test)]
+mod path_tests {
+    use super::decodes;
+
+    #[test]
+    fn a_segment_decodes_only_to_utf8() {
+        assert!(decodes("plain"));
+        assert!(decodes("caf%C3%A9"));
+        assert!(decodes("100%"));
+        assert!(decodes("%zz"));
+        assert!(!decodes("%FF"));
+        assert!(!decodes("a%C3"));
+    }
+}

@@ -99,8 +99,7 @@ pub(super) async fn final_feed(
     view: Result<Path<String>, axum::extract::rejection::PathRejection>,
     q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Path(view) =
-        view.map_err(|e| ApiError::bad_request("invalid_view", e.body_text()).at("path view"))?;
+    let Path(view) = view.map_err(|_| super::error::undecodable_path("invalid_view", "view"))?;
     let Some(def) = state.node.views().iter().find(|v| v.def.name == view) else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,

@@ -13,8 +13,8 @@ pub(super) async fn get_late(
     stream: Result<Path<String>, axum::extract::rejection::PathRejection>,
     params: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Path(stream) = stream
-        .map_err(|e| ApiError::bad_request("invalid_stream", e.body_text()).at("path stream"))?;
+    let Path(stream) =
+        stream.map_err(|_| super::error::undecodable_path("invalid_stream", "stream"))?;
     let (mut after, mut limit) = (None, 0usize);
     for (name, text) in known_query_pairs(params, &["after", "limit"])? {
         match name.as_str() {

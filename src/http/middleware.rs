@@ -159,7 +159,10 @@ pub(crate) async fn json_errors(req: Request, next: Next) -> Response {
         s if s >= 500 => "internal",
         _ => "error",
     };
-    let message = if text.is_empty() {
+    let message = if bad_path {
+        // The router's own words ("Invalid URL: ...") are not the API's.
+        "the path is not UTF-8 text once percent-decoded".to_owned()
+    } else if text.is_empty() {
         status.canonical_reason().unwrap_or("error").to_owned()
     } else {
         text

@@ -203,10 +203,23 @@ async fn post_ops(State(state): State<AppState>, headers: HeaderMap, body: Body)
             return e.into_response();
         }
     };
-    let (writes, positions) = match parse_ops(&bytes, &state.node.config().limits) {
-        Ok((writes, positions)) => (Ok(writes), positions),
-        Err(ParseError::Api(e)) => return e.into_response(),
-        Err(ParseError::Node(e, pos)) => (Err(e), vec![pos]),
+    let (writes, positions, read) = match parse_ops(&bytes, &state.node.config().limits) {
+        Ok((writes, positions)) => {
+            let n = positions.len();
+            (Ok(writes), positions, n)
+        }
+        Err(ParseError::Api(e)) => {
+            state.node.note_refused(1);
+            return e.into_response();
+        }
+        // Every op read up to the one at fault is refused with it.
+        Err(ParseError::Node(e, pos)) => {
+            let read = match pos {
+                Pos::Index(i) => i + 1,
+                Pos::Line(_) => 1,
+            };
+            (Err(e), vec![pos], read)
+        }
     };
     drop(bytes);
     drop(held);
@@ -214,7 +227,7 @@ async fn post_ops(State(state): State<AppState>, headers: HeaderMap, body: Body)
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
-    match state.node.apply_writes(writes).await {
+    match state.node.apply_writes(writes, read).await {
         Ok(outcome) => axum::Json(json!({
             "applied": outcome.applied,
             "duplicates": outcome.duplicates,
@@ -257,14 +270,19 @@ fn check_name(state: &AppState, name: &str, at: &str) -> Result<(), ApiError> {
 
 async fn get_key(
     State(state): State<AppState>,
+    uri: axum::http::Uri,
     path: Result<Path<(String, String)>, axum::extract::rejection::PathRejection>,
 ) -> Result<Response, ApiError> {
-    let Path((kind, name)) = path.map_err(|e| {
-        ApiError::bad_request(
-            "invalid_key",
-            format!("the path is not a UTF-8 `type/name`: {}", e.body_text()),
-        )
-        .at("path")
+    let Path((kind, name)) = path.map_err(|_| {
+        // Which of the two does not decode, from the raw path (`/v1/keys/{type}/{name}`).
+        let raw = uri.path().strip_prefix("/v1/keys/").unwrap_or_default();
+        let kind = raw.split_once('/').map_or(raw, |(k, _)| k);
+        let param = if super::error::decodes(kind) {
+            "name"
+        } else {
+            "type"
+        };
+        super::error::undecodable_path("invalid_key", param)
     })?;
     let kind = parse_kind(&kind, "path type")?;
     check_name(&state, &name, "path name")?;
@@ -580,9 +598,11 @@ async fn commit_events(
                 wait = (wait * 2).min(Duration::from_millis(200));
             }
             Err(e) => {
+                // The node counted the refused batch in tidemark_writes_total; every event
+                // of it counts here too.
                 let rejected = !matches!(e, crate::Error::Backpressure { .. });
                 if rejected {
-                    state.metrics.events("rejected", 1);
+                    state.metrics.events("rejected", events.len() as u64);
                 }
                 return Err(ApiError::from_node(
                     e,
@@ -601,10 +621,8 @@ async fn post_events(
 ) -> Response {
     let stream = match stream {
         Ok(Path(stream)) => stream,
-        Err(e) => {
-            return ApiError::bad_request("invalid_stream", e.body_text())
-                .at("path stream")
-                .into_response();
+        Err(_) => {
+            return super::error::undecodable_path("invalid_stream", "stream").into_response();
         }
     };
     let mut tally = Tally::default();
@@ -635,15 +653,8 @@ async fn ingest_stream(
     tally: &mut Tally,
 ) -> Result<(), ApiError> {
     let limits = &state.node.config().limits;
-    if stream.is_empty()
-        || stream.len() > limits.key_bytes_max
-        || stream.chars().any(char::is_control)
-    {
-        return Err(ApiError::bad_request(
-            "invalid_stream",
-            "stream names are 1–256 bytes without control characters",
-        )
-        .at("path stream"));
+    if let Some(why) = crate::ops::stream_name_problem(stream, limits) {
+        return Err(ApiError::bad_request("invalid_stream", why).at("path stream"));
     }
     let batch_events = state.config.ingest_batch_events.min(limits.batch_ops_max);
     // The line buffer is charged to the body budget as it fills; each line must arrive whole
@@ -663,16 +674,25 @@ async fn ingest_stream(
         if slot.is_none() {
             slot = Some(middleware::slot(state)?);
         }
-        let event =
-            parse_event(line_no, &line).inspect_err(|_| state.metrics.events("rejected", 1))?;
+        // A line refused here refuses the events read since the last commit with it (they are
+        // not committed: `committed` in the answer says how far the stream got).
+        let refuse = |e: ApiError| {
+            let n = batch.len() + 1;
+            state.metrics.events("rejected", n as u64);
+            state.node.note_refused(n);
+            e
+        };
+        let event = parse_event(line_no, &line).map_err(refuse)?;
         let ops = event.ops.len().max(1);
         if ops > limits.batch_ops_max {
-            return Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                format!("an event carries {ops} ops, over limits.batch_ops_max"),
-            )
-            .at(format!("line {line_no}, field ops")));
+            return Err(refuse(
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    format!("an event carries {ops} ops, over limits.batch_ops_max"),
+                )
+                .at(format!("line {line_no}, field ops")),
+            ));
         }
         if !batch.is_empty()
             && (batch.len() >= batch_events
@@ -758,14 +778,21 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
         .collect();
     let mut members = cluster_members(swim, &connected, &rep, &bytes);
     // A member removed for good says so, whatever SWIM last heard of it, and no lag is
-    // reported for it (nothing waits for it any more): `lag_*` are null, `acked` stays.
+    // reported for it (nothing waits for it any more): `acked` and `lag_*` are null together,
+    // as for any member replication knows nothing of.
     for m in &mut members {
         let removed = m["replica"]
             .as_str()
             .is_some_and(|r| gone.contains(&r.replace('-', "")));
         if removed {
             m["state"] = json!("decommissioned");
-            for field in ["lag_entries", "lag_bytes", "lag_bytes_exact", "lag_seconds"] {
+            for field in [
+                "acked",
+                "lag_entries",
+                "lag_bytes",
+                "lag_bytes_exact",
+                "lag_seconds",
+            ] {
                 m[field] = serde_json::Value::Null;
             }
         }
@@ -814,8 +841,7 @@ async fn remove_member(
     name: Result<Path<String>, axum::extract::rejection::PathRejection>,
     q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Path(name) =
-        name.map_err(|e| ApiError::bad_request("invalid_path", e.body_text()).at("path name"))?;
+    let Path(name) = name.map_err(|_| super::error::undecodable_path("invalid_path", "name"))?;
     let Query(pairs) = q.map_err(|e| bad_query("", e.body_text()).at("query"))?;
     let mut force = false;
     for (k, v) in &pairs {
@@ -882,7 +908,7 @@ async fn remove_member(
     match node.decommission(replica).await {
         Ok(removal) => Ok(axum::Json(json!({
             "removed": replica.to_string(),
-            "name": shown,
+            "name": removal.name.clone().unwrap_or(shown),
             "already": removal.already,
             "at_ms": removal.at_ms,
             "by": removal.by.map(|b| b.to_string()),
@@ -1115,8 +1141,7 @@ async fn view(
     view: Result<Path<String>, axum::extract::rejection::PathRejection>,
     params: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Path(view) =
-        view.map_err(|e| ApiError::bad_request("invalid_view", e.body_text()).at("path view"))?;
+    let Path(view) = view.map_err(|_| super::error::undecodable_path("invalid_view", "view"))?;
     let params = query_pairs(params, &["from", "to", "after", "limit"])?;
     let Some(def) = state.node.views().iter().find(|v| v.def.name == view) else {
         return Err(ApiError::new(

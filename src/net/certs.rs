@@ -36,12 +36,13 @@ const BACKDATE: Duration = Duration::from_secs(3600);
 #[non_exhaustive]
 pub enum CertError {
     /// A file could not be read or written (a partial directory may remain on write).
-    #[error("{path}: {source}")]
+    #[error("{}: {error}", path.display())]
     Io {
         /// The file.
         path: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
+        /// The OS error (in the message, not a separate cause: a chain of causes would print
+        /// it twice).
+        error: std::io::Error,
     },
     /// A file is not the PEM certificate or key it should be.
     #[error("{path}: {detail}")]
@@ -371,7 +372,7 @@ pub fn init_ca(out: &Path) -> Result<ClusterCa, CertError> {
     if key_path.exists() {
         return Err(CertError::Io {
             path: key_path,
-            source: std::io::Error::new(
+            error: std::io::Error::new(
                 std::io::ErrorKind::AlreadyExists,
                 "a CA key already exists here; refusing to overwrite it",
             ),
@@ -414,24 +415,24 @@ pub fn ensure_local(dir: &Path, name: &str) -> Result<TlsDir, CertError> {
 }
 
 fn read(path: &Path) -> Result<String, CertError> {
-    std::fs::read_to_string(path).map_err(|source| CertError::Io {
+    std::fs::read_to_string(path).map_err(|error| CertError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     })
 }
 
 fn create_dir(dir: &Path) -> Result<(), CertError> {
-    std::fs::create_dir_all(dir).map_err(|source| CertError::Io {
+    std::fs::create_dir_all(dir).map_err(|error| CertError::Io {
         path: dir.to_path_buf(),
-        source,
+        error,
     })
 }
 
 fn write(path: &Path, contents: &str, secret: bool) -> Result<(), CertError> {
     use std::io::Write;
-    let io = |source| CertError::Io {
+    let io = |error| CertError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     };
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create(true).truncate(true);

@@ -287,9 +287,16 @@ fn path_name_ok(name: &str, max: usize) -> bool {
         && name != ".."
 }
 
-/// A `group_by` field name: 1–128 characters of `A-Z a-z 0-9 _ - .` (so it can be named in
-/// `group.<field>=` and as a column without quoting), not an envelope name.
+/// A `group_by` field name: 1–128 characters of `A-Z a-z 0-9 _ - .`, not `.` or `..` (so it
+/// can be named in `group.<field>=` and as a column without quoting), not an envelope name.
 fn check_group_field(view: &str, name: &str) -> Result<(), String> {
+    if name == "." || name == ".." {
+        return Err(err(
+            view,
+            "group_by",
+            format!("{name:?}: `.` and `..` are no field names"),
+        ));
+    }
     if name.is_empty() || name.len() > 128 || !name.chars().all(name_char) {
         return Err(err(
             view,
@@ -349,8 +356,18 @@ pub fn compile(defs: &[ViewDef]) -> Result<Vec<CompiledView>, String> {
                 ),
             ));
         }
+        let mut grouped = std::collections::BTreeSet::new();
         for g in &d.group_by {
             check_group_field(name, g)?;
+            // Compared without case: SQL columns (a sink's table) and many tools do not tell
+            // `page` from `Page`.
+            if !grouped.insert(g.to_ascii_lowercase()) {
+                return Err(err(
+                    name,
+                    "group_by",
+                    format!("{g:?} is listed twice (field names are compared without case)"),
+                ));
+            }
         }
         let needs_field = d.kind != ViewKind::Count;
         match (&d.field, needs_field) {
