@@ -169,7 +169,8 @@ impl Node {
         ));
         let reader = store.reader();
         let replica = store.replica();
-        let announce = views.restore(&reader, replica, crate::clock::wall_ms())?;
+        let restored = store.seed_cursor().is_some();
+        let announce = views.restore(&reader, replica, crate::clock::wall_ms(), restored)?;
         {
             // Stream-view retention: entries of removed windows are dropped on receipt.
             let views = Arc::clone(&views);

@@ -126,7 +126,6 @@ fn copy_dir(from: &Path, to: &Path) {
 /// epoch in its state excludes it beyond 20 s, so R accepts a `remove x` for the window on
 /// time. A `members` remove is observed-remove across writers: R's delta removes A's own dot
 /// of "x". When R connects, A's and B's FINAL value changes.
-#[ignore = "open: a restored node started alone (not --join) applies a members remove for a window its source's cluster sealed since the snapshot"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack1_restored_node_removes_a_members_element_of_a_final_window() {
     restored_node_removes(false).await;
@@ -678,4 +677,52 @@ async fn attack8_restarted_outside_node_removes_a_members_element_of_a_final_win
         Some((json!(["x", "y"]), true)),
         "B's FINAL window changed"
     );
+}
+
+/// A snapshot restored after the rest of its cluster was lost: the restored node waits for a
+/// fresh announcement (it applies no windowed event, they go to the late lane), until the
+/// operator removes the lost members for good; then it is the cluster and applies events
+/// again, from the snapshot's watermark on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_node_alone_applies_events_once_the_lost_members_are_removed() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let a = open(&root.path().join("a"), false).await;
+    a.ingest_events("s", vec![add("a", 1, 10_000, "x")])
+        .await
+        .expect("a");
+    let lost = a.replica_id();
+    let snap = root.path().join("a.snap");
+    a.snapshot(&snap).await.expect("snapshot");
+    a.shutdown().await.expect("shutdown");
+    drop(a);
+    Node::restore(&snap, root.path().join("r")).expect("restore");
+    let r = open(&root.path().join("r"), false).await;
+    let out = r
+        .ingest_events("s", vec![add("r", 1, 2 * MIN, "y")])
+        .await
+        .expect("r ingests");
+    assert_eq!(
+        (out.applied, out.late),
+        (1, 1),
+        "a restored node applied a windowed event before it heard from its cluster: {out:?}"
+    );
+    assert_eq!(
+        r.late_events("s", None, 0).expect("lane").events.len(),
+        1,
+        "the refused event is in the late lane"
+    );
+    r.decommission(lost).await.expect("decommission");
+    let out = r
+        .ingest_events("s", vec![add("r", 2, 2 * MIN, "z")])
+        .await
+        .expect("r ingests");
+    assert_eq!((out.applied, out.late), (1, 0), "{out:?}");
+    let page = r.view("m", &ViewQuery::default()).await.expect("view");
+    let w2 = page
+        .rows
+        .iter()
+        .find(|row| row.window_start == Some(2 * MIN))
+        .map(|row| row.value.clone());
+    assert_eq!(w2, Some(json!(["z"])), "{:?}", page.rows);
+    r.shutdown().await.expect("shutdown");
 }

@@ -350,6 +350,11 @@ impl Views {
     /// too, and windows it removed stay removed. Returns the announcements to write at once
     /// for such streams (so peers count this node as past those windows as well).
     ///
+    /// A node joining a cluster, or one whose store was restored from a snapshot (`restored`,
+    /// whether it joins or starts alone), counts as synced with such a stream only once it
+    /// holds an announcement newer than those its state opened with: a snapshot's marks are
+    /// as old as the snapshot, and its source's cluster may have sealed windows since.
+    ///
     /// # Errors
     /// Storage failures.
     pub(crate) fn restore(
@@ -357,6 +362,7 @@ impl Views {
         reader: &crate::store::Reader,
         me: ReplicaId,
         now_ms: u64,
+        restored: bool,
     ) -> Result<Vec<LocalWrite>, Error> {
         let mut wms = self.watermarks.lock().map_err(|_| Error::Closed)?;
         let mut hs = self.horizons.lock().map_err(|_| Error::Closed)?;
@@ -397,7 +403,7 @@ impl Views {
                 }
                 None => {
                     let (wm, h, others) = read::largest_announced(reader, stream, None)?;
-                    if others && self.joining {
+                    if others && (self.joining || restored) {
                         // Restored (or re-identified) into a cluster: sync afresh first.
                         if let Ok(mut f) = self.fresh_from.lock() {
                             f.insert(stream.clone(), ctx.clone());
@@ -443,10 +449,12 @@ impl Views {
     ) -> Result<(bool, Option<LocalWrite>), Error> {
         let mut synced = self.synced.lock().map_err(|_| Error::Closed)?;
         let has_wm = wms.get(stream).is_some_and(|m| m.wm.is_some());
-        if synced.contains(stream) || (!self.joining && has_wm) {
+        let mut fresh = self.fresh_from.lock().map_err(|_| Error::Closed)?;
+        // A restored store waits for a fresh announcement even when it does not join (its
+        // watermark came from the snapshot, not from the cluster as it is now).
+        if synced.contains(stream) || (!self.joining && has_wm && !fresh.contains_key(stream)) {
             return Ok((true, None));
         }
-        let mut fresh = self.fresh_from.lock().map_err(|_| Error::Closed)?;
         if let Some(seen) = fresh.get(stream) {
             if !read::fresh_announcement(reader, stream, me, seen)? {
                 return Ok((false, None));

@@ -129,7 +129,10 @@ pub(crate) fn gone(reader: &Reader) -> Result<std::collections::BTreeSet<Replica
 }
 
 /// Whether the state holds an announcement of `stream` by another replica than `me` that
-/// `seen` (the context at open) did not hold: one that arrived from a live peer since.
+/// `seen` (the context at open) did not hold: one that arrived from a live peer since. Also
+/// true when every other announcer was removed for good (decommissioned): then there is no
+/// cluster to hear from, and this node's marks are the cluster's (a snapshot restored after
+/// the rest of its cluster was lost).
 ///
 /// # Errors
 /// Storage failures.
@@ -140,14 +143,20 @@ pub(crate) fn fresh_announcement(
     seen: &CausalContext,
 ) -> Result<bool, Error> {
     let prefix = keys::wm_prefix(stream);
+    let removed = gone(reader)?;
+    let mut live_other = false;
     let mut after: Option<String> = None;
     loop {
         let page = reader.list(KeyKind::Lww, &prefix, after.as_deref(), 256)?;
         let done = page.len() < 256;
         for (key, _) in &page {
-            if keys::wm_replica(stream, &key.name) == Some(me) {
+            let Some(replica) = keys::wm_replica(stream, &key.name) else {
+                continue;
+            };
+            if replica == me || removed.contains(&replica) {
                 continue;
             }
+            live_other = true;
             if let Some((_, dot)) = announcement(reader, key)?
                 && !seen.contains(&dot)
             {
@@ -156,7 +165,7 @@ pub(crate) fn fresh_announcement(
         }
         after = page.last().map(|(k, _)| k.name.clone());
         if done {
-            return Ok(false);
+            return Ok(!live_other);
         }
     }
 }
