@@ -141,7 +141,14 @@ pub(crate) struct Driver {
     /// reported while the replica knows none (it went down, or reconnected and has not
     /// acknowledged yet), so its lag counts from what it is known to have.
     pub(crate) last_acked: BTreeMap<PeerId, u64>,
+    /// Told the new replica id and the context when the store re-identified at run time,
+    /// before the next message or local write is handled (the node's view identity follows).
+    pub(crate) on_reidentified: Option<Reidentified>,
 }
+
+/// What the writer calls when the store re-identified at run time: the new id and the
+/// context it holds at that moment.
+pub(crate) type Reidentified = Arc<dyn Fn(ReplicaId, CausalContext) + Send + Sync>;
 
 /// Frees the writes of committed groups (one or more heap blocks per event, allocated by the
 /// callers) on a helper thread, so the one writer thread spends its time committing (the frees
@@ -707,6 +714,12 @@ impl Driver {
         match self.store.reidentify() {
             Ok(new) => {
                 Metrics::add(&self.metrics.reidentified, 1);
+                if let Some(tell) = &self.on_reidentified {
+                    match self.store.reader().context() {
+                        Ok(ctx) => tell(new, ctx),
+                        Err(e) => tracing::error!(error = %e, "reading the context failed"),
+                    }
+                }
                 tracing::error!(
                     %old,
                     %new,
@@ -716,7 +729,9 @@ impl Driver {
                     local = evidence.local,
                     "this data directory is a copy restored under its old replica id (a peer \
                      holds more of it than we do): continuing under a new replica id so that no \
-                     dot is ever reissued"
+                     dot is ever reissued; windowed events wait for a fresh announcement from a \
+                     peer; if the node that ran under the old id is gone for good, remove it \
+                     (`tidemark members remove OLD`) so windows become final without it"
                 );
             }
             Err(e) => {

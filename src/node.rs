@@ -68,7 +68,11 @@ struct Shared {
     metrics: Arc<Metrics>,
     changes: Arc<Feed>,
     reader: Mutex<Option<Reader>>,
+    /// The replica id the node opened with: its link and SWIM identity for this run.
     replica: ReplicaId,
+    /// The store's replica id now: the identity of this node's dots, announcements and seals
+    /// (a store that re-identifies at run time switches it, see [`Node::replica_id`]).
+    identity: Arc<std::sync::RwLock<ReplicaId>>,
     epoch: u64,
     config: NodeConfig,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -176,6 +180,18 @@ impl Node {
             let views = Arc::clone(&views);
             store.set_remote_filter(Arc::new(move |key: &Key| views.keep_remote(key)));
         }
+        // A run-time re-identification switches the node's view identity on the writer
+        // thread, before the next message or write is handled.
+        let identity = Arc::new(std::sync::RwLock::new(replica));
+        let reidentified: crate::driver::Reidentified = {
+            let (identity, views) = (Arc::clone(&identity), Arc::clone(&views));
+            Arc::new(move |new, ctx| {
+                views.reidentified(&ctx);
+                if let Ok(mut id) = identity.write() {
+                    *id = new;
+                }
+            })
+        };
         let epoch = store.epoch();
         let mut replication = config.replication.clone();
         replication.message_bytes_target = replication
@@ -213,6 +229,7 @@ impl Node {
             caught_up: std::collections::BTreeMap::new(),
             ever_linked: std::collections::BTreeSet::new(),
             last_acked: std::collections::BTreeMap::new(),
+            on_reidentified: Some(reidentified),
         };
         let thread = std::thread::Builder::new()
             .name("tidemark-writer".into())
@@ -227,6 +244,7 @@ impl Node {
                 changes,
                 reader: Mutex::new(Some(reader)),
                 replica,
+                identity,
                 epoch,
                 config,
                 thread: Mutex::new(Some(thread)),
@@ -266,9 +284,19 @@ impl Node {
         Ok(node)
     }
 
-    /// This node's replica id.
+    /// This node's replica id: the identity of its dots, announcements and seals. It changes
+    /// at run time only when the store turns out to be a copy restored under its old id (the
+    /// `reidentified` metric counts it); the peer id ([`Node::peer_id`]) stays for the run.
     pub fn replica_id(&self) -> ReplicaId {
-        self.shared.replica
+        self.me()
+    }
+
+    /// The store's replica id now (see [`Node::replica_id`]).
+    fn me(&self) -> ReplicaId {
+        self.shared
+            .identity
+            .read()
+            .map_or(self.shared.replica, |id| *id)
     }
 
     /// This incarnation's epoch (bumped at every open).
@@ -644,7 +672,7 @@ impl Node {
         // Checked again, atomically, by the writer; here first so that a refused batch moves
         // no watermark.
         let reader = self.reader()?;
-        let me = self.shared.replica;
+        let me = self.me();
         let early = crate::store::first_overflow(writes.iter().map(|w| w.ops.as_slice()), |k| {
             Ok(crate::store::counter_state(reader.entry(k)?.as_ref(), me))
         })?;
@@ -688,7 +716,7 @@ impl Node {
                     unsynced: !synced,
                 },
                 &mut writes,
-                self.shared.replica,
+                self.me(),
                 coalesce.then_some(&reader),
             );
             writes.extend(adopted);
@@ -739,7 +767,7 @@ impl Node {
             &self.reader()?.snapshot()?,
             name,
             query,
-            self.shared.replica,
+            self.me(),
             &known,
             peer_id_of,
         )
@@ -765,7 +793,7 @@ impl Node {
             name,
             after,
             limit,
-            self.shared.replica,
+            self.me(),
             &known,
             peer_id_of,
         )
@@ -778,12 +806,9 @@ impl Node {
     /// Storage failures; [`Error::Closed`].
     pub async fn view_summaries(&self) -> Result<Vec<crate::views::ViewSummary>, Error> {
         let known = self.seal_before_read().await?;
-        self.shared.views.summaries(
-            &self.reader()?.snapshot()?,
-            self.shared.replica,
-            &known,
-            peer_id_of,
-        )
+        self.shared
+            .views
+            .summaries(&self.reader()?.snapshot()?, self.me(), &known, peer_id_of)
     }
 
     /// [`Node::view_summaries`] for a caller that already holds a [`ReplicationStatus`] (a
@@ -797,12 +822,9 @@ impl Node {
         status: &ReplicationStatus,
     ) -> Result<Vec<crate::views::ViewSummary>, Error> {
         let known = self.view_members_given(status)?;
-        self.shared.views.summaries(
-            &self.reader()?.snapshot()?,
-            self.shared.replica,
-            &known,
-            peer_id_of,
-        )
+        self.shared
+            .views
+            .summaries(&self.reader()?.snapshot()?, self.me(), &known, peer_id_of)
     }
 
     /// Up to `limit` events of `stream`'s late lane with ids above `after` (from the oldest
@@ -865,7 +887,7 @@ impl Node {
         use crate::views::maintain;
         let views = &self.shared.views;
         let _round = views.maintenance.lock().await;
-        let me = self.shared.replica;
+        let me = self.me();
         let known = self.view_members().await?;
         self.seal_step(&known, false).await?;
         let plans = maintain::plan(
@@ -912,7 +934,7 @@ impl Node {
     async fn seal_step(&self, known: &[PeerId], only_new_seals: bool) -> Result<(), Error> {
         use crate::views::maintain;
         let views = &self.shared.views;
-        let me = self.shared.replica;
+        let me = self.me();
         let reader = self.reader()?;
         // Logged once by `note_removals` (WARN), which sees the record whether or not views run.
         if crate::views::read::gone(&reader)?.contains(&me) {
@@ -969,7 +991,7 @@ impl Node {
     /// # Errors
     /// [`Error::Config`] for this node itself; storage failures; [`Error::Closed`].
     pub async fn decommission(&self, replica: ReplicaId) -> Result<Removal, Error> {
-        if replica == self.shared.replica {
+        if replica == self.me() {
             return Err(Error::Config(
                 "a node cannot remove itself: remove it from another member".into(),
             ));
@@ -980,7 +1002,7 @@ impl Node {
             return Ok(existing);
         }
         let at_ms = crate::clock::wall_ms();
-        let by = self.shared.replica;
+        let by = self.me();
         // The name is kept in the record, so the member can still be named after SWIM forgets
         // it (a repeated `members remove NAME` after a restart answers with the record).
         let name = self.swim_name(replica);
@@ -1052,7 +1074,7 @@ impl Node {
             if !logged.insert(replica) {
                 continue;
             }
-            if replica == self.shared.replica {
+            if replica == self.me() {
                 tracing::warn!(
                     %replica,
                     "this node was removed from the cluster for good (decommissioned): it \
@@ -1083,7 +1105,7 @@ impl Node {
     /// # Errors
     /// Storage failures.
     pub fn is_decommissioned(&self) -> Result<bool, Error> {
-        self.get(&crate::views::keys::gone_key(self.shared.replica))
+        self.get(&crate::views::keys::gone_key(self.me()))
             .map(|v| matches!(v, Value::Lww(Some(_))))
     }
 
@@ -1121,7 +1143,7 @@ impl Node {
             .or_else(|| {
                 // A member removed for good, by the name its record keeps (SWIM forgets it).
                 self.decommissioned().ok()?.into_iter().find(|r| {
-                    *r != self.shared.replica
+                    *r != self.me()
                         && (r.to_string() == name
                             || self
                                 .removal(*r)

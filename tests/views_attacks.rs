@@ -266,7 +266,10 @@ async fn attack2_default_config_node_started_alone_reports_another_final_value()
 /// (b) writes x's announcement with that lower watermark (x's announced watermark goes back);
 /// (c) writes under the new id, which never announces: no node vouches for a cluster
 /// watermark again, so no window ever becomes final again anywhere.
-#[ignore = "open: a data directory re-identified at run time keeps its old view identity until restart"]
+/// Now: the copy's view identity follows the store's new id on the writer thread, it waits
+/// for a fresh announcement and starts from the largest marks (so (a) is late), never
+/// writes the old id's announcement again (b), and the old id, which never announces again,
+/// is removed by the operator (c).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack3_runtime_reidentification_keeps_the_old_view_identity() {
     let root = tempfile::tempdir().expect("tempdir");
@@ -313,7 +316,8 @@ async fn attack3_runtime_reidentification_keeps_the_old_view_identity() {
             .map(|(k, v)| format!("{} = {v:?}", k.name))
             .collect::<Vec<_>>()
     };
-    eprintln!("announcements on B before the copy opens: {:#?}", x_ann(&b));
+    let before_copy = x_ann(&b);
+    eprintln!("announcements on B before the copy opens: {before_copy:#?}");
     std::fs::remove_dir_all(&ad).expect("rm");
     copy_dir(&backup, &ad);
     let a = open(&ad, false).await;
@@ -348,9 +352,19 @@ async fn attack3_runtime_reidentification_keeps_the_old_view_identity() {
         .expect("copy ingests");
     eprintln!("copy's `remove x` for sealed window [2m,3m): {out_rm:?}");
     settle(&[&a, &b]).await;
-    eprintln!(
-        "announcements on B after the copy's ingest: {:#?}",
-        x_ann(&b)
+    let after_copy = x_ann(&b);
+    eprintln!("announcements on B after the copy's ingest: {after_copy:#?}");
+    // (b) the old id's announcement is never written again (its watermark never goes back).
+    let of_x = |anns: &[String]| {
+        anns.iter()
+            .find(|a| a.starts_with(&format!("~wm/s/{x} ")))
+            .cloned()
+    };
+    assert!(of_x(&before_copy).is_some(), "{before_copy:?}");
+    assert_eq!(
+        of_x(&after_copy),
+        of_x(&before_copy),
+        "the re-identified copy rewrote its old id's announcement"
     );
     let rb = rows(&b).await;
     eprintln!("B after the copy's remove: {rb:?}");
@@ -364,7 +378,11 @@ async fn attack3_runtime_reidentification_keeps_the_old_view_identity() {
             "the copy reported [2m,3m) final, then non-final"
         );
     }
-    // (c) liveness: both pass 6m; [4m, 5m) should become final.
+    // The re-identified copy continues under its new id at once.
+    assert_ne!(a.replica_id(), x, "the copy still uses its old id");
+    // (c) liveness: the old id never announces again; the operator removes it for good (the
+    // copy logs that advice), then both pass 6m and [4m, 5m) becomes final.
+    a.decommission(x).await.expect("decommission the old id");
     a.ingest_events("s", vec![tick("a2", 4, 6 * MIN)])
         .await
         .expect("a");

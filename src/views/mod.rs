@@ -427,6 +427,26 @@ impl Views {
         Ok(announce)
     }
 
+    /// Starts this node's view identity afresh after its store re-identified at run time (a
+    /// copy restored under its old id met a peer holding more of that id): the new id has no
+    /// epochs or seals of its own, and every windowed stream waits for an announcement that
+    /// `ctx` (the state at the switch) does not hold — the copy's marks are the backup's, older
+    /// than what its old id announced since — then starts from the largest marks it holds
+    /// ([`Views::first_sync`]), so it refuses what its old id refused.
+    pub(crate) fn reidentified(&self, ctx: &tidemark_crdts::CausalContext) {
+        if let Ok(mut seals) = self.seals.lock() {
+            seals.clear();
+        }
+        if let Ok(mut synced) = self.synced.lock() {
+            synced.clear();
+        }
+        if let Ok(mut fresh) = self.fresh_from.lock() {
+            for stream in self.by_stream.keys() {
+                fresh.insert(stream.clone(), ctx.clone());
+            }
+        }
+    }
+
     /// Whether `stream` is synced here, and the announcement to queue when this node just
     /// started from its cluster's marks. A joining node ([`Views::joining`]) is synced once its
     /// state holds another node's announcement of the stream; a node with no watermark of its
