@@ -614,6 +614,11 @@ impl Driver {
             }
             Input::PurgeRows { keys, reply } => {
                 let r = self.store.purge_rows(&keys);
+                if r.is_ok() {
+                    // Watchers see each removed row go (its value now the empty one), so a
+                    // consumer that mirrors keys drops it too.
+                    self.publish(&keys);
+                }
                 let _ = reply.send(r.map_err(Error::from));
             }
             Input::Compact { below, reply } => {

@@ -260,3 +260,56 @@ async fn an_idle_member_lets_windows_become_final() {
         n.shutdown().await.expect("shutdown");
     }
 }
+
+/// A window removed by retention is published to watchers: each of its rows comes once more
+/// with the empty value, so a consumer mirroring the view's keys drops them too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchers_see_rows_removed_by_retention() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let a = open(&root.path().join("a"), retention_defs()).await;
+    let mut watch = a.watch(tidemark::KeyFilter::prefix("~view/c/"));
+    a.ingest_events(
+        "s",
+        vec![ev("a", 1, 10_000, "/p"), ev("a", 2, 20_000, "/q")],
+    )
+    .await
+    .expect("ingest");
+    let mut live = std::collections::BTreeMap::new();
+    while live.len() < 2 {
+        match tokio::time::timeout(Duration::from_secs(10), watch.next()).await {
+            Ok(Some(tidemark::WatchEvent::Changed(c))) => {
+                live.insert(c.key.name.clone(), c.value.clone());
+            }
+            other => panic!("no change: {other:?}"),
+        }
+    }
+    assert!(
+        live.values().all(|v| *v == tidemark::Value::GCounter(1)),
+        "{live:?}"
+    );
+    // Past retention: the window [0, 1m) is removed on this node (alone, it is the cluster).
+    a.ingest_events("s", vec![ev("a", 3, 10 * MIN, "/r")])
+        .await
+        .expect("ingest");
+    let started = Instant::now();
+    let mut removed = std::collections::BTreeSet::new();
+    while removed.len() < 2 {
+        a.maintain_views().await.expect("maintain");
+        let Ok(Some(ev)) = tokio::time::timeout(Duration::from_millis(200), watch.next()).await
+        else {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "removed rows never reached the watcher: {removed:?}"
+            );
+            continue;
+        };
+        if let tidemark::WatchEvent::Changed(c) = ev
+            && live.contains_key(&c.key.name)
+            && c.value == tidemark::Value::GCounter(0)
+        {
+            removed.insert(c.key.name.clone());
+        }
+    }
+    assert_eq!(removed.len(), 2);
+    a.shutdown().await.expect("shutdown");
+}
