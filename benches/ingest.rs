@@ -381,6 +381,7 @@ fn events(kind: Kind, w: usize, writers: usize, seq: u64, n: usize, keyspace: u6
                 source: source.clone(),
                 seq: s,
                 ops: vec![kind.op(s * writers as u64 + w as u64, keyspace)],
+                ..Default::default()
             }
         })
         .collect()
@@ -509,6 +510,7 @@ async fn open_loop(label: &'static str, rate: f64, s: &Settings) -> RunResult {
                     source: format!("g{}", k % SOURCES),
                     seq: k / SOURCES,
                     ops: vec![Kind::Counter.op(k, keyspace)],
+                    ..Default::default()
                 };
                 let t = Instant::now();
                 let r = node.ingest(STREAM, vec![ev]).await;

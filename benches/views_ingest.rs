@@ -14,7 +14,7 @@
 
 use serde_json::json;
 use std::time::Instant;
-use tidemark::views::{StreamEvent, ViewDef};
+use tidemark::views::{Event, ViewDef};
 use tidemark::{Node, NodeConfig};
 
 const BATCH: usize = 1_000;
@@ -44,11 +44,11 @@ fn defs(n: usize) -> Vec<ViewDef> {
     v
 }
 
-fn events(n: usize) -> Vec<StreamEvent> {
+fn events(n: usize) -> Vec<Event> {
     (0..n)
         .map(|i| {
             let i = i as u64;
-            StreamEvent::new(
+            Event::new(
                 &format!("src{}", i % 10),
                 i / 10 + 1,
                 json!({
@@ -75,14 +75,14 @@ fn dir_bytes(path: &std::path::Path) -> u64 {
 }
 
 /// One run: events/s, bytes on disk, view cells.
-async fn run(views: usize, evs: &[StreamEvent]) -> Result<(f64, u64, usize), tidemark::Error> {
+async fn run(views: usize, evs: &[Event]) -> Result<(f64, u64, usize), tidemark::Error> {
     let dir = tempfile::tempdir().map_err(|e| tidemark::Error::Config(e.to_string()))?;
     let mut cfg = NodeConfig::new(dir.path());
     cfg.views = defs(views);
     let node = Node::open(cfg).await?;
     let started = Instant::now();
     for chunk in evs.chunks(BATCH) {
-        node.ingest_events("s", chunk.to_vec()).await?;
+        node.ingest("s", chunk.to_vec()).await?;
     }
     let secs = started.elapsed().as_secs_f64();
     let mut cells = 0;
@@ -139,9 +139,8 @@ async fn finality_delays(secs: u64) -> Result<Vec<u64>, tidemark::Error> {
                 let mut seq = 0;
                 while wall_ms() < stop + 2 * SIZE {
                     seq += 1;
-                    let e =
-                        StreamEvent::new(&format!("n{i}"), seq, json!({"page": "/"})).at(wall_ms());
-                    if n.ingest_events("s", vec![e]).await.is_err() {
+                    let e = Event::new(&format!("n{i}"), seq, json!({"page": "/"})).at(wall_ms());
+                    if n.ingest("s", vec![e]).await.is_err() {
                         return;
                     }
                     tokio::time::sleep(std::time::Duration::from_millis(20)).await;

@@ -294,6 +294,7 @@ async fn tidemark(kind: Workload, writers: usize, per_call: usize, secs: f64) ->
                             source: source.clone(),
                             seq: s,
                             ops: vec![kind.op(&mut rng, s * writers as u64 + w as u64)],
+                            ..Default::default()
                         }
                     })
                     .collect();

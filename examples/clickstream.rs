@@ -18,7 +18,7 @@ use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-use tidemark::views::{StreamEvent, ViewDef, ViewQuery};
+use tidemark::views::{Event, ViewDef, ViewQuery};
 use tidemark::{Node, NodeConfig};
 
 const MIN: u64 = 60_000;
@@ -30,7 +30,7 @@ const CLICKS_PER_NODE: u64 = 250;
 /// One generated click and the node it is sent to.
 struct Sent {
     node: usize,
-    event: StreamEvent,
+    event: Event,
     page: &'static str,
     time: u64,
 }
@@ -120,7 +120,7 @@ async fn run() -> Result<bool, Box<dyn std::error::Error>> {
         };
         let page = PAGES[rng.random_range(0..PAGES.len())];
         seqs[node] += 1;
-        let event = StreamEvent::new(
+        let event = Event::new(
             &format!("web-{node}"),
             seqs[node],
             json!({"page": page, "user": format!("u{}", rng.random_range(0..50))}),
@@ -156,7 +156,7 @@ async fn run() -> Result<bool, Box<dyn std::error::Error>> {
             nodes[2].connect(&nodes[1])?;
         }
         let out = nodes[s.node]
-            .ingest_events("clicks", vec![s.event.clone()])
+            .ingest("clicks", vec![s.event.clone()])
             .await?;
         if out.late > 0 {
             late.insert((s.node, s.event.seq));
@@ -164,7 +164,7 @@ async fn run() -> Result<bool, Box<dyn std::error::Error>> {
         if rng.random_bool(0.1) {
             retries += 1;
             let again = nodes[s.node]
-                .ingest_events("clicks", vec![s.event.clone()])
+                .ingest("clicks", vec![s.event.clone()])
                 .await?;
             duplicates += again.duplicates;
         }

@@ -17,7 +17,7 @@ use rusqlite::{Connection, params};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::process::ExitCode;
-use tidemark::views::{FinalCursor, StreamEvent, ViewDef, ViewQuery};
+use tidemark::views::{Event, FinalCursor, ViewDef, ViewQuery};
 use tidemark::{Node, NodeConfig};
 
 const MIN: u64 = 60_000;
@@ -94,9 +94,9 @@ async fn consume_page(node: &Node, db: &mut Connection, ending: Ending) -> anyho
     Ok(page.windows.len())
 }
 
-fn click(seq: u64, t: u64) -> StreamEvent {
+fn click(seq: u64, t: u64) -> Event {
     let page = ["/", "/cart", "/docs", "/pricing"][usize::try_from(seq % 4).unwrap_or(0)];
-    StreamEvent::new("web-1", seq, json!({ "page": page })).at(t)
+    Event::new("web-1", seq, json!({ "page": page })).at(t)
 }
 
 async fn run() -> anyhow::Result<bool> {
@@ -112,13 +112,13 @@ async fn run() -> anyhow::Result<bool> {
     let (mut seq, mut pages, mut deliveries) = (0u64, 0usize, 0usize);
     // 30 minutes of clicks, a batch of 40 per 30 s of event time, consumed as they finalize.
     for step in 0..60u64 {
-        let batch: Vec<StreamEvent> = (0..40)
+        let batch: Vec<Event> = (0..40)
             .map(|i| {
                 seq += 1;
                 click(seq, T0 + step * 30_000 + i * 700)
             })
             .collect();
-        node.ingest_events("clicks", batch).await?;
+        node.ingest("clicks", batch).await?;
         let ending = match pages {
             7 => Ending::DieInTransaction,
             12 => Ending::DieBeforeCursor,
@@ -134,7 +134,7 @@ async fn run() -> anyhow::Result<bool> {
     }
     // One click far ahead closes every window before it; then drain the feed.
     seq += 1;
-    node.ingest_events("clicks", vec![click(seq, T0 + 60 * MIN)])
+    node.ingest("clicks", vec![click(seq, T0 + 60 * MIN)])
         .await?;
     loop {
         let n = consume_page(&node, &mut db, Ending::Commit).await?;

@@ -622,53 +622,39 @@ impl Node {
         self.submit(writes).await
     }
 
-    /// Ingests events of `stream`; each `(source, seq)` is applied at most once.
-    ///
-    /// # Errors
-    /// As [`Node::apply_batch`].
-    pub async fn ingest(&self, stream: &str, events: Vec<Event>) -> Result<WriteOutcome, Error> {
-        if self.shared.views.has_stream(stream) {
-            return self
-                .ingest_events(stream, events.into_iter().map(Into::into).collect())
-                .await;
-        }
-        let writes = self.count_rejection(
-            ops::validate_events(stream, &events, &self.shared.config.limits),
-            events.len(),
-        )?;
-        self.submit(writes).await
-    }
-
-    /// Ingests events with fields and event times (API.md "Events and streams"); each
-    /// `(source, seq)` is applied at most once, and is folded into every view of `stream` in
-    /// the same durable transaction as its dedup mark. Events without `time` take this node's
-    /// clock. An event whose window is already past its lateness is counted in `late` and not
-    /// applied to that window.
+    /// Ingests events of `stream` (API.md "Events and streams"); each `(source, seq)` is
+    /// applied at most once: its ops, and for a stream with views its fields folded into every
+    /// view of the stream, in the same durable transaction as its dedup mark. Events without
+    /// `time` take this node's clock. An event whose window is already past its lateness is
+    /// counted in `late` and not applied to that window.
     ///
     /// # Errors
     /// As [`Node::apply_batch`]; [`Error::InvalidEvent`] naming the event and field (a missing
     /// group or value field, a malformed `time`); nothing of a rejected batch is applied.
-    pub async fn ingest_events(
-        &self,
-        stream: &str,
-        events: Vec<crate::views::StreamEvent>,
-    ) -> Result<WriteOutcome, Error> {
-        self.ingest_events_then(stream, events, std::future::ready(()))
+    pub async fn ingest(&self, stream: &str, events: Vec<Event>) -> Result<WriteOutcome, Error> {
+        if !self.shared.views.has_stream(stream) {
+            let writes = self.count_rejection(
+                ops::validate_events(stream, &events, &self.shared.config.limits),
+                events.len(),
+            )?;
+            return self.submit(writes).await;
+        }
+        self.ingest_then(stream, events, std::future::ready(()))
             .await
     }
 
-    /// [`Node::ingest_events`], awaiting `between` after the batch's coalescing was decided
-    /// and before its writes are queued (tests use it to join a peer's delta in that gap).
-    async fn ingest_events_then(
+    /// [`Node::ingest`] into a stream with views, awaiting `between` after the batch's
+    /// coalescing was decided and before its writes are queued (tests use it to join a peer's
+    /// delta in that gap).
+    async fn ingest_then(
         &self,
         stream: &str,
-        events: Vec<crate::views::StreamEvent>,
+        events: Vec<Event>,
         between: impl std::future::Future<Output = ()>,
     ) -> Result<WriteOutcome, Error> {
         let limits = &self.shared.config.limits;
-        let plain: Vec<Event> = events.iter().map(|e| e.to_event()).collect();
         let mut writes =
-            self.count_rejection(ops::validate_events(stream, &plain, limits), events.len())?;
+            self.count_rejection(ops::validate_events(stream, &events, limits), events.len())?;
         // Checked again, atomically, by the writer; here first so that a refused batch moves
         // no watermark.
         let reader = self.reader()?;

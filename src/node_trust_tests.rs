@@ -5,7 +5,7 @@ use super::Node;
 use crate::config::NodeConfig;
 use crate::proto::PeerId;
 use crate::store::DeltasSince;
-use crate::views::{StreamEvent, ViewDef, ViewQuery};
+use crate::views::{Event, ViewDef, ViewQuery};
 use serde_json::json;
 
 fn defs() -> Vec<ViewDef> {
@@ -40,9 +40,9 @@ async fn a_duplicate_whose_mark_arrives_from_a_peer_mid_batch_changes_no_view() 
         tempfile::tempdir().expect("b"),
     );
     let (a, b) = (open(da.path()).await, open(db.path()).await);
-    let e = |seq: u64| StreamEvent::new("p", seq, json!({"n": 5})).at(1_000 + seq);
+    let e = |seq: u64| Event::new("p", seq, json!({"n": 5})).at(1_000 + seq);
     // A applies event 1.
-    let out = a.ingest_events("s", vec![e(1)]).await.expect("a ingests");
+    let out = a.ingest("s", vec![e(1)]).await.expect("a ingests");
     assert_eq!(out.applied, 1);
     let DeltasSince::Deltas { delta, .. } = a
         .deltas_since(b.context().expect("ctx"), 1 << 20)
@@ -61,14 +61,14 @@ async fn a_duplicate_whose_mark_arrives_from_a_peer_mid_batch_changes_no_view() 
             .expect("valid delta");
     };
     let out = b
-        .ingest_events_then("s", vec![e(1), e(2)], join)
+        .ingest_then("s", vec![e(1), e(2)], join)
         .await
         .expect("b ingests");
     assert_eq!((out.applied, out.duplicates), (1, 1), "{out:?}");
     // Exactly the two applied events are counted: one from A, one from B.
     assert_eq!(totals(&b).await, (2, 10), "the duplicate changed a view");
     // The same on a batch that turns all-duplicate.
-    let out = b.ingest_events("s", vec![e(1), e(2)]).await.expect("retry");
+    let out = b.ingest("s", vec![e(1), e(2)]).await.expect("retry");
     assert_eq!((out.applied, out.duplicates), (0, 2));
     assert_eq!(totals(&b).await, (2, 10));
     a.shutdown().await.expect("shutdown");

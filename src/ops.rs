@@ -106,17 +106,59 @@ impl Op {
     }
 }
 
-/// An event of a stream: `source` + `seq` identify it (a retry is a no-op); its operations are
-/// applied together, or not at all when it is a duplicate. (The stream views that derive
-/// operations from event fields build on this.)
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// An event of a stream, the one shape every ingest path takes (API.md "Events and streams"):
+/// `{"source":"app-7","seq":1042,"time":"2026-11-29T10:00:00.123Z","page":"/home"}`.
+/// `source` + `seq` identify it (a retry is a no-op); its `ops`, when present, are applied
+/// together, or not at all when it is a duplicate; every other member is a field the stream's
+/// views read, and `time` (RFC 3339 or epoch milliseconds) places it in their windows
+/// (default: the ingesting node's clock).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     /// The producer.
     pub source: String,
-    /// The producer's sequence number.
+    /// The producer's sequence number: `(source, seq)` identifies the event.
     pub seq: u64,
-    /// The operations the event applies.
+    /// Event time: RFC 3339 text or epoch milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<serde_json::Value>,
+    /// Operations applied with the event.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ops: Vec<Op>,
+    /// The fields views read.
+    #[serde(flatten)]
+    pub fields: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Event {
+    /// An event with fields and no time (it takes the ingesting node's clock).
+    pub fn new(source: &str, seq: u64, fields: serde_json::Value) -> Self {
+        Self {
+            source: source.to_owned(),
+            seq,
+            fields: match fields {
+                serde_json::Value::Object(m) => m,
+                _ => serde_json::Map::new(),
+            },
+            ..Self::default()
+        }
+    }
+
+    /// An event that applies `ops` (no fields, no time).
+    pub fn with_ops(source: &str, seq: u64, ops: Vec<Op>) -> Self {
+        Self {
+            source: source.to_owned(),
+            seq,
+            ops,
+            ..Self::default()
+        }
+    }
+
+    /// Sets the event time in epoch milliseconds.
+    #[must_use]
+    pub fn at(mut self, time_ms: u64) -> Self {
+        self.time = Some(time_ms.into());
+        self
+    }
 }
 
 /// The stream under which idempotent plain ops (`source`/`seq` on an op) are deduplicated.

@@ -155,6 +155,7 @@ fn check_image(
                     source: source.clone(),
                     seq: *seq,
                     ops: vec![Op::inc_gcounter("g0", 1)],
+                    ..Default::default()
                 }
             })
             .collect();

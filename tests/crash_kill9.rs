@@ -69,6 +69,7 @@ fn event_of(id: u64) -> Event {
             Op::inc_gcounter("events", 1),
             Op::add(&set_key(cycle, task).name, id),
         ],
+        ..Default::default()
     }
 }
 

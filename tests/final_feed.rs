@@ -9,7 +9,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use tidemark::views::{FinalCursor, StreamEvent, ViewDef, ViewQuery};
+use tidemark::views::{Event, FinalCursor, ViewDef, ViewQuery};
 use tidemark::{Node, NodeConfig};
 
 mod common;
@@ -142,15 +142,15 @@ async fn every_consumer_sees_each_final_window_once_and_ends_equal_to_the_views(
             _ => {
                 let i = rng.random_range(0..3);
                 clock += rng.random_range(0..20_000);
-                let batch: Vec<StreamEvent> = (0..rng.random_range(1..5))
+                let batch: Vec<Event> = (0..rng.random_range(1..5))
                     .map(|_| {
                         seq[i] += 1;
                         let t = clock.saturating_sub(rng.random_range(0..60_000));
                         let page = ["/a", "/b", "/c"][rng.random_range(0..3)];
-                        StreamEvent::new(&format!("n{i}"), seq[i], json!({"page": page})).at(t)
+                        Event::new(&format!("n{i}"), seq[i], json!({"page": page})).at(t)
                     })
                     .collect();
-                let out = nodes[i].ingest_events("s", batch).await.expect("ingest");
+                let out = nodes[i].ingest("s", batch).await.expect("ingest");
                 applied += out.applied as u64;
                 late += out.late as u64;
             }
@@ -168,9 +168,8 @@ async fn every_consumer_sees_each_final_window_once_and_ends_equal_to_the_views(
     }
     for (i, node) in nodes.iter().enumerate() {
         seq[i] += 1;
-        let far =
-            StreamEvent::new(&format!("n{i}"), seq[i], json!({"page": "/end"})).at(clock + 600_000);
-        let out = node.ingest_events("s", vec![far]).await.expect("ingest");
+        let far = Event::new(&format!("n{i}"), seq[i], json!({"page": "/end"})).at(clock + 600_000);
+        let out = node.ingest("s", vec![far]).await.expect("ingest");
         applied += out.applied as u64;
     }
     converge(&nodes).await;

@@ -254,6 +254,7 @@ fn event(seq: u64) -> Event {
             // Bulk, so the file grows quickly to the limit.
             Op::set_lww(&format!("blob/{}", seq % 256), "x".repeat(2_000)),
         ],
+        ..Default::default()
     }
 }
 

@@ -32,6 +32,7 @@ fn event(i: u64) -> Event {
             Op::inc_pncounter("balance", 1),
             Op::add(&format!("ids/{source}"), i),
         ],
+        ..Default::default()
     }
 }
 

@@ -8,7 +8,7 @@ mod http_support;
 use http_support::{Served, get, post};
 use serde_json::{Value as J, json};
 use std::process::{Command, Stdio};
-use tidemark::views::{StreamEvent, ViewDef};
+use tidemark::views::{Event, ViewDef};
 use tidemark::{Node, NodeConfig};
 
 /// 2026-11-29T10:00:00Z in epoch milliseconds: the start of a one-minute window.
@@ -34,8 +34,8 @@ fn config(dir: &std::path::Path) -> NodeConfig {
     cfg
 }
 
-fn ev(src: &str, seq: u64, t: u64) -> StreamEvent {
-    StreamEvent::new(src, seq, json!({"page": "/p"})).at(t)
+fn ev(src: &str, seq: u64, t: u64) -> Event {
+    Event::new(src, seq, json!({"page": "/p"})).at(t)
 }
 
 #[tokio::test]
@@ -43,7 +43,7 @@ async fn late_events_are_kept_once_with_why_and_survive_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
     let node = Node::open(config(dir.path())).await.expect("open");
     let on_time = node
-        .ingest_events("s", vec![ev("a", 1, T + 10 * MIN)])
+        .ingest("s", vec![ev("a", 1, T + 10 * MIN)])
         .await
         .expect("ingest");
     assert_eq!((on_time.applied, on_time.late), (1, 0));
@@ -56,13 +56,13 @@ async fn late_events_are_kept_once_with_why_and_survive_a_restart() {
 
     // The watermark is T+10m: an event of the first minute is late for `per_minute` only.
     let late = node
-        .ingest_events("s", vec![ev("a", 2, T + 5_000), ev("a", 3, T + 10 * MIN)])
+        .ingest("s", vec![ev("a", 2, T + 5_000), ev("a", 3, T + 10 * MIN)])
         .await
         .expect("ingest");
     assert_eq!((late.applied, late.duplicates, late.late), (2, 0, 1));
     // A retry of the late event is a duplicate and adds nothing to the lane.
     let retry = node
-        .ingest_events("s", vec![ev("a", 2, T + 5_000)])
+        .ingest("s", vec![ev("a", 2, T + 5_000)])
         .await
         .expect("retry");
     assert_eq!((retry.applied, retry.duplicates), (0, 1));
@@ -96,7 +96,7 @@ async fn late_events_are_kept_once_with_why_and_survive_a_restart() {
     let again = node.late_events("s", None, 0).expect("lane");
     assert_eq!(again.events, lane.events);
     let more = node
-        .ingest_events("s", vec![ev("b", 1, T + MIN)])
+        .ingest("s", vec![ev("b", 1, T + MIN)])
         .await
         .expect("ingest");
     assert_eq!(more.late, 1);
@@ -113,13 +113,13 @@ async fn the_lane_is_bounded_in_bytes_and_drops_the_oldest_first() {
     let mut cfg = config(dir.path());
     cfg.limits.late_bytes_max = 4_096;
     let node = Node::open(cfg).await.expect("open");
-    node.ingest_events("s", vec![ev("w", 1, T + 10 * MIN)])
+    node.ingest("s", vec![ev("w", 1, T + 10 * MIN)])
         .await
         .expect("ingest");
     let n = 200u64;
     for seq in 1..=n {
         let o = node
-            .ingest_events("s", vec![ev("late", seq, T)])
+            .ingest("s", vec![ev("late", seq, T)])
             .await
             .expect("ingest");
         assert_eq!(o.late, 1);
@@ -156,12 +156,12 @@ async fn a_full_batch_from_many_sources_and_a_record_over_the_cap_stay_bounded()
     let mut cfg = config(dir.path());
     cfg.limits.late_bytes_max = 64 * 1024;
     let node = Node::open(cfg).await.expect("open");
-    node.ingest_events("s", vec![ev("w", 1, T + 10 * MIN)])
+    node.ingest("s", vec![ev("w", 1, T + 10 * MIN)])
         .await
         .expect("ingest");
     // One batch of 1,000 late events, each from its own source.
-    let batch: Vec<StreamEvent> = (0..1_000).map(|i| ev(&format!("src-{i}"), 1, T)).collect();
-    let o = node.ingest_events("s", batch).await.expect("ingest");
+    let batch: Vec<Event> = (0..1_000).map(|i| ev(&format!("src-{i}"), 1, T)).collect();
+    let o = node.ingest("s", batch).await.expect("ingest");
     assert_eq!((o.applied, o.late), (1_000, 1_000));
     let lane = node.late_events("s", None, 0).expect("lane");
     assert!(lane.kept_bytes <= 64 * 1024, "{}", lane.kept_bytes);
@@ -175,8 +175,8 @@ async fn a_full_batch_from_many_sources_and_a_record_over_the_cap_stay_bounded()
     );
 
     // A single record larger than the whole cap is counted as dropped, never kept over it.
-    let big = StreamEvent::new("big", 1, json!({"page": "x".repeat(100 * 1024)})).at(T);
-    let o = node.ingest_events("s", vec![big]).await.expect("ingest");
+    let big = Event::new("big", 1, json!({"page": "x".repeat(100 * 1024)})).at(T);
+    let o = node.ingest("s", vec![big]).await.expect("ingest");
     assert_eq!(o.late, 1);
     let lane = node.late_events("s", None, 0).expect("lane");
     assert!(lane.kept_bytes <= 64 * 1024, "{}", lane.kept_bytes);

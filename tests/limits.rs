@@ -527,6 +527,7 @@ fn sources_and_sizes_are_validated_up_front() {
         source: source.into(),
         seq: 1,
         ops: vec![ok.clone()],
+        ..Default::default()
     };
     let e =
         tidemark::ops::validate_events("s", &[ev("ok"), ev("n\0ul")], &limits).expect_err("NUL");
@@ -565,6 +566,7 @@ fn sources_and_sizes_are_validated_up_front() {
         ops: (0..20)
             .map(|i| Op::set_lww(&format!("k{i}"), "x".repeat(60_000)))
             .collect(),
+        ..Default::default()
     };
     let e = tidemark::ops::validate_events("s", &[ev("a"), big], &limits).expect_err("too large");
     assert_eq!(field_of(&e), Some((1, "ops")));
@@ -595,6 +597,7 @@ async fn a_source_with_many_gaps_is_refused_at_the_bound_never_deduplicated_wron
         source: "gappy".into(),
         seq,
         ops: vec![Op::inc_gcounter("n", 1)],
+        ..Default::default()
     };
     // Odd seqs: each opens a range. 16 fit.
     for seq in (1..=31).step_by(2) {
@@ -734,6 +737,7 @@ async fn two_nodes(durability: tidemark::Durability) {
                 source: source_name(batch * 10_000 + i),
                 seq: 1,
                 ops: Vec::new(),
+                ..Default::default()
             })
             .collect()
     };

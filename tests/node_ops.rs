@@ -169,6 +169,7 @@ async fn idempotent_ingest_counts_each_event_once_and_survives_restart() {
             Op::inc_gcounter("clicks", 1),
             Op::add("seen", format!("{source}:{seq}")),
         ],
+        ..Default::default()
     };
     let r = node
         .ingest("clicks", vec![ev("a", 1), ev("a", 2), ev("b", 1)])

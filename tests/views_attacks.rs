@@ -9,7 +9,7 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tidemark::views::{StreamEvent, ViewDef, ViewQuery};
+use tidemark::views::{Event, ViewDef, ViewQuery};
 use tidemark::{Node, NodeConfig};
 
 const MIN: u64 = 60_000;
@@ -32,16 +32,16 @@ async fn open(dir: &Path, joining: bool) -> Node {
     Node::open(cfg).await.expect("open")
 }
 
-fn add(src: &str, seq: u64, t: u64, user: &str) -> StreamEvent {
-    StreamEvent::new(src, seq, json!({"user": user, "op": "add"})).at(t)
+fn add(src: &str, seq: u64, t: u64, user: &str) -> Event {
+    Event::new(src, seq, json!({"user": user, "op": "add"})).at(t)
 }
 
-fn remove(src: &str, seq: u64, t: u64, user: &str) -> StreamEvent {
-    StreamEvent::new(src, seq, json!({"user": user, "op": "remove"})).at(t)
+fn remove(src: &str, seq: u64, t: u64, user: &str) -> Event {
+    Event::new(src, seq, json!({"user": user, "op": "remove"})).at(t)
 }
 
-fn tick(src: &str, seq: u64, t: u64) -> StreamEvent {
-    StreamEvent::new(src, seq, json!({"user": "-", "op": "none"})).at(t)
+fn tick(src: &str, seq: u64, t: u64) -> Event {
+    Event::new(src, seq, json!({"user": "-", "op": "none"})).at(t)
 }
 
 type Rows = BTreeMap<(String, u64), (serde_json::Value, bool)>;
@@ -144,21 +144,17 @@ async fn restored_node_removes(joining: bool) {
     let a = open(&root.path().join("a"), false).await;
     let b = open(&root.path().join("b"), false).await;
     a.connect(&b).expect("connect");
-    a.ingest_events("s", vec![add("a", 1, 10_000, "x")])
+    a.ingest("s", vec![add("a", 1, 10_000, "x")])
         .await
         .expect("a");
-    b.ingest_events("s", vec![add("b", 1, 20_000, "y")])
+    b.ingest("s", vec![add("b", 1, 20_000, "y")])
         .await
         .expect("b");
     converge(&[&a, &b]).await;
     let snap = root.path().join("a.snap");
     a.snapshot(&snap).await.expect("snapshot");
-    a.ingest_events("s", vec![tick("a", 2, 2 * MIN)])
-        .await
-        .expect("a");
-    b.ingest_events("s", vec![tick("b", 2, 2 * MIN)])
-        .await
-        .expect("b");
+    a.ingest("s", vec![tick("a", 2, 2 * MIN)]).await.expect("a");
+    b.ingest("s", vec![tick("b", 2, 2 * MIN)]).await.expect("b");
     let before = final_everywhere(&[&a, &b], "m", 0).await;
     assert_eq!(get(&before[0], "m", 0), Some((json!(["x", "y"]), true)));
     assert_eq!(get(&before[0], "c", 0), Some((json!(2), true)));
@@ -166,7 +162,7 @@ async fn restored_node_removes(joining: bool) {
     Node::restore(&snap, root.path().join("r")).expect("restore");
     let r = open(&root.path().join("r"), joining).await;
     let out = r
-        .ingest_events("s", vec![remove("r", 1, 30_000, "x")])
+        .ingest("s", vec![remove("r", 1, 30_000, "x")])
         .await
         .expect("r ingests");
     eprintln!("R's ingest of `remove x` for the final window: {out:?}");
@@ -216,26 +212,20 @@ async fn attack2_default_config_node_started_alone_reports_another_final_value()
     let a = open(&root.path().join("a"), false).await;
     let b = open(&root.path().join("b"), false).await;
     a.connect(&b).expect("connect");
-    a.ingest_events("s", vec![add("a", 1, 10_000, "x")])
+    a.ingest("s", vec![add("a", 1, 10_000, "x")])
         .await
         .expect("a");
-    b.ingest_events("s", vec![add("b", 1, 20_000, "y")])
+    b.ingest("s", vec![add("b", 1, 20_000, "y")])
         .await
         .expect("b");
-    a.ingest_events("s", vec![tick("a", 2, 2 * MIN)])
-        .await
-        .expect("a");
-    b.ingest_events("s", vec![tick("b", 2, 2 * MIN)])
-        .await
-        .expect("b");
+    a.ingest("s", vec![tick("a", 2, 2 * MIN)]).await.expect("a");
+    b.ingest("s", vec![tick("b", 2, 2 * MIN)]).await.expect("b");
     final_everywhere(&[&a, &b], "c", 0).await;
     let c = open(&root.path().join("c"), false).await;
-    c.ingest_events("s", vec![add("c", 1, 30_000, "z")])
+    c.ingest("s", vec![add("c", 1, 30_000, "z")])
         .await
         .expect("c");
-    c.ingest_events("s", vec![tick("c", 2, 2 * MIN)])
-        .await
-        .expect("c");
+    c.ingest("s", vec![tick("c", 2, 2 * MIN)]).await.expect("c");
     // C is read once while alone (any client of an offline-first node would).
     let alone = rows(&c).await;
     eprintln!("C alone: {alone:?}");
@@ -281,16 +271,16 @@ async fn attack3_runtime_reidentification_keeps_the_old_view_identity() {
     let a = open(&ad, false).await;
     let b = open(&bd, false).await;
     a.connect(&b).expect("connect");
-    a.ingest_events("s", vec![add("a", 1, 10_000, "x")])
+    a.ingest("s", vec![add("a", 1, 10_000, "x")])
         .await
         .expect("a");
-    b.ingest_events("s", vec![add("b", 1, 20_000, "y")])
+    b.ingest("s", vec![add("b", 1, 20_000, "y")])
         .await
         .expect("b");
-    a.ingest_events("s", vec![add("a", 2, 2 * MIN, "x")])
+    a.ingest("s", vec![add("a", 2, 2 * MIN, "x")])
         .await
         .expect("a");
-    b.ingest_events("s", vec![add("b", 2, 2 * MIN, "y")])
+    b.ingest("s", vec![add("b", 2, 2 * MIN, "y")])
         .await
         .expect("b");
     final_everywhere(&[&a, &b], "c", 0).await;
@@ -299,12 +289,8 @@ async fn attack3_runtime_reidentification_keeps_the_old_view_identity() {
     copy_dir(&ad, &backup);
     let a = open(&ad, false).await;
     a.connect(&b).expect("connect");
-    a.ingest_events("s", vec![tick("a", 3, 4 * MIN)])
-        .await
-        .expect("a");
-    b.ingest_events("s", vec![tick("b", 3, 4 * MIN)])
-        .await
-        .expect("b");
+    a.ingest("s", vec![tick("a", 3, 4 * MIN)]).await.expect("a");
+    b.ingest("s", vec![tick("b", 3, 4 * MIN)]).await.expect("b");
     let all = final_everywhere(&[&a, &b], "c", 2 * MIN).await;
     assert_eq!(get(&all[1], "c", 2 * MIN), Some((json!(2), true)));
     a.shutdown().await.expect("shutdown");
@@ -341,13 +327,13 @@ async fn attack3_runtime_reidentification_keeps_the_old_view_identity() {
     );
     // (a) an event for the window B reports final, on the copy.
     let out = a
-        .ingest_events("s", vec![tick("a2", 1, 2 * MIN + 30_000)])
+        .ingest("s", vec![tick("a2", 1, 2 * MIN + 30_000)])
         .await
         .expect("copy ingests");
     eprintln!("copy's ingest for sealed window [2m,3m): {out:?}");
     // A `members` remove for the sealed window, on the copy: observed-remove takes x's dot.
     let out_rm = a
-        .ingest_events("s", vec![remove("a2", 3, 2 * MIN + 40_000, "x")])
+        .ingest("s", vec![remove("a2", 3, 2 * MIN + 40_000, "x")])
         .await
         .expect("copy ingests");
     eprintln!("copy's `remove x` for sealed window [2m,3m): {out_rm:?}");
@@ -383,12 +369,10 @@ async fn attack3_runtime_reidentification_keeps_the_old_view_identity() {
     // (c) liveness: the old id never announces again; the operator removes it for good (the
     // copy logs that advice), then both pass 6m and [4m, 5m) becomes final.
     a.decommission(x).await.expect("decommission the old id");
-    a.ingest_events("s", vec![tick("a2", 4, 6 * MIN)])
+    a.ingest("s", vec![tick("a2", 4, 6 * MIN)])
         .await
         .expect("a");
-    b.ingest_events("s", vec![tick("b", 4, 6 * MIN)])
-        .await
-        .expect("b");
+    b.ingest("s", vec![tick("b", 4, 6 * MIN)]).await.expect("b");
     settle(&[&a, &b]).await;
     let started = Instant::now();
     let mut stalled = None;
@@ -441,18 +425,14 @@ async fn attack4_restore_and_replace_stalls_finality_forever() {
     let a = open(&root.path().join("a"), false).await;
     let b = open(&root.path().join("b"), false).await;
     a.connect(&b).expect("connect");
-    a.ingest_events("s", vec![add("a", 1, 10_000, "x")])
+    a.ingest("s", vec![add("a", 1, 10_000, "x")])
         .await
         .expect("a");
-    b.ingest_events("s", vec![add("b", 1, 20_000, "y")])
+    b.ingest("s", vec![add("b", 1, 20_000, "y")])
         .await
         .expect("b");
-    a.ingest_events("s", vec![tick("a", 2, 2 * MIN)])
-        .await
-        .expect("a");
-    b.ingest_events("s", vec![tick("b", 2, 2 * MIN)])
-        .await
-        .expect("b");
+    a.ingest("s", vec![tick("a", 2, 2 * MIN)]).await.expect("a");
+    b.ingest("s", vec![tick("b", 2, 2 * MIN)]).await.expect("b");
     final_everywhere(&[&a, &b], "c", 0).await;
     let snap = root.path().join("a.snap");
     a.snapshot(&snap).await.expect("snapshot");
@@ -464,18 +444,14 @@ async fn attack4_restore_and_replace_stalls_finality_forever() {
     r.connect(&b).expect("connect");
     // The documented procedure: the replaced node is gone for good, so it is decommissioned.
     b.decommission(a_replica).await.expect("decommission A");
-    r.ingest_events("s", vec![tick("r", 1, 2 * MIN + 1_000)])
+    r.ingest("s", vec![tick("r", 1, 2 * MIN + 1_000)])
         .await
         .expect("r");
-    b.ingest_events("s", vec![tick("b", 3, 2 * MIN + 2_000)])
+    b.ingest("s", vec![tick("b", 3, 2 * MIN + 2_000)])
         .await
         .expect("b");
-    r.ingest_events("s", vec![tick("r", 2, 4 * MIN)])
-        .await
-        .expect("r");
-    b.ingest_events("s", vec![tick("b", 4, 4 * MIN)])
-        .await
-        .expect("b");
+    r.ingest("s", vec![tick("r", 2, 4 * MIN)]).await.expect("r");
+    b.ingest("s", vec![tick("b", 4, 4 * MIN)]).await.expect("b");
     settle(&[&b, &r]).await;
     let started = Instant::now();
     loop {
@@ -514,7 +490,7 @@ async fn attack5_reads_write_announcements() {
     let mut by_read = 0u64;
     for i in 0..100u64 {
         let s0 = a.context().expect("ctx").max_seq(me);
-        a.ingest_events("s", vec![tick("a", i + 1, (i + 1) * MIN)])
+        a.ingest("s", vec![tick("a", i + 1, (i + 1) * MIN)])
             .await
             .expect("a");
         let s1 = a.context().expect("ctx").max_seq(me);
@@ -592,39 +568,27 @@ async fn attack7_excluded_to_forgotten_across_restart() {
     let a = open(&root.path().join("a"), false).await;
     let b = open(&root.path().join("b"), false).await;
     a.connect(&b).expect("connect");
-    a.ingest_events("s", vec![add("a", 1, 10_000, "x")])
+    a.ingest("s", vec![add("a", 1, 10_000, "x")])
         .await
         .expect("a");
-    b.ingest_events("s", vec![add("b", 1, 20_000, "y")])
+    b.ingest("s", vec![add("b", 1, 20_000, "y")])
         .await
         .expect("b");
-    a.ingest_events("s", vec![tick("a", 2, 2 * MIN)])
-        .await
-        .expect("a");
-    b.ingest_events("s", vec![tick("b", 2, 2 * MIN)])
-        .await
-        .expect("b");
+    a.ingest("s", vec![tick("a", 2, 2 * MIN)]).await.expect("a");
+    b.ingest("s", vec![tick("b", 2, 2 * MIN)]).await.expect("b");
     final_everywhere(&[&a, &b], "c", 0).await;
     let cd = root.path().join("c");
     let c = open(&cd, false).await;
-    c.ingest_events("s", vec![tick("c", 1, 5_000)])
-        .await
-        .expect("c");
+    c.ingest("s", vec![tick("c", 1, 5_000)]).await.expect("c");
     c.connect(&a).expect("connect");
     c.connect(&b).expect("connect");
     settle(&[&a, &b, &c]).await;
-    let out = c
-        .ingest_events("s", vec![tick("c", 2, 40_000)])
-        .await
-        .expect("c");
+    let out = c.ingest("s", vec![tick("c", 2, 40_000)]).await.expect("c");
     assert_eq!(out.late, 1, "outside_seal before restart: {out:?}");
     c.shutdown().await.expect("shutdown");
     drop(c);
     let c = open(&cd, false).await;
-    let out = c
-        .ingest_events("s", vec![tick("c", 3, 41_000)])
-        .await
-        .expect("c");
+    let out = c.ingest("s", vec![tick("c", 3, 41_000)]).await.expect("c");
     eprintln!("right after reopening C: {out:?}");
     c.shutdown().await.expect("shutdown");
     for n in [a, b] {
@@ -647,25 +611,19 @@ async fn attack8_restarted_outside_node_removes_a_members_element_of_a_final_win
     let a = open(&root.path().join("a"), false).await;
     let b = open(&root.path().join("b"), false).await;
     a.connect(&b).expect("connect");
-    a.ingest_events("s", vec![add("a", 1, 10_000, "x")])
+    a.ingest("s", vec![add("a", 1, 10_000, "x")])
         .await
         .expect("a");
-    b.ingest_events("s", vec![add("b", 1, 20_000, "y")])
+    b.ingest("s", vec![add("b", 1, 20_000, "y")])
         .await
         .expect("b");
-    a.ingest_events("s", vec![tick("a", 2, 2 * MIN)])
-        .await
-        .expect("a");
-    b.ingest_events("s", vec![tick("b", 2, 2 * MIN)])
-        .await
-        .expect("b");
+    a.ingest("s", vec![tick("a", 2, 2 * MIN)]).await.expect("a");
+    b.ingest("s", vec![tick("b", 2, 2 * MIN)]).await.expect("b");
     let before = final_everywhere(&[&a, &b], "m", 0).await;
     assert_eq!(get(&before[0], "m", 0), Some((json!(["x", "y"]), true)));
     let cd = root.path().join("c");
     let c = open(&cd, false).await;
-    c.ingest_events("s", vec![tick("c", 1, 5_000)])
-        .await
-        .expect("c");
+    c.ingest("s", vec![tick("c", 1, 5_000)]).await.expect("c");
     c.connect(&a).expect("connect");
     c.connect(&b).expect("connect");
     settle(&[&a, &b, &c]).await;
@@ -673,7 +631,7 @@ async fn attack8_restarted_outside_node_removes_a_members_element_of_a_final_win
     drop(c);
     let c = open(&cd, false).await;
     let out = c
-        .ingest_events("s", vec![remove("c", 2, 40_000, "x")])
+        .ingest("s", vec![remove("c", 2, 40_000, "x")])
         .await
         .expect("c");
     eprintln!("C right after reopening, `remove x` for the final window: {out:?}");
@@ -705,7 +663,7 @@ async fn attack8_restarted_outside_node_removes_a_members_element_of_a_final_win
 async fn a_restored_node_alone_applies_events_once_the_lost_members_are_removed() {
     let root = tempfile::tempdir().expect("tempdir");
     let a = open(&root.path().join("a"), false).await;
-    a.ingest_events("s", vec![add("a", 1, 10_000, "x")])
+    a.ingest("s", vec![add("a", 1, 10_000, "x")])
         .await
         .expect("a");
     let lost = a.replica_id();
@@ -716,7 +674,7 @@ async fn a_restored_node_alone_applies_events_once_the_lost_members_are_removed(
     Node::restore(&snap, root.path().join("r")).expect("restore");
     let r = open(&root.path().join("r"), false).await;
     let out = r
-        .ingest_events("s", vec![add("r", 1, 2 * MIN, "y")])
+        .ingest("s", vec![add("r", 1, 2 * MIN, "y")])
         .await
         .expect("r ingests");
     assert_eq!(
@@ -731,7 +689,7 @@ async fn a_restored_node_alone_applies_events_once_the_lost_members_are_removed(
     );
     r.decommission(lost).await.expect("decommission");
     let out = r
-        .ingest_events("s", vec![add("r", 2, 2 * MIN, "z")])
+        .ingest("s", vec![add("r", 2, 2 * MIN, "z")])
         .await
         .expect("r ingests");
     assert_eq!((out.applied, out.late), (1, 0), "{out:?}");

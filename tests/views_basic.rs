@@ -3,7 +3,7 @@
 //! restart, validation errors naming the view/event and the field.
 
 use serde_json::json;
-use tidemark::views::{StreamEvent, ViewDef, ViewPage, ViewQuery, ViewRow};
+use tidemark::views::{Event, ViewDef, ViewPage, ViewQuery, ViewRow};
 use tidemark::{Error, Node, NodeConfig};
 
 const MIN: u64 = 60_000;
@@ -26,8 +26,8 @@ fn views() -> Vec<ViewDef> {
     serde_json::from_value(defs).expect("defs parse")
 }
 
-fn ev(seq: u64, t: u64, fields: serde_json::Value) -> StreamEvent {
-    StreamEvent::new("src", seq, fields).at(t)
+fn ev(seq: u64, t: u64, fields: serde_json::Value) -> Event {
+    Event::new("src", seq, fields).at(t)
 }
 
 async fn open(dir: &std::path::Path) -> Node {
@@ -55,7 +55,7 @@ fn cells(page: &ViewPage) -> Vec<(Option<u64>, serde_json::Value, serde_json::Va
         .collect()
 }
 
-fn batch() -> Vec<StreamEvent> {
+fn batch() -> Vec<Event> {
     vec![
         ev(
             1,
@@ -85,7 +85,7 @@ fn batch() -> Vec<StreamEvent> {
 async fn exact_values_per_kind_and_window_and_retries_change_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let node = open(dir.path()).await;
-    let out = node.ingest_events("s", batch()).await.expect("ingest");
+    let out = node.ingest("s", batch()).await.expect("ingest");
     assert_eq!((out.applied, out.duplicates, out.late), (5, 0, 0));
     let expect_all = async |node: &Node| {
         let c = cells(&read(node, "clicks").await);
@@ -126,10 +126,10 @@ async fn exact_values_per_kind_and_window_and_retries_change_nothing() {
     };
     expect_all(&node).await;
     // A retry of the whole batch (and a partial one) changes no view.
-    let out = node.ingest_events("s", batch()).await.expect("retry");
+    let out = node.ingest("s", batch()).await.expect("retry");
     assert_eq!((out.applied, out.duplicates, out.late), (0, 5, 0));
     let out = node
-        .ingest_events("s", batch()[1..3].to_vec())
+        .ingest("s", batch()[1..3].to_vec())
         .await
         .expect("retry");
     assert_eq!(out.duplicates, 2);
@@ -148,7 +148,7 @@ async fn late_events_are_counted_not_applied_and_windows_become_final() {
     let dir = tempfile::tempdir().expect("tempdir");
     let node = open(dir.path()).await;
     let page = |p: &str| json!({"page": p, "amount": 1, "user": "u"});
-    node.ingest_events("s", vec![ev(1, 10_000, page("/a"))])
+    node.ingest("s", vec![ev(1, 10_000, page("/a"))])
         .await
         .expect("ingest");
     // Watermark 10 s: window [0, 1m) with lateness 30 s is open.
@@ -157,24 +157,24 @@ async fn late_events_are_counted_not_applied_and_windows_become_final() {
     assert_eq!(c.cluster_watermark, Some(10_000));
     assert!(!c.rows[0].is_final);
     // Watermark to exactly the deadline 1m30s: still accepted, still not final.
-    node.ingest_events("s", vec![ev(2, 90_000, page("/x"))])
+    node.ingest("s", vec![ev(2, 90_000, page("/x"))])
         .await
         .expect("ingest");
     let out = node
-        .ingest_events("s", vec![ev(3, 59_999, page("/a"))])
+        .ingest("s", vec![ev(3, 59_999, page("/a"))])
         .await
         .expect("ingest");
     assert_eq!(out.late, 0);
     assert!(!read(&node, "clicks").await.rows[0].is_final);
     // Watermark past the deadline: the window is final; events for it are late.
-    node.ingest_events("s", vec![ev(4, 90_001, page("/x"))])
+    node.ingest("s", vec![ev(4, 90_001, page("/x"))])
         .await
         .expect("ingest");
     let c = read(&node, "clicks").await;
     assert_eq!(c.rows[0].value, json!(2));
     assert!(c.rows[0].is_final, "{c:?}");
     let out = node
-        .ingest_events(
+        .ingest(
             "s",
             vec![ev(5, 1_000, page("/a")), ev(6, 61_000, page("/a"))],
         )
@@ -189,7 +189,7 @@ async fn late_events_are_counted_not_applied_and_windows_become_final() {
     assert_eq!(m.counters.late, 0);
     // The late event is marked: its retry is a duplicate, not late again.
     let out = node
-        .ingest_events("s", vec![ev(5, 1_000, page("/a"))])
+        .ingest("s", vec![ev(5, 1_000, page("/a"))])
         .await
         .expect("retry");
     assert_eq!((out.duplicates, out.late), (1, 0));
@@ -198,7 +198,7 @@ async fn late_events_are_counted_not_applied_and_windows_become_final() {
     drop(node);
     let node = open(dir.path()).await;
     let out = node
-        .ingest_events("s", vec![ev(7, 2_000, page("/a"))])
+        .ingest("s", vec![ev(7, 2_000, page("/a"))])
         .await
         .expect("ingest");
     assert_eq!(out.late, 1);
@@ -221,8 +221,8 @@ async fn invalid_events_name_the_event_and_field_and_apply_nothing() {
         (json!({"page": "/a", "amount": 1, "user": {"o": 1}}), "user"),
     ];
     for (fields, field) in cases {
-        let bad = StreamEvent::new("src", 2, fields).at(2);
-        match node.ingest_events("s", vec![good.clone(), bad]).await {
+        let bad = Event::new("src", 2, fields).at(2);
+        match node.ingest("s", vec![good.clone(), bad]).await {
             Err(Error::InvalidEvent {
                 index: 1, field: f, ..
             }) => assert_eq!(f, field),
@@ -232,7 +232,7 @@ async fn invalid_events_name_the_event_and_field_and_apply_nothing() {
     let mut bad_time = good.clone();
     bad_time.seq = 3;
     bad_time.time = Some(json!("yesterday"));
-    match node.ingest_events("s", vec![good.clone(), bad_time]).await {
+    match node.ingest("s", vec![good.clone(), bad_time]).await {
         Err(Error::InvalidEvent {
             index: 1, field, ..
         }) => assert_eq!(field, "time"),
@@ -241,14 +241,14 @@ async fn invalid_events_name_the_event_and_field_and_apply_nothing() {
     // Nothing of the rejected batches was applied: the good event is new.
     assert!(read(&node, "clicks").await.rows.is_empty());
     assert!(read(&node, "clicks").await.counters.rejected >= 1);
-    let out = node.ingest_events("s", vec![good]).await.expect("ingest");
+    let out = node.ingest("s", vec![good]).await.expect("ingest");
     assert_eq!(out.applied, 1);
     // RFC 3339 times work; plain ops cannot touch view keys.
-    let t = StreamEvent {
+    let t = Event {
         time: Some(json!("1970-01-01T00:01:00.500+00:00")),
-        ..StreamEvent::new("src", 9, json!({"page": "/t", "amount": 1, "user": "u"}))
+        ..Event::new("src", 9, json!({"page": "/t", "amount": 1, "user": "u"}))
     };
-    node.ingest_events("s", vec![t]).await.expect("ingest");
+    node.ingest("s", vec![t]).await.expect("ingest");
     let rows = read(&node, "clicks").await.rows;
     assert!(rows.iter().any(|r| r.window_start == Some(MIN)));
     let err = node
@@ -343,7 +343,7 @@ async fn pages_filters_and_retention() {
     {
         events.push(ev(i as u64, t, json!({"page": p})));
     }
-    node.ingest_events("s", events).await.expect("ingest");
+    node.ingest("s", events).await.expect("ingest");
     // Paging one row at a time visits every row once, in order.
     let mut seen = Vec::new();
     let mut q = ViewQuery {
@@ -374,7 +374,7 @@ async fn pages_filters_and_retention() {
         vec![Some(MIN), Some(2 * MIN)]
     );
     // Windows whose end is more than 5 minutes before the watermark are gone from reads.
-    node.ingest_events("s", vec![ev(9, 7 * MIN + 1, json!({"page": "/z"}))])
+    node.ingest("s", vec![ev(9, 7 * MIN + 1, json!({"page": "/z"}))])
         .await
         .expect("ingest");
     let starts: Vec<_> = node

@@ -8,7 +8,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use tidemark::views::{StreamEvent, ViewDef, ViewPage, ViewQuery};
+use tidemark::views::{Event, ViewDef, ViewPage, ViewQuery};
 use tidemark::{Node, NodeConfig};
 
 mod common;
@@ -108,7 +108,7 @@ async fn converge(nodes: &[&Node]) {
     }
 }
 
-fn random_events(rng: &mut ChaCha8Rng, n: u64) -> Vec<StreamEvent> {
+fn random_events(rng: &mut ChaCha8Rng, n: u64) -> Vec<Event> {
     let pages = ["/", "/a", "/b"];
     (0..n)
         .map(|i| {
@@ -118,8 +118,7 @@ fn random_events(rng: &mut ChaCha8Rng, n: u64) -> Vec<StreamEvent> {
                 "user": format!("u{}", rng.random_range(0..6)),
             });
             // Several sources; some events share a time (ties broken by event id).
-            StreamEvent::new(&format!("src{}", i % 3), i, fields)
-                .at(rng.random_range(0..5u64) * 30_000)
+            Event::new(&format!("src{}", i % 3), i, fields).at(rng.random_range(0..5u64) * 30_000)
         })
         .collect()
 }
@@ -138,9 +137,7 @@ async fn the_same_events_in_any_order_give_identical_views() {
             let mut order = events.clone();
             order.shuffle(&mut rng);
             for chunk in order.chunks(rng.random_range(1..8)) {
-                node.ingest_events("s", chunk.to_vec())
-                    .await
-                    .expect("ingest");
+                node.ingest("s", chunk.to_vec()).await.expect("ingest");
             }
             results.push(values(&snapshot(&node).await));
             node.shutdown().await.expect("shutdown");
@@ -162,9 +159,9 @@ async fn a_window_is_final_only_when_every_member_passed_it() {
     let a = open(&root.path().join("a"), "30s").await;
     let b = open(&root.path().join("b"), "30s").await;
     let ev = |src: &str, seq, t, page: &str| {
-        StreamEvent::new(src, seq, json!({"page": page, "amount": 1, "user": src})).at(t)
+        Event::new(src, seq, json!({"page": page, "amount": 1, "user": src})).at(t)
     };
-    a.ingest_events(
+    a.ingest(
         "s",
         vec![ev("a", 1, 10_000, "/p"), ev("a", 2, 200_000, "/q")],
     )
@@ -173,7 +170,7 @@ async fn a_window_is_final_only_when_every_member_passed_it() {
     // B is behind (watermark 20 s): it ingested before it met A (a node that never ingested
     // starts from its cluster's watermark once synced, views_membership.rs).
     let out = b
-        .ingest_events("s", vec![ev("b", 1, 20_000, "/p")])
+        .ingest("s", vec![ev("b", 1, 20_000, "/p")])
         .await
         .expect("ingest");
     assert_eq!(out.late, 0);
@@ -187,17 +184,17 @@ async fn a_window_is_final_only_when_every_member_passed_it() {
     }
     // A refuses window 0 (its own watermark passed it); B still accepts it.
     let out = a
-        .ingest_events("s", vec![ev("a", 3, 30_000, "/p")])
+        .ingest("s", vec![ev("a", 3, 30_000, "/p")])
         .await
         .expect("ingest");
     assert_eq!(out.late, 1);
     let out = b
-        .ingest_events("s", vec![ev("b", 2, 40_000, "/p")])
+        .ingest("s", vec![ev("b", 2, 40_000, "/p")])
         .await
         .expect("ingest");
     assert_eq!(out.late, 0);
     // B moves past the window: now it is final on both, with the same value, for good.
-    b.ingest_events("s", vec![ev("b", 3, 300_000, "/q")])
+    b.ingest("s", vec![ev("b", 3, 300_000, "/q")])
         .await
         .expect("ingest");
     let sa = settle(&[&a, &b]).await;
@@ -209,7 +206,7 @@ async fn a_window_is_final_only_when_every_member_passed_it() {
     assert_eq!(sa[&key], (json!(3), true));
     for (n, src) in [(&a, "a"), (&b, "b")] {
         let out = n
-            .ingest_events("s", vec![ev(src, 9, 59_000, "/p")])
+            .ingest("s", vec![ev(src, 9, 59_000, "/p")])
             .await
             .expect("ingest");
         assert_eq!(out.late, 1);
@@ -244,7 +241,7 @@ async fn final_windows_never_change_across_partitions_and_restarts() {
     let mut seq = [0u64; 3];
     let mut clock = 0u64;
     let (mut acked, mut late) = (0u64, 0u64);
-    let mut sent: Vec<Vec<StreamEvent>> = vec![Vec::new(); 3];
+    let mut sent: Vec<Vec<Event>> = vec![Vec::new(); 3];
     for step in 0..steps {
         match rng.random_range(0..10) {
             0 => {
@@ -288,11 +285,11 @@ async fn final_windows_never_change_across_partitions_and_restarts() {
                         "amount": rng.random_range(1i64..5),
                         "user": format!("u{}", rng.random_range(0..4)),
                     });
-                    let e = StreamEvent::new(&format!("n{i}"), seq[i], fields).at(t);
+                    let e = Event::new(&format!("n{i}"), seq[i], fields).at(t);
                     sent[i].push(e.clone());
                     batch.push(e);
                 }
-                let out = nodes[i].ingest_events("s", batch).await.expect("ingest");
+                let out = nodes[i].ingest("s", batch).await.expect("ingest");
                 acked += out.applied as u64;
                 late += out.late as u64;
             }
@@ -360,10 +357,9 @@ async fn nodes_with_different_definitions_report_the_conflict_and_nothing_final(
     let b = open(&root.path().join("b"), "45s").await;
     a.connect(&b).expect("connect");
     for (n, src) in [(&a, "a"), (&b, "b")] {
-        let evs = [10_000, 500_000].map(|t| {
-            StreamEvent::new(src, t, json!({"page": "/p", "amount": 1, "user": src})).at(t)
-        });
-        n.ingest_events("s", evs.to_vec()).await.expect("ingest");
+        let evs = [10_000, 500_000]
+            .map(|t| Event::new(src, t, json!({"page": "/p", "amount": 1, "user": src})).at(t));
+        n.ingest("s", evs.to_vec()).await.expect("ingest");
     }
     converge(&[&a, &b]).await;
     for (n, other) in [(&a, &b), (&b, &a)] {

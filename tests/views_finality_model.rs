@@ -51,7 +51,7 @@ use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use tidemark::views::{LateEvent, StreamEvent, ViewDef, ViewQuery};
+use tidemark::views::{Event, LateEvent, ViewDef, ViewQuery};
 use tidemark::{Node, NodeConfig};
 
 mod common;
@@ -121,8 +121,8 @@ struct Ev {
 }
 
 impl Ev {
-    fn event(&self) -> StreamEvent {
-        StreamEvent::new(
+    fn event(&self) -> Event {
+        Event::new(
             &self.source,
             self.seq,
             json!({"page": self.page, "user": self.user}),
@@ -386,7 +386,7 @@ impl World {
     async fn ingest_fresh(&mut self, i: usize, batch: Vec<Ev>, step: usize, ctx: &str) -> usize {
         let out = self.slots[i]
             .node
-            .ingest_events(STREAM, batch.iter().map(Ev::event).collect())
+            .ingest(STREAM, batch.iter().map(Ev::event).collect())
             .await
             .expect("ingest");
         assert_eq!(
@@ -433,7 +433,7 @@ impl World {
         for e in batch {
             let out = self.slots[i]
                 .node
-                .ingest_events(STREAM, vec![e.event()])
+                .ingest(STREAM, vec![e.event()])
                 .await
                 .expect("retry");
             assert_eq!(out.applied + out.duplicates, 1, "{ctx}: {out:?}");
@@ -900,15 +900,14 @@ async fn a_node_restarted_while_partitioned_never_finalizes_without_its_peer() {
     // Connected, then partitioned before any gossip round.
     a.connect(&b).expect("connect");
     a.disconnect(&b).expect("disconnect");
-    let ev =
-        |s: &str, q: u64, t: u64| StreamEvent::new(s, q, json!({"page": "a", "user": s})).at(t);
+    let ev = |s: &str, q: u64, t: u64| Event::new(s, q, json!({"page": "a", "user": s})).at(t);
     let out = b
-        .ingest_events(STREAM, vec![ev("b", 1, 10 * MIN + 6_000)])
+        .ingest(STREAM, vec![ev("b", 1, 10 * MIN + 6_000)])
         .await
         .expect("b");
     assert_eq!((out.applied, out.late), (1, 0), "{out:?}");
     let out = a
-        .ingest_events(STREAM, vec![ev("a", 1, 10 * MIN + 5_000)])
+        .ingest(STREAM, vec![ev("a", 1, 10 * MIN + 5_000)])
         .await
         .expect("a");
     assert_eq!((out.applied, out.late), (1, 0), "{out:?}");
@@ -916,7 +915,7 @@ async fn a_node_restarted_while_partitioned_never_finalizes_without_its_peer() {
     drop(a);
     let a = open(&da, false).await;
     // A alone passes the window [10m, 11m) of `clicks` (no lateness).
-    a.ingest_events(STREAM, vec![ev("a", 2, 13 * MIN)])
+    a.ingest(STREAM, vec![ev("a", 2, 13 * MIN)])
         .await
         .expect("a");
     for _ in 0..3 {
@@ -925,7 +924,7 @@ async fn a_node_restarted_while_partitioned_never_finalizes_without_its_peer() {
     }
     // B never passed it: it still takes an event for the window, on time.
     let out = b
-        .ingest_events(STREAM, vec![ev("b", 2, 10 * MIN + 30_000)])
+        .ingest(STREAM, vec![ev("b", 2, 10 * MIN + 30_000)])
         .await
         .expect("b");
     assert_eq!((out.applied, out.late), (1, 0), "{out:?}");

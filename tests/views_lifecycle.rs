@@ -5,7 +5,7 @@
 
 use serde_json::json;
 use std::time::{Duration, Instant};
-use tidemark::views::{StreamEvent, ViewDef, ViewPage, ViewQuery};
+use tidemark::views::{Event, ViewDef, ViewPage, ViewQuery};
 use tidemark::{KeyKind, Node, NodeConfig};
 
 const MIN: u64 = 60_000;
@@ -81,8 +81,8 @@ where
     }
 }
 
-fn ev(src: &str, seq: u64, t: u64, page: &str) -> StreamEvent {
-    StreamEvent::new(src, seq, json!({"page": page, "amount": 2})).at(t)
+fn ev(src: &str, seq: u64, t: u64, page: &str) -> Event {
+    Event::new(src, seq, json!({"page": page, "amount": 2})).at(t)
 }
 
 fn retention_defs() -> serde_json::Value {
@@ -106,7 +106,7 @@ async fn removed_windows_never_come_back_and_their_rows_are_purged() {
     let c = open(&root.path().join("c"), retention_defs()).await;
     a.connect(&b).expect("connect");
     // C, partitioned from the start, applies events to window 0 (its watermark stays at 10 s).
-    c.ingest_events(
+    c.ingest(
         "s",
         vec![ev("c", 1, 10_000, "/p"), ev("c", 2, 20_000, "/q")],
     )
@@ -118,7 +118,7 @@ async fn removed_windows_never_come_back_and_their_rows_are_purged() {
             ev(src, 2, MIN + 5_000, "/p"),
             ev(src, 3, 2 * MIN + 5_000, "/q"),
         ];
-        n.ingest_events("s", evs).await.expect("ingest");
+        n.ingest("s", evs).await.expect("ingest");
     }
     converge(&[&a, &b]).await;
     let before = stored_rows(&a);
@@ -126,7 +126,7 @@ async fn removed_windows_never_come_back_and_their_rows_are_purged() {
     assert_eq!(rows(&a, "c").await.len(), 3);
     // Both move to 10 min: windows ending before 8 min are past retention.
     for (n, src) in [(&a, "a"), (&b, "b")] {
-        n.ingest_events("s", vec![ev(src, 4, 10 * MIN, "/p")])
+        n.ingest("s", vec![ev(src, 4, 10 * MIN, "/p")])
             .await
             .expect("ingest");
     }
@@ -142,7 +142,7 @@ async fn removed_windows_never_come_back_and_their_rows_are_purged() {
     assert!(stored_rows(&a) < before, "storage shrinks");
     // An event for a removed window is late (refused and counted), even from a fresh source.
     let out = a
-        .ingest_events("s", vec![ev("fresh", 1, 30_000, "/p")])
+        .ingest("s", vec![ev("fresh", 1, 30_000, "/p")])
         .await
         .expect("ingest");
     assert_eq!((out.applied, out.late), (1, 1));
@@ -212,7 +212,7 @@ async fn an_idle_member_lets_windows_become_final() {
     for (x, y) in [(&a, &b), (&a, &c), (&b, &c)] {
         x.connect(y).expect("connect");
     }
-    a.ingest_events(
+    a.ingest(
         "s",
         vec![
             ev("a", 1, 10_000, "/p"),
@@ -250,7 +250,7 @@ async fn an_idle_member_lets_windows_become_final() {
     }
     // B's watermark is its clock now: an event for window 0 is late there.
     let out = b
-        .ingest_events("s", vec![ev("b", 1, 15_000, "/p")])
+        .ingest("s", vec![ev("b", 1, 15_000, "/p")])
         .await
         .expect("ingest");
     assert_eq!(out.late, 1);
@@ -268,7 +268,7 @@ async fn watchers_see_rows_removed_by_retention() {
     let root = tempfile::tempdir().expect("tempdir");
     let a = open(&root.path().join("a"), retention_defs()).await;
     let mut watch = a.watch(tidemark::KeyFilter::prefix("~view/c/"));
-    a.ingest_events(
+    a.ingest(
         "s",
         vec![ev("a", 1, 10_000, "/p"), ev("a", 2, 20_000, "/q")],
     )
@@ -288,7 +288,7 @@ async fn watchers_see_rows_removed_by_retention() {
         "{live:?}"
     );
     // Past retention: the window [0, 1m) is removed on this node (alone, it is the cluster).
-    a.ingest_events("s", vec![ev("a", 3, 10 * MIN, "/r")])
+    a.ingest("s", vec![ev("a", 3, 10 * MIN, "/r")])
         .await
         .expect("ingest");
     let started = Instant::now();

@@ -8,7 +8,7 @@
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use tidemark::views::{StreamEvent, ViewDef, ViewQuery};
+use tidemark::views::{Event, ViewDef, ViewQuery};
 use tidemark::{Node, NodeConfig};
 
 const MIN: u64 = 60_000;
@@ -29,8 +29,8 @@ async fn open(dir: &std::path::Path, joining: bool) -> Node {
     Node::open(cfg).await.expect("open")
 }
 
-fn ev(src: &str, seq: u64, t: u64, user: &str) -> StreamEvent {
-    StreamEvent::new(src, seq, json!({"user": user})).at(t)
+fn ev(src: &str, seq: u64, t: u64, user: &str) -> Event {
+    Event::new(src, seq, json!({"user": user})).at(t)
 }
 
 /// `(view, window start) → (value, final)` on `node`.
@@ -100,17 +100,17 @@ async fn two_with_a_final_window(root: &std::path::Path) -> (Node, Node) {
     let a = open(&root.join("a"), false).await;
     let b = open(&root.join("b"), false).await;
     a.connect(&b).expect("connect");
-    a.ingest_events("s", vec![ev("a", 1, 10_000, "a")])
+    a.ingest("s", vec![ev("a", 1, 10_000, "a")])
         .await
         .expect("a");
-    b.ingest_events("s", vec![ev("b", 1, 20_000, "b")])
+    b.ingest("s", vec![ev("b", 1, 20_000, "b")])
         .await
         .expect("b");
     // Both pass the window's deadline (lateness 0).
-    a.ingest_events("s", vec![ev("a", 2, 2 * MIN, "a")])
+    a.ingest("s", vec![ev("a", 2, 2 * MIN, "a")])
         .await
         .expect("a");
-    b.ingest_events("s", vec![ev("b", 2, 2 * MIN, "b")])
+    b.ingest("s", vec![ev("b", 2, 2 * MIN, "b")])
         .await
         .expect("b");
     let got = final_on(&[&a, &b], 0).await;
@@ -158,7 +158,7 @@ async fn a_joining_node_never_met_before_changes_no_final_window() {
     let want = (json!(2), json!(["a", "b"]));
     let c = open(&root.path().join("c"), true).await;
     let out = c
-        .ingest_events("s", vec![ev("c", 1, 30_000, "c")])
+        .ingest("s", vec![ev("c", 1, 30_000, "c")])
         .await
         .expect("c ingests");
     assert_eq!((out.applied, out.late), (1, 1), "{out:?}");
@@ -172,7 +172,7 @@ async fn a_joining_node_never_met_before_changes_no_final_window() {
     stays_final(&[&a, &b, &c], &[&a, &b, &c], 0, &want).await;
     // Synced, C starts from the cluster's watermark: the final window is late on C as well.
     let out = c
-        .ingest_events("s", vec![ev("c", 2, 40_000, "c")])
+        .ingest("s", vec![ev("c", 2, 40_000, "c")])
         .await
         .expect("c ingests");
     assert_eq!(out.late, 1, "{out:?}");
@@ -193,7 +193,7 @@ async fn a_node_started_alone_cannot_change_a_final_window() {
     let want = (json!(2), json!(["a", "b"]));
     let c = open(&root.path().join("c"), false).await;
     let out = c
-        .ingest_events("s", vec![ev("c", 1, 30_000, "c")])
+        .ingest("s", vec![ev("c", 1, 30_000, "c")])
         .await
         .expect("c ingests");
     assert_eq!((out.applied, out.late), (1, 0), "{out:?}");
@@ -216,7 +216,7 @@ async fn a_node_started_alone_cannot_change_a_final_window() {
     // what no seal would count.
     c.maintain_views().await.expect("maintain");
     let out = c
-        .ingest_events("s", vec![ev("c", 2, 45_000, "c")])
+        .ingest("s", vec![ev("c", 2, 45_000, "c")])
         .await
         .expect("c ingests");
     assert_eq!(out.late, 1, "{out:?}");
@@ -244,10 +244,10 @@ async fn an_idle_node_joining_takes_back_no_final_window() {
     converge(&[&a, &b, &d]).await;
     stays_final(&[&a, &b], &[&a, &b, &d], 0, &want).await;
     // It holds later windows open (it announced no watermark): nothing new is final.
-    a.ingest_events("s", vec![ev("a", 3, 4 * MIN, "a")])
+    a.ingest("s", vec![ev("a", 3, 4 * MIN, "a")])
         .await
         .expect("a");
-    b.ingest_events("s", vec![ev("b", 3, 4 * MIN, "b")])
+    b.ingest("s", vec![ev("b", 3, 4 * MIN, "b")])
         .await
         .expect("b");
     converge(&[&a, &b, &d]).await;
@@ -281,7 +281,7 @@ async fn a_node_restored_from_a_snapshot_changes_no_final_window() {
     Node::restore(&snap, root.path().join("r")).expect("restore");
     let r = open(&root.path().join("r"), false).await;
     let out = r
-        .ingest_events("s", vec![ev("r", 1, 30_000, "r")])
+        .ingest("s", vec![ev("r", 1, 30_000, "r")])
         .await
         .expect("r ingests");
     assert_eq!(out.late, 1, "{out:?}");
@@ -305,7 +305,7 @@ async fn a_decommissioned_member_holds_nothing_open_and_changes_nothing_when_bac
     g.connect(&b).expect("connect");
     converge(&[&a, &b, &g]).await;
     g.maintain_views().await.expect("maintain");
-    g.ingest_events("s", vec![ev("g", 1, 2 * MIN + 5_000, "g")])
+    g.ingest("s", vec![ev("g", 1, 2 * MIN + 5_000, "g")])
         .await
         .expect("g");
     converge(&[&a, &b, &g]).await;
@@ -314,7 +314,7 @@ async fn a_decommissioned_member_holds_nothing_open_and_changes_nothing_when_bac
     g.shutdown().await.expect("shutdown");
     drop(g);
     for (n, src) in [(&a, "a"), (&b, "b")] {
-        n.ingest_events(
+        n.ingest(
             "s",
             vec![ev(src, 5, 2 * MIN + 10_000, src), ev(src, 6, 5 * MIN, src)],
         )
@@ -352,7 +352,7 @@ async fn a_decommissioned_member_holds_nothing_open_and_changes_nothing_when_bac
     assert_eq!(g.replica_id(), g_id, "G came back under its identity");
     assert_eq!(g.decommissioned().expect("gone"), vec![g_id]);
     let out = g
-        .ingest_events("s", vec![ev("g", 2, 6 * MIN, "g")])
+        .ingest("s", vec![ev("g", 2, 6 * MIN, "g")])
         .await
         .expect("g");
     assert_eq!(out.late, 1, "{out:?}");

@@ -13,7 +13,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
-use tidemark::views::{StreamEvent, ViewDef, ViewQuery, keys};
+use tidemark::views::{Event, ViewDef, ViewQuery, keys};
 use tidemark::{Node, NodeConfig};
 
 mod common;
@@ -66,8 +66,8 @@ struct Ev {
 }
 
 impl Ev {
-    fn event(&self) -> StreamEvent {
-        StreamEvent::new(
+    fn event(&self) -> Event {
+        Event::new(
             &self.source,
             self.seq,
             json!({"page": self.page, "amount": self.amount, "user": self.user}),
@@ -278,7 +278,7 @@ async fn views_equal_the_batch_computation_and_finals_never_change() {
                         wm[i] = Some(wm[i].map_or(t, |w| w.max(t)));
                     }
                     let out = nodes[i]
-                        .ingest_events("s", batch.iter().map(Ev::event).collect())
+                        .ingest("s", batch.iter().map(Ev::event).collect())
                         .await
                         .expect("ingest");
                     assert_eq!(

@@ -7,7 +7,7 @@ mod http_support;
 
 use serde_json::json;
 use std::time::{Duration, Instant};
-use tidemark::views::{StreamEvent, ViewDef, ViewPage, ViewQuery};
+use tidemark::views::{Event, ViewDef, ViewPage, ViewQuery};
 use tidemark::{Error, Node, NodeConfig};
 
 const MIN: u64 = 60_000;
@@ -39,8 +39,8 @@ async fn read(node: &Node, view: &str) -> ViewPage {
     node.view(view, &ViewQuery::default()).await.expect("view")
 }
 
-fn ev(src: &str, seq: u64, t: u64) -> StreamEvent {
-    StreamEvent::new(src, seq, json!({})).at(t)
+fn ev(src: &str, seq: u64, t: u64) -> Event {
+    Event::new(src, seq, json!({})).at(t)
 }
 
 async fn converge(nodes: &[&Node]) {
@@ -67,7 +67,7 @@ async fn an_event_too_far_in_the_future_is_refused_with_nothing_of_its_batch() {
     let node = open_with(dir.path(), count_def(json!({}), json!({"tumbling": "1m"}))).await;
     let now = now_ms();
     let err = node
-        .ingest_events("s", vec![ev("p", 1, now - MIN), ev("p", 2, now + 2 * HOUR)])
+        .ingest("s", vec![ev("p", 1, now - MIN), ev("p", 2, now + 2 * HOUR)])
         .await
         .expect_err("a time 2 h ahead is refused");
     match &err {
@@ -85,7 +85,7 @@ async fn an_event_too_far_in_the_future_is_refused_with_nothing_of_its_batch() {
     assert_eq!(page.watermark, None, "the watermark did not move");
     // The first event alone (and one 30 min ahead) is accepted; its retry is a duplicate.
     let out = node
-        .ingest_events("s", vec![ev("p", 1, now - MIN), ev("p", 3, now + 30 * MIN)])
+        .ingest("s", vec![ev("p", 1, now - MIN), ev("p", 3, now + 30 * MIN)])
         .await
         .expect("within max_future");
     assert_eq!((out.applied, out.duplicates), (2, 0));
@@ -98,7 +98,7 @@ async fn an_event_too_far_in_the_future_is_refused_with_nothing_of_its_batch() {
     )
     .await;
     let err = strict
-        .ingest_events("s", vec![ev("p", 1, now + 30 * MIN)])
+        .ingest("s", vec![ev("p", 1, now + 30 * MIN)])
         .await
         .expect_err("30 min ahead is beyond max_future = 5m");
     assert!(
@@ -106,7 +106,7 @@ async fn an_event_too_far_in_the_future_is_refused_with_nothing_of_its_batch() {
         "{err:?}"
     );
     strict
-        .ingest_events("s", vec![ev("p", 1, now + MIN)])
+        .ingest("s", vec![ev("p", 1, now + MIN)])
         .await
         .expect("1 min ahead is within 5m");
     strict.shutdown().await.expect("shutdown");
@@ -130,10 +130,10 @@ async fn ambiguous_time_magnitudes_are_refused_saying_so() {
         (json!(now as f64 / 1000.0), "whole number"),
         (json!(-5), "whole number"),
     ] {
-        let mut e = StreamEvent::new("p", 1, json!({}));
+        let mut e = Event::new("p", 1, json!({}));
         e.time = Some(t.clone());
         let err = node
-            .ingest_events("s", vec![e])
+            .ingest("s", vec![e])
             .await
             .expect_err("ambiguous time refused");
         assert!(
@@ -198,11 +198,11 @@ async fn a_peers_far_future_watermark_is_clamped_on_receipt() {
     .await;
     let b = open_with(db.path(), count_def(json!({}), window)).await;
     // B holds a window 30 min old: kept while the horizon is below its end + 2 h.
-    b.ingest_events("s", vec![ev("b", 1, now - 30 * MIN)])
+    b.ingest("s", vec![ev("b", 1, now - 30 * MIN)])
         .await
         .expect("b ingests");
     // A (its own max_future allows it) moves its watermark 500 days ahead and announces it.
-    a.ingest_events("s", vec![ev("a", 1, now + 500 * 24 * HOUR)])
+    a.ingest("s", vec![ev("a", 1, now + 500 * 24 * HOUR)])
         .await
         .expect("a ingests");
     a.maintain_views().await.expect("a maintains");
@@ -227,7 +227,7 @@ async fn a_peers_far_future_watermark_is_clamped_on_receipt() {
     // earlier row survives is not asserted: A dropped B's entries below A's own far horizon on
     // receipt and holds their dots, which can reach B as a removal (see the ignored test).
     let out = b
-        .ingest_events("s", vec![ev("b", 2, now - 30 * MIN)])
+        .ingest("s", vec![ev("b", 2, now - 30 * MIN)])
         .await
         .expect("b ingests");
     assert_eq!((out.applied, out.late), (1, 0), "on time on B: {out:?}");
@@ -253,7 +253,7 @@ async fn a_restored_node_keeps_the_promises_of_its_source() {
         tempfile::tempdir().expect("r"),
     );
     let a = open_with(da.path(), defs()).await;
-    a.ingest_events("s", vec![ev("p", 1, 10_000), ev("p", 2, 5 * MIN + 1)])
+    a.ingest("s", vec![ev("p", 1, 10_000), ev("p", 2, 5 * MIN + 1)])
         .await
         .expect("a ingests");
     a.maintain_views().await.expect("a maintains");
@@ -271,7 +271,7 @@ async fn a_restored_node_keeps_the_promises_of_its_source() {
     Node::restore(&snap, &restored_dir).expect("restore");
     let r = open_with(&restored_dir, defs()).await;
     let out = r
-        .ingest_events("s", vec![ev("q", 1, 20_000)])
+        .ingest("s", vec![ev("q", 1, 20_000)])
         .await
         .expect("r ingests");
     assert_eq!(
@@ -307,17 +307,17 @@ async fn three_with_a_fresh_far_ahead() -> (tempfile::TempDir, Node, Node, Node)
     let b = open_with(&root.path().join("b"), defs()).await;
     let c = open_with(&root.path().join("c"), defs()).await;
     a.connect(&b).expect("connect");
-    a.ingest_events("s", vec![ev("a", 1, 5 * MIN / 2)])
+    a.ingest("s", vec![ev("a", 1, 5 * MIN / 2)])
         .await
         .expect("a ingests");
-    b.ingest_events("s", vec![ev("b", 1, 3 * MIN / 2)])
+    b.ingest("s", vec![ev("b", 1, 3 * MIN / 2)])
         .await
         .expect("b ingests");
     converge(&[&a, &b]).await;
     for n in [&a, &b] {
         n.maintain_views().await.expect("maintain");
     }
-    c.ingest_events("s", vec![ev("c", 1, 60 * MIN)])
+    c.ingest("s", vec![ev("c", 1, 60 * MIN)])
         .await
         .expect("c ingests");
     c.maintain_views().await.expect("c maintains");
@@ -355,7 +355,7 @@ async fn a_fresh_nodes_horizon_is_adopted_only_up_to_each_nodes_own_watermark() 
         );
     }
     let out = b
-        .ingest_events("s", vec![ev("b", 2, 3 * MIN / 2 + 1)])
+        .ingest("s", vec![ev("b", 2, 3 * MIN / 2 + 1)])
         .await
         .expect("b ingests on time");
     assert_eq!((out.applied, out.late), (1, 0), "on time on B: {out:?}");
@@ -386,15 +386,15 @@ async fn a_joining_nodes_horizon_removes_no_open_window() {
     cfg.joining = true;
     let c = Node::open(cfg).await.expect("open c");
     a.connect(&b).expect("connect");
-    a.ingest_events("s", vec![ev("a", 1, 5 * MIN / 2)])
+    a.ingest("s", vec![ev("a", 1, 5 * MIN / 2)])
         .await
         .expect("a ingests");
-    b.ingest_events("s", vec![ev("b", 1, 3 * MIN / 2)])
+    b.ingest("s", vec![ev("b", 1, 3 * MIN / 2)])
         .await
         .expect("b ingests");
     converge(&[&a, &b]).await;
     let out = c
-        .ingest_events("s", vec![ev("c", 1, 60 * MIN)])
+        .ingest("s", vec![ev("c", 1, 60 * MIN)])
         .await
         .expect("c ingests");
     assert_eq!(out.late, 1, "not synced yet: {out:?}");
@@ -408,7 +408,7 @@ async fn a_joining_nodes_horizon_removes_no_open_window() {
     c.connect(&b).expect("connect");
     converge(&[&a, &b, &c]).await;
     let out = c
-        .ingest_events("s", vec![ev("c", 2, 60 * MIN)])
+        .ingest("s", vec![ev("c", 2, 60 * MIN)])
         .await
         .expect("c ingests");
     assert_eq!(out.late, 0, "synced: {out:?}");
@@ -446,19 +446,16 @@ async fn concurrent_retries_on_two_nodes_count_exactly_the_applied_events() {
     a.connect(&b).expect("connect");
     let mut applied = 0usize;
     for k in 0..60u64 {
-        let batch: Vec<StreamEvent> = (0..10)
+        let batch: Vec<Event> = (0..10)
             .map(|i| ev(&format!("p{}", k % 3), k * 10 + i, 1_000))
             .collect();
-        let (x, y) = tokio::join!(
-            a.ingest_events("s", batch.clone()),
-            b.ingest_events("s", batch.clone())
-        );
+        let (x, y) = tokio::join!(a.ingest("s", batch.clone()), b.ingest("s", batch.clone()));
         for out in [x.expect("a"), y.expect("b")] {
             assert_eq!(out.applied + out.duplicates, 10, "{out:?}");
             applied += out.applied;
         }
         // A third retry after the two: all duplicates, changes nothing.
-        let z = a.ingest_events("s", batch).await.expect("retry");
+        let z = a.ingest("s", batch).await.expect("retry");
         applied += z.applied;
     }
     converge(&[&a, &b]).await;

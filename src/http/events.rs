@@ -4,7 +4,7 @@ use super::error::{ApiError, Pos};
 use crate::config::Limits;
 use crate::ops::{Op, OpsValidator};
 use crate::store::LocalWrite;
-use crate::views::StreamEvent;
+use crate::views::Event;
 use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -268,7 +268,7 @@ fn bad_event(line: usize, field: &str, message: impl Into<String>) -> ApiError {
 /// One NDJSON event line: `{"source","seq","time"?, "ops"?: [...], ...fields}`. `ops`, when
 /// present, are applied with the event (idempotently); `time` (RFC 3339 or epoch millis) is
 /// its event time; every other member is a field the stream's views read.
-pub(crate) fn parse_event(line_no: usize, line: &[u8]) -> Result<StreamEvent, ApiError> {
+pub(crate) fn parse_event(line_no: usize, line: &[u8]) -> Result<Event, ApiError> {
     // A member given twice would silently mean its last copy: refused, naming it.
     let mut de = serde_json::Deserializer::from_slice(line);
     if let Err(e) = serde::Deserialize::deserialize(&mut de).map(|NoDuplicates| ()) {
@@ -337,7 +337,7 @@ pub(crate) fn parse_event(line_no: usize, line: &[u8]) -> Result<StreamEvent, Ap
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(bad_event(line_no, "ops", "`ops` must be an array of ops")),
     };
-    Ok(StreamEvent {
+    Ok(Event {
         source,
         seq,
         time,

@@ -5,7 +5,7 @@ use super::error::{ApiError, Pos};
 use super::events::{ParseError, parse_event, parse_ops};
 use super::{AppState, console, metrics, middleware};
 use crate::ops::value_to_json;
-use crate::views::{StreamEvent, ViewQuery};
+use crate::views::{Event, ViewQuery};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
@@ -566,7 +566,7 @@ impl Tally {
 async fn commit_events(
     state: &AppState,
     stream: &str,
-    batch: &mut Vec<StreamEvent>,
+    batch: &mut Vec<Event>,
     lines: &mut Vec<usize>,
     tally: &mut Tally,
 ) -> Result<(), ApiError> {
@@ -580,7 +580,7 @@ async fn commit_events(
         });
     let mut wait = Duration::from_millis(5);
     loop {
-        match state.node.ingest_events(stream, events.clone()).await {
+        match state.node.ingest(stream, events.clone()).await {
             Ok(outcome) => {
                 tally.accepted += outcome.applied;
                 tally.duplicates += outcome.duplicates;
@@ -665,7 +665,7 @@ async fn ingest_stream(
         &state.body_budget,
         state.config.retry_after_secs,
     );
-    let mut batch: Vec<StreamEvent> = Vec::new();
+    let mut batch: Vec<Event> = Vec::new();
     let mut batch_lines: Vec<usize> = Vec::new();
     let (mut batch_bytes, mut batch_ops) = (0usize, 0usize);
     // The request slot is taken once the first line arrived and held to the end.

@@ -6,73 +6,8 @@ use super::def::{CompiledView, ViewKind};
 use super::keys;
 use crate::error::Error;
 use crate::limits::Limits;
-use crate::ops::{Event, Op};
-use serde::{Deserialize, Serialize};
+use crate::ops::Event;
 use tidemark_crdts::{Key, KeyKind, Mutation};
-
-/// An event of a stream in the JSON shape of API.md:
-/// `{"source":"app-7","seq":1042,"time":"2026-11-29T10:00:00.123Z","page":"/home"}`.
-/// `time` (RFC 3339 or epoch milliseconds) defaults to the ingesting node's clock; `ops`, when
-/// present, are applied with the event; every other member is a field views read.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct StreamEvent {
-    /// The producer.
-    pub source: String,
-    /// The producer's sequence number: `(source, seq)` identifies the event.
-    pub seq: u64,
-    /// Event time: RFC 3339 text or epoch milliseconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub time: Option<serde_json::Value>,
-    /// Operations applied with the event.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub ops: Vec<Op>,
-    /// The fields views read.
-    #[serde(flatten)]
-    pub fields: serde_json::Map<String, serde_json::Value>,
-}
-
-impl From<Event> for StreamEvent {
-    fn from(e: Event) -> Self {
-        Self {
-            source: e.source,
-            seq: e.seq,
-            time: None,
-            ops: e.ops,
-            fields: serde_json::Map::new(),
-        }
-    }
-}
-
-impl StreamEvent {
-    /// An event with fields and no time (it takes the ingesting node's clock).
-    pub fn new(source: &str, seq: u64, fields: serde_json::Value) -> Self {
-        Self {
-            source: source.to_owned(),
-            seq,
-            time: None,
-            ops: Vec::new(),
-            fields: match fields {
-                serde_json::Value::Object(m) => m,
-                _ => serde_json::Map::new(),
-            },
-        }
-    }
-
-    /// Sets the event time in epoch milliseconds.
-    pub fn at(mut self, time_ms: u64) -> Self {
-        self.time = Some(time_ms.into());
-        self
-    }
-
-    /// The event without its fields and time (what the plain ingest path validates).
-    pub(crate) fn to_event(&self) -> Event {
-        Event {
-            source: self.source.clone(),
-            seq: self.seq,
-            ops: self.ops.clone(),
-        }
-    }
-}
 
 /// Parses RFC 3339 (`2026-11-29T10:00:00.123Z`, `+01:00` offsets, `t`/space separator) into
 /// epoch milliseconds; `None` for malformed text or times before 1970.
@@ -153,12 +88,7 @@ const NANOS_FROM: u64 = 100_000_000_000_000_000;
 /// [`Error::InvalidEvent`] (field `time`) for anything but RFC 3339 text or whole epoch
 /// milliseconds, for a number that looks like epoch microseconds or nanoseconds, and for a
 /// time more than `max_future_ms` ahead of `now_ms`.
-pub fn event_time(
-    ev: &StreamEvent,
-    index: usize,
-    now_ms: u64,
-    max_future_ms: u64,
-) -> Result<u64, Error> {
+pub fn event_time(ev: &Event, index: usize, now_ms: u64, max_future_ms: u64) -> Result<u64, Error> {
     let t = match &ev.time {
         None | Some(serde_json::Value::Null) => return Ok(now_ms),
         Some(serde_json::Value::Number(n)) => {
@@ -257,7 +187,7 @@ fn scalar(v: &serde_json::Value) -> bool {
 /// its size limit, a malformed, ambiguous or too-far-future `time` (see [`event_time`]). The
 /// `usize` is the view at fault (for its counters).
 pub fn fold_event(
-    ev: &StreamEvent,
+    ev: &Event,
     index: usize,
     views: &[(usize, &CompiledView)],
     now_ms: u64,

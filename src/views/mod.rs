@@ -62,9 +62,11 @@ pub mod maintain;
 pub mod read;
 pub mod seal;
 
+/// The one event type of every ingest path (also at the crate root).
+pub use crate::ops::Event;
 pub use def::{CompiledView, FieldEquals, Hopping, ViewDef, ViewKind, Window, WindowDef};
 pub use final_feed::{FinalCursor, FinalCursorError, FinalPage, FinalWindow};
-pub use fold::{FoldedEvent, StreamEvent, ViewOp};
+pub use fold::{FoldedEvent, ViewOp};
 pub use late::{LateEvent, LateEvents};
 pub use read::{ViewCounters, ViewPage, ViewQuery, ViewRow, ViewSummary};
 
@@ -181,7 +183,7 @@ pub(crate) struct AdmitBatch<'a> {
     /// The view ops of each event ([`Views::fold`]).
     pub(crate) folded: Vec<FoldedEvent>,
     /// The events, one per write.
-    pub(crate) events: &'a [StreamEvent],
+    pub(crate) events: &'a [Event],
     /// A joining node that has not synced the stream yet ([`Views::first_sync`]): every
     /// windowed op is late (`not_synced`) and the watermark does not move.
     pub(crate) unsynced: bool,
@@ -555,7 +557,7 @@ impl Views {
     pub(crate) fn fold(
         &self,
         stream: &str,
-        events: &[StreamEvent],
+        events: &[Event],
         now_ms: u64,
         limits: &Limits,
     ) -> Result<Vec<FoldedEvent>, Error> {
@@ -592,7 +594,7 @@ impl Views {
     pub(crate) fn begin_batch(
         &self,
         stream: &str,
-        events: &[StreamEvent],
+        events: &[Event],
         reader: &crate::store::Reader,
         ranges_max: usize,
     ) -> Result<(bool, InFlight), Error> {
@@ -843,7 +845,7 @@ impl Views {
     fn late_note(
         &self,
         stream: &str,
-        event: &StreamEvent,
+        event: &Event,
         late: &[usize],
         reason: &str,
         wm: Option<u64>,

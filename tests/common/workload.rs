@@ -108,6 +108,7 @@ pub fn random_events(rng: &mut ChaCha8Rng) -> Vec<Event> {
             ops: (0..rng.random_range(1..4))
                 .map(|_| random_op(rng))
                 .collect(),
+            ..Default::default()
         })
         .collect()
 }
