@@ -613,6 +613,7 @@ impl Node {
     /// (`ops::OpsValidator`), all or none; a validation error is counted as a rejection.
     /// `read`: how many ops the request carried as far as it was read (all of them count as
     /// rejected when `writes` is an error).
+    #[cfg(feature = "server")]
     pub(crate) async fn apply_writes(
         &self,
         writes: Result<Vec<LocalWrite>, Error>,
