@@ -106,8 +106,14 @@ fn await_ready(url: &str, alive: usize) {
 
 /// Follows the final feed of `url` as NDJSON after `after` in a thread, appending each window
 /// to `out` (a line cut by the connection's end is not one). The thread ends when the
-/// connection does.
-fn follow(url: &str, after: Option<&str>, out: Arc<Mutex<Vec<Delivered>>>) -> JoinHandle<()> {
+/// connection does, or, with `stop_at`, once `out` holds that many windows (it drops the
+/// connection with what else was sent unread, as a consumer that crashed).
+fn follow(
+    url: &str,
+    after: Option<&str>,
+    out: Arc<Mutex<Vec<Delivered>>>,
+    stop_at: Option<usize>,
+) -> JoinHandle<()> {
     let addr = url.trim_start_matches("http://").to_owned();
     let query = after.map_or(String::new(), |c| format!("&after={c}"));
     let mut sock = TcpStream::connect(&addr).expect("connect");
@@ -137,13 +143,17 @@ fn follow(url: &str, after: Option<&str>, out: Arc<Mutex<Vec<Delivered>>>) -> Jo
             }
             let w: J = serde_json::from_str(line.trim()).expect("ndjson line");
             assert_eq!(w["event"], "final", "{w}");
-            out.lock().expect("lock").push(Delivered {
+            let mut out = out.lock().expect("lock");
+            out.push(Delivered {
                 start: w["window_start"].as_u64().expect("start"),
                 page: w["group"]["page"].as_str().expect("page").to_owned(),
                 value: w["value"].as_u64().expect("count"),
                 version: w["version"].as_u64().expect("version"),
                 cursor: w["cursor"].as_str().expect("cursor").to_owned(),
             });
+            if stop_at.is_some_and(|n| out.len() >= n) {
+                return;
+            }
         }
     })
 }
@@ -185,10 +195,15 @@ fn every_nodes_final_feed_carries_the_same_windows_once_across_a_kill_9_and_resu
     }
     let feeds: Vec<Arc<Mutex<Vec<Delivered>>>> =
         (0..3).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
+    // Every round gives each of the PAGES pages a window: gamma's consumer stops (as if it
+    // crashed) one window into window KILL_AFTER - 1, with the rest of its page sent unread.
+    let gamma_stop = (PAGES * (KILL_AFTER - 1)) as usize + 1;
+    let stop_at = |i: usize| (i == 2).then_some(gamma_stop);
     let mut readers: Vec<JoinHandle<()>> = nodes
         .iter()
         .zip(&feeds)
-        .map(|(n, f)| follow(&n.url, None, Arc::clone(f)))
+        .enumerate()
+        .map(|(i, (n, f))| follow(&n.url, None, Arc::clone(f), stop_at(i)))
         .collect();
     // Event times from 30 minutes ago, one window a round; node i sends i + 1 events a round
     // to pages chosen by round and node (so counts differ by window and page).
@@ -199,29 +214,46 @@ fn every_nodes_final_feed_carries_the_same_windows_once_across_a_kill_9_and_resu
     let base = (now - 30 * 60_000) / 60_000 * 60_000;
     let mut expected = Expected::new();
     let mut seqs = [0u64; 3];
-    let mut ingest = |nodes: &[Daemon], i: usize, r: u64, expected: &mut Expected| {
+    // Round r's events of node i (i + 1 of them), or with `warm` one event at a time until the
+    // node takes one on time: a node started with --join refuses windowed events as late
+    // (not_synced) until it synced the stream. Only events taken on time are expected.
+    let mut ingest = |nodes: &[Daemon], i: usize, r: u64, expected: &mut Expected, warm: bool| {
         let start = base + r * 60_000;
-        let mut lines = String::new();
-        for j in 0..=i as u64 {
-            seqs[i] += 1;
-            let page = format!("/p{}", (r + i as u64 + j) % PAGES);
-            *expected.entry((start, page.clone())).or_insert(0u64) += 1;
-            lines.push_str(&format!(
-                "{{\"source\":\"{}\",\"seq\":{},\"time\":{},\"page\":\"{page}\"}}\n",
-                NAMES[i],
-                seqs[i],
-                start + 1_000 + j * 1_000
-            ));
+        let url = format!("{}/v1/streams/clicks/events", nodes[i].url);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let mut lines = String::new();
+            let mut pages = Vec::new();
+            for j in 0..if warm { 1 } else { i as u64 + 1 } {
+                seqs[i] += 1;
+                let page = format!("/p{}", (r + i as u64 + j) % PAGES);
+                lines.push_str(&format!(
+                    "{{\"source\":\"{}\",\"seq\":{},\"time\":{},\"page\":\"{page}\"}}\n",
+                    NAMES[i],
+                    seqs[i],
+                    start + 1_000 + j * 1_000
+                ));
+                pages.push(page);
+            }
+            let body = ureq::post(&url)
+                .header("Content-Type", "application/x-ndjson")
+                .send(lines.as_bytes())
+                .expect("ingest")
+                .into_body()
+                .read_to_string()
+                .expect("body");
+            let a: J = serde_json::from_str(&body).expect("json");
+            assert_eq!(a["accepted"], pages.len(), "{}: {a}", NAMES[i]);
+            if a["late"] == 0 {
+                for page in pages {
+                    *expected.entry((start, page)).or_insert(0u64) += 1;
+                }
+                return;
+            }
+            assert!(warm, "{} round {r}: {a}", NAMES[i]);
+            assert!(Instant::now() < deadline, "{} never on time: {a}", NAMES[i]);
+            std::thread::sleep(Duration::from_millis(100));
         }
-        let body = ureq::post(&format!("{}/v1/streams/clicks/events", nodes[i].url))
-            .header("Content-Type", "application/x-ndjson")
-            .send(lines.as_bytes())
-            .expect("ingest")
-            .into_body()
-            .read_to_string()
-            .expect("body");
-        let a: J = serde_json::from_str(&body).expect("json");
-        assert_eq!(a["accepted"], i + 1, "{}: {a}", NAMES[i]);
     };
     // Windows are final everywhere once every node's watermark passed them: count what the
     // expected map holds before round `r`.
@@ -231,28 +263,31 @@ fn every_nodes_final_feed_carries_the_same_windows_once_across_a_kill_9_and_resu
             .filter(|(s, _)| *s < base + r * 60_000)
             .count()
     };
+    for i in 0..3 {
+        ingest(&nodes, i, 0, &mut expected, true);
+    }
     for r in 0..KILL_AFTER {
         for i in 0..3 {
-            ingest(&nodes, i, r, &mut expected);
+            ingest(&nodes, i, r, &mut expected, false);
         }
     }
     let n = finals_before(&expected, KILL_AFTER - 1);
     for (name, f) in NAMES.iter().zip(&feeds) {
         await_windows(name, f, n);
     }
-    // Window KILL_AFTER - 1 becomes final as the round ends (gamma ingests first); gamma is
-    // killed at once, while it may be sending it.
+    // Window KILL_AFTER - 1 becomes final as the round ends (gamma ingests first). Gamma's
+    // consumer goes one window into it, then gamma is killed (SIGKILL) at once.
     for i in [2, 1, 0] {
-        ingest(&nodes, i, KILL_AFTER, &mut expected);
+        ingest(&nodes, i, KILL_AFTER, &mut expected, false);
     }
-    let gamma_dir = dir.path().join("gamma");
-    assert!(gamma_dir.exists());
-    let _ = nodes[2].child.kill();
-    let _ = nodes[2].child.wait();
+    await_windows("gamma", &feeds[2], gamma_stop);
     assert!(
         readers.remove(2).join().is_ok(),
         "gamma's first reader failed"
     );
+    let _ = nodes[2].child.kill();
+    let _ = nodes[2].child.wait();
+    assert_eq!(feeds[2].lock().expect("lock").len(), gamma_stop);
     let last = feeds[2]
         .lock()
         .expect("lock")
@@ -265,10 +300,13 @@ fn every_nodes_final_feed_carries_the_same_windows_once_across_a_kill_9_and_resu
         &nodes[2].url,
         last.as_deref(),
         Arc::clone(&feeds[2]),
+        None,
     ));
+    // Restarted with --join, gamma takes windowed events once it synced again.
+    ingest(&nodes, 2, KILL_AFTER + 1, &mut expected, true);
     for r in KILL_AFTER + 1..ROUNDS {
         for i in 0..3 {
-            ingest(&nodes, i, r, &mut expected);
+            ingest(&nodes, i, r, &mut expected, false);
         }
     }
     let n = finals_before(&expected, ROUNDS - 1);
