@@ -3,7 +3,7 @@
 //! but never past the configured bound); once it reads everything it is at 0; once its client
 //! disconnects its series are gone. Checked for a watch stream (kind `watch`) and a
 //! final-window feed (kind `final`), each named by the `X-Tidemark-Consumer` header of its
-//! response.
+//! response; and the series are at most `http.watchers_max` (a consumer holds a watcher slot).
 
 mod http_support;
 
@@ -372,4 +372,36 @@ fn a_stalled_final_feed_consumer_falls_behind_by_windows_catches_up_and_its_seri
         ingest(k);
         k += 1;
     });
+}
+
+#[test]
+fn consumer_series_are_bounded_by_the_watcher_slots_and_named_by_kind() {
+    let s = Served::start_with(|n, h| {
+        h.watchers_max = 2;
+        n.views = serde_json::from_value(json!([{
+            "name": "c", "stream": "s", "kind": "count",
+            "window": {"tumbling": "1m"},
+        }]))
+        .expect("views");
+    });
+    let w = open(&s, "/v1/watch", "text/event-stream");
+    let f = open(&s, "/v1/views/c/final", "application/x-ndjson");
+    assert_ne!(w.consumer, f.consumer);
+    // A third consumer gets no slot, hence no series.
+    let third = http_support::get(&s.url("/v1/watch"));
+    assert_eq!((third.status, third.code()), (429, "too_many_watchers"));
+    let text = metrics(&s);
+    for family in [ENTRIES, SECONDS, BYTES] {
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with(&format!("{family}{{")))
+            .collect();
+        assert_eq!(series.len(), 2, "{family}: {series:?}");
+        assert!(
+            text.contains(&format!("# HELP {family} ")) && text.contains("http.watchers_max (2)"),
+            "{family}'s help names the bound"
+        );
+    }
+    assert_eq!(sample(&text, ENTRIES, &w.consumer, "watch"), Some(0.0));
+    assert_eq!(sample(&text, ENTRIES, &f.consumer, "final"), Some(0.0));
 }
