@@ -56,6 +56,8 @@ pub use limits::{Durability, Limits};
 pub use node::{Node, Removal, WriteOutcome};
 pub use ops::{Event, Op, value_to_json};
 pub use tidemark_crdts::{Key, KeyKind, ReplicaId, Value};
-pub use watch::{Behind, Change, Cursor, CursorError, FeedStatus, KeyFilter, Watch, WatchEvent};
+pub use watch::{
+    Behind, Change, Cursor, CursorError, FeedStatus, KeyFilter, Watch, WatchEvent, WatchProbe,
+};
 
 pub use tidemark_crdts as crdts;

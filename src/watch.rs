@@ -307,6 +307,32 @@ impl Watch {
     pub fn buffered_bytes(&self) -> usize {
         self.behind().bytes
     }
+
+    /// A handle that reads how far behind this watcher is from elsewhere (a metrics scrape)
+    /// while the watcher itself is busy in its stream. It does not keep the watcher alive.
+    pub fn probe(&self) -> WatchProbe {
+        WatchProbe {
+            shared: Arc::clone(&self.shared),
+            pos: Arc::downgrade(&self.pos),
+        }
+    }
+}
+
+/// Reads how far behind one [`Watch`] is without holding it (see [`Watch::probe`]).
+#[derive(Clone, Debug)]
+pub struct WatchProbe {
+    shared: Arc<Shared>,
+    pos: Weak<AtomicU64>,
+}
+
+impl WatchProbe {
+    /// How far behind the newest change the watcher is ([`Watch::behind`]); `None` once the
+    /// watcher was dropped.
+    pub fn behind(&self) -> Option<Behind> {
+        let pos = self.pos.upgrade()?.load(Ordering::Relaxed);
+        let ring = lock(&self.shared.ring);
+        Some(behind(&ring, pos, Instant::now()))
+    }
 }
 
 fn behind(ring: &Ring, pos: u64, now: Instant) -> Behind {
@@ -722,6 +748,31 @@ mod tests {
             next(&mut back).await,
             Some(WatchEvent::Reset { missed: Some(_) })
         ));
+    }
+
+    #[tokio::test]
+    async fn a_probe_reads_the_watchers_lag_and_nothing_once_it_is_gone() {
+        let feed = feed(16, 1 << 20);
+        let mut w = feed.subscribe(KeyFilter::all(), None);
+        let probe = w.probe();
+        assert_eq!(probe.behind(), Some(Behind::default()));
+        feed.publish(counter("a", 1));
+        feed.publish(counter("a", 2));
+        let behind = probe.behind().expect("live");
+        assert_eq!(behind.changes, 2);
+        assert_eq!(behind.bytes, 2 * counter("a", 1).held_bytes());
+        let direct = w.behind();
+        assert_eq!(
+            (behind.changes, behind.bytes),
+            (direct.changes, direct.bytes)
+        );
+        assert!(behind.age <= direct.age, "read later, older");
+        next(&mut w).await;
+        next(&mut w).await;
+        assert_eq!(probe.behind().map(|b| b.changes), Some(0));
+        drop(w);
+        assert_eq!(probe.behind(), None);
+        assert_eq!(feed.status().watchers.len(), 0, "a probe is no watcher");
     }
 
     #[tokio::test]

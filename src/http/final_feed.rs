@@ -4,6 +4,7 @@
 //! a time as the client reads: a slow consumer holds at most one page (64 windows).
 
 use super::AppState;
+use super::consumers::FinalProgress;
 use super::error::{ApiError, Pos};
 use super::routes::{Watching, bad_query, known_query_pairs, stopped};
 use crate::views::{FinalCursor, FinalWindow};
@@ -15,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Windows read per page.
@@ -33,18 +35,24 @@ struct Feed {
     state: AppState,
     view: String,
     after: Option<FinalCursor>,
-    queue: VecDeque<Item>,
+    /// Items read and not sent yet, each with its bytes (as JSON).
+    queue: VecDeque<(Item, usize)>,
+    queued_bytes: usize,
     follow: bool,
+    /// What the per-consumer metrics read of this feed.
+    progress: Arc<FinalProgress>,
 }
 
 impl Feed {
     /// The next item; `None` when the feed ends (not following and caught up, or a failure).
     async fn next(&mut self) -> Option<Item> {
         loop {
-            if let Some(item) = self.queue.pop_front() {
+            if let Some((item, bytes)) = self.queue.pop_front() {
                 if let Item::Final(w) = &item {
                     self.after = w.cursor.parse().ok();
                 }
+                self.queued_bytes = self.queued_bytes.saturating_sub(bytes);
+                self.progress.set(None, self.queued(), self.queued_bytes);
                 return Some(item);
             }
             let page = match self
@@ -63,24 +71,40 @@ impl Feed {
                 // The reset names the position the page was read from, not its end: a client
                 // that resumes from the reset's id gets this page's windows again, none lost.
                 let from = self.after.as_ref().map(ToString::to_string);
-                self.queue.push_back(Item::Reset(from));
+                self.queue.push_back((Item::Reset(from), 0));
             }
             let got = !page.windows.is_empty();
-            self.queue.extend(page.windows.into_iter().map(Item::Final));
+            for w in page.windows {
+                let bytes = super::consumers::json_bytes(&w);
+                self.queued_bytes += bytes;
+                self.queue.push_back((Item::Final(w), bytes));
+            }
+            let read_to: Option<FinalCursor> = page.next.as_deref().and_then(|n| n.parse().ok());
+            self.progress
+                .set(read_to.as_ref(), self.queued(), self.queued_bytes);
             if !got {
                 // Cells skipped (empty for the seal's members) still move the cursor.
-                if let Some(next) = page.next.as_deref().and_then(|n| n.parse().ok()) {
+                if let Some(next) = read_to {
                     self.after = Some(next);
                 }
                 if !self.queue.is_empty() {
                     continue;
                 }
+                self.progress.caught_up();
                 if !self.follow {
                     return None;
                 }
                 tokio::time::sleep(POLL).await;
             }
         }
+    }
+
+    /// Windows read and not sent yet.
+    fn queued(&self) -> usize {
+        self.queue
+            .iter()
+            .filter(|(i, _)| matches!(i, Item::Final(_)))
+            .count()
     }
 }
 
@@ -153,13 +177,23 @@ pub(super) async fn final_feed(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|a| a.contains("application/x-ndjson"));
     let gauge = Watching::new(state.metrics.watchers.clone());
+    // Listed for the per-consumer metrics while the stream lives (it holds a watcher slot).
+    let progress = FinalProgress::new(&view, after.clone());
+    let listed = state
+        .metrics
+        .consumers
+        .register_final(Arc::clone(&progress));
+    let consumer = listed.id();
+    let gauge = (gauge, listed);
     let shutdown = state.shutdown.clone();
     let feed = Feed {
         state,
         view,
         after,
         queue: VecDeque::new(),
+        queued_bytes: 0,
         follow,
+        progress,
     };
     let items = futures_util::stream::unfold(
         (feed, shutdown, permit, gauge),
@@ -188,11 +222,13 @@ pub(super) async fn final_feed(
             line.push('\n');
             Ok::<_, Infallible>(line)
         });
-        return Ok((
+        let mut response = (
             [(header::CONTENT_TYPE, "application/x-ndjson")],
             Body::from_stream(lines),
         )
-            .into_response());
+            .into_response();
+        super::consumers::name_consumer(&mut response, consumer);
+        return Ok(response);
     }
     let events = futures_util::StreamExt::map(items, |item| {
         Ok::<_, Infallible>(match item {
@@ -214,7 +250,9 @@ pub(super) async fn final_feed(
     let ready = futures_util::stream::once(async {
         Ok::<_, Infallible>(SseEvent::default().comment("following final windows"))
     });
-    Ok(Sse::new(futures_util::StreamExt::chain(ready, events))
+    let mut response = Sse::new(futures_util::StreamExt::chain(ready, events))
         .keep_alive(KeepAlive::default())
-        .into_response())
+        .into_response();
+    super::consumers::name_consumer(&mut response, consumer);
+    Ok(response)
 }

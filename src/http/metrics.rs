@@ -29,6 +29,8 @@ pub(crate) struct HttpMetrics {
     pub(crate) connections_open: Gauge,
     pub(crate) connections_refused: Counter,
     pub(crate) watchers: Gauge,
+    /// The live watch and final-window consumers (`tidemark_watch_consumer_*`).
+    pub(crate) consumers: std::sync::Arc<super::consumers::Consumers>,
 }
 
 impl Default for HttpMetrics {
@@ -41,6 +43,7 @@ impl Default for HttpMetrics {
             connections_open: Gauge::default(),
             connections_refused: Counter::default(),
             watchers: Gauge::default(),
+            consumers: std::sync::Arc::default(),
         }
     }
 }
@@ -301,6 +304,66 @@ fn register_watch(r: &mut Registry, w: &crate::watch::FeedStatus) {
     );
 }
 
+/// Per live feed consumer, how far behind it is and what is held for it
+/// (`tidemark_watch_consumer_*{consumer,kind}`). No family when no consumer is open.
+fn register_consumers(
+    r: &mut Registry,
+    consumers: &[super::consumers::ConsumerStatus],
+    watchers_max: usize,
+) {
+    if consumers.is_empty() {
+        return;
+    }
+    let entries: Family<Labels, Gauge> = Family::default();
+    let seconds: Family<Labels, Gauge<f64, AtomicU64>> = Family::default();
+    let bytes: Family<Labels, Gauge> = Family::default();
+    for c in consumers {
+        let labels: Labels = vec![("consumer", c.id.to_string()), ("kind", c.kind.to_owned())];
+        entries
+            .get_or_create(&labels)
+            .set(i64::try_from(c.behind_entries).unwrap_or(i64::MAX));
+        seconds.get_or_create(&labels).set(c.behind_seconds);
+        bytes
+            .get_or_create(&labels)
+            .set(i64::try_from(c.buffered_bytes).unwrap_or(i64::MAX));
+    }
+    let bound = format!(
+        "one series per open consumer (consumer: its id in this process; kind: watch for \
+         GET /v1/watch, final for GET /v1/views/VIEW/final), gone when it disconnects, at most \
+         http.watchers_max ({watchers_max}) as each holds a watcher slot"
+    );
+    r.register(
+        "watch_consumer_behind_entries",
+        format!(
+            "Per feed consumer, entries it has not been sent: watch, the changes published after \
+             its position (of any key); final, the windows final on this node after its \
+             position (counted up to {} past its page); {bound}",
+            super::consumers::FINAL_COUNT_MAX
+        ),
+        entries,
+    );
+    r.register_with_unit(
+        "watch_consumer_behind",
+        format!(
+            "Per feed consumer, watch: the age of the oldest change it has not read; final: the \
+             time since its feed was last caught up (or opened); 0 while caught up; {bound}"
+        ),
+        Unit::Seconds,
+        seconds,
+    );
+    r.register_with_unit(
+        "watch_consumer_buffered",
+        format!(
+            "Per feed consumer, bytes held for it and not sent: watch, the held changes after \
+             its position (in the ring shared by every watcher, at most \
+             limits.watch_buffer_bytes_max); final, the windows read into its page (at most \
+             64, as JSON); {bound}"
+        ),
+        Unit::Bytes,
+        bytes,
+    );
+}
+
 /// The replica ids removed for good (`gone`, as [`crate::Node::decommissioned`] lists them)
 /// as 32 hex digits, and the peer ids of the members SWIM knows among them.
 pub(crate) fn gone_members(
@@ -347,6 +410,10 @@ pub(crate) struct Scrape<'a> {
     pub(crate) now_ms: u64,
     /// The change feed's ring and its watchers.
     pub(crate) watch: crate::watch::FeedStatus,
+    /// The live watch and final-window consumers of this server.
+    pub(crate) consumers: Vec<super::consumers::ConsumerStatus>,
+    /// `http.watchers_max`: the bound on consumers (named in the help text).
+    pub(crate) watchers_max: usize,
 }
 
 /// Renders a scrape in `format`.
@@ -513,6 +580,7 @@ pub(crate) fn render(s: &Scrape<'_>, format: Format) -> Result<String, std::fmt:
     register_views(&mut r, &s.views, s.now_ms);
     register_members(&mut r, &s.members, &s.gone);
     register_watch(&mut r, &s.watch);
+    register_consumers(&mut r, &s.consumers, s.watchers_max);
     if let Some(net) = &s.net {
         r.register(
             "peer_connections",

@@ -19,6 +19,7 @@
 
 mod body;
 mod console;
+mod consumers;
 mod error;
 mod events;
 mod final_feed;

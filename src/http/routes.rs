@@ -165,6 +165,8 @@ async fn metrics_text(State(state): State<AppState>, headers: HeaderMap) -> Resp
             .unwrap_or_default(),
         now_ms: crate::clock::wall_ms(),
         watch: state.node.watch_status(),
+        consumers: state.metrics.consumers.status(&state.node).await,
+        watchers_max: state.config.watchers_max,
         replication,
     };
     match metrics::render(&scrape, format) {

@@ -255,6 +255,10 @@ pub(super) async fn watch(
     };
     let snapshot = (q.snapshot && q.after.is_none()).then(|| Snapshot::new(&q.filter));
     let gauge = Watching::new(state.metrics.watchers.clone());
+    // Listed for the per-consumer metrics while the stream lives (it holds a watcher slot).
+    let listed = state.metrics.consumers.register_watch(watch.probe());
+    let consumer = listed.id();
+    let gauge = (gauge, listed);
     let shutdown = state.shutdown.clone();
     let start = watch.cursor().to_string();
     let streamer = Streamer {
@@ -282,7 +286,9 @@ pub(super) async fn watch(
     let ready = futures_util::stream::once(async move {
         Ok::<_, Infallible>(SseEvent::default().comment(format!("watching after {start}")))
     });
-    Ok(Sse::new(futures_util::StreamExt::chain(ready, stream))
+    let mut response = Sse::new(futures_util::StreamExt::chain(ready, stream))
         .keep_alive(KeepAlive::default())
-        .into_response())
+        .into_response();
+    super::consumers::name_consumer(&mut response, consumer);
+    Ok(response)
 }
