@@ -87,6 +87,9 @@ struct Shared {
     removing: tokio::sync::Mutex<()>,
     /// The removals already logged (`None` until the first look, at open).
     removals_logged: Mutex<Option<std::collections::BTreeSet<ReplicaId>>>,
+    /// The members this node knew, also from earlier runs (`members.json` in the data
+    /// directory, see [`crate::net::known`]).
+    known: Mutex<Vec<crate::net::known::KnownMember>>,
 }
 
 impl Drop for Shared {
@@ -236,6 +239,7 @@ impl Node {
             .spawn(move || driver.run())
             .map_err(|e| Error::Config(format!("cannot start the writer thread: {e}")))?;
         tracing::info!(%replica, epoch, dir = %config.data_dir.display(), "node open");
+        let data_dir = config.data_dir.clone();
         let node = Node {
             shared: Arc::new(Shared {
                 inputs: Mutex::new(Some(tx)),
@@ -254,6 +258,7 @@ impl Node {
                 local_links: Mutex::new(std::collections::BTreeMap::new()),
                 removing: tokio::sync::Mutex::new(()),
                 removals_logged: Mutex::new(None),
+                known: Mutex::new(crate::net::known::load(&data_dir)),
             }),
         };
         // The removals recorded before this run are known (this node's own is logged).
@@ -459,6 +464,65 @@ impl Node {
         let net = guard.as_ref().ok_or(NetError::NotListening)?;
         net.spawn_dial_loop(addr);
         Ok(())
+    }
+
+    /// Every member this node knows: SWIM's view, then the members it knew (also in earlier
+    /// runs, see [`crate::net::known`]) that SWIM does not know now, as `Down` with no last
+    /// contact (not heard from since this node started). Empty before [`Node::listen`].
+    pub fn members(&self) -> Vec<crate::net::MemberStatus> {
+        let Some(net) = self.net_status() else {
+            return Vec::new();
+        };
+        let mut members = net.members;
+        if let Ok(known) = self.shared.known.lock() {
+            let unheard = crate::net::known::unheard(&known, &members, &net.name);
+            members.extend(unheard);
+        }
+        members
+    }
+
+    /// Dials every member this node knew in earlier runs (not a member removed for good) as a
+    /// seed, until it joined the cluster through one: a restarted node rejoins without
+    /// `--join`. Returns how many it dials.
+    ///
+    /// # Errors
+    /// [`NetError::NotListening`] before [`Node::listen`].
+    pub fn rejoin_known(&self) -> Result<usize, Error> {
+        let me = self.net_status().map(|n| n.name).unwrap_or_default();
+        let gone = self.decommissioned()?;
+        let known = self
+            .shared
+            .known
+            .lock()
+            .map(|k| k.clone())
+            .unwrap_or_default();
+        let mut dialed = 0;
+        for k in known {
+            let removed = gone
+                .iter()
+                .any(|g| g.to_string() == k.replica.replace('-', ""));
+            if k.name == me || removed {
+                continue;
+            }
+            self.join_peer(k.addr)?;
+            dialed += 1;
+        }
+        Ok(dialed)
+    }
+
+    /// Keeps SWIM's current view in the known members (and their file) when it changed.
+    fn remember_members(&self) {
+        let Some(net) = self.net_status() else {
+            return;
+        };
+        let Ok(mut known) = self.shared.known.lock() else {
+            return;
+        };
+        if crate::net::known::merge(&mut known, &net.members, &net.name)
+            && let Err(e) = crate::net::known::save(&self.shared.config.data_dir, &known)
+        {
+            tracing::warn!(error = %e, "cannot keep the known members");
+        }
     }
 
     /// The network endpoint's name, address, connected peers and counters (`None` before
@@ -1110,7 +1174,14 @@ impl Node {
     /// when it is the replica id (32 hex digits) of a member or of a node whose writes this
     /// node holds (`None` otherwise: an id nobody has is no member).
     pub fn member_replica(&self, name: &str) -> Option<ReplicaId> {
-        let swim = self.net_status().map(|n| n.members).unwrap_or_default();
+        let swim = self.members();
+        // A replica id is hex: any case names it.
+        let lower = name.to_ascii_lowercase();
+        let id_text = if name.len() == 32 {
+            lower.as_str()
+        } else {
+            name
+        };
         swim.iter()
             .find(|m| m.name == name)
             .and_then(|m| u128::from_str_radix(&m.replica.replace('-', ""), 16).ok())
@@ -1131,7 +1202,7 @@ impl Node {
                 // A member removed for good, by the name its record keeps (SWIM forgets it).
                 self.decommissioned().ok()?.into_iter().find(|r| {
                     *r != self.me()
-                        && (r.to_string() == name
+                        && (r.to_string() == id_text
                             || self
                                 .removal(*r)
                                 .ok()
@@ -1345,6 +1416,8 @@ impl Node {
     /// # Errors
     /// [`Error::Closed`] if already shut down.
     pub async fn shutdown(&self) -> Result<(), Error> {
+        // The members known now are kept for the next run (also between the periodic saves).
+        self.remember_members();
         let net = self.shared.net.lock().ok().and_then(|mut g| g.take());
         if let Some(net) = net {
             net.shutdown().await;
@@ -1409,6 +1482,7 @@ async fn removals_watch(shared: std::sync::Weak<Shared>) {
             Err(Error::Closed) => return,
             Err(e) => tracing::debug!(error = %e, "looking for removals failed"),
         }
+        node.remember_members();
     }
 }
 

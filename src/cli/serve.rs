@@ -283,6 +283,13 @@ async fn start_peers(
             .with_context(|| format!("cannot join {peer}"))?;
         tracing::info!(%peer, %addr, "joining");
     }
+    // The members known from earlier runs are dialled too, so a restarted node (a seed
+    // included) rejoins its cluster without --join.
+    match node.rejoin_known() {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(members = n, "rejoining the members known from the last run"),
+        Err(e) => tracing::warn!(error = %e, "cannot rejoin the known members"),
+    }
     Ok(bound)
 }
 

@@ -137,7 +137,7 @@ async fn metrics_text(State(state): State<AppState>, headers: HeaderMap) -> Resp
         metrics::Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
     let replication = state.node.replication_status().await.ok();
     let net = state.node.net_status();
-    let members = net.as_ref().map(|n| n.members.clone()).unwrap_or_default();
+    let members = state.node.members();
     let (gone, gone_peers) =
         metrics::gone_members(&state.node.decommissioned().unwrap_or_default(), &members);
     let scrape = metrics::Scrape {
@@ -747,7 +747,9 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
     let bytes = metrics::lag_bytes(node, &rep);
     let net = node.net_status();
     let connected: Vec<String> = net.as_ref().map(|n| n.peers.clone()).unwrap_or_default();
-    let swim: &[crate::net::MemberStatus] = net.as_ref().map_or(&[], |n| &n.members);
+    // SWIM's view and the members known from earlier runs it has not heard from yet.
+    let known = node.members();
+    let swim: &[crate::net::MemberStatus] = &known;
     let name_of = |peer: &crate::proto::PeerId| {
         connected
             .iter()

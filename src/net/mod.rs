@@ -7,6 +7,7 @@
 //! * `transport`: one quinn endpoint per node (server and client), one connection per peer,
 //!   protocol frames through [`crate::codec`] on the connection's one QUIC stream, bounded
 //!   both ways.
+//! * [`known`]: the members a node knew, kept across its restarts (rejoin without `--join`).
 //! * [`Faults`]: a fault-injecting UDP socket under quinn for tests and examples.
 //! * `membership`: SWIM (foca) over QUIC datagrams on the same connections; decides which
 //!   authenticated peers are replication peers ([`MemberStatus`] in [`NetStatus::members`]).
@@ -16,6 +17,7 @@
 
 pub mod certs;
 mod faults;
+pub mod known;
 pub(crate) mod link;
 mod membership;
 mod refusals;
