@@ -61,6 +61,7 @@ pub mod late;
 pub mod maintain;
 pub mod read;
 pub mod seal;
+pub mod session;
 
 pub use def::{CompiledView, FieldEquals, Hopping, ViewDef, ViewKind, Window, WindowDef};
 pub use final_feed::{FinalCursor, FinalCursorError, FinalPage, FinalWindow};
@@ -152,6 +153,9 @@ pub struct Views {
     /// nothing of what the cluster sealed since; it applies nothing to windows until an
     /// announcement of another node arrives that this context did not hold.
     fresh_from: Mutex<BTreeMap<String, tidemark_crdts::CausalContext>>,
+    /// View index → where the purge scan of a session view resumes (a cell name; `None`: from
+    /// the start) and the horizon its last complete pass ran under ([`session`]).
+    pub(crate) session_purge: Mutex<BTreeMap<usize, (Option<String>, Option<u64>)>>,
 }
 
 /// This node's epochs and seals of one stream.
@@ -255,6 +259,7 @@ impl Views {
             synced: Mutex::new(BTreeSet::new()),
             removed: std::sync::atomic::AtomicBool::new(false),
             fresh_from: Mutex::new(BTreeMap::new()),
+            session_purge: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -313,11 +318,15 @@ impl Views {
     }
 
     /// True when the window of view `vi` starting at `start` is removed under `horizon`
-    /// (`end + retention < horizon`). The same rule on every node.
+    /// (`end + retention < horizon`). The same rule on every node. Always false for a cell of
+    /// a session view: sessions are removed whole, once final ([`session`]), never by cell.
     pub fn expired(&self, vi: usize, start: u64, horizon: u64) -> bool {
         let Some(w) = self.views.get(vi).and_then(|v| v.window) else {
             return false;
         };
+        if w.session_gap_ms.is_some() {
+            return false;
+        }
         w.retention_ms
             .is_some_and(|r| start.saturating_add(w.size_ms).saturating_add(r) < horizon)
     }
