@@ -237,12 +237,12 @@ async fn converge(nodes: &[Node]) {
     }
 }
 
+/// `(source, seq)` → the views an event was late for.
+type LateFor = BTreeMap<(String, u64), BTreeSet<String>>;
+
 /// The late-lane records of `node` after `after`: `(source, seq)` → views late for; and the
 /// lane's last id.
-fn late_since(
-    node: &Node,
-    after: Option<u64>,
-) -> (BTreeMap<(String, u64), BTreeSet<String>>, Option<u64>) {
+fn late_since(node: &Node, after: Option<u64>) -> (LateFor, Option<u64>) {
     let mut out = BTreeMap::new();
     let mut cur = after;
     loop {

@@ -155,7 +155,7 @@ pub struct Views {
     fresh_from: Mutex<BTreeMap<String, tidemark_crdts::CausalContext>>,
     /// View index → where the purge scan of a session view resumes (a cell name; `None`: from
     /// the start) and the horizon its last complete pass ran under ([`session`]).
-    pub(crate) session_purge: Mutex<BTreeMap<usize, (Option<String>, Option<u64>)>>,
+    pub(crate) session_purge: Mutex<BTreeMap<usize, session::PurgeScan>>,
 }
 
 /// This node's epochs and seals of one stream.

@@ -59,6 +59,15 @@ pub const SESSION_SCAN_MAX: usize = 65_536;
 /// Most cells one maintenance round scans for removed sessions (it resumes next round).
 pub const PURGE_SCAN_MAX: usize = 16_384;
 
+/// Where the purge scan of a session view stands ([`Views::expired_sessions`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PurgeScan {
+    /// The cell name the next call resumes after (`None`: from the start).
+    after: Option<String>,
+    /// The horizon the last complete pass ran under.
+    passed_at: Option<u64>,
+}
+
 /// The bounds of one session of a group, over its occupied cells.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bounds {
@@ -671,8 +680,8 @@ impl Views {
             return Ok(Vec::new());
         }
         let mut state = self.session_purge.lock().map_err(|_| Error::Closed)?;
-        let (after, passed) = state.get(&vi).cloned().unwrap_or((None, None));
-        if after.is_none() && passed == Some(horizon) {
+        let PurgeScan { after, passed_at } = state.get(&vi).cloned().unwrap_or_default();
+        if after.is_none() && passed_at == Some(horizon) {
             return Ok(Vec::new());
         }
         let prefix = keys::view_prefix(&view.def.name, &view.digest);
@@ -682,11 +691,23 @@ impl Views {
         let mut resume = after;
         loop {
             if scan.scanned >= PURGE_SCAN_MAX || out.len() >= max {
-                state.insert(vi, (resume, passed));
+                state.insert(
+                    vi,
+                    PurgeScan {
+                        after: resume,
+                        passed_at,
+                    },
+                );
                 return Ok(out);
             }
             let Some(s) = scan.next_session()? else {
-                state.insert(vi, (None, Some(horizon)));
+                state.insert(
+                    vi,
+                    PurgeScan {
+                        after: None,
+                        passed_at: Some(horizon),
+                    },
+                );
                 return Ok(out);
             };
             if s.bounds.is_final(&window, sealed)
@@ -694,7 +715,13 @@ impl Views {
             {
                 if !out.is_empty() && out.len() + s.keys.len() > max {
                     // Whole sessions only: this one goes in the next purge.
-                    state.insert(vi, (resume, passed));
+                    state.insert(
+                        vi,
+                        PurgeScan {
+                            after: resume,
+                            passed_at,
+                        },
+                    );
                     return Ok(out);
                 }
                 out.extend(s.keys);
