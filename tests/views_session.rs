@@ -704,3 +704,143 @@ async fn session_config_errors_name_the_field() {
         .await
         .expect("shutdown");
 }
+
+mod http_support;
+
+/// Over HTTP: session rows page by `next`, the final feed (NDJSON) resumes by cursor, and a
+/// cursor of another kind of window is refused.
+#[test]
+fn session_views_over_http_page_and_resume() {
+    let s = http_support::Served::start_with(|n, _| {
+        n.views = serde_json::from_value(json!([
+            {"name": "visits", "stream": "v", "kind": "distinct", "group_by": ["user"],
+             "field": "page", "window": {"session": "10s"}},
+            {"name": "clicks", "stream": "v", "kind": "count", "group_by": ["user"],
+             "window": {"tumbling": "1m"}},
+        ]))
+        .expect("defs");
+    });
+    // Users a and b, each two sessions; then far ahead so all four are final.
+    let mut lines = String::new();
+    for (seq, (user, t, page)) in [
+        ("a", 0, "/x"),
+        ("a", 5_000, "/y"),
+        ("b", 1_000, "/x"),
+        ("a", 30_000, "/z"),
+        ("b", 40_000, "/y"),
+        ("c", 600_000, "/end"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        lines.push_str(&format!(
+            "{{\"source\":\"s\",\"seq\":{seq},\"time\":{t},\"user\":\"{user}\",\"page\":\"{page}\"}}\n"
+        ));
+    }
+    let r = ureq::post(&s.url("/v1/streams/v/events"))
+        .header("Content-Type", "application/x-ndjson")
+        .send(lines.as_bytes())
+        .expect("ingest");
+    assert_eq!(r.status(), 200);
+    // Paging one session at a time.
+    let mut rows = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut url = s.url("/v1/views/visits?limit=1");
+        if let Some(a) = &after {
+            url.push_str(&format!(
+                "&after={}",
+                a.bytes().map(|b| format!("%{b:02X}")).collect::<String>()
+            ));
+        }
+        let a = http_support::get(&url);
+        assert_eq!(a.status, 200, "{}", a.text);
+        rows.extend(a.json["rows"].as_array().cloned().unwrap_or_default());
+        match a.json["next"].as_str() {
+            Some(n) => after = Some(n.to_owned()),
+            None => break,
+        }
+    }
+    let got: Vec<(String, u64, u64, serde_json::Value, bool)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["group"]["user"].as_str().unwrap_or_default().to_owned(),
+                r["window_start"].as_u64().unwrap_or_default(),
+                r["window_end"].as_u64().unwrap_or_default(),
+                r["value"].clone(),
+                r["final"].as_bool().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("a".into(), 0, 15_000, json!(["/x", "/y"]), true),
+            ("a".into(), 30_000, 40_000, json!(["/z"]), true),
+            ("b".into(), 1_000, 11_000, json!(["/x"]), true),
+            ("b".into(), 40_000, 50_000, json!(["/y"]), true),
+            ("c".into(), 600_000, 610_000, json!(["/end"]), false),
+        ]
+    );
+    let feed = |after: Option<&str>| -> Vec<serde_json::Value> {
+        let mut url = s.url("/v1/views/visits/final?follow=false");
+        if let Some(a) = after {
+            url.push_str(&format!("&after={a}"));
+        }
+        let resp = ureq::get(&url)
+            .header("Accept", "application/x-ndjson")
+            .call()
+            .expect("final feed");
+        let text = resp.into_body().read_to_string().expect("body");
+        text.lines()
+            .map(|l| serde_json::from_str(l).expect("json line"))
+            .collect()
+    };
+    let all = feed(None);
+    let starts: Vec<(String, u64)> = all
+        .iter()
+        .map(|w| {
+            assert_eq!((&w["event"], &w["version"]), (&json!("final"), &json!(1)));
+            (
+                w["group"]["user"].as_str().unwrap_or_default().to_owned(),
+                w["window_start"].as_u64().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        starts,
+        vec![
+            ("a".into(), 0),
+            ("a".into(), 30_000),
+            ("b".into(), 1_000),
+            ("b".into(), 40_000)
+        ]
+    );
+    let cursor = all[1]["cursor"].as_str().expect("cursor");
+    assert_eq!(
+        feed(Some(cursor)),
+        all[2..].to_vec(),
+        "resumes after the second"
+    );
+    // A tumbling view's cursor on the session view, and the other way round.
+    let tumbling = http_support::get(&s.url("/v1/views/clicks/final?follow=false"));
+    assert_eq!(tumbling.status, 200);
+    let clicks = feed_cursor(&s, "clicks");
+    for (view, c) in [("visits", clicks.as_str()), ("clicks", cursor)] {
+        let a = http_support::get(&s.url(&format!("/v1/views/{view}/final?after={c}")));
+        assert_eq!((a.status, a.code()), (400, "invalid_cursor"), "{view}");
+    }
+}
+
+/// The cursor of the first final window of `view`'s feed.
+fn feed_cursor(s: &http_support::Served, view: &str) -> String {
+    let resp = ureq::get(&s.url(&format!("/v1/views/{view}/final?follow=false")))
+        .header("Accept", "application/x-ndjson")
+        .call()
+        .expect("final feed");
+    let text = resp.into_body().read_to_string().expect("body");
+    let first: serde_json::Value =
+        serde_json::from_str(text.lines().next().expect("a window")).expect("json");
+    first["cursor"].as_str().expect("cursor").to_owned()
+}

@@ -85,6 +85,12 @@ impl FinalCursor {
         self.cell.split_once('/')?.0.parse().ok()
     }
 
+    /// True for a cursor of a session view's feed (`super::session`), false for one of a
+    /// tumbling or hopping view's.
+    pub fn is_session(&self) -> bool {
+        self.cell.starts_with('s')
+    }
+
     /// The cursor of a session view's feed in round `(lo, hi]` after the session whose last
     /// cell is `cell` (its name after the view prefix; `None`: the round's start).
     pub(super) fn session_cursor(lo: u64, hi: u64, cell: Option<&str>) -> Self {
