@@ -51,6 +51,11 @@
 //! refuses local events for removed windows (late), drops remote entries for them on receipt
 //! and purges their rows; the context keeps their dots, which to the join is a removal, so
 //! nothing resurrects. `retention ≥ lateness` is enforced: only final windows are removed.
+//!
+//! **Session windows** ([`session`]): a session view is stored as tumbling windows of 1 ms —
+//! one cell per group and event time, keyed group first — so every rule above applies per
+//! cell; sessions are computed from the cells when read, and a session is final once the cells
+//! within its gap on both sides are sealed.
 
 pub mod coalesce;
 pub mod def;
