@@ -302,6 +302,10 @@ pub(super) struct Scan<'a> {
     /// Cells read so far.
     pub(super) scanned: usize,
     collect_keys: bool,
+    /// Cells after which the scan pauses where no session is being read.
+    budget: usize,
+    /// The scan paused (at `after`) rather than ended.
+    paused: bool,
 }
 
 impl<'a> Scan<'a> {
@@ -329,7 +333,21 @@ impl<'a> Scan<'a> {
             building: None,
             scanned: 0,
             collect_keys: false,
+            budget: usize::MAX,
+            paused: false,
         }
+    }
+
+    /// Pause (return no further session) once `budget` cells are read and no session is being
+    /// read: [`Scan::paused_at`] says where to resume.
+    pub(super) fn with_budget(mut self, budget: usize) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// The cell name to resume after when the scan paused (`None`: it ended, or goes on).
+    pub(super) fn paused_at(&self) -> Option<&str> {
+        self.paused.then_some(self.after.as_deref()).flatten()
     }
 
     /// Also collect each session's cell keys.
@@ -382,6 +400,12 @@ impl<'a> Scan<'a> {
     pub(super) fn next_session(&mut self) -> Result<Option<Session>, Error> {
         let gap = self.window.session_gap_ms.unwrap_or(1);
         loop {
+            if self.building.is_none() && self.scanned >= self.budget && self.after.is_some() {
+                // Only cells that hold no event since the last session: resuming after the
+                // last one read starts the next session where it starts.
+                self.paused = true;
+                return Ok(None);
+            }
             let Some((key, raw)) = self.next_cell()? else {
                 let Some(b) = self.building.take() else {
                     return Ok(None);
@@ -396,6 +420,16 @@ impl<'a> Scan<'a> {
                 continue;
             };
             let Some(v) = self.effective(&key, t, raw)? else {
+                // No event here, but it may show the session being read has ended: another
+                // group, or the gap past its last event (cells come in time order).
+                let ended = self
+                    .building
+                    .as_ref()
+                    .is_some_and(|b| b.group_json != g || t.saturating_sub(b.open.last) >= gap);
+                if ended && let Some(b) = self.building.take() {
+                    let bounds = b.open.bounds(self.cap);
+                    return Ok(Some(self.finish(b, bounds)));
+                }
                 continue;
             };
             let (g, name) = (g.to_owned(), key.name.clone());
@@ -481,7 +515,8 @@ impl Views {
             prefix,
             query.after.clone(),
             &standing.sealed,
-        );
+        )
+        .with_budget(SESSION_SCAN_MAX);
         let mut rows = Vec::new();
         let mut next = None;
         let mut last_row: Option<String> = None;
@@ -491,7 +526,10 @@ impl Views {
                 next = boundary;
                 break;
             }
-            let Some(s) = scan.next_session()? else { break };
+            let Some(s) = scan.next_session()? else {
+                next = scan.paused_at().map(str::to_owned);
+                break;
+            };
             boundary = Some(s.last_key.clone());
             let b = s.bounds;
             if query.from.is_some_and(|f| b.first < f) || query.to.is_some_and(|t| b.first >= t) {
@@ -609,12 +647,19 @@ impl Views {
                 prefix.clone(),
                 key.as_ref().map(|k| format!("{prefix}{k}")),
                 &st.sealed,
-            );
+            )
+            .with_budget(SESSION_SCAN_MAX.saturating_sub(scanned));
             loop {
                 if scanned + scan.scanned >= SESSION_SCAN_MAX {
                     return Ok(page);
                 }
                 let Some(s) = scan.next_session()? else {
+                    if let Some(at) = scan.paused_at() {
+                        let suffix = at.get(prefix.len()..).unwrap_or_default();
+                        page.next =
+                            Some(FinalCursor::session_cursor(lo, hi, Some(suffix)).to_string());
+                        return Ok(page);
+                    }
                     // The round is done: the next starts where it ended.
                     scanned += scan.scanned;
                     lo = hi;
@@ -685,8 +730,9 @@ impl Views {
             return Ok(Vec::new());
         }
         let prefix = keys::view_prefix(&view.def.name, &view.digest);
-        let mut scan =
-            Scan::new(reader, view, window, prefix, after.clone(), sealed).collecting_keys();
+        let mut scan = Scan::new(reader, view, window, prefix, after.clone(), sealed)
+            .collecting_keys()
+            .with_budget(PURGE_SCAN_MAX);
         let mut out: Vec<Key> = Vec::new();
         let mut resume = after;
         loop {
@@ -701,6 +747,11 @@ impl Views {
                 return Ok(out);
             }
             let Some(s) = scan.next_session()? else {
+                if let Some(at) = scan.paused_at() {
+                    let after = Some(at.to_owned());
+                    state.insert(vi, PurgeScan { after, passed_at });
+                    return Ok(out);
+                }
                 state.insert(
                     vi,
                     PurgeScan {
