@@ -856,3 +856,118 @@ fn feed_cursor(s: &http_support::Served, view: &str) -> String {
         serde_json::from_str(text.lines().next().expect("a window")).expect("json");
     first["cursor"].as_str().expect("cursor").to_owned()
 }
+
+/// The bounds: a session holds at most `SESSION_CELLS_MAX` event times (the next starts a new
+/// one), and a page that scanned `SESSION_SCAN_MAX` cells ends after the session being read,
+/// with `next` — paging (and the final feed) still reaches every session exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_groups_page_by_the_scan_budget_and_cap_sessions() {
+    use tidemark::views::session::{SESSION_CELLS_MAX, SESSION_SCAN_MAX};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = NodeConfig::new(dir.path());
+    cfg.views = serde_json::from_value(json!([
+        {"name": "c", "stream": "s", "kind": "count", "group_by": ["user"],
+         "window": {"session": "1s", "lateness": "60s"}},
+    ]))
+    .expect("defs");
+    let node = Node::open(cfg).await.expect("open");
+    let base = 1_000_000u64;
+    // 12 users × 6,000 consecutive milliseconds (over the scan budget in all), and one user
+    // with more consecutive milliseconds than a session holds.
+    let per = SESSION_SCAN_MAX / 11;
+    let capped = SESSION_CELLS_MAX + 500;
+    let mut groups: Vec<(String, usize)> = (0..12).map(|u| (format!("u{u:02}"), per)).collect();
+    groups.push(("cap".into(), capped));
+    let mut seq = 0u64;
+    for (user, n) in &groups {
+        let mut at = 0;
+        while at < *n {
+            let batch: Vec<StreamEvent> = (at..(at + 1000).min(*n))
+                .map(|j| {
+                    seq += 1;
+                    StreamEvent::new("p", seq, json!({"user": user})).at(base + j as u64)
+                })
+                .collect();
+            at += batch.len();
+            let out = node.ingest_events("s", batch).await.expect("ingest");
+            assert_eq!(out.late, 0);
+        }
+    }
+    // Far ahead: everything before is final.
+    seq += 1;
+    let far = StreamEvent::new("p", seq, json!({"user": "zz"})).at(base + 100_000);
+    node.ingest_events("s", vec![far]).await.expect("ingest");
+    node.maintain_views().await.expect("maintain");
+    let mut pages = 0;
+    let mut rows = Vec::new();
+    let mut q = ViewQuery::default();
+    loop {
+        let page = node.view("c", &q).await.expect("view");
+        pages += 1;
+        rows.extend(page.rows);
+        match page.next {
+            Some(n) => q.after = Some(n),
+            None => break,
+        }
+    }
+    assert!(pages >= 2, "the scan budget splits the pages");
+    let got: Vec<(String, u64, u64, serde_json::Value)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.group["user"].as_str().unwrap_or_default().to_owned(),
+                r.window_start.unwrap_or_default(),
+                r.window_end.unwrap_or_default(),
+                r.value.clone(),
+            )
+        })
+        .collect();
+    let mut want: Vec<(String, u64, u64, serde_json::Value)> = vec![
+        (
+            "cap".into(),
+            base,
+            base + SESSION_CELLS_MAX as u64 - 1 + 1_000,
+            json!(SESSION_CELLS_MAX),
+        ),
+        (
+            "cap".into(),
+            base + SESSION_CELLS_MAX as u64,
+            base + capped as u64 - 1 + 1_000,
+            json!(capped - SESSION_CELLS_MAX),
+        ),
+    ];
+    for u in 0..12 {
+        want.push((
+            format!("u{u:02}"),
+            base,
+            base + per as u64 - 1 + 1_000,
+            json!(per),
+        ));
+    }
+    want.push(("zz".into(), base + 100_000, base + 101_000, json!(1)));
+    assert_eq!(got, want);
+    // The final feed: every session but the open one, once, across its budget-cut pages.
+    let mut after: Option<FinalCursor> = None;
+    let mut delivered = Vec::new();
+    for _ in 0..50 {
+        let page = node
+            .final_windows("c", after.as_ref(), 1000)
+            .await
+            .expect("feed");
+        delivered.extend(page.windows.iter().map(|w| {
+            (
+                w.group["user"].as_str().unwrap_or_default().to_owned(),
+                w.window_start,
+            )
+        }));
+        after = page.next.as_deref().map(|n| n.parse().expect("cursor"));
+    }
+    let mut want_final: Vec<(String, u64)> = want[..want.len() - 1]
+        .iter()
+        .map(|w| (w.0.clone(), w.1))
+        .collect();
+    want_final.sort();
+    delivered.sort();
+    assert_eq!(delivered, want_final);
+    node.shutdown().await.expect("shutdown");
+}
