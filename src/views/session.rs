@@ -518,17 +518,14 @@ impl Views {
         )
         .with_budget(SESSION_SCAN_MAX);
         let mut rows = Vec::new();
-        let mut next = None;
         let mut last_row: Option<String> = None;
         let mut boundary: Option<String> = None;
-        loop {
+        let next = loop {
             if scan.scanned >= SESSION_SCAN_MAX && boundary.is_some() {
-                next = boundary;
-                break;
+                break boundary;
             }
             let Some(s) = scan.next_session()? else {
-                next = scan.paused_at().map(str::to_owned);
-                break;
+                break scan.paused_at().map(str::to_owned);
             };
             boundary = Some(s.last_key.clone());
             let b = s.bounds;
@@ -545,8 +542,7 @@ impl Views {
                 continue; // past retention: removed on every node alike
             }
             if rows.len() == limit {
-                next = last_row;
-                break;
+                break last_row;
             }
             last_row = Some(s.last_key);
             rows.push(ViewRow {
@@ -556,7 +552,7 @@ impl Views {
                 is_final,
                 value: to_json(d.kind, &s.value),
             });
-        }
+        };
         Ok(ViewPage {
             rows,
             next,
