@@ -430,6 +430,12 @@ impl<'a> Scan<'a> {
                     let bounds = b.open.bounds(self.cap);
                     return Ok(Some(self.finish(b, bounds)));
                 }
+                // Within the session's gap: removed with it (a purge leaves no row behind).
+                if self.collect_keys
+                    && let Some(b) = &mut self.building
+                {
+                    b.keys.push(key);
+                }
                 continue;
             };
             let (g, name) = (g.to_owned(), key.name.clone());
