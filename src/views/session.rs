@@ -584,7 +584,8 @@ impl Views {
     ///
     /// The feed goes in *rounds*: round `(lo, hi]` delivers, in key order (group, then time),
     /// every session whose final deadline ([`Bounds::final_deadline`]) is in `(lo, hi]`, where
-    /// `hi` is how far the seals reach without a hole past `lo` when the round starts. Every
+    /// `hi` is how far this node's seals reach without a hole (from deadline 1) when the round
+    /// starts; a node whose seals do not reach a cursor's `hi` waits. Every
     /// session of a round is final and fixed when the round is read (its deadlines are all
     /// sealed), and each session has one final deadline, so it falls in exactly one round:
     /// rounds `(0, h1], (h1, h2], …` deliver every session once, none skipped. The cursor
@@ -633,13 +634,20 @@ impl Views {
         }
         let limit = limit.clamp(1, 1000);
         let mut scanned = 0;
+        // How far this node's seals reach without a hole: every session whose final deadline
+        // is at most this is final and complete here, so the sessions of an earlier round were
+        // all delivered before. A cursor of a round beyond it (from a node that sealed more)
+        // waits until this node's seals get there.
+        let reach = frontier(&st.sealed, 0);
         loop {
+            if hi > reach {
+                return Ok(page);
+            }
             if lo == hi {
-                let f = frontier(&st.sealed, lo);
-                if f == lo {
+                if reach == lo {
                     return Ok(page);
                 }
-                hi = f;
+                hi = reach;
                 key = None;
             }
             let mut scan = Scan::new(
@@ -671,8 +679,8 @@ impl Views {
                 };
                 let b = s.bounds;
                 let fd = b.final_deadline(&window);
-                let suffix = s.last_key[prefix.len()..].to_owned();
-                let cursor = FinalCursor::session_cursor(lo, hi, Some(&suffix)).to_string();
+                let suffix = s.last_key.get(prefix.len()..).unwrap_or_default();
+                let cursor = FinalCursor::session_cursor(lo, hi, Some(suffix)).to_string();
                 if fd <= lo || fd > hi {
                     page.next = Some(cursor);
                     continue; // another round's
