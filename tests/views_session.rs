@@ -298,6 +298,7 @@ async fn sessions_equal_the_batch_recount_and_finals_never_change() {
         let mut clock = 1_000_000u64;
         let mut finals: BTreeMap<Sess, (u64, serde_json::Value)> = BTreeMap::new();
         let mut sinks: Vec<Sink> = (0..3).map(|_| Sink::default()).collect();
+        let mut roaming = Sink::default();
         let (mut late_total, mut applied_total) = (0usize, 0usize);
         let mut merges = 0usize;
         // What the test knows of each node's watermark (at most it).
@@ -437,6 +438,11 @@ async fn sessions_equal_the_batch_recount_and_finals_never_change() {
                 let crash = rng.random_bool(0.2);
                 sink.pull(&nodes[n], crash, &format!("{at} sink {n}")).await;
             }
+            // A consumer that reads from a random node each step, with its cursor.
+            let n = rng.random_range(0..3);
+            roaming
+                .pull(&nodes[n], false, &format!("{at} roaming on {n}"))
+                .await;
         }
         // Heal, move every watermark far past everything, let it all become final.
         for (i, j) in [(0, 1), (0, 2), (1, 2)] {
@@ -513,8 +519,9 @@ async fn sessions_equal_the_batch_recount_and_finals_never_change() {
                 .collect();
             assert_eq!(table, clicks, "{ctx}: sink {n} ≠ final sessions");
         }
-        // A consumer switching nodes resumes with its cursor: same sessions, none skipped.
-        let mut moved = Sink::default();
+        // A consumer switching nodes resumes with its cursor: same sessions, none skipped —
+        // one that switched at every step, and a fresh one.
+        let mut moved = roaming;
         for n in [0, 1, 2, 0, 1, 2] {
             for _ in 0..60 {
                 moved.pull(&nodes[n], false, &format!("{ctx} moving")).await;
