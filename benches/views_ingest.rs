@@ -1,4 +1,4 @@
-//! Cost of stream views on durable ingest: the same events through `ingest_events`
+//! Cost of stream views on durable ingest: the same events through `Node::ingest`
 //! into a stream with 0 (raw), 1, 3 and 10 windowed views, in durable batches of 1,000 from
 //! one writer, each run on a fresh node in a temp directory, all in one process so the
 //! ratios compare runs under the same machine load. Then, on 3 in-process nodes connected

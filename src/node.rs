@@ -967,6 +967,7 @@ impl Node {
                 &self.reader()?,
                 &plan.stream,
                 maintain::PURGE_BATCH,
+                me,
             )?;
             if !keys.is_empty() {
                 let (reply, rx) = oneshot::channel();

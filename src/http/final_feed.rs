@@ -154,7 +154,27 @@ pub(super) async fn final_feed(
             _ => {}
         }
     }
+    let at = if after_text.is_some() {
+        "query after"
+    } else {
+        "header Last-Event-ID"
+    };
     let after: Option<FinalCursor> = super::watch::resume_cursor(after_text, &headers)?;
+    let session = def.window.is_some_and(|w| w.session_gap_ms.is_some());
+    if after.as_ref().is_some_and(|c| c.is_session() != session) {
+        return Err(ApiError::bad_request(
+            "invalid_cursor",
+            format!(
+                "a cursor of another kind of window: view {view:?} has {} windows",
+                if session {
+                    "session"
+                } else {
+                    "tumbling or hopping"
+                }
+            ),
+        )
+        .at(at));
+    }
     // Refuse a failing read now, as a status, rather than as an ended stream.
     state
         .node

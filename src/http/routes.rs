@@ -393,7 +393,20 @@ const LIST_LIMIT_MAX: usize = 1000;
 /// the one encoding cells are written with: another spelling of the same values would sort
 /// elsewhere and page from the wrong place.)
 fn is_view_cursor(view: &crate::views::CompiledView, after: &str) -> bool {
-    use crate::views::keys::{parse_view_key, view_key};
+    use crate::views::keys::{parse_session_key, parse_view_key, session_key, view_key};
+    if view.window.is_some_and(|w| w.session_gap_ms.is_some()) {
+        // A session view's `next`: the last cell of a session.
+        let Some((_, group, t)) = parse_session_key(&view.def.name, &view.digest, after) else {
+            return false;
+        };
+        return group.len() == view.def.group_by.len()
+            && session_key(
+                &view.def.name,
+                &view.digest,
+                &serde_json::Value::Array(group).to_string(),
+                t,
+            ) == after;
+    }
     let Some((start, group)) = parse_view_key(&view.def.name, &view.digest, after) else {
         return false;
     };

@@ -40,7 +40,7 @@ pub struct Hopping {
     pub every: String,
 }
 
-/// The event-time window of a view: exactly one of `tumbling` and `hopping`.
+/// The event-time window of a view: exactly one of `tumbling`, `hopping` and `session`.
 /// Durations are `<integer><unit>` with unit `ms`, `s`, `m`, `h` or `d`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -51,6 +51,10 @@ pub struct WindowDef {
     /// Hopping windows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hopping: Option<Hopping>,
+    /// Session windows with this gap (`"30m"`): per group, events closer than the gap form
+    /// one session (`count`, `sum`, `distinct`, `latest` views; see [`super::session`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
     /// How long after a window's end events for it are still applied (default `0s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lateness: Option<String>,
@@ -130,6 +134,10 @@ pub struct Window {
     pub out_of_orderness_ms: u64,
     /// Idle timeout of the stream's watermark (`None`: never advanced by the clock).
     pub idle_timeout_ms: Option<u64>,
+    /// The gap of a session window (`None`: tumbling or hopping). A session view is stored
+    /// as tumbling windows of 1 ms (`size_ms` and `every_ms` are 1), one cell per group and
+    /// event time; sessions are computed from them when read ([`super::session`]).
+    pub session_gap_ms: Option<u64>,
 }
 
 impl Window {
@@ -207,11 +215,43 @@ fn err(view: &str, field: &str, message: impl std::fmt::Display) -> String {
     format!("view {view:?}, field `{field}`: {message}")
 }
 
-fn compile_window(name: &str, w: &WindowDef) -> Result<Window, String> {
+fn compile_window(name: &str, kind: ViewKind, w: &WindowDef) -> Result<Window, String> {
     let dur = |field: &str, text: &str| {
         parse_duration_ms(text).map_err(|e| err(name, &format!("window.{field}"), e))
     };
+    let mut session_gap_ms = None;
+    if let Some(gap) = &w.session {
+        let other = match (&w.tumbling, &w.hopping) {
+            (Some(_), _) => Some("tumbling"),
+            (None, Some(_)) => Some("hopping"),
+            (None, None) => None,
+        };
+        if let Some(other) = other {
+            return Err(err(
+                name,
+                &format!("window.{other}"),
+                format!(
+                    "a session window has no `{other}`: `session` sets the gap, the events \
+                     set the length (give exactly one of `tumbling`, `hopping` and `session`)"
+                ),
+            ));
+        }
+        if kind == ViewKind::Members {
+            return Err(err(
+                name,
+                "window.session",
+                "session windows are for count, sum, distinct and latest views",
+            ));
+        }
+        let g = dur("session", gap)?;
+        if g == 0 {
+            return Err(err(name, "window.session", "the gap must be positive"));
+        }
+        session_gap_ms = Some(g);
+    }
     let (size_ms, every_ms) = match (&w.tumbling, &w.hopping) {
+        // One cell per event time: a tumbling window of 1 ms.
+        (None, None) if session_gap_ms.is_some() => (1, 1),
         (Some(t), None) => {
             let s = dur("tumbling", t)?;
             (s, s)
@@ -224,7 +264,7 @@ fn compile_window(name: &str, w: &WindowDef) -> Result<Window, String> {
             return Err(err(
                 name,
                 "window",
-                "give exactly one of `tumbling` and `hopping`",
+                "give exactly one of `tumbling`, `hopping` and `session`",
             ));
         }
     };
@@ -268,6 +308,7 @@ fn compile_window(name: &str, w: &WindowDef) -> Result<Window, String> {
         retention_ms,
         out_of_orderness_ms: opt("out_of_orderness", &w.out_of_orderness)?.unwrap_or(0),
         idle_timeout_ms,
+        session_gap_ms,
     })
 }
 
@@ -403,7 +444,7 @@ pub fn compile(defs: &[ViewDef]) -> Result<Vec<CompiledView>, String> {
         let window = d
             .window
             .as_ref()
-            .map(|w| compile_window(name, w))
+            .map(|w| compile_window(name, d.kind, w))
             .transpose()?;
         let max_future_ms = match &d.max_future {
             None => MAX_FUTURE_DEFAULT_MS,
@@ -432,6 +473,7 @@ mod tests {
             retention_ms: None,
             out_of_orderness_ms: 0,
             idle_timeout_ms: None,
+            session_gap_ms: None,
         };
         assert_eq!(tumbling.starts(0), vec![0]);
         assert_eq!(tumbling.starts(59_999), vec![0]);
@@ -491,6 +533,69 @@ mod tests {
         }
         let e = compile(&[def("v", "s", &["seq"])]).expect_err("envelope");
         assert!(e.starts_with("view \"v\", field `group_by`:"), "{e}");
+    }
+
+    fn session_def(kind: &str, window: serde_json::Value) -> ViewDef {
+        let mut d = serde_json::json!({
+            "name": "sess", "stream": "s", "kind": kind, "group_by": ["user"], "window": window,
+        });
+        if kind != "count" {
+            d["field"] = "v".into();
+        }
+        if kind == "members" {
+            d["add_when"] = serde_json::json!({"field": "op", "equals": "add"});
+            d["remove_when"] = serde_json::json!({"field": "op", "equals": "rm"});
+        }
+        serde_json::from_value(d).expect("shape")
+    }
+
+    #[test]
+    fn session_windows_compile_to_one_ms_cells_and_refuse_a_size() {
+        let v = compile(&[session_def(
+            "count",
+            serde_json::json!({"session": "30m", "lateness": "5m", "retention": "1d"}),
+        )])
+        .expect("compiles");
+        let w = v[0].window.expect("window");
+        assert_eq!(w.session_gap_ms, Some(1_800_000));
+        assert_eq!((w.size_ms, w.every_ms, w.lateness_ms), (1, 1, 300_000));
+        assert_eq!(w.starts(12_345), vec![12_345]);
+        assert_eq!(w.deadline(12_345), 12_345 + 1 + 300_000);
+        for kind in ["sum", "distinct", "latest"] {
+            assert!(compile(&[session_def(kind, serde_json::json!({"session": "1s"}))]).is_ok());
+        }
+        let e = compile(&[session_def(
+            "count",
+            serde_json::json!({"session": "30m", "tumbling": "1m"}),
+        )])
+        .expect_err("both");
+        assert!(
+            e.starts_with("view \"sess\", field `window.tumbling`:"),
+            "{e}"
+        );
+        let e = compile(&[session_def(
+            "count",
+            serde_json::json!({"session": "30m", "hopping": {"size": "2m", "every": "1m"}}),
+        )])
+        .expect_err("both");
+        assert!(
+            e.starts_with("view \"sess\", field `window.hopping`:"),
+            "{e}"
+        );
+        for bad in ["30", "30x", "0s", ""] {
+            let e = compile(&[session_def("count", serde_json::json!({"session": bad}))])
+                .expect_err(bad);
+            assert!(
+                e.starts_with("view \"sess\", field `window.session`:"),
+                "{bad}: {e}"
+            );
+        }
+        let e = compile(&[session_def("members", serde_json::json!({"session": "1m"}))])
+            .expect_err("members");
+        assert!(
+            e.starts_with("view \"sess\", field `window.session`:"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -24,7 +24,10 @@ use tidemark_crdts::{Key, ReplicaId};
 /// shell-safe hex text; stable across restarts and the same on every node).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct FinalCursor {
-    /// `{start, 20 digits}/{group JSON}`: the cell name after the view prefix.
+    /// `{start, 20 digits}/{group JSON}`: the cell name after the view prefix; for a session
+    /// view `s{lo, 20 digits}/{hi, 20 digits}/` then nothing (the round's start) or the last
+    /// delivered session's last cell name after the view prefix (`@{group JSON}/{time}`):
+    /// the feed round `(lo, hi]` and the place in it (`super::session`).
     cell: String,
 }
 
@@ -55,6 +58,10 @@ impl std::str::FromStr for FinalCursor {
             .collect::<Result<_, _>>()
             .map_err(|_| bad())?;
         let cell = String::from_utf8(bytes).map_err(|_| bad())?;
+        if cell.starts_with('s') {
+            let c = Self { cell };
+            return c.session().map(|_| c).ok_or_else(bad);
+        }
         let (start, group) = cell.split_once('/').ok_or_else(bad)?;
         if start.len() != 20 || !start.bytes().all(|b| b.is_ascii_digit()) {
             return Err(bad());
@@ -72,7 +79,53 @@ impl std::str::FromStr for FinalCursor {
 impl FinalCursor {
     /// The window start the cursor is at.
     fn start(&self) -> Option<u64> {
+        if self.cell.starts_with('s') {
+            return None;
+        }
         self.cell.split_once('/')?.0.parse().ok()
+    }
+
+    /// True for a cursor of a session view's feed (`super::session`), false for one of a
+    /// tumbling or hopping view's.
+    pub fn is_session(&self) -> bool {
+        self.cell.starts_with('s')
+    }
+
+    /// The cursor of a session view's feed in round `(lo, hi]` after the session whose last
+    /// cell is `cell` (its name after the view prefix; `None`: the round's start).
+    pub(super) fn session_cursor(lo: u64, hi: u64, cell: Option<&str>) -> Self {
+        Self {
+            cell: format!("s{lo:020}/{hi:020}/{}", cell.unwrap_or_default()),
+        }
+    }
+
+    /// A session view's cursor: `(lo, hi, the last cell delivered in the round)`; `None` for
+    /// a cursor of another window.
+    pub(super) fn session(&self) -> Option<(u64, u64, Option<String>)> {
+        let rest = self.cell.strip_prefix('s')?;
+        let digits = |t: &str| {
+            (t.len() == 20 && t.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| t.parse::<u64>().ok())
+                .flatten()
+        };
+        let (lo, rest) = rest.split_once('/')?;
+        let (hi, cell) = rest.split_once('/')?;
+        let (lo, hi) = (digits(lo)?, digits(hi)?);
+        if lo > hi {
+            return None;
+        }
+        if cell.is_empty() {
+            return Some((lo, hi, None));
+        }
+        let (group, time) = cell.strip_prefix('@')?.rsplit_once('/')?;
+        digits(time)?;
+        if !matches!(
+            serde_json::from_str::<serde_json::Value>(group),
+            Ok(serde_json::Value::Array(_))
+        ) {
+            return None;
+        }
+        Some((lo, hi, Some(cell.to_owned())))
     }
 }
 
@@ -138,6 +191,14 @@ impl Views {
                 "view {name:?} has no window: none of its values ever becomes final"
             )));
         };
+        if window.session_gap_ms.is_some() {
+            return self.final_sessions(reader, vi, after, limit, me, known, peer_of);
+        }
+        if after.is_some_and(|c| c.start().is_none()) {
+            return Err(Error::Config(format!(
+                "view {name:?} has no session window: this cursor is of another view"
+            )));
+        }
         let st = self.standing(reader, d.stream.as_str(), me, known, peer_of)?;
         let kind = key_kind(d.kind);
         let prefix = keys::view_prefix(&d.name, &view.digest);
@@ -214,6 +275,29 @@ mod tests {
         assert_eq!(c.start(), Some(60_000));
         for bad in ["", "0", "zz", "2f2f", &"30".repeat(20)] {
             assert!(bad.parse::<FinalCursor>().is_err(), "{bad:?} accepted");
+        }
+        let hex = |t: &str| t.bytes().map(|b| format!("{b:02x}")).collect::<String>();
+        for (lo, hi, cell) in [
+            (0, 0, None),
+            (5, 900, Some(format!("@[\"a/b\"]/{:020}", 7))),
+        ] {
+            let c = FinalCursor::session_cursor(lo, hi, cell.as_deref());
+            let text = c.to_string();
+            assert_eq!(text.parse::<FinalCursor>(), Ok(c.clone()));
+            assert_eq!(c.session(), Some((lo, hi, cell)));
+            assert_eq!(c.start(), None);
+        }
+        for bad in [
+            format!("s{:020}/{:020}/", 9, 3),
+            format!("s{:020}/{:020}/x", 0, 3),
+            format!("s{:020}/{:020}/@[\"a\"]/7", 0, 3),
+            format!("s{:020}/{:020}/@nope/{:020}", 0, 3, 7),
+            format!("s{:020}", 0),
+        ] {
+            assert!(
+                hex(&bad).parse::<FinalCursor>().is_err(),
+                "{bad:?} accepted"
+            );
         }
     }
 }

@@ -302,8 +302,13 @@ pub fn fold_event(
                 .map(|s| (Some(s), Some(w.deadline(s))))
                 .collect(),
         };
+        let session = view.window.is_some_and(|w| w.session_gap_ms.is_some());
         for (start, deadline) in windows {
-            let name = keys::view_key(&d.name, &view.digest, start, &group);
+            let name = match start {
+                // A session view: one cell per group and event time, group first.
+                Some(t) if session => keys::session_key(&d.name, &view.digest, &group, t),
+                _ => keys::view_key(&d.name, &view.digest, start, &group),
+            };
             if name.len() > limits.key_bytes_max {
                 let f = d.group_by.first().map_or("group_by", String::as_str);
                 return Err(fail(

@@ -3,6 +3,12 @@
 //! - view cells: `~view/{view}/{definition digest, 16 hex}/{window start, 20 digits | "-"}/
 //!   {group values as a JSON array}` (so a view's cells sort by window start, then group, and
 //!   cells of a differing definition of the same view name are other keys, never merged);
+//! - session view cells: `~view/{view}/{definition digest}/@{group values as a JSON array}/
+//!   {event time, 20 digits}` ([`session_key`]): the group before the time, so one group's
+//!   cells are one contiguous key range ([`session_group_prefix`]) read without scanning the
+//!   rest of the view, in event-time order (what sessionizing needs, `super::session`). A
+//!   group's JSON text is one complete array, so no group's prefix is a prefix of another's;
+//!   the `@` keeps these names apart from window starts (digits) and `-`;
 //! - watermark announcements: `lww/~wm/{stream}/{replica id, 32 hex digits}`, written only by
 //!   that replica, holding `{"defs": digest of its view definitions of the stream, "e": its
 //!   membership epochs, "f": its seals (both `super::seal`, optional), "h": its retention
@@ -27,6 +33,39 @@ pub fn view_key(view: &str, digest: &str, window_start: Option<u64>, group_json:
     }
 }
 
+/// The key name of the session view cell of `group_json` at event time `time_ms`.
+pub fn session_key(view: &str, digest: &str, group_json: &str, time_ms: u64) -> String {
+    format!("{VIEW_PREFIX}{view}/{digest}/@{group_json}/{time_ms:020}")
+}
+
+/// Prefix of every session view cell of one group (its cells sort by event time).
+pub fn session_group_prefix(view: &str, digest: &str, group_json: &str) -> String {
+    format!("{VIEW_PREFIX}{view}/{digest}/@{group_json}/")
+}
+
+/// Splits a session cell name of `view` (definition `digest`) into `(group JSON text, group
+/// values, event time)`.
+pub fn parse_session_key<'a>(
+    view: &str,
+    digest: &str,
+    name: &'a str,
+) -> Option<(&'a str, Vec<serde_json::Value>, u64)> {
+    let rest = name
+        .strip_prefix(VIEW_PREFIX)?
+        .strip_prefix(view)?
+        .strip_prefix('/')?
+        .strip_prefix(digest)?
+        .strip_prefix("/@")?;
+    let (group, time) = rest.rsplit_once('/')?;
+    if time.len() != 20 || !time.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let serde_json::Value::Array(g) = serde_json::from_str(group).ok()? else {
+        return None;
+    };
+    Some((group, g, time.parse().ok()?))
+}
+
 /// Prefix of every cell of `view` under the definition with `digest`.
 pub fn view_prefix(view: &str, digest: &str) -> String {
     format!("{VIEW_PREFIX}{view}/{digest}/")
@@ -38,12 +77,16 @@ pub fn window_prefix(view: &str, digest: &str, start: u64) -> String {
 }
 
 /// `(view, definition digest, window start)` of any view cell name (`None` start: an
-/// unwindowed cell); `None` for other names.
+/// unwindowed cell; a session cell gives its event time); `None` for other names.
 pub fn cell_of(name: &str) -> Option<(&str, &str, Option<u64>)> {
     let rest = name.strip_prefix(VIEW_PREFIX)?;
     let mut parts = rest.splitn(4, '/');
     let (view, digest, start) = (parts.next()?, parts.next()?, parts.next()?);
     parts.next()?;
+    if start.starts_with('@') {
+        let time = rest.rsplit_once('/')?.1;
+        return Some((view, digest, Some(time.parse().ok()?)));
+    }
     let start = if start == "-" {
         None
     } else {
@@ -304,6 +347,25 @@ pub fn latest_value(record: &serde_json::Value) -> serde_json::Value {
 mod tests {
     use super::*;
     use crate::store::LocalWrite;
+
+    #[test]
+    fn session_cells_sort_by_group_then_time_and_parse_back() {
+        let g = r#"["a/b",1]"#;
+        let k = session_key("v", "d", g, 42);
+        assert_eq!(k, format!("{VIEW_PREFIX}v/d/@[\"a/b\",1]/{:020}", 42));
+        assert!(k.starts_with(&session_group_prefix("v", "d", g)));
+        assert!(session_key("v", "d", g, 7) < k);
+        assert_eq!(
+            parse_session_key("v", "d", &k),
+            Some((g, vec!["a/b".into(), 1.into()], 42))
+        );
+        assert_eq!(cell_of(&k), Some(("v", "d", Some(42))));
+        assert_eq!(parse_view_key("v", "d", &k), None, "not a window cell");
+        assert_eq!(
+            parse_session_key("v", "d", &view_key("v", "d", Some(1), "[]")),
+            None
+        );
+    }
 
     #[test]
     fn latest_writes_get_one_stamp_per_op_and_other_writes_none() {

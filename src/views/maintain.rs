@@ -287,7 +287,9 @@ impl Views {
 
 /// Step 4: up to `max` keys of rows of `stream`'s views whose windows are removed under the
 /// horizon this node acts on (its views' own cells only; cells sort by window start, so the
-/// scan stops at the first window that is kept).
+/// scan stops at the first window that is kept). A session view's cells are removed a whole
+/// session at a time, once it is final under `me`'s committed seals and past retention
+/// (`super::session`).
 ///
 /// # Errors
 /// Storage failures.
@@ -296,14 +298,31 @@ pub fn expired_keys(
     reader: &Reader,
     stream: &str,
     max: usize,
+    me: ReplicaId,
 ) -> Result<Vec<Key>, Error> {
     let Some(h) = views.horizon(stream) else {
         return Ok(Vec::new());
     };
     let mut out = Vec::new();
+    let mut sealed: Option<Vec<super::seal::Sealed>> = None;
     for &vi in views.by_stream.get(stream).map_or(&[][..], Vec::as_slice) {
         let view = &views.views[vi];
         if view.window.is_none_or(|w| w.retention_ms.is_none()) {
+            continue;
+        }
+        if view.window.is_some_and(|w| w.session_gap_ms.is_some()) {
+            if out.len() >= max {
+                return Ok(out);
+            }
+            let sealed = match &sealed {
+                Some(s) => s,
+                None => sealed.insert(
+                    super::read::announcement_of(reader, &keys::wm_key(stream, me))?
+                        .map(|a| a.sealed)
+                        .unwrap_or_default(),
+                ),
+            };
+            out.extend(views.expired_sessions(reader, vi, sealed, h, max - out.len())?);
             continue;
         }
         let kind = super::read::key_kind(view.def.kind);

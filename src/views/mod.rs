@@ -51,6 +51,11 @@
 //! refuses local events for removed windows (late), drops remote entries for them on receipt
 //! and purges their rows; the context keeps their dots, which to the join is a removal, so
 //! nothing resurrects. `retention ≥ lateness` is enforced: only final windows are removed.
+//!
+//! **Session windows** ([`session`]): a session view is stored as tumbling windows of 1 ms —
+//! one cell per group and event time, keyed group first — so every rule above applies per
+//! cell; sessions are computed from the cells when read, and a session is final once the cells
+//! within its gap on both sides are sealed.
 
 pub mod coalesce;
 pub mod def;
@@ -61,6 +66,7 @@ pub mod late;
 pub mod maintain;
 pub mod read;
 pub mod seal;
+pub mod session;
 
 /// The one event type of every ingest path (also at the crate root).
 pub use crate::ops::Event;
@@ -154,6 +160,9 @@ pub struct Views {
     /// nothing of what the cluster sealed since; it applies nothing to windows until an
     /// announcement of another node arrives that this context did not hold.
     fresh_from: Mutex<BTreeMap<String, tidemark_crdts::CausalContext>>,
+    /// View index → where the purge scan of a session view resumes (a cell name; `None`: from
+    /// the start) and the horizon its last complete pass ran under ([`session`]).
+    pub(crate) session_purge: Mutex<BTreeMap<usize, session::PurgeScan>>,
 }
 
 /// This node's epochs and seals of one stream.
@@ -257,6 +266,7 @@ impl Views {
             synced: Mutex::new(BTreeSet::new()),
             removed: std::sync::atomic::AtomicBool::new(false),
             fresh_from: Mutex::new(BTreeMap::new()),
+            session_purge: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -315,11 +325,15 @@ impl Views {
     }
 
     /// True when the window of view `vi` starting at `start` is removed under `horizon`
-    /// (`end + retention < horizon`). The same rule on every node.
+    /// (`end + retention < horizon`). The same rule on every node. Always false for a cell of
+    /// a session view: sessions are removed whole, once final ([`session`]), never by cell.
     pub fn expired(&self, vi: usize, start: u64, horizon: u64) -> bool {
         let Some(w) = self.views.get(vi).and_then(|v| v.window) else {
             return false;
         };
+        if w.session_gap_ms.is_some() {
+            return false;
+        }
         w.retention_ms
             .is_some_and(|r| start.saturating_add(w.size_ms).saturating_add(r) < horizon)
     }

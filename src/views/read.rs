@@ -412,7 +412,7 @@ pub struct ViewSummary {
 
 impl Views {
     /// The counters of view `vi`.
-    fn counters_of(&self, vi: usize) -> ViewCounters {
+    pub(super) fn counters_of(&self, vi: usize) -> ViewCounters {
         let c = &self.counters[vi];
         ViewCounters {
             folded: c.folded.load(Ordering::Relaxed),
@@ -530,6 +530,10 @@ impl Views {
             .find(name)
             .ok_or_else(|| Error::Config(format!("no view named {name:?} is configured")))?;
         let d = &view.def;
+        if view.window.is_some_and(|w| w.session_gap_ms.is_some()) {
+            let st = self.standing(reader, d.stream.as_str(), me, known, peer_of)?;
+            return self.read_sessions(reader, vi, query, st);
+        }
         // Finality inputs first: rows read afterwards can only be newer, never older.
         let Standing {
             watermark,
