@@ -1430,15 +1430,30 @@ impl Node {
             g.take();
         }
         // Release our read handle so the database file closes with the writer.
-        if let Ok(mut g) = self.shared.reader.lock() {
-            g.take();
-        }
+        let released = self
+            .shared
+            .reader
+            .lock()
+            .ok()
+            .and_then(|mut g| g.take())
+            .map(|r| r.release_watch());
         let thread = self.shared.thread.lock().ok().and_then(|mut g| g.take());
         if let Some(t) = thread {
             tokio::task::spawn_blocking(move || t.join())
                 .await
                 .map_err(|_| Error::Closed)?
                 .map_err(|_| Error::Closed)?;
+        }
+        // A background task may hold a reader for a moment (a removal or view round under
+        // way): the store is closed, and the directory free to open again, only once it let go.
+        if let Some(watch) = released {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while !watch.released() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            if !watch.released() {
+                tracing::warn!("a reader still holds the store 5 s after shutdown");
+            }
         }
         Ok(())
     }

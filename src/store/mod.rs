@@ -39,7 +39,7 @@ pub use fallback::BatchFallback;
 pub use late::{LateNote, LatePage, Totals as LateTotals};
 pub use local::{EventId, LocalCommit, LocalWrite, Refusal, RefusalCause};
 pub use purge::RemoteFilter;
-pub use read::{LOG_BYTES_ENTRIES_MAX, LogBytes, Reader};
+pub use read::{LOG_BYTES_ENTRIES_MAX, LogBytes, Reader, ReleaseWatch};
 pub use replicate::DeltasSince;
 pub use snapshot::{
     RESTORE_MARKER, SNAPSHOT_FORMAT, SnapshotInfo, SnapshotRead, publish_file, restore_snapshot,

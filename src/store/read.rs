@@ -22,6 +22,18 @@ pub struct Reader {
     snap: Option<Arc<redb::ReadTransaction>>,
 }
 
+/// Tells when every handle on a store's database is gone (the file lock released): see
+/// [`Reader::release_watch`].
+#[derive(Debug)]
+pub struct ReleaseWatch(std::sync::Weak<Database>);
+
+impl ReleaseWatch {
+    /// True once no reader or store holds the database any more.
+    pub fn released(&self) -> bool {
+        self.0.strong_count() == 0
+    }
+}
+
 impl std::fmt::Debug for Reader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reader").finish_non_exhaustive()
@@ -41,6 +53,12 @@ pub struct LogBytes {
 pub const LOG_BYTES_ENTRIES_MAX: u64 = 4096;
 
 impl Reader {
+    /// A watch on this database's handles: released once the store and every reader of it
+    /// are dropped (a reader held by a task for a moment holds the file lock with it).
+    pub fn release_watch(&self) -> ReleaseWatch {
+        ReleaseWatch(Arc::downgrade(&self.db))
+    }
+
     pub(crate) fn new(db: Arc<Database>, limits: Limits) -> Self {
         Self {
             db,
