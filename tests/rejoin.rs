@@ -156,3 +156,33 @@ fn a_restarted_seed_rejoins_and_restarted_nodes_keep_listing_their_members() {
     assert_eq!(b["name"], "beta", "{b}");
     assert_eq!(alpha.terminate().code(), Some(0));
 }
+
+/// A node started to join (`--join`) that reaches no member is not ready: an unreachable
+/// seed, or a seed whose certificates come from another CA (this node runs without `--tls`).
+/// A node started alone is ready at once.
+#[test]
+fn a_joining_node_that_reaches_no_member_is_not_ready() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    issue_certs(dir.path(), &["alpha"]);
+    let ready = |d: &Daemon| {
+        let r = ureq::get(&format!("{}/readyz", d.url)).call();
+        match r {
+            Ok(_) => (200, String::new()),
+            Err(ureq::Error::StatusCode(code)) => (code, String::new()),
+            Err(e) => (0, e.to_string()),
+        }
+    };
+    let alone = Daemon::start(&dir.path().join("alone"), &[]);
+    eventually("a node started alone is ready", 10, || ready(&alone).0 == 200);
+    let nowhere = format!("127.0.0.1:{}", free_udp_port());
+    let lost = Daemon::start(&dir.path().join("lost"), &["--join", &nowhere]);
+    let alpha_peer = format!("127.0.0.1:{}", free_udp_port());
+    let alpha = serve(dir.path(), "alpha", &alpha_peer, None);
+    let stranger = Daemon::start(&dir.path().join("stranger"), &["--join", &alpha_peer]);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(ready(&lost).0, 503, "unreachable seed");
+    assert_eq!(ready(&stranger).0, 503, "a seed from another CA");
+    let s = json(&lost, &["status"]);
+    assert_eq!(s["ready"], false, "{s}");
+    assert_eq!(ready(&alpha).0, 200);
+}

@@ -66,6 +66,21 @@ pub fn parse_url(text: &str) -> Result<String, String> {
     let Some(host) = uri.host().filter(|h| !h.is_empty()) else {
         return Err(format!("{text:?} has no host; {hint}"));
     };
+    // A port given must be one (`:99999`, `:abc` or a bare `:` is no port, never the default).
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, r)| r);
+    let after_host = match host_port.split_once(']') {
+        Some((_, rest)) => rest,
+        None => host_port,
+    };
+    if let Some((_, port)) = after_host.rsplit_once(':') {
+        return match port.parse::<u16>() {
+            Ok(p) if p > 0 => Ok(url),
+            _ => Err(format!(
+                "{text:?}: {port:?} is not a port (1-65535); {hint}"
+            )),
+        };
+    }
     if uri.port().is_some() {
         return Ok(url);
     }
@@ -787,6 +802,30 @@ mod shell_quoting_tests {
                 .output()
                 .expect("sh");
             assert_eq!(String::from_utf8_lossy(&out.stdout), cursor);
+        }
+    }
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::parse_url;
+
+    #[test]
+    fn a_port_given_must_be_a_port() {
+        assert_eq!(parse_url("localhost").as_deref(), Ok("http://localhost:7700"));
+        assert_eq!(parse_url("localhost:7701").as_deref(), Ok("http://localhost:7701"));
+        assert_eq!(parse_url("http://[::1]:8080").as_deref(), Ok("http://[::1]:8080"));
+        assert_eq!(parse_url("[::1]").as_deref(), Ok("http://[::1]:7700"));
+        for bad in [
+            "127.0.0.1:99999",
+            "localhost:65536",
+            "http://127.0.0.1:99999",
+            "127.0.0.1:abc",
+            "127.0.0.1:",
+            "127.0.0.1:0",
+        ] {
+            let e = parse_url(bad).expect_err(bad);
+            assert!(e.contains("not a port"), "{bad}: {e}");
         }
     }
 }

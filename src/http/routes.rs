@@ -96,8 +96,12 @@ async fn readyz(State(state): State<AppState>) -> Response {
             .map(|m| crate::net::peer_id_of_name(&m.name))
             .collect()
     });
+    // A node started to join a cluster (`--join`) that has reached no member yet is not
+    // ready either: it has not synced (a wrong CA, an unreachable seed); one started alone is
+    // its own cluster.
+    let joining = state.node.config().joining;
     let synced = match &status {
-        Ok(rep) if !live.is_empty() => {
+        Ok(rep) if !live.is_empty() || joining => {
             rep.peer_acked
                 .iter()
                 .any(|(p, a)| a.is_some() && live.contains(p))
@@ -122,7 +126,11 @@ async fn readyz(State(state): State<AppState>) -> Response {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "not_ready",
-            if writer_alive {
+            if writer_alive && joining && live.is_empty() {
+                "waiting for the first sync with the cluster: started to join (--join), no \
+                 member reached yet (is the seed up, and are the certificates from the \
+                 cluster's CA?)"
+            } else if writer_alive {
                 "waiting for the first sync with the cluster"
             } else {
                 "the node is not accepting writes"
