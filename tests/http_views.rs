@@ -557,6 +557,26 @@ fn refused_writes_count_every_write_of_the_refused_request() {
     );
     assert_eq!((a.status, a.at()), (409, "index 2, field op"), "{a:?}");
     assert_eq!(rejected(), 9);
+    // Refused while the body is parsed: a negative amount at index 3 refuses ops 0..=3.
+    let a = post(
+        &s.url("/v1/ops"),
+        json!([
+            {"type":"gcounter","key":"a","op":"inc","by":1},
+            {"type":"gcounter","key":"b","op":"inc","by":1},
+            {"type":"gcounter","key":"c","op":"inc","by":1},
+            {"type":"gcounter","key":"d","op":"inc","by":-1},
+        ])
+        .to_string(),
+    );
+    assert_eq!(a.status, 400, "{a:?}");
+    assert_eq!(rejected(), 13);
+    // Two lines of NDJSON ops, the second not JSON: both refused.
+    let a = post(
+        &s.url("/v1/ops"),
+        format!("{}\nnot json\n", json!({"type":"gcounter","key":"a","op":"inc","by":1})),
+    );
+    assert_eq!(a.status, 400, "{a:?}");
+    assert_eq!(rejected(), 15);
     assert_eq!(get(&s.url("/v1/keys/gcounter/a")).status, 404);
     // The node's own namespace is no stream.
     for stream in ["~wm", "~view", "~x"] {

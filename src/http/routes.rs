@@ -205,6 +205,7 @@ async fn post_ops(State(state): State<AppState>, headers: HeaderMap, body: Body)
     {
         Ok(b) => b,
         Err(e) => {
+            state.node.note_refused(1);
             state.metrics.rejected(if e.code == "inflight_bytes" {
                 "inflight_bytes"
             } else {
@@ -219,7 +220,7 @@ async fn post_ops(State(state): State<AppState>, headers: HeaderMap, body: Body)
             (Ok(writes), positions, n)
         }
         Err(ParseError::Api(e)) => {
-            state.node.note_refused(1);
+            state.node.note_refused(ops_read(&e));
             return e.into_response();
         }
         // Every op read up to the one at fault is refused with it.
@@ -256,6 +257,25 @@ async fn post_ops(State(state): State<AppState>, headers: HeaderMap, body: Body)
         )
         .into_response(),
     }
+}
+
+/// How many ops a refused `/v1/ops` body carried up to the one at fault, from where the error
+/// is (`index N` of an array: N + 1; `line N` of NDJSON: N); 1 when it names no op (the body
+/// as a whole was refused).
+fn ops_read(e: &ApiError) -> usize {
+    let at = e.at.as_deref().unwrap_or_default();
+    let number = |prefix: &str| {
+        at.strip_prefix(prefix)?
+            .split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse::<usize>()
+            .ok()
+    };
+    number("index ")
+        .map(|i| i + 1)
+        .or_else(|| number("line "))
+        .unwrap_or(1)
+        .max(1)
 }
 
 pub(super) fn parse_kind(s: &str, at: &str) -> Result<KeyKind, ApiError> {
@@ -693,7 +713,19 @@ async fn ingest_stream(
     let (mut batch_bytes, mut batch_ops) = (0usize, 0usize);
     // The request slot is taken once the first line arrived and held to the end.
     let mut slot = None;
-    while let Some((line_no, line)) = lines.next().await? {
+    loop {
+        let next = match lines.next().await {
+            Ok(next) => next,
+            // A line too long, a body cut off or too slow: the events read since the last
+            // commit are refused with it.
+            Err(e) => {
+                let n = batch.len() + 1;
+                state.metrics.events("rejected", n as u64);
+                state.node.note_refused(n);
+                return Err(e);
+            }
+        };
+        let Some((line_no, line)) = next else { break };
         if slot.is_none() {
             slot = Some(middleware::slot(state)?);
         }
