@@ -560,7 +560,10 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("tidemark: {e:#}");
-            if e.downcast_ref::<Usage>().is_some() {
+            let refused_argument = e
+                .downcast_ref::<cli::client::Rejected>()
+                .is_some_and(cli::client::Rejected::is_usage);
+            if e.downcast_ref::<Usage>().is_some() || refused_argument {
                 ExitCode::from(2)
             } else {
                 ExitCode::from(1)

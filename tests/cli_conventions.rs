@@ -523,6 +523,18 @@ fn usage_errors_exit_2_before_anything_is_done() {
             tidemark(&["view", "v", "--group", "page"]),
         ),
         ("inc of a set", tidemark(&["inc", "orset/x"])),
+        (
+            "a port that is none",
+            tidemark(&["--url", "127.0.0.1:99999", "status"]),
+        ),
+        (
+            "an empty port",
+            tidemark(&["--url", "127.0.0.1:", "status"]),
+        ),
+        (
+            "ingest of a missing file",
+            tidemark(&["ingest", "--stream", "s", &missing.to_string_lossy()]),
+        ),
         ("a bad key", tidemark(&["get", "x"])),
         ("no --out", tidemark(&["snapshot"])),
         ("no command", tidemark(&[])),
@@ -543,6 +555,41 @@ fn usage_errors_exit_2_before_anything_is_done() {
         "the OS error once: {err}"
     );
     assert!(!data.exists(), "a bad --tls created the data directory");
+    // A key of another node, and a certificate of another CA: refused before anything is
+    // created, naming the file that is wrong.
+    let one = dir.path().join("ca-one");
+    let two = dir.path().join("ca-two");
+    std::fs::create_dir_all(&one).expect("mkdir");
+    std::fs::create_dir_all(&two).expect("mkdir");
+    daemon_support::issue_certs(&one, &["alpha", "beta"]);
+    daemon_support::issue_certs(&two, &["alpha"]);
+    let mixed = dir.path().join("mixed-tls");
+    std::fs::create_dir_all(&mixed).expect("mkdir");
+    for (file, from) in [
+        ("ca.pem", one.join("alpha-tls")),
+        ("node.pem", one.join("alpha-tls")),
+        ("node.key", one.join("beta-tls")),
+    ] {
+        std::fs::copy(from.join(file), mixed.join(file)).expect("copy");
+    }
+    let stranger = dir.path().join("stranger-tls");
+    std::fs::create_dir_all(&stranger).expect("mkdir");
+    for (file, from) in [
+        ("ca.pem", one.join("alpha-tls")),
+        ("node.pem", two.join("alpha-tls")),
+        ("node.key", two.join("alpha-tls")),
+    ] {
+        std::fs::copy(from.join(file), stranger.join(file)).expect("copy");
+    }
+    for (tls, says) in [
+        (&mixed, "node.key"),
+        (&stranger, "not issued by the ca.pem"),
+    ] {
+        let o = serve(&["--tls", &tls.to_string_lossy()]);
+        assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{}", stderr(&o));
+        assert!(!data.exists(), "a bad --tls created the data directory");
+    }
     assert_eq!(
         std::fs::read(&existing).expect("existing"),
         b"not mine to overwrite"

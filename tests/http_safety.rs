@@ -318,6 +318,9 @@ fn every_error_is_the_json_error_shape() {
     );
     for (req, status, at) in [
         ("GET /v1/keys/lww/%FF", 400, "path name"),
+        ("GET /v1/keys?prefix=%FF", 400, "query"),
+        ("GET /v1/watch?prefix=a%C3", 400, "query"),
+        ("GET /v1/views/v?group.page=%FF", 400, "query"),
         ("GET /v1/keys/%FF/x", 400, "path type"),
         ("GET /v1/views/v/final", 404, ""),
         ("GET /v1/views/%FF/final", 400, "path view"),

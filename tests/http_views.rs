@@ -573,7 +573,10 @@ fn refused_writes_count_every_write_of_the_refused_request() {
     // Two lines of NDJSON ops, the second not JSON: both refused.
     let a = post(
         &s.url("/v1/ops"),
-        format!("{}\nnot json\n", json!({"type":"gcounter","key":"a","op":"inc","by":1})),
+        format!(
+            "{}\nnot json\n",
+            json!({"type":"gcounter","key":"a","op":"inc","by":1})
+        ),
     );
     assert_eq!(a.status, 400, "{a:?}");
     assert_eq!(rejected(), 15);

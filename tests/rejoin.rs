@@ -173,7 +173,9 @@ fn a_joining_node_that_reaches_no_member_is_not_ready() {
         }
     };
     let alone = Daemon::start(&dir.path().join("alone"), &[]);
-    eventually("a node started alone is ready", 10, || ready(&alone).0 == 200);
+    eventually("a node started alone is ready", 10, || {
+        ready(&alone).0 == 200
+    });
     let nowhere = format!("127.0.0.1:{}", free_udp_port());
     let lost = Daemon::start(&dir.path().join("lost"), &["--join", &nowhere]);
     let alpha_peer = format!("127.0.0.1:{}", free_udp_port());

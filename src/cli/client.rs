@@ -94,7 +94,8 @@ pub fn parse_url(text: &str) -> Result<String, String> {
     Ok(format!("http://{host}:{DEFAULT_HTTP_PORT}{path}"))
 }
 
-/// A request the server answered with an error (exit status 1).
+/// A request the server answered with an error (exit status 1; 2 for a refused argument,
+/// [`Rejected::is_usage`]).
 #[derive(Debug)]
 pub struct Rejected {
     /// HTTP status.
@@ -114,6 +115,15 @@ impl Rejected {
     /// The `Retry-After`-style hint: 429 answers.
     pub fn is_busy(&self) -> bool {
         self.status == 429
+    }
+    /// The server refused an argument of the command line (a query parameter or a cursor the
+    /// CLI passed as given): a usage error, exit status 2.
+    pub fn is_usage(&self) -> bool {
+        self.status == 400
+            && matches!(
+                self.field("code"),
+                Some("invalid_query" | "invalid_cursor" | "invalid_key" | "invalid_path")
+            )
     }
 }
 
@@ -812,9 +822,18 @@ mod url_tests {
 
     #[test]
     fn a_port_given_must_be_a_port() {
-        assert_eq!(parse_url("localhost").as_deref(), Ok("http://localhost:7700"));
-        assert_eq!(parse_url("localhost:7701").as_deref(), Ok("http://localhost:7701"));
-        assert_eq!(parse_url("http://[::1]:8080").as_deref(), Ok("http://[::1]:8080"));
+        assert_eq!(
+            parse_url("localhost").as_deref(),
+            Ok("http://localhost:7700")
+        );
+        assert_eq!(
+            parse_url("localhost:7701").as_deref(),
+            Ok("http://localhost:7701")
+        );
+        assert_eq!(
+            parse_url("http://[::1]:8080").as_deref(),
+            Ok("http://[::1]:8080")
+        );
         assert_eq!(parse_url("[::1]").as_deref(), Ok("http://[::1]:7700"));
         for bad in [
             "127.0.0.1:99999",

@@ -228,7 +228,9 @@ pub fn run(client: &Client, out: &Output, stream: &str, input: &str) -> anyhow::
     let (reader, total): (Box<dyn Read>, Option<u64>) = if input == "-" {
         (Box::new(std::io::stdin().lock()), None)
     } else {
-        let file = std::fs::File::open(input).with_context(|| format!("cannot open {input}"))?;
+        // A file that cannot be opened is a wrong argument (exit 2), like a --token-file.
+        let file = std::fs::File::open(input)
+            .map_err(|e| crate::Usage(format!("cannot open {input}: {e}")))?;
         let len = file.metadata().ok().map(|m| m.len());
         (Box::new(file), len)
     };

@@ -378,12 +378,17 @@ pub async fn run(mut config: Config, restore_from: Option<PathBuf>) -> anyhow::R
     // The cluster certificates are read before anything is created too: a wrong --tls
     // leaves no data directory behind.
     let tls = match &config.peer.tls {
-        Some(dir) => Some(tidemark::net::TlsDir::load(dir).with_context(|| {
-            format!(
-                "cannot load the cluster certificates (--tls {})",
-                dir.display()
-            )
-        })?),
+        Some(dir) => {
+            let what = || {
+                format!(
+                    "cannot load the cluster certificates (--tls {})",
+                    dir.display()
+                )
+            };
+            let tls = tidemark::net::TlsDir::load(dir).with_context(what)?;
+            tls.check().with_context(what)?;
+            Some(tls)
+        }
         None => None,
     };
     if let Some(file) = &restore_from {

@@ -177,7 +177,8 @@ pub(crate) async fn json_errors(req: Request, next: Next) -> Response {
     out
 }
 
-/// Refuses requests whose headers exceed `http.header_bytes_max` (413).
+/// Refuses requests whose headers exceed `http.header_bytes_max` (413), and queries that do
+/// not percent-decode to UTF-8 (400 `invalid_query`).
 pub(crate) async fn header_limit(
     State(state): State<AppState>,
     req: Request,
@@ -199,6 +200,16 @@ pub(crate) async fn header_limit(
                 state.config.header_bytes_max
             ),
         )
+        .into_response();
+    }
+    // A query that does not decode to UTF-8 is refused whole, never read lossily (a prefix
+    // of U+FFFD matches nothing and silently answers empty).
+    if req.uri().query().is_some_and(|q| !super::error::decodes(q)) {
+        return ApiError::bad_request(
+            "invalid_query",
+            "the query is not UTF-8 text once percent-decoded",
+        )
+        .at("query")
         .into_response();
     }
     next.run(req).await

@@ -172,3 +172,14 @@ pub struct NetStatus {
     /// Counters.
     pub stats: NetStatsSnapshot,
 }
+
+impl TlsDir {
+    /// Checks this identity before anything is started with it: the node key belongs to the
+    /// node certificate, which the CA beside it issued and which is valid now.
+    ///
+    /// # Errors
+    /// [`NetError::Tls`] saying which file is wrong.
+    pub fn check(&self) -> Result<(), NetError> {
+        tls::check(self)
+    }
+}

@@ -115,6 +115,34 @@ pub(crate) fn server_crypto(
     quinn::crypto::rustls::QuicServerConfig::try_from(cfg).map_err(tls_err)
 }
 
+/// Checks a cluster identity before anything is started with it: the node key belongs to the
+/// node certificate, and the certificate is issued by the directory's CA (what every peer
+/// will check). The messages say which file is wrong.
+pub(crate) fn check(tls: &TlsDir) -> Result<(), NetError> {
+    let plain = |e: NetError| match e {
+        NetError::Tls(m) if m.contains("keys may not be consistent") => NetError::Tls(
+            "node.key is not the key of node.pem (a certificate and a key of different nodes?)"
+                .into(),
+        ),
+        other => other,
+    };
+    server_crypto(tls).map_err(plain)?;
+    client_crypto(tls).map_err(plain)?;
+    let (ca, cert, _) = tls.parts().map_err(NetError::Tls)?;
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots(ca)?, provider())
+        .build()
+        .map_err(tls_err)?;
+    verifier
+        .verify_client_cert(&cert, &[], UnixTime::now())
+        .map_err(|e| {
+            NetError::Tls(format!(
+                "node.pem is not issued by the ca.pem beside it, or is not valid now ({e}): \
+                 every peer would refuse it"
+            ))
+        })?;
+    Ok(())
+}
+
 /// The quinn client configuration: presents our certificate, verifies the server's chain.
 pub(crate) fn client_crypto(
     tls: &TlsDir,

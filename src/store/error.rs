@@ -30,8 +30,10 @@ pub enum StoreError {
         note: String,
     },
     /// redb reported an error (I/O, corruption, commit failure).
+    /// (Its message carries redb's, not a separate cause: a chain of causes would print it
+    /// twice.)
     #[error("storage engine: {0}")]
-    Redb(#[from] redb::Error),
+    Redb(redb::Error),
     /// A stored record could not be decoded: the database is corrupt or from another build.
     #[error("corrupt record in table {table}: {source}")]
     Codec {
@@ -81,12 +83,12 @@ pub enum StoreError {
     #[error("snapshot: {0}")]
     Snapshot(String),
     /// Filesystem error around the database (creating the data directory).
-    #[error("i/o error on {path}: {source}")]
+    #[error("i/o error on {path}: {error}")]
     Io {
         /// The path.
         path: String,
-        /// The error.
-        source: std::io::Error,
+        /// The OS error (in the message, not a separate cause).
+        error: std::io::Error,
     },
 }
 
@@ -102,5 +104,11 @@ fn holder_note(holder: Option<u32>) -> String {
         Some(pid) if pid == std::process::id() => format!(" (this process, pid {pid})"),
         Some(pid) => format!(" (pid {pid})"),
         None => String::new(),
+    }
+}
+
+impl From<redb::Error> for StoreError {
+    fn from(e: redb::Error) -> Self {
+        StoreError::Redb(e)
     }
 }

@@ -277,9 +277,9 @@ impl RedbStore {
     /// [`StoreError::AlreadyOpen`] when another process holds the directory; storage and
     /// corruption errors (the node must not start then).
     pub fn open(dir: &Path, options: OpenOptions) -> Result<Self, StoreError> {
-        let io = |source| StoreError::Io {
+        let io = |error| StoreError::Io {
             path: dir.display().to_string(),
-            source,
+            error,
         };
         // A directory a restore left half-written is no store: opening it would start an
         // empty node beside the remains.

@@ -85,9 +85,9 @@ pub struct SnapshotInfo {
 }
 
 fn io_err(path: &Path) -> impl Fn(std::io::Error) -> StoreError + '_ {
-    move |source| StoreError::Io {
+    move |error| StoreError::Io {
         path: path.display().to_string(),
-        source,
+        error,
     }
 }
 
@@ -510,6 +510,12 @@ fn verify_db(
 /// [`StoreError::Snapshot`] (not a snapshot, or a mismatch) or [`StoreError::Corrupt`] naming
 /// the first violation; storage and filesystem failures.
 pub fn verify_snapshot(path: &Path, limits: &Limits) -> Result<SnapshotInfo, StoreError> {
+    if !path.exists() {
+        return Err(StoreError::Snapshot(format!(
+            "{}: no such file",
+            path.display()
+        )));
+    }
     if !path.is_file() {
         return Err(StoreError::Snapshot(format!(
             "{} is not a snapshot file",
@@ -539,6 +545,12 @@ pub fn restore_snapshot(
     new_replica: Option<ReplicaId>,
     limits: &Limits,
 ) -> Result<SnapshotInfo, StoreError> {
+    if !snapshot.exists() {
+        return Err(StoreError::Snapshot(format!(
+            "{}: no such file",
+            snapshot.display()
+        )));
+    }
     if !snapshot.is_file() {
         return Err(StoreError::Snapshot(format!(
             "{} is not a snapshot file",

@@ -345,6 +345,18 @@ fn check_group_field(view: &str, name: &str) -> Result<(), String> {
             format!("{name:?}: group_by field names are 1–128 characters of A-Z a-z 0-9 _ - ."),
         ));
     }
+    // Envelope names in any case: a column `Source` beside the envelope's `source` is the
+    // same column to SQL (and repeats are compared without case too).
+    if matches!(
+        name.to_ascii_lowercase().as_str(),
+        "source" | "seq" | "time" | "ops"
+    ) {
+        return Err(err(
+            view,
+            "group_by",
+            format!("{name:?} is (in another case) part of the event envelope, not a field"),
+        ));
+    }
     check_field_name(view, "group_by", name)
 }
 
