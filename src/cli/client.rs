@@ -780,11 +780,22 @@ pub fn remove_member(client: &Client, out: &Output, name: &str, force: bool) -> 
         path.push_str("?force=true");
     }
     let (answer, _) = client.post(&path, "application/json", b"{}")?;
-    let done = accept(answer)?;
+    let done = match answer {
+        // The server's hint names its query parameter; the CLI's is a flag.
+        Err(r) if r.status == 409 => {
+            anyhow::bail!(
+                "409 member_alive: {name} is still answering: decommission a member only when \
+                 it is gone for good (add --force to remove it anyway)"
+            )
+        }
+        other => accept(other)?,
+    };
     if out.json {
         crate::outln!("{done}")?;
     } else {
         let replica = done["removed"].as_str().unwrap_or("?");
+        // The member's name as the record keeps it (it was given by replica id, say).
+        let name = done["name"].as_str().unwrap_or(name);
         if done["already"] == true {
             crate::outln!("{name} (replica {replica}) was already removed: nothing written")?;
         } else {

@@ -224,6 +224,10 @@ pub(crate) fn peer_lag_seconds(
     peer: PeerId,
     acked: Option<u64>,
 ) -> Option<f64> {
+    // It has our whole log (away or not): nothing to wait for, however long ago that was.
+    if acked.is_some_and(|a| a >= rep.log_bounds.1) {
+        return Some(0.0);
+    }
     let ms = rep
         .peer_lag_ms
         .iter()

@@ -63,11 +63,13 @@ pub(crate) fn is_transient(reason: &str) -> bool {
     [TIMED_OUT, UNREADABLE, RESET].contains(&reason)
 }
 
-/// At most one warning per (remote, reason) per period.
+/// At most one warning per (remote, reason) per period; the ones held back are counted and
+/// the next warning says how many.
 #[derive(Debug)]
 pub(crate) struct WarnLimiter {
     every: Duration,
-    last: Mutex<HashMap<(String, &'static str), Instant>>,
+    /// Per (remote, reason): when it was last logged, and how many were held back since.
+    last: Mutex<HashMap<(String, &'static str), (Instant, u64)>>,
 }
 
 /// Distinct (remote, reason) pairs remembered before starting over (a bound on memory).
@@ -81,27 +83,31 @@ impl WarnLimiter {
         }
     }
 
-    /// True when a warning for `remote` and `reason` is due now (and records it).
-    pub(crate) fn due(&self, remote: &str, reason: &'static str) -> bool {
+    /// `Some(held back)` when a warning for `remote` and `reason` is due now (and records it):
+    /// how many were not logged since the last one; `None` (and counted) otherwise.
+    pub(crate) fn due(&self, remote: &str, reason: &'static str) -> Option<u64> {
         let Ok(mut last) = self.last.lock() else {
-            return true;
+            return Some(0);
         };
         let now = Instant::now();
         if last.len() >= REMEMBERED_MAX {
-            last.retain(|_, at| now.duration_since(*at) < self.every);
+            last.retain(|_, (at, _)| now.duration_since(*at) < self.every);
             if last.len() >= REMEMBERED_MAX {
                 last.clear();
             }
         }
         match last.get_mut(&(remote.to_owned(), reason)) {
-            Some(at) if now.duration_since(*at) < self.every => false,
-            Some(at) => {
+            Some((at, held)) if now.duration_since(*at) < self.every => {
+                *held += 1;
+                None
+            }
+            Some((at, held)) => {
                 *at = now;
-                true
+                Some(std::mem::take(held))
             }
             None => {
-                last.insert((remote.to_owned(), reason), now);
-                true
+                last.insert((remote.to_owned(), reason), (now, 0));
+                Some(0)
             }
         }
     }
@@ -191,13 +197,26 @@ mod tests {
     #[test]
     fn warnings_are_limited_per_remote_and_reason() {
         let w = WarnLimiter::new(Duration::from_secs(60));
-        assert!(w.due("10.0.0.1:7701", "certificate from another CA"));
-        assert!(!w.due("10.0.0.1:7701", "certificate from another CA"));
-        assert!(w.due("10.0.0.2:7701", "certificate from another CA"));
-        assert!(w.due("10.0.0.1:7701", "certificate expired"));
+        assert_eq!(
+            w.due("10.0.0.1:7701", "certificate from another CA"),
+            Some(0)
+        );
+        assert_eq!(w.due("10.0.0.1:7701", "certificate from another CA"), None);
+        assert_eq!(
+            w.due("10.0.0.2:7701", "certificate from another CA"),
+            Some(0)
+        );
+        assert_eq!(w.due("10.0.0.1:7701", "certificate expired"), Some(0));
         let w = WarnLimiter::new(Duration::ZERO);
-        assert!(w.due("a", "connection failed"));
-        assert!(w.due("a", "connection failed"));
+        assert_eq!(w.due("a", "connection failed"), Some(0));
+        assert_eq!(w.due("a", "connection failed"), Some(0));
+        // The ones held back are counted into the next warning.
+        let w = WarnLimiter::new(Duration::from_millis(50));
+        assert_eq!(w.due("a", "x"), Some(0));
+        assert_eq!(w.due("a", "x"), None);
+        assert_eq!(w.due("a", "x"), None);
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(w.due("a", "x"), Some(2));
         // Bounded: many remotes start the memory over instead of growing it.
         let w = WarnLimiter::new(Duration::from_secs(60));
         for i in 0..5 * REMEMBERED_MAX {

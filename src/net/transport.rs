@@ -391,8 +391,11 @@ impl Net {
     fn dial_failed(&self, addr: SocketAddr, e: &NetError, what: &'static str) {
         let why = super::refusals::reason(&e.to_string());
         let loud = what == "seed" || super::refusals::is_misconfiguration(why);
-        if loud && self.warned.due(&addr.to_string(), why) {
-            tracing::warn!(%addr, reason = why, error = %e, "cannot connect to a {what} peer");
+        if let Some(suppressed) = loud
+            .then(|| self.warned.due(&addr.to_string(), why))
+            .flatten()
+        {
+            tracing::warn!(%addr, reason = why, error = %e, suppressed, "cannot connect to a {what} peer");
         } else {
             tracing::debug!(%addr, reason = why, error = %e, "cannot connect to a {what} peer");
         }
@@ -434,13 +437,15 @@ impl Net {
                         let why = super::refusals::reason(&e.to_string());
                         // Only a configuration problem is a refusal worth a warning; a peer
                         // that paused, restarted or timed out is reconnecting.
-                        if !super::refusals::is_transient(why)
-                            && net.warned.due(&remote.to_string(), why)
+                        if let Some(suppressed) = (!super::refusals::is_transient(why))
+                            .then(|| net.warned.due(&remote.to_string(), why))
+                            .flatten()
                         {
                             tracing::warn!(
                                 %remote,
                                 reason = why,
                                 error = %e,
+                                suppressed,
                                 "refused a peer connection"
                             );
                         } else {
@@ -551,9 +556,17 @@ impl Net {
                     conn.remote_address(),
                     super::refusals::reason(&e.to_string()),
                 );
-                if !super::refusals::is_transient(why) && self.warned.due(&remote.to_string(), why)
+                if let Some(suppressed) = (!super::refusals::is_transient(why))
+                    .then(|| self.warned.due(&remote.to_string(), why))
+                    .flatten()
                 {
-                    tracing::warn!(%remote, reason = why, error = %e, "refused a peer connection");
+                    tracing::warn!(
+                        %remote,
+                        reason = why,
+                        error = %e,
+                        suppressed,
+                        "refused a peer connection"
+                    );
                 } else {
                     tracing::debug!(%remote, reason = why, error = %e, "peer connection failed");
                 }
