@@ -69,8 +69,11 @@ pub(crate) fn is_transient(reason: &str) -> bool {
 pub(crate) struct WarnLimiter {
     every: Duration,
     /// Per (remote, reason): when it was last logged, and how many were held back since.
-    last: Mutex<HashMap<(String, &'static str), (Instant, u64)>>,
+    last: Mutex<HashMap<WarnKey, (Instant, u64)>>,
 }
+
+/// A (remote address, reason) pair of [`WarnLimiter`].
+type WarnKey = (String, &'static str);
 
 /// Distinct (remote, reason) pairs remembered before starting over (a bound on memory).
 const REMEMBERED_MAX: usize = 1024;
