@@ -229,6 +229,11 @@ pub fn run(client: &Client, out: &Output, stream: &str, input: &str) -> anyhow::
         (Box::new(std::io::stdin().lock()), None)
     } else {
         // A file that cannot be opened is a wrong argument (exit 2), like a --token-file.
+        if std::path::Path::new(input).is_dir() {
+            return Err(
+                crate::Usage(format!("{input} is a directory, not a file of events")).into(),
+            );
+        }
         let file = std::fs::File::open(input)
             .map_err(|e| crate::Usage(format!("cannot open {input}: {e}")))?;
         let len = file.metadata().ok().map(|m| m.len());

@@ -227,7 +227,7 @@ async fn post_ops(State(state): State<AppState>, headers: HeaderMap, body: Body)
         Err(ParseError::Node(e, pos)) => {
             let read = match pos {
                 Pos::Index(i) => i + 1,
-                Pos::Line(_) => 1,
+                Pos::Line(n) => n.max(1),
             };
             (Err(e), vec![pos], read)
         }

@@ -256,9 +256,19 @@ impl TlsDir {
             cert_pem,
             key_pem,
         };
-        tls.parts().map_err(|detail| CertError::Parse {
-            path: dir.to_path_buf(),
-            detail,
+        tls.parts().map_err(|detail| {
+            // Name the file at fault: the detail says which part it is.
+            let file = if detail.starts_with("CA certificate") {
+                CA_CERT_FILE
+            } else if detail.starts_with("node certificate") {
+                NODE_CERT_FILE
+            } else {
+                NODE_KEY_FILE
+            };
+            CertError::Parse {
+                path: dir.join(file),
+                detail,
+            }
         })?;
         Ok(tls)
     }

@@ -55,16 +55,25 @@ pub fn load(dir: &Path) -> Vec<KnownMember> {
         tracing::warn!(path = %path.display(), "known members file over 1 MiB: ignored");
         return Vec::new();
     }
-    match serde_json::from_str::<Vec<KnownMember>>(&text) {
-        Ok(mut members) => {
-            members.truncate(MEMBERS_MAX);
-            members
-        }
+    // Entry by entry: one bad entry costs that member, not the others (a node that cannot
+    // name its members cannot rejoin them).
+    let entries = match serde_json::from_str::<Vec<serde_json::Value>>(&text) {
+        Ok(entries) => entries,
         Err(e) => {
             tracing::warn!(path = %path.display(), error = %e, "known members file ignored");
-            Vec::new()
+            return Vec::new();
+        }
+    };
+    let mut members = Vec::new();
+    for entry in entries.into_iter().take(MEMBERS_MAX) {
+        match serde_json::from_value::<KnownMember>(entry) {
+            Ok(m) => members.push(m),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "known member entry ignored");
+            }
         }
     }
+    members
 }
 
 /// Merges SWIM's view `members` into `known` (this node, `me`, left out): a member seen now
@@ -97,7 +106,15 @@ pub fn merge(known: &mut Vec<KnownMember>, members: &[MemberStatus], me: &str) -
 pub fn save(dir: &Path, known: &[KnownMember]) -> std::io::Result<()> {
     let text = serde_json::to_vec_pretty(known).map_err(std::io::Error::other)?;
     let tmp = dir.join(format!("{FILE}.tmp"));
-    let mut f = std::fs::File::create(&tmp)?;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    // Owner only, as the database beside it.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut f = opts.open(&tmp)?;
     f.write_all(&text)?;
     f.sync_all()?;
     drop(f);
@@ -169,8 +186,17 @@ mod tests {
     #[test]
     fn a_file_that_does_not_parse_or_is_too_large_is_ignored() {
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(dir.path().join(FILE), "[{\"name\": 1}]").expect("write");
+        std::fs::write(dir.path().join(FILE), "not json").expect("write");
         assert!(load(dir.path()).is_empty());
+        // One bad entry costs only itself.
+        std::fs::write(
+            dir.path().join(FILE),
+            r#"[{"name": 1}, {"name": "b", "addr": "127.0.0.1:7", "replica": "r"}]"#,
+        )
+        .expect("write");
+        let kept = load(dir.path());
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].name, "b");
         let big = vec![b' '; usize::try_from(BYTES_MAX).unwrap_or(0) + 10];
         std::fs::write(dir.path().join(FILE), big).expect("write");
         assert!(load(dir.path()).is_empty());
