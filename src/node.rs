@@ -90,6 +90,9 @@ struct Shared {
     /// The members this node knew, also from earlier runs (`members.json` in the data
     /// directory, see [`crate::net::known`]).
     known: Mutex<Vec<crate::net::known::KnownMember>>,
+    /// The node's background tasks (removals, view maintenance): stopped by
+    /// [`Node::shutdown`], so none holds the store past it.
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Drop for Shared {
@@ -259,6 +262,7 @@ impl Node {
                 removing: tokio::sync::Mutex::new(()),
                 removals_logged: Mutex::new(None),
                 known: Mutex::new(crate::net::known::load(&data_dir)),
+                tasks: Mutex::new(Vec::new()),
             }),
         };
         // The removals recorded before this run are known (this node's own is logged).
@@ -271,7 +275,10 @@ impl Node {
         match tokio::runtime::Handle::try_current() {
             // Removals learned from peers are logged as they arrive.
             Ok(rt) => {
-                rt.spawn(removals_watch(Arc::downgrade(&node.shared)));
+                let task = rt.spawn(removals_watch(Arc::downgrade(&node.shared)));
+                if let Ok(mut tasks) = node.shared.tasks.lock() {
+                    tasks.push(task);
+                }
             }
             Err(_) => tracing::debug!("no async runtime at open: removals are logged on request"),
         }
@@ -279,7 +286,10 @@ impl Node {
             // Idle watermarks and retention run in the background while the node lives.
             match tokio::runtime::Handle::try_current() {
                 Ok(rt) => {
-                    rt.spawn(views_maintenance(Arc::downgrade(&node.shared)));
+                    let task = rt.spawn(views_maintenance(Arc::downgrade(&node.shared)));
+                    if let Ok(mut tasks) = node.shared.tasks.lock() {
+                        tasks.push(task);
+                    }
                 }
                 Err(_) => tracing::warn!(
                     "no async runtime at open: view retention and idle watermarks stay off"
@@ -908,23 +918,60 @@ impl Node {
 
     /// [`Node::view_members`] with the peers connected taken from `status`.
     fn view_members_given(&self, status: &ReplicationStatus) -> Result<Vec<PeerId>, Error> {
-        let swim = self.net_status().map(|n| n.members).unwrap_or_default();
-        let as_member = |p: PeerId| {
-            swim.iter()
+        // A QUIC peer's link id is derived from its node name; as a member it is its replica's
+        // id. The name is resolved through the members this node knows (SWIM's view and the
+        // remembered ones) and its own name; a name id that cannot be resolved is not added:
+        // no announcer ever has it, so it would hold every window open for good (a peer
+        // linked while SWIM refused or had forgotten its name: a fast restart). It is added
+        // once SWIM knows the name.
+        let known = self.members();
+        let me_name = self.net_status().map(|n| n.name);
+        let me = self.me();
+        let resolve = |p: PeerId| -> Option<PeerId> {
+            if me_name
+                .as_deref()
+                .is_some_and(|n| crate::net::peer_id_of_name(n) == p)
+            {
+                return Some(peer_id_of(me));
+            }
+            known
+                .iter()
                 .find(|m| crate::net::peer_id_of_name(&m.name) == p)
                 .and_then(|m| u128::from_str_radix(&m.replica.replace('-', ""), 16).ok())
-                .map_or(p, |r| peer_id_of(ReplicaId(r)))
+                .map(|r| peer_id_of(ReplicaId(r)))
         };
+        // In-process links are named by replica already.
+        let local: std::collections::BTreeSet<PeerId> = self
+            .shared
+            .local_links
+            .lock()
+            .map(|l| l.keys().copied().collect())
+            .unwrap_or_default();
+        let replicas: std::collections::BTreeSet<PeerId> =
+            self.context()?.replicas().map(|r| peer_id_of(*r)).collect();
         let mut met = self.shared.views.met.lock().map_err(|_| Error::Closed)?;
+        // Name ids already met (also from an earlier run's announcement) become replica ids.
+        let named: Vec<(PeerId, PeerId)> = met
+            .iter()
+            .filter_map(|&p| resolve(p).filter(|q| *q != p).map(|q| (p, q)))
+            .collect();
+        for (p, q) in named {
+            met.remove(&p);
+            met.insert(q);
+        }
         // Every peer linked since open, however briefly (a link that came and went before a
         // maintenance round still met it), and every peer connected now.
-        met.extend(
-            status
-                .peers_connected
-                .iter()
-                .chain(status.peer_acked.iter().map(|(p, _)| p))
-                .map(|p| as_member(*p)),
-        );
+        for &p in status
+            .peers_connected
+            .iter()
+            .chain(status.peer_acked.iter().map(|(p, _)| p))
+        {
+            if let Some(q) = resolve(p) {
+                met.insert(q);
+            } else if local.contains(&p) || replicas.contains(&p) {
+                met.insert(p);
+            }
+        }
         Ok(met.iter().copied().collect())
     }
 
@@ -1419,6 +1466,18 @@ impl Node {
     pub async fn shutdown(&self) -> Result<(), Error> {
         // The members known now are kept for the next run (also between the periodic saves).
         self.remember_members();
+        // The background tasks stop first (at their next await): a round under way drops the
+        // readers it holds.
+        let tasks: Vec<_> = self
+            .shared
+            .tasks
+            .lock()
+            .map(|mut t| std::mem::take(&mut *t))
+            .unwrap_or_default();
+        for task in tasks {
+            task.abort();
+            let _ = task.await;
+        }
         let net = self.shared.net.lock().ok().and_then(|mut g| g.take());
         if let Some(net) = net {
             net.shutdown().await;

@@ -583,7 +583,10 @@ fn refused_writes_count_every_write_of_the_refused_request() {
     // NDJSON ops whose third line does not apply to its type: lines 1..=3 refused.
     let good = json!({"type":"gcounter","key":"a","op":"inc","by":1});
     let bad = json!({"type":"gcounter","key":"a","op":"add","value":1});
-    let a = post(&s.url("/v1/ops"), format!("{good}\n{good}\n{bad}\n{good}\n"));
+    let a = post(
+        &s.url("/v1/ops"),
+        format!("{good}\n{good}\n{bad}\n{good}\n"),
+    );
     assert_eq!((a.status, a.at()), (409, "line 3, field op"), "{a:?}");
     assert_eq!(rejected(), 18);
     assert_eq!(get(&s.url("/v1/keys/gcounter/a")).status, 404);
