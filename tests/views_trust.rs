@@ -120,7 +120,7 @@ async fn ambiguous_time_magnitudes_are_refused_saying_so() {
     // Even with a generous max_future the magnitudes are refused.
     let node = open_with(
         dir.path(),
-        count_def(json!({"max_future": "100000d"}), json!({"tumbling": "1m"})),
+        count_def(json!({"max_future": "36500d"}), json!({"tumbling": "1m"})),
     )
     .await;
     let now = now_ms();

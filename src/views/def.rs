@@ -207,9 +207,19 @@ pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
         "d" => 86_400_000,
         _ => return Err(format!("{text:?}: unknown unit (ms, s, m, h, d)")),
     };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{text:?} is too long"))
+    let ms = n
+        .checked_mul(mult)
+        .ok_or_else(|| format!("{text:?} is too long"))?;
+    // Event times plus durations stay exact in a JSON number (below 2^53: JavaScript, SQLite)
+    // and far from overflow.
+    if ms > DURATION_MAX_MS {
+        return Err(format!("{text:?} is too long (at most 36500d)"));
+    }
+    Ok(ms)
 }
+
+/// The longest duration a view accepts: 100 years (36,500 days).
+pub const DURATION_MAX_MS: u64 = 36_500 * 86_400_000;
 
 fn err(view: &str, field: &str, message: impl std::fmt::Display) -> String {
     format!("view {view:?}, field `{field}`: {message}")
@@ -559,6 +569,17 @@ mod tests {
             d["remove_when"] = serde_json::json!({"field": "op", "equals": "rm"});
         }
         serde_json::from_value(d).expect("shape")
+    }
+
+    #[test]
+    fn durations_are_bounded() {
+        assert_eq!(
+            super::parse_duration_ms("36500d"),
+            Ok(super::DURATION_MAX_MS)
+        );
+        let e = super::parse_duration_ms("36501d").expect_err("too long");
+        assert!(e.contains("at most 36500d"), "{e}");
+        assert!(super::parse_duration_ms("106751991167d").is_err());
     }
 
     #[test]
