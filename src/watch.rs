@@ -136,11 +136,12 @@ pub enum WatchEvent {
     /// the node runs in relaxed durability). [`Watch::cursor`] is now this change's cursor.
     Changed(Change),
     /// The changes after the watcher's position are not all held any more (`missed`: how many
-    /// left the ring; `None`: the cursor names a run this node cannot vouch for, or a position
-    /// it never reached). Re-read the keys you watch; changes committed after this event
+    /// changes it skips, of any key — the ones that left the ring and those still held after
+    /// them, since it goes on after the newest; `None`: the cursor names a run this node
+    /// cannot vouch for, or a position it never reached). Re-read the keys you watch; changes committed after this event
     /// follow, and [`Watch::cursor`] is where they start.
     Reset {
-        /// Changes that left the ring before the watcher read them, when known.
+        /// Changes the watcher skips (of any key), when known.
         missed: Option<u64>,
     },
 }
@@ -252,7 +253,9 @@ impl Watch {
                 let pos = self.pos.load(Ordering::Relaxed);
                 if pos.saturating_add(1) < ring.first {
                     // The next change this watcher needs left the ring: go on from the newest.
-                    let missed = ring.first - pos - 1;
+                    // `missed` is every change it skips: those that left and those still held
+                    // after them (it resumes after the newest).
+                    let missed = (ring.next - 1).saturating_sub(pos);
                     self.pos.store(ring.next - 1, Ordering::Relaxed);
                     return Some(WatchEvent::Reset {
                         missed: Some(missed),
@@ -681,12 +684,9 @@ mod tests {
         assert_eq!(stalled.behind().changes, 400);
         let at = stalled.cursor();
         // It is told how many it missed, then follows new changes.
-        let held = feed.status().held_changes as u64;
         assert_eq!(
             next(&mut stalled).await,
-            Some(WatchEvent::Reset {
-                missed: Some(400 - held)
-            })
+            Some(WatchEvent::Reset { missed: Some(400) })
         );
         feed.publish(counter("after", 1));
         assert_eq!(
@@ -789,7 +789,7 @@ mod tests {
         assert_eq!(feed.status().held_changes, 3);
         assert_eq!(
             next(&mut w).await,
-            Some(WatchEvent::Reset { missed: Some(2) })
+            Some(WatchEvent::Reset { missed: Some(5) })
         );
         feed.publish(counter("c", 5));
         assert_eq!(
