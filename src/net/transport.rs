@@ -433,24 +433,7 @@ impl Net {
                         let _ = net.run_connection(conn, false).await;
                     }
                     Err(e) => {
-                        NetStats::add(&net.stats.connections_refused, 1);
-                        let why = super::refusals::reason(&e.to_string());
-                        // Only a configuration problem is a refusal worth a warning; a peer
-                        // that paused, restarted or timed out is reconnecting.
-                        if let Some(suppressed) = (!super::refusals::is_transient(why))
-                            .then(|| net.warned.due(&remote.to_string(), why))
-                            .flatten()
-                        {
-                            tracing::warn!(
-                                %remote,
-                                reason = why,
-                                error = %e,
-                                suppressed,
-                                "refused a peer connection"
-                            );
-                        } else {
-                            tracing::debug!(%remote, reason = why, error = %e, "peer connection failed");
-                        }
+                        net.connection_refused(remote, &e);
                     }
                 }
             });
@@ -551,25 +534,7 @@ impl Net {
                 return Err(e);
             }
             Err(e) => {
-                NetStats::add(&self.stats.connections_refused, 1);
-                let (remote, why) = (
-                    conn.remote_address(),
-                    super::refusals::reason(&e.to_string()),
-                );
-                if let Some(suppressed) = (!super::refusals::is_transient(why))
-                    .then(|| self.warned.due(&remote.to_string(), why))
-                    .flatten()
-                {
-                    tracing::warn!(
-                        %remote,
-                        reason = why,
-                        error = %e,
-                        suppressed,
-                        "refused a peer connection"
-                    );
-                } else {
-                    tracing::debug!(%remote, reason = why, error = %e, "peer connection failed");
-                }
+                self.connection_refused(conn.remote_address(), &e);
                 conn.close(VarInt::from_u32(close::IDENTITY), b"identity");
                 return Err(e);
             }
@@ -710,6 +675,22 @@ impl Net {
             return Err(NetError::Identity("peer claims our own name".into()));
         }
         Ok((hello.name, hello.instance, send, recv))
+    }
+
+    /// Counts a refused peer connection and warns of it (rate-limited, with how many were
+    /// suppressed): only a configuration problem is worth a warning; a peer that paused,
+    /// restarted or timed out is reconnecting (debug).
+    fn connection_refused(&self, remote: SocketAddr, e: &dyn std::fmt::Display) {
+        NetStats::add(&self.stats.connections_refused, 1);
+        let why = super::refusals::reason(&e.to_string());
+        if let Some(suppressed) = (!super::refusals::is_transient(why))
+            .then(|| self.warned.due(&remote.to_string(), why))
+            .flatten()
+        {
+            tracing::warn!(%remote, reason = why, error = %e, suppressed, "refused a peer connection");
+        } else {
+            tracing::debug!(%remote, reason = why, error = %e, "peer connection failed");
+        }
     }
 
     /// Counts (and logs once) that `peer` refused us for another member with our name.
