@@ -2,12 +2,12 @@
 //! before any of it reaches state, and the range-scoped join of state-transfer chunks.
 //!
 //! The store-level delta join itself lives in the lattice crate
-//! ([`tidemark_crdts::store::join_delta`]); this module adds what a node needs around it:
+//! ([`tidemark_crdts::causal_map::join_delta`]); this module adds what a node needs around it:
 //! validation of untrusted deltas and chunks, and the range-scoped join of state-transfer chunks.
 
 use crate::limits::Limits;
 use crate::model::{Delta, Rejected, StateChunk};
-use tidemark_crdts::store::JoinOutcome;
+use tidemark_crdts::causal_map::JoinOutcome;
 use tidemark_crdts::{
     Causal, CausalContext, DotMap, DotStore, Entry, Key, ReplicaId, Rows, Timestamp,
 };

@@ -8,7 +8,7 @@ use crate::metrics::Metrics;
 use crate::model::Rejected;
 use crate::model::{Delta, StateChunk};
 use crate::net::link::{NetEvent, PeerLink};
-use crate::proto::replica::{Event as ReplicaEvent, Now, Replica};
+use crate::proto::replica::{Now, Replica, ReplicaEvent};
 use crate::proto::{ApplyOutcome, ChunkRead, LogInterval, PeerId, StateStore};
 use crate::store::RefusalCause;
 use crate::store::{DeltasSince, LocalCommit, LocalWrite, RedbStore, StoreError};

@@ -285,7 +285,7 @@ pub fn validate_op(op: &Op, index: usize, limits: &Limits) -> Result<(Key, Mutat
             ));
         }
     };
-    tidemark_crdts::store::check_mutation(kind, &mutation).map_err(|e| match e {
+    tidemark_crdts::causal_map::check_mutation(kind, &mutation).map_err(|e| match e {
         tidemark_crdts::MutationError::CounterNotDeletable(k) => {
             Error::CounterNotDeletable { index, kind: k }
         }

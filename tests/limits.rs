@@ -8,9 +8,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 use tidemark::codec;
 use tidemark::crdts::DedupMarks;
-use tidemark::proto::{
-    Event as ReplicaEvent, Message, Now, PeerId, Replica, ReplicaConfig, StateStore,
-};
+use tidemark::proto::{Message, Now, PeerId, Replica, ReplicaConfig, ReplicaEvent, StateStore};
 use tidemark::store::{EventId, LocalWrite, OpenOptions, RedbStore};
 use tidemark::{Error, Event, Key, KeyKind, Limits, Node, NodeConfig, Op, ReplicaId, Value};
 

@@ -85,7 +85,7 @@ use std::time::Instant;
 use tidemark::codec;
 use tidemark::config::Limits;
 use tidemark::proto::{
-    Event, Message, Now, PeerId, Replica, ReplicaConfig, ReplicaStats, StateStore,
+    Message, Now, PeerId, Replica, ReplicaConfig, ReplicaEvent, ReplicaStats, StateStore,
 };
 use tidemark::store::{
     DB_FILE, LocalWrite, OpenOptions, RedbStore, SnapshotInfo, StoreError, restore_snapshot,
@@ -715,7 +715,7 @@ impl Sim {
         );
         while let Some(e) = self.nodes[i].replica.poll_event() {
             self.mix(format!("{i}:{e:?}").as_bytes());
-            if let Event::Compact { below } = e {
+            if let ReplicaEvent::Compact { below } = e {
                 // As the driver does: keep the last `log_retain` entries for peers briefly away
                 // (and for stores restored from a snapshot of this one: their seed cursor).
                 let (start, end) = self.nodes[i].store.log_bounds();
@@ -1155,7 +1155,7 @@ impl Sim {
                 .expect("handle_timeout: the store does not fail");
             let mut below = node.replica.compaction_due();
             while let Some(e) = node.replica.poll_event() {
-                if let Event::Compact { below: b } = e {
+                if let ReplicaEvent::Compact { below: b } = e {
                     below = Some(b);
                 }
             }

@@ -1,7 +1,7 @@
 //! The causal context: the set of dots a replica has seen, in compact canonical form.
 
+use crate::dot::{Dot, ReplicaId};
 use crate::interval::IntervalSet;
-use crate::replica::{Dot, ReplicaId};
 use smallvec::SmallVec;
 use std::collections::BTreeMap;
 

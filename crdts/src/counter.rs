@@ -4,7 +4,7 @@
 //! "counter overflow" of the node's `docs/design/principles.md`).
 
 use crate::Lattice;
-use crate::replica::ReplicaId;
+use crate::dot::ReplicaId;
 use smallvec::SmallVec;
 
 /// Per-replica totals, ascending by replica; one entry (an increment's delta, a counter only

@@ -7,7 +7,7 @@
 //! with no entry": no tombstones.
 
 use crate::context::CausalContext;
-use crate::replica::Dot;
+use crate::dot::Dot;
 use core::fmt::Debug;
 use smallvec::SmallVec;
 use std::collections::BTreeMap;
@@ -53,7 +53,7 @@ pub trait DotStore: Clone + Default + PartialEq + Debug {
 /// One dot (the usual case: an element added once, or re-added, which retires its older
 /// dots) is kept inline, without a heap allocation.
 #[derive(Clone, PartialEq, Eq, Hash, Default, Debug)]
-// serde: hand-written in `serde_impls` below (canonical-form checks) / `crate::codec`.
+// serde: hand-written in `serde_impls` below (canonical-form checks) / `crate::compact`.
 pub struct DotSet(SmallVec<[Dot; 1]>);
 
 impl DotSet {
@@ -187,7 +187,7 @@ impl DotStore for DotSet {
 /// One entry (a counter's live dot, a register's value) is kept inline, without a heap
 /// allocation.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
-// serde: hand-written in `serde_impls` below (canonical-form checks) / `crate::codec`.
+// serde: hand-written in `serde_impls` below (canonical-form checks) / `crate::compact`.
 pub struct DotFun<V>(SmallVec<[(Dot, V); 1]>);
 
 impl<V> Default for DotFun<V> {
@@ -312,7 +312,7 @@ impl<V: Clone + Ord + Debug> DotStore for DotFun<V> {
 }
 
 /// Which children a [`DotMap`] key admits. The decoder rejects a child its key does not admit,
-/// so a decoded map never holds, e.g., a set entry under a counter key (`store::Key` admits only
+/// so a decoded map never holds, e.g., a set entry under a counter key (`causal_map::Key` admits only
 /// entries of its own kind; every other key type admits every child).
 pub trait AdmitsChild<S> {
     /// True when `child` may be stored under `self`.
@@ -354,7 +354,7 @@ pub(crate) const CHUNK: usize = 32;
 /// the tree, without any key search; any other key costs one search among `n / 32` separators
 /// and a binary search in one chunk. Iteration walks the chunks in order, so it is ascending by
 /// key exactly as before.
-// serde: hand-written in `serde_impls` below (canonical-form checks) / `crate::codec`.
+// serde: hand-written in `serde_impls` below (canonical-form checks) / `crate::compact`.
 pub struct DotMap<K: Ord, S> {
     /// The only entry of a one-key map built by `set`/`replace` on an empty map; when it is
     /// `Some`, `many` is empty.
@@ -941,7 +941,7 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotStore for DotMap<K, S> {
 /// join"; a join-semilattice: commutative, associative, idempotent); for states and deltas built by
 /// this crate `dots(store) ⊆ ctx` (I3).
 #[derive(Clone, PartialEq, Eq, Hash, Default, Debug)]
-// serde: hand-written in `crate::codec` (compact replica-table encoding).
+// serde: hand-written in `crate::compact` (compact replica-table encoding).
 pub struct Causal<S> {
     /// The dot store.
     pub store: S,
@@ -1019,7 +1019,7 @@ impl<S: DotStore> Causal<S> {
 /// derives wrote (newtypes over a sequence or map), but decoding accepts only canonical input, so a
 /// decoded store satisfies the invariants `is_canonical` states. How each [`Dot`] inside is written
 /// (in full, or as an index into the enclosing [`Causal`]'s replica table) is decided by
-/// `crate::codec`.
+/// `crate::compact`.
 #[cfg(feature = "serde")]
 mod serde_impls {
     use super::{AdmitsChild, Dot, DotFun, DotMap, DotSet, DotStore, SmallVec};

@@ -1,7 +1,7 @@
 //! Hybrid logical clock (Kulkarni et al.): timestamps that respect happened-before and stay close
 //! to physical time. Pure: the wall clock is always passed in.
 
-use crate::replica::ReplicaId;
+use crate::dot::ReplicaId;
 
 /// An HLC timestamp `(physical_ms, logical, replica)`, ordered lexicographically.
 ///

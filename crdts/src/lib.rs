@@ -39,33 +39,33 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod causal_map;
 #[cfg(feature = "serde")]
-pub mod codec;
+pub mod compact;
 pub mod context;
 pub mod counter;
+pub mod dot;
 pub mod dotstore;
 pub mod hlc;
 pub mod interval;
 pub mod lww;
 pub mod mvreg;
 pub mod orset;
-pub mod replica;
-pub mod store;
 mod strict_map;
 
+pub use causal_map::{
+    DedupMarks, Entry, Json, Key, KeyKind, MemStore, Mutation, MutationError, Rows, Store,
+    StoreDelta, Value,
+};
 pub use context::{CausalContext, DotsExhausted, VersionVector};
 pub use counter::{GCounter, PNCounter};
+pub use dot::{Dot, ReplicaId};
 pub use dotstore::{AdmitsChild, Causal, DotFun, DotMap, DotSet, DotStore};
 pub use hlc::{Hlc, HlcError, Timestamp};
 pub use interval::IntervalSet;
 pub use lww::LWWRegister;
 pub use mvreg::{MVRegister, MVRegisterDelta};
 pub use orset::{ORSet, ORSetDelta};
-pub use replica::{Dot, ReplicaId};
-pub use store::{
-    DedupMarks, Entry, Json, Key, KeyKind, MemStore, Mutation, MutationError, Rows, Store,
-    StoreDelta, Value,
-};
 
 /// A join-semilattice.
 ///

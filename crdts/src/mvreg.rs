@@ -3,8 +3,8 @@
 
 use crate::Lattice;
 use crate::context::{CausalContext, DotsExhausted};
+use crate::dot::ReplicaId;
 use crate::dotstore::{Causal, DotFun, DotStore};
-use crate::replica::ReplicaId;
 use core::fmt::Debug;
 
 /// The delta (and state) type of an [`MVRegister`].

@@ -5,8 +5,8 @@
 
 use crate::Lattice;
 use crate::context::{CausalContext, DotsExhausted};
+use crate::dot::{Dot, ReplicaId};
 use crate::dotstore::{Causal, DotMap, DotSet, DotStore};
-use crate::replica::{Dot, ReplicaId};
 use core::fmt::Debug;
 
 /// The delta (and state) type of an [`ORSet`].

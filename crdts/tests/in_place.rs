@@ -10,7 +10,7 @@ mod common;
 
 use common::{StoreOp, rid, seeded_rng, store_mutation};
 use std::collections::BTreeSet;
-use tidemark_crdts::store::mutate_in_place;
+use tidemark_crdts::causal_map::mutate_in_place;
 use tidemark_crdts::{Dot, Store, Timestamp};
 
 fn ts(physical_ms: u64, replica: usize) -> Timestamp {

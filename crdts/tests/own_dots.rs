@@ -9,8 +9,8 @@
 mod common;
 
 use common::{rid, seeded_rng};
+use tidemark_crdts::causal_map::mutate_own_in_place;
 use tidemark_crdts::dotstore::{DotFun, DotMap, DotSet};
-use tidemark_crdts::store::mutate_own_in_place;
 use tidemark_crdts::{Causal, CausalContext, Entry, Key, KeyKind, Mutation, Store, Timestamp};
 
 const REPLICAS: usize = 3;

@@ -7,7 +7,7 @@
 //! joined together, and with their stores dropped (context-only removals).
 
 use std::collections::BTreeMap;
-use tidemark_crdts::store::join_delta;
+use tidemark_crdts::causal_map::join_delta;
 use tidemark_crdts::{
     CausalContext, Dot, DotMap, DotSet, Entry, Key, KeyKind, Mutation, ReplicaId, Rows, Store,
     StoreDelta,

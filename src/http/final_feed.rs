@@ -6,7 +6,8 @@
 use super::AppState;
 use super::consumers::FinalProgress;
 use super::error::{ApiError, Pos};
-use super::routes::{Watching, bad_query, known_query_pairs, stopped};
+use super::query::{bad_query, known_query_pairs};
+use super::stream::{Watching, stopped};
 use crate::views::{FinalCursor, FinalWindow};
 use axum::body::Body;
 use axum::extract::{Path, Query, State};

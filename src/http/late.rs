@@ -3,7 +3,7 @@
 
 use super::AppState;
 use super::error::{ApiError, Pos};
-use super::routes::{bad_query, known_query_pairs};
+use super::query::{bad_query, known_query_pairs};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

@@ -26,8 +26,10 @@ mod final_feed;
 mod late;
 mod metrics;
 mod middleware;
+mod query;
 mod routes;
 mod snapshot;
+mod stream;
 mod watch;
 
 pub use error::ApiError;

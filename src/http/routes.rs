@@ -3,8 +3,8 @@
 use super::body::{Chunks, Lines, read_limited};
 use super::error::{ApiError, Pos};
 use super::events::{ParseError, parse_event, parse_ops};
+use super::query::{bad_query, key_json, known_query_pairs, parse_kind, query_pairs};
 use super::{AppState, console, metrics, middleware};
-use crate::ops::value_to_json;
 use crate::views::{Event, ViewQuery};
 use axum::Router;
 use axum::body::Body;
@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 use std::time::Duration;
-use tidemark_crdts::{Key, KeyKind, Value};
+use tidemark_crdts::{Key, KeyKind};
 
 pub(crate) fn router(state: AppState) -> Router {
     Router::new()
@@ -278,21 +278,6 @@ fn ops_read(e: &ApiError) -> usize {
         .max(1)
 }
 
-pub(super) fn parse_kind(s: &str, at: &str) -> Result<KeyKind, ApiError> {
-    KeyKind::parse(s).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "unknown_type",
-            format!("unknown key type {s:?} (gcounter, pncounter, orset, lww, mvreg)"),
-        )
-        .at(at.to_owned())
-    })
-}
-
-pub(super) fn key_json(key: &Key, value: &Value) -> serde_json::Value {
-    json!({"type": key.kind.as_str(), "key": key.name, "value": value_to_json(value)})
-}
-
 fn check_name(state: &AppState, name: &str, at: &str) -> Result<(), ApiError> {
     crate::admission::check_key_name(name, &state.node.config().limits)
         .map_err(|e| ApiError::bad_request("invalid_key", e.to_string()).at(at.to_owned()))
@@ -340,43 +325,6 @@ struct ListQuery {
     after: Option<String>,
     /// Also list the node's internal keys (every name under `~`: `~view/`, `~wm/`, `~gone/`).
     internal: bool,
-}
-
-/// [`query_pairs`] for a route whose parameters are exactly `known`: an unknown one is refused
-/// too (400 `invalid_query` naming it, the list of known ones in the message), as
-/// `GET /v1/views/{view}` refuses one, so a mistyped parameter never goes unnoticed.
-pub(super) fn known_query_pairs(
-    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
-    known: &[&str],
-) -> Result<Vec<(String, String)>, ApiError> {
-    let pairs = query_pairs(q, known)?;
-    if let Some((name, _)) = pairs.iter().find(|(n, _)| !known.contains(&n.as_str())) {
-        return Err(bad_query(
-            name,
-            format!("unknown parameter {name:?} ({})", known.join(", ")),
-        ));
-    }
-    Ok(pairs)
-}
-
-/// Query parameters as pairs, decoded by hand so every fault names its parameter in the JSON
-/// error shape (a parameter given twice is refused; unknown ones are left to the caller:
-/// [`known_query_pairs`] refuses them).
-pub(super) fn query_pairs(
-    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
-    known: &[&str],
-) -> Result<Vec<(String, String)>, ApiError> {
-    let Query(pairs) = q.map_err(|e| bad_query("", e.body_text()).at("query"))?;
-    let mut seen: Vec<&str> = Vec::new();
-    for (name, _) in &pairs {
-        if let Some(k) = known.iter().find(|k| **k == name) {
-            if seen.contains(k) {
-                return Err(bad_query(name, format!("`{name}` is given more than once")));
-            }
-            seen.push(k);
-        }
-    }
-    Ok(pairs)
 }
 
 fn list_query(
@@ -447,10 +395,6 @@ fn is_view_cursor(view: &crate::views::CompiledView, after: &str) -> bool {
             &serde_json::Value::Array(group).to_string(),
         ) == after
 }
-
-/// Largest value (about, as JSON text) a watch event carries; a larger one is announced with
-/// `value_omitted` and read with `GET /v1/keys/{type}/{name}`.
-pub(super) const WATCH_EVENT_VALUE_BYTES_MAX: usize = 1 << 20;
 
 /// About the most bytes of values one `GET /v1/keys` page carries (past it, `next` continues).
 const LIST_PAGE_BYTES_MAX: usize = 1 << 20;
@@ -768,28 +712,6 @@ async fn ingest_stream(
     Ok(())
 }
 
-/// Ends a watch stream when the server shuts down.
-pub(super) async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
-    let _ = rx.wait_for(|s| *s).await;
-}
-
-/// One open watch stream in `tidemark_http_watchers`: counted while the stream lives, whether
-/// it ends (shutdown, node closed) or is dropped because the client disconnected.
-pub(super) struct Watching(prometheus_client::metrics::gauge::Gauge);
-
-impl Watching {
-    pub(super) fn new(gauge: prometheus_client::metrics::gauge::Gauge) -> Self {
-        gauge.inc();
-        Self(gauge)
-    }
-}
-
-impl Drop for Watching {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
 async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
     let node = &state.node;
     let rep = node
@@ -1062,10 +984,6 @@ fn cluster_members(
     }
     members.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
     members
-}
-
-pub(super) fn bad_query(param: &str, message: impl Into<String>) -> ApiError {
-    ApiError::bad_request("invalid_query", message).at(format!("query {param}"))
 }
 
 /// A time query parameter: epoch milliseconds or RFC 3339.

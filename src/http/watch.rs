@@ -4,10 +4,8 @@
 
 use super::AppState;
 use super::error::ApiError;
-use super::routes::{
-    WATCH_EVENT_VALUE_BYTES_MAX, Watching, bad_query, key_json, known_query_pairs, parse_kind,
-    stopped,
-};
+use super::query::{bad_query, key_json, known_query_pairs, parse_kind};
+use super::stream::{WATCH_EVENT_VALUE_BYTES_MAX, Watching, stopped};
 use crate::watch::{Cursor, KeyFilter, Watch, WatchEvent};
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;

@@ -12,7 +12,9 @@ mod tests;
 mod transfer;
 
 pub use message::Message;
-pub use replica::{Event, Now, RejectReason, Replica, ReplicaConfig, ReplicaStats, Transmit};
+pub use replica::{
+    Now, RejectReason, Replica, ReplicaConfig, ReplicaEvent, ReplicaStats, Transmit,
+};
 pub use state_store::{ApplyOutcome, ChunkRead, LogInterval, MarksRead, RowPart, StateStore};
 
 /// A peer's identity as the host knows it (e.g. derived from its certificate's node name, or

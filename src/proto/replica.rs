@@ -198,7 +198,7 @@ pub enum RejectReason {
 
 /// Something the host may want to know or act on.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Event {
+pub enum ReplicaEvent {
     /// A remote delta or chunk changed these keys (for watchers and views).
     Applied {
         /// The sender.
@@ -261,7 +261,7 @@ pub enum Event {
 ///    after local writes were durably committed (the log grew), and [`Replica::handle_timeout`]
 ///    once the deadline from [`Replica::poll_timeout`] has passed.
 /// 3. After each input, drain [`Replica::poll_transmit`] (send each message to its peer, in
-///    order) and [`Replica::poll_event`] (act on [`Event::Compact`]; the rest is information),
+///    order) and [`Replica::poll_event`] (act on [`ReplicaEvent::Compact`]; the rest is information),
 ///    then sleep until the next input or the new [`Replica::poll_timeout`].
 ///
 /// Storage errors returned by any `handle_*`/`peer_up` call are fatal to the node (fail-stop):
@@ -297,7 +297,7 @@ pub struct Replica {
     /// chunks is acknowledged again, never re-applied (that would move our cursor back).
     completed_transfer: BTreeMap<PeerId, (ReplicaId, u64, u64)>,
     transmits: VecDeque<Transmit>,
-    events: VecDeque<Event>,
+    events: VecDeque<ReplicaEvent>,
     stats: ReplicaStats,
     boot_ms: Option<u64>,
     next_tick: Option<u64>,
@@ -409,7 +409,7 @@ impl Replica {
     }
 
     /// The stable frontier when it is above the log start seen last: the host may truncate the
-    /// log below it (also announced once per advance as [`Event::Compact`]).
+    /// log below it (also announced once per advance as [`ReplicaEvent::Compact`]).
     pub fn compaction_due(&self) -> Option<u64> {
         self.stable_frontier().filter(|f| *f > self.bounds.0)
     }
@@ -555,7 +555,7 @@ impl Replica {
     /// Handles one message from `from`.
     ///
     /// Never panics on peer input: invalid content is refused, counted and reported as
-    /// [`Event::Rejected`].
+    /// [`ReplicaEvent::Rejected`].
     ///
     /// # Errors
     /// Storage failures (fatal).
@@ -666,7 +666,7 @@ impl Replica {
 
     /// The next event, in order.
     #[must_use]
-    pub fn poll_event(&mut self) -> Option<Event> {
+    pub fn poll_event(&mut self) -> Option<ReplicaEvent> {
         self.events.pop_front()
     }
 
@@ -759,7 +759,8 @@ impl Replica {
                 p.hellos_unanswered = 0;
                 p.reset_link();
                 self.stats.evictions += 1;
-                self.events.push_back(Event::PeerEvicted { peer: id });
+                self.events
+                    .push_back(ReplicaEvent::PeerEvicted { peer: id });
             }
             // Outside the overlay, a peer in the plain delta phase waits for anti-entropy;
             // Hellos and transfers are never delayed.
@@ -777,7 +778,7 @@ impl Replica {
         if let Some(f) = self.compaction_due() {
             if f > self.compact_emitted {
                 self.compact_emitted = f;
-                self.events.push_back(Event::Compact { below: f });
+                self.events.push_back(ReplicaEvent::Compact { below: f });
             }
         }
         Ok(())
@@ -930,7 +931,7 @@ impl Replica {
         self.peer_mut(id).transfer = Some(t);
         self.stats.transfers_started += 1;
         self.events
-            .push_back(Event::TransferStarted { to: id, transfer });
+            .push_back(ReplicaEvent::TransferStarted { to: id, transfer });
         self.send_chunk(now, id, store)
     }
 
@@ -1225,7 +1226,7 @@ impl Replica {
                     self.stats.hlc_rejected.saturating_add(outcome.hlc_rejected);
                 self.announce_after_join(from, outcome.changed.len(), store);
                 if !outcome.changed.is_empty() {
-                    self.events.push_back(Event::Applied {
+                    self.events.push_back(ReplicaEvent::Applied {
                         from,
                         changed: outcome.changed,
                     });
@@ -1354,7 +1355,7 @@ impl Replica {
                     self.stats.hlc_rejected.saturating_add(outcome.hlc_rejected);
                 self.announce_after_join(from, outcome.changed.len(), store);
                 if !outcome.changed.is_empty() {
-                    self.events.push_back(Event::Applied {
+                    self.events.push_back(ReplicaEvent::Applied {
                         from,
                         changed: outcome.changed,
                     });
@@ -1372,7 +1373,8 @@ impl Replica {
                     self.send_have(id, store);
                 }
                 self.stats.transfers_received += 1;
-                self.events.push_back(Event::TransferReceived { from });
+                self.events
+                    .push_back(ReplicaEvent::TransferReceived { from });
                 self.ack_chunk(from, epoch, transfer, index);
             }
             Err(reason) => {
@@ -1421,7 +1423,7 @@ impl Replica {
             p.more = true;
             self.stats.transfers_completed += 1;
             self.events
-                .push_back(Event::TransferCompleted { to: from, transfer });
+                .push_back(ReplicaEvent::TransferCompleted { to: from, transfer });
         } else {
             t.sent = None;
         }
@@ -1481,7 +1483,7 @@ impl Replica {
         }
         self.stats.rejected += 1;
         self.events
-            .push_back(Event::Rejected { from, kind, reason });
+            .push_back(ReplicaEvent::Rejected { from, kind, reason });
     }
 }
 

@@ -8,7 +8,7 @@ use crate::limits::Limits;
 use crate::model::Delta;
 use crate::proto::replica::without_seen;
 use crate::proto::{
-    Event, Message, Now, PeerId, RejectReason, Replica, ReplicaConfig, StateStore, Transmit,
+    Message, Now, PeerId, RejectReason, Replica, ReplicaConfig, ReplicaEvent, StateStore, Transmit,
 };
 use crate::store::{LocalWrite, OpenOptions, RedbStore, StoreError};
 use rand::{Rng, SeedableRng};
@@ -186,15 +186,15 @@ impl Node {
         std::iter::from_fn(|| self.replica.poll_transmit()).collect()
     }
 
-    fn events(&mut self) -> Vec<Event> {
+    fn events(&mut self) -> Vec<ReplicaEvent> {
         std::iter::from_fn(|| self.replica.poll_event()).collect()
     }
 
-    /// Truncates the log as the host would on `Event::Compact`; returns the events.
-    fn compact(&mut self) -> Vec<Event> {
+    /// Truncates the log as the host would on `ReplicaEvent::Compact`; returns the events.
+    fn compact(&mut self) -> Vec<ReplicaEvent> {
         let events = self.events();
         for e in &events {
-            if let Event::Compact { below } = e {
+            if let ReplicaEvent::Compact { below } = e {
                 self.store.truncate_log(*below).expect("store");
             }
         }
@@ -471,7 +471,7 @@ fn invalid_delta_is_rejected_and_the_replica_stays_live() {
     );
     assert!(b.events().iter().any(|e| matches!(
         e,
-        Event::Rejected {
+        ReplicaEvent::Rejected {
             reason: RejectReason::Invalid(_),
             ..
         }

@@ -18,7 +18,7 @@ use redb::ReadableTable;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use tidemark_crdts::store::{mutate_in_place, mutate_own_in_place};
+use tidemark_crdts::causal_map::{mutate_in_place, mutate_own_in_place};
 use tidemark_crdts::{
     Causal, CausalContext, DedupMarks, Dot, DotFun, DotMap, DotSet, DotStore, Entry, IntervalSet,
     Key, KeyKind, Mutation, ReplicaId, Rows, Timestamp, Value,
@@ -327,7 +327,7 @@ impl RedbStore {
         }
         for w in writes {
             for (key, m) in &w.ops {
-                tidemark_crdts::store::check_mutation(key.kind, m)
+                tidemark_crdts::causal_map::check_mutation(key.kind, m)
                     .map_err(|e| StoreError::InvalidOp(format!("{key}: {e}")))?;
             }
         }

@@ -18,7 +18,7 @@ use crate::model::marks_bytes;
 use crate::model::{Delta, StateChunk};
 use crate::proto::{ApplyOutcome, ChunkRead, LogInterval, MarksRead, PeerId, StateStore};
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
-use tidemark_crdts::store::{JoinOutcome, join_delta};
+use tidemark_crdts::causal_map::{JoinOutcome, join_delta};
 use tidemark_crdts::{CausalContext, DedupMarks, Dot, Entry, IntervalSet, Key, ReplicaId};
 
 /// Result of [`RedbStore::deltas_since`].

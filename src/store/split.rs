@@ -220,7 +220,7 @@ fn union(parts: Vec<Entry>) -> Option<Entry> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tidemark_crdts::store::delta_mutation;
+    use tidemark_crdts::causal_map::delta_mutation;
     use tidemark_crdts::{DotMap, KeyKind, ReplicaId};
 
     fn big_set(n: u64) -> (Key, Entry, CausalContext) {

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use tidemark::codec;
 use tidemark::config::Limits;
 use tidemark::proto::{
-    Event, Message, Now, PeerId, Replica, ReplicaConfig, ReplicaStats, StateStore,
+    Message, Now, PeerId, Replica, ReplicaConfig, ReplicaEvent, ReplicaStats, StateStore,
 };
 use tidemark::store::EventId;
 use tidemark_crdts::{CausalContext, DotStore, Entry, Key, Mutation, ReplicaId};
@@ -351,7 +351,7 @@ impl Sim {
         );
         while let Some(e) = self.nodes[i].replica.poll_event() {
             self.mix(format!("{i}:{e:?}").as_bytes());
-            if let Event::Compact { below } = e {
+            if let ReplicaEvent::Compact { below } = e {
                 self.counts.compactions += 1;
                 self.nodes[i]
                     .store

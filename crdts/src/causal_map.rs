@@ -12,9 +12,9 @@
 //! so that a delta's removals find their keys in O(|δ|), never by scanning the state.
 
 use crate::context::CausalContext;
+use crate::dot::{Dot, ReplicaId};
 use crate::dotstore::{Causal, DotFun, DotMap, DotSet, DotStore};
 use crate::hlc::Timestamp;
-use crate::replica::{Dot, ReplicaId};
 use core::fmt;
 use std::collections::BTreeMap;
 

@@ -14,7 +14,7 @@
 //!   difference from the previous dot of that replica in the same table (one byte for the
 //!   usual runs of nearby seqs). The context already lists its replicas, so the table costs
 //!   nothing extra.
-//! * Everywhere else (a standalone `Dot`, `DotSet`, `DotFun`, `store::Entry`, ...) a dot is
+//! * Everywhere else (a standalone `Dot`, `DotSet`, `DotFun`, `causal_map::Entry`, ...) a dot is
 //!   written in full as the struct `{ replica, seq }`, exactly as the plain derive would.
 //!
 //! The table travels from `Causal`'s impls to `Dot`'s through a thread-local stack (serde gives
@@ -27,7 +27,7 @@
 //! Limitation (of the seq delta, which makes a dot's bytes depend on the dots before it): inside
 //! a causal store, a serde construct that serializes one value twice in a call, or retries
 //! decoding of buffered input (`#[serde(untagged)]` enums), would desynchronize the bases. The
-//! crate's stores and `store::Entry` use none (enums are externally tagged); a whole `Causal`
+//! crate's stores and `causal_map::Entry` use none (enums are externally tagged); a whole `Causal`
 //! inside such a construct is fine, since each attempt starts a fresh table.
 //!
 //! ## Guarantees
@@ -41,9 +41,9 @@
 //!   bottom child (see the impls in `dotstore.rs`).
 
 use crate::context::CausalContext;
+use crate::dot::{Dot, ReplicaId};
 use crate::dotstore::Causal;
 use crate::interval::IntervalSet;
-use crate::replica::{Dot, ReplicaId};
 use core::cell::RefCell;
 use core::fmt;
 use core::marker::PhantomData;
@@ -263,8 +263,8 @@ impl<'de, S: Deserialize<'de>> Deserialize<'de> for Causal<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::causal_map::{Entry, Key, KeyKind, Mutation, Store, StoreDelta};
     use crate::dotstore::{DotFun, DotMap, DotSet};
-    use crate::store::{Entry, Key, KeyKind, Mutation, Store, StoreDelta};
     use crate::{GCounter, Hlc, Lattice, MVRegister, ORSet, ORSetDelta, PNCounter};
 
     fn cfg() -> bincode::config::Configuration {

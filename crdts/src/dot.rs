@@ -39,7 +39,7 @@ impl fmt::Display for ReplicaId {
 ///
 /// Guarantee: a correct replica never issues the same dot twice, so a dot names one write.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
-// serde: hand-written in `crate::codec` (indexed form inside a `Causal`).
+// serde: hand-written in `crate::compact` (indexed form inside a `Causal`).
 pub struct Dot {
     /// The replica that created the event.
     pub replica: ReplicaId,
