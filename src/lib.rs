@@ -6,10 +6,14 @@
 //!
 //! Layers, lowest first (the table of ARCHITECTURE.md, "Layers", enforced by
 //! `tests/layering.rs`; no import runs back up): [`tidemark_crdts`] (pure lattices) → the
-//! leaves [`limits`], `clock`, [`metrics`], [`codec`], [`model`] → [`proto`] (sans-IO
-//! replication core) → [`admission`] → [`store`] (redb) and [`net`] (QUIC), which do not know
+//! leaves [`limits`], `clock`, `metrics`, `codec`, `model` → `proto` (sans-IO
+//! replication core) → `admission` → `store` (redb) and [`net`] (QUIC), which do not know
 //! each other → [`error`] → [`ops`] → [`views`] → [`config`] → the writer thread → the embedded
-//! `Node` → [`http`].
+//! `Node` → `http`.
+//!
+//! The modules shown without a link are internal: public only with the `testing` feature (for the
+//! crate's simulations, crash suites, benches and fuzzers; not a stable API). The types of theirs
+//! that appear in the public API are re-exported at the crate root.
 //!
 //! ## Example
 //! ```
@@ -30,22 +34,37 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-pub mod admission;
+/// Declares a module that is internal (`pub(crate)`) unless the `testing` feature is on; with
+/// it, the module is public for the simulations, crash suites, benches and fuzzers. Nothing in
+/// such a module is a stable API: what an embedded user needs is re-exported below.
+macro_rules! internal {
+    ($(#[$attr:meta])* $name:ident) => {
+        #[cfg(feature = "testing")]
+        $(#[$attr])*
+        pub mod $name;
+        #[cfg(not(feature = "testing"))]
+        #[allow(dead_code, unreachable_pub, unused_imports)]
+        $(#[$attr])*
+        pub(crate) mod $name;
+    };
+}
+
+internal!(admission);
 mod clock;
-pub mod codec;
+internal!(codec);
 pub mod config;
 mod driver;
 pub mod error;
 #[cfg(feature = "server")]
 pub mod http;
 pub mod limits;
-pub mod metrics;
-pub mod model;
+internal!(metrics);
+internal!(model);
 pub mod net;
 mod node;
 pub mod ops;
-pub mod proto;
-pub mod store;
+internal!(proto);
+internal!(store);
 pub mod views;
 mod watch;
 
@@ -61,3 +80,14 @@ pub use watch::{
 };
 
 pub use tidemark_crdts as crdts;
+
+// Types of the internal modules that appear in the public API (results of `Node` calls, error
+// causes, configuration), and the data-directory helpers the `tidemark` binary uses.
+pub use codec::CodecError;
+pub use metrics::{CommitHistograms, MetricsSnapshot, WriteSample};
+pub use model::{Delta, Rejected};
+pub use proto::{PeerId, ReplicaConfig, ReplicaStats};
+pub use store::{
+    DB_FILE, EventId, LateNote, LatePage, LateTotals, LogBytes, SnapshotInfo, StoreError,
+    file_identity, publish_file, restore_snapshot, snapshot_data_dir, verify_snapshot,
+};

@@ -5,8 +5,8 @@ use anyhow::Context;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use tidemark::Node;
+use tidemark::StoreError;
 use tidemark::http::HttpServer;
-use tidemark::store::StoreError;
 
 /// Flags of `tidemark serve` (each overrides the config file).
 #[derive(Debug, clap::Args)]
@@ -174,7 +174,7 @@ pub fn read_token_file(file: &std::path::Path) -> anyhow::Result<String> {
 /// Creates the configured data directory from the snapshot `file` under a new replica id
 /// (`serve --restore`); refuses a non-empty data directory.
 pub fn restore(config: &Config, file: &std::path::Path) -> anyhow::Result<()> {
-    let info = tidemark::store::restore_snapshot(file, &config.data_dir, None, &config.limits)
+    let info = tidemark::restore_snapshot(file, &config.data_dir, None, &config.limits)
         .with_context(|| {
             format!(
                 "cannot restore {} into {}",

@@ -12,7 +12,7 @@ use anyhow::{Context, bail};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use tidemark::config::Limits;
-use tidemark::store::{OpenOptions, RedbStore, SnapshotInfo, StoreError, verify_snapshot};
+use tidemark::{SnapshotInfo, StoreError, snapshot_data_dir, verify_snapshot};
 
 /// Flags of `tidemark snapshot`.
 #[derive(Debug, clap::Args)]
@@ -70,7 +70,7 @@ impl Drop for TempFile {
 /// canonical path.
 fn serves(status: &serde_json::Value, dir: &Path) -> anyhow::Result<bool> {
     let node = &status["node"];
-    let local = tidemark::store::file_identity(&dir.join(tidemark::store::DB_FILE));
+    let local = tidemark::file_identity(&dir.join(tidemark::DB_FILE));
     if let (Some(theirs), Some(ours)) = (node["data_file"].as_str(), local.as_deref()) {
         return Ok(theirs == ours);
     }
@@ -169,7 +169,7 @@ fn download(client: &Client, dir: Option<&Path>, out: &Path) -> anyhow::Result<S
             info.source_replica
         );
     }
-    tidemark::store::publish_file(&tmp, out)
+    tidemark::publish_file(&tmp, out)
         .with_context(|| format!("cannot publish {}", out.display()))?;
     guard.0 = None;
     Ok(info)
@@ -199,20 +199,11 @@ pub fn run(args: &SnapshotArgs, json: bool, client: &Client) -> anyhow::Result<(
         let info = match &args.data {
             None => download(client, None, out)?,
             Some(dir) => {
-                if !dir.join(tidemark::store::DB_FILE).is_file() {
+                if !dir.join(tidemark::DB_FILE).is_file() {
                     bail!("{} holds no tidemark data", dir.display());
                 }
-                let opened = RedbStore::open(
-                    dir,
-                    OpenOptions {
-                        limits: limits.clone(),
-                        ..OpenOptions::default()
-                    },
-                );
-                match opened {
-                    Ok(store) => store
-                        .snapshot(out, wall_ms())
-                        .with_context(|| format!("cannot write the snapshot {}", out.display()))?,
+                match snapshot_data_dir(dir, out, &limits, wall_ms()) {
+                    Ok(info) => info,
                     // A running node holds the directory: ask it over HTTP.
                     Err(StoreError::AlreadyOpen { .. }) => download(client, Some(dir), out)
                         .with_context(|| {
@@ -224,9 +215,11 @@ pub fn run(args: &SnapshotArgs, json: bool, client: &Client) -> anyhow::Result<(
                             )
                         })?,
                     Err(e) => {
-                        return Err(
-                            anyhow::Error::new(e).context(format!("cannot open {}", dir.display()))
-                        );
+                        return Err(anyhow::Error::new(e).context(format!(
+                            "cannot write a snapshot of {} to {}",
+                            dir.display(),
+                            out.display()
+                        )));
                     }
                 }
             }

@@ -43,7 +43,7 @@ pub use read::{LOG_BYTES_ENTRIES_MAX, LogBytes, Reader, ReleaseWatch};
 pub use replicate::DeltasSince;
 pub use snapshot::{
     RESTORE_MARKER, SNAPSHOT_FORMAT, SnapshotInfo, SnapshotRead, publish_file, restore_snapshot,
-    verify_snapshot,
+    snapshot_data_dir, verify_snapshot,
 };
 pub use split::write_bytes_estimate;
 pub use stream_snapshot::{

@@ -502,6 +502,25 @@ fn verify_db(
     Ok((db, info))
 }
 
+/// Writes a snapshot of the data directory `dir`, which no running node holds, to `out` (the
+/// offline `tidemark snapshot --data`): opens the store, writes a consistent point in time as
+/// [`RedbStore::snapshot`] does, and closes it. `StoreError::AlreadyOpen` if a node holds `dir`.
+pub fn snapshot_data_dir(
+    dir: &Path,
+    out: &Path,
+    limits: &Limits,
+    wall_ms: u64,
+) -> Result<SnapshotInfo, StoreError> {
+    let store = RedbStore::open(
+        dir,
+        super::OpenOptions {
+            limits: limits.clone(),
+            ..super::OpenOptions::default()
+        },
+    )?;
+    store.snapshot(out, wall_ms)
+}
+
 /// Verifies the snapshot file at `path` and returns its header: redb's integrity check, a
 /// header of a supported format, exactly the tables and row counts the header lists, and the
 /// store invariants of [`RedbStore::verify`] against the header's context.
