@@ -5,7 +5,7 @@
 //! durably in redb, and converge with their peers by delta anti-entropy.
 //!
 //! Layers, lowest first (the table of ARCHITECTURE.md, "Layers", enforced by
-//! `tests/layering.rs`; no import runs back up): [`tidemark_crdts`] (pure lattices) → the
+//! `tests/node/layering.rs`; no import runs back up): [`tidemark_crdts`] (pure lattices) → the
 //! leaves [`limits`], `clock`, `metrics`, `codec`, `model` → `proto` (sans-IO
 //! replication core) → `admission` → `store` (redb) and [`net`] (QUIC), which do not know
 //! each other → [`error`] → [`ops`] → [`views`] → [`config`] → the writer thread → the embedded

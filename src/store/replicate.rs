@@ -206,6 +206,14 @@ impl RedbStore {
             self.stats.remote_redundant += 1;
         }
         self.stats.hlc_rejected += hlc_rejected;
+        // The in-memory mirrors move only after the commit above, and only forward: the
+        // context only grows and the log end never goes back (ARCHITECTURE.md, invariant 6).
+        debug_assert!(self.ctx.is_subset(&ctx), "a remote join shrank the context");
+        debug_assert!(log_end >= self.log_end, "a remote join moved the log end back");
+        debug_assert!(
+            inflated || log_end == self.log_end,
+            "a join that changed nothing moved the log end"
+        );
         self.ctx = ctx;
         self.hlc = hlc;
         self.log_end = log_end;
@@ -300,6 +308,11 @@ impl RedbStore {
             meta_put(&txn, META_TRUNCATED, &truncated)?;
             meta_put(&txn, META_LOG_BOUNDS, &(below, s.log_end))?;
             txn.commit().map_err(StoreError::redb)?;
+            // The log start moves forward only, after its commit, never past the end.
+            debug_assert!(
+                below > s.log_start && below <= s.log_end,
+                "compaction moved the log start outside (start, end]"
+            );
             s.stats.commits += 1;
             s.stats.compaction_reclaimed_bytes += reclaimed;
             s.truncated = truncated;
