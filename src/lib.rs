@@ -6,7 +6,8 @@
 //!
 //! Layers, lowest first (the table of ARCHITECTURE.md, "Layers", enforced by
 //! `tests/layering.rs`; no import runs back up): [`tidemark_crdts`] (pure lattices) → the
-//! leaves [`limits`], `clock`, [`metrics`], [`codec`], [`model`] → [`proto`] (sans-IO
+//! leaves [`limits`], `clock`, [`metrics`], [`codec`], [`model`], [`api`] (the HTTP API's
+//! JSON bodies as types, shared by the server and clients) → [`proto`] (sans-IO
 //! replication core) → [`admission`] → [`store`] (redb) and [`net`] (QUIC), which do not know
 //! each other → [`error`] → [`ops`] → [`views`] → [`config`] → the writer thread → the embedded
 //! `Node` → [`http`].
@@ -31,6 +32,7 @@
 #![deny(missing_docs)]
 
 pub mod admission;
+pub mod api;
 mod clock;
 pub mod codec;
 pub mod config;

@@ -27,6 +27,7 @@ mod late;
 mod metrics;
 mod middleware;
 mod query;
+mod replies;
 mod routes;
 mod snapshot;
 mod stream;
@@ -251,8 +252,9 @@ pub enum HttpError {
 /// Facts about the cluster the HTTP layer reports (`GET /v1/cluster`) beyond what the node
 /// knows; the peer network fills it in.
 pub trait ClusterView: Send + Sync + 'static {
-    /// Members with their state, as JSON objects (empty for a single node).
-    fn members(&self) -> Vec<serde_json::Value>;
+    /// Members with their state, listed in `GET /v1/cluster`'s `members` after the ones the
+    /// node knows itself (empty for a single node).
+    fn members(&self) -> Vec<crate::api::ClusterMember>;
     /// True once the node may serve reads (after the first sync in a cluster).
     fn ready(&self) -> bool {
         true
@@ -264,7 +266,7 @@ pub trait ClusterView: Send + Sync + 'static {
 pub struct SingleNode;
 
 impl ClusterView for SingleNode {
-    fn members(&self) -> Vec<serde_json::Value> {
+    fn members(&self) -> Vec<crate::api::ClusterMember> {
         Vec::new()
     }
 }
