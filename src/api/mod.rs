@@ -7,7 +7,7 @@
 //! - **One definition per field.** The server builds each reply by naming the fields of these
 //!   structs and the CLI reads them by name, so renaming or removing a field is a compile error
 //!   on both sides at once, never a reply the CLI silently reads as empty:
-//!   ```compile_fail
+//!   ```compile_fail,E0560
 //!   // `duplicate` is not a field of the reply: neither side compiles with it.
 //!   let reply = tidemark::api::OpsReply { applied: 1, duplicate: 0 };
 //!   ```

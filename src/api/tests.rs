@@ -295,6 +295,11 @@ fn late_lane_pages() {
         ("web-3", 1)
     );
     assert_eq!(record.event.rest.get("page"), Some(&Value::from("/home")));
+    // Written with its members sorted, envelope included, as the lane keeps it.
+    assert_eq!(
+        serde_json::to_string(&record.event).expect("serializes"),
+        r#"{"page":"/home","seq":1,"source":"web-3","time":"2026-11-29T10:00:59Z"}"#
+    );
     // An event without a time, with ops, on a node without a watermark yet.
     let r: LateRecord = roundtrip(
         r#"{"event":{"ops":[{"type":"gcounter","key":"g","op":"inc"}],"seq":2,"source":"a"},

@@ -2,7 +2,9 @@
 //! (`GET /v1/views`), a stream's late lane (`GET /v1/streams/{stream}/late`) and the write-rate
 //! history (`GET /v1/stats/writes`).
 
-use serde::{Deserialize, Serialize};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Serialize, Serializer};
+use std::collections::BTreeMap;
 
 /// A view's counters on the answering node since it opened (sorted keys, as sent).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -167,8 +169,9 @@ pub struct ViewsList {
     pub views: Vec<ViewSummary>,
 }
 
-/// A late event as it was ingested: its envelope and every other member it carried.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// A late event as it was ingested: its envelope and every other member it carried. Written
+/// with its members sorted by name, envelope included, as the lane keeps the record.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct IngestedEvent {
     /// The producer.
     pub source: String,
@@ -180,6 +183,43 @@ pub struct IngestedEvent {
     /// Every other member: `ops` when it carried ops, and the fields views read.
     #[serde(flatten)]
     pub rest: serde_json::Map<String, serde_json::Value>,
+}
+
+/// One member of an [`IngestedEvent`] as written.
+enum Member<'a> {
+    Text(&'a str),
+    Number(u64),
+    Json(&'a serde_json::Value),
+}
+
+impl Serialize for Member<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Member::Text(t) => s.serialize_str(t),
+            Member::Number(n) => s.serialize_u64(*n),
+            Member::Json(v) => v.serialize(s),
+        }
+    }
+}
+
+impl Serialize for IngestedEvent {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut members: BTreeMap<&str, Member<'_>> = self
+            .rest
+            .iter()
+            .map(|(k, v)| (k.as_str(), Member::Json(v)))
+            .collect();
+        members.insert("source", Member::Text(&self.source));
+        members.insert("seq", Member::Number(self.seq));
+        if let Some(time) = &self.time {
+            members.insert("time", Member::Json(time));
+        }
+        let mut map = s.serialize_map(Some(members.len()))?;
+        for (k, v) in &members {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
 }
 
 /// One late-lane record: `{"event","node","reason","received_ms","views","watermark"}`.

@@ -181,7 +181,7 @@ impl std::error::Error for Rejected {}
 pub struct Mismatch {
     /// The endpoint (`GET /v1/cluster`, `GET /v1/watch event change`).
     pub endpoint: String,
-    /// Where in the reply (`members[0].lag_bytes`; `.` for the reply itself).
+    /// Where in the reply (`members[0].lag_bytes`; `its top level`).
     pub path: String,
     /// What is wrong there.
     pub problem: String,
@@ -219,9 +219,14 @@ fn mismatch<E: std::fmt::Display>(
     endpoint: &str,
     e: &serde_path_to_error::Error<E>,
 ) -> anyhow::Error {
+    let path = e.path().to_string();
     Mismatch {
         endpoint: endpoint.to_owned(),
-        path: e.path().to_string(),
+        path: if path == "." {
+            "its top level".to_owned()
+        } else {
+            path
+        },
         problem: e.inner().to_string(),
     }
     .into()

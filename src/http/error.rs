@@ -18,8 +18,9 @@ pub struct ApiError {
     pub at: Option<String>,
     /// `Retry-After` seconds (429).
     pub retry_after: Option<u64>,
-    /// What a streamed ingest committed before the error (the body's `committed`).
-    pub committed: Option<crate::api::IngestCommitted>,
+    /// What a streamed ingest committed before the error (the body's `committed`; boxed: an
+    /// error travels in every `Result` of the request path, and is rarely one of these).
+    pub committed: Option<Box<crate::api::IngestCommitted>>,
 }
 
 /// Where in a request an op sits: its index in a JSON array, or its NDJSON line.
@@ -68,7 +69,7 @@ impl ApiError {
     }
 
     pub(crate) fn with_committed(mut self, committed: crate::api::IngestCommitted) -> Self {
-        self.committed = Some(committed);
+        self.committed = Some(Box::new(committed));
         self
     }
 
@@ -153,7 +154,7 @@ impl std::error::Error for ApiError {}
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = crate::api::ErrorReply {
-            committed: self.committed,
+            committed: self.committed.map(|c| *c),
             error: crate::api::ErrorDetail {
                 at: self.at,
                 code: self.code.to_owned(),

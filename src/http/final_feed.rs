@@ -231,10 +231,16 @@ pub(super) async fn final_feed(
     );
     if ndjson {
         let lines = futures_util::StreamExt::map(items, |item| {
-            let mut line = json_text(&match item {
+            let line = match item {
                 Item::Final(w) => api::FinalFeedLine::Final(w),
                 Item::Reset(c) => api::FinalFeedLine::Reset(reset(c)),
-            });
+            };
+            // Through a `serde_json::Value`, whose members are sorted: the NDJSON feed has
+            // always sent its keys in that order.
+            let mut line = json_text(&serde_json::to_value(&line).unwrap_or_else(|e| {
+                tracing::error!(error = %e, "encoding a final feed line failed");
+                serde_json::Value::Null
+            }));
             line.push('\n');
             Ok::<_, Infallible>(line)
         });
