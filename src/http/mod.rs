@@ -2,10 +2,11 @@
 //! the same `Node` calls an embedded user makes.
 //!
 //! Guarantees: a write is answered 200 only after its durable commit; a rejected `/v1/ops` batch
-//! applies nothing; every error body is `{"error":{"code","message","at"}}` naming the index,
-//! line or field at fault; every input is bounded (body, NDJSON line, headers, concurrent
-//! requests, watchers, connections) and slow clients are cut off by the header-read timeout
-//! (which also closes idle keep-alive connections) and the body-read timeout.
+//! applies nothing; every JSON body is a type of [`crate::api`] (the contract the CLI reads);
+//! every error body is `{"error":{"code","message","at"}}` naming the index, line or field at
+//! fault; every input is bounded (body, NDJSON line, headers, concurrent requests, watchers,
+//! connections) and slow clients are cut off by the header-read timeout (which also closes idle
+//! keep-alive connections) and the body-read timeout.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
