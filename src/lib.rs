@@ -6,8 +6,9 @@
 //!
 //! Layers, lowest first (the table of ARCHITECTURE.md, "Layers", enforced by
 //! `tests/node/layering.rs`; no import runs back up): [`tidemark_crdts`] (pure lattices) → the
-//! leaves [`limits`], `clock`, `metrics`, `codec`, `model` → `proto` (sans-IO
-//! replication core) → `admission` → `store` (redb) and [`net`] (QUIC), which do not know
+//! leaves [`limits`], `clock`, `metrics`, `codec`, `model`, [`api`] (the HTTP API's JSON
+//! bodies as types, shared by the server and clients) → `proto` (sans-IO replication core)
+//! → `admission` → `store` (redb) and [`net`] (QUIC), which do not know
 //! each other → [`error`] → [`ops`] → [`views`] → [`config`] → the writer thread → the embedded
 //! `Node` → `http`.
 //!
@@ -50,6 +51,7 @@ macro_rules! internal {
 }
 
 internal!(admission);
+pub mod api;
 mod clock;
 internal!(codec);
 pub mod config;

@@ -1,10 +1,15 @@
-//! The client commands: one HTTP request each against `--url` (blocking, ureq).
+//! The client commands: one HTTP request each against `--url` (blocking, ureq). Every reply
+//! is read as its type of the API contract ([`tidemark::api`], the types the server writes):
+//! a reply that does not match is an error naming the endpoint and the field, never a blank
+//! cell.
 
-use super::output::{Output, print_table, time_text, value_text};
+use super::output::{Output, ms_text, opt_ms_text, print_table, value_text};
 use anyhow::{Context, bail};
+use serde::de::DeserializeOwned;
 use serde_json::{Value as J, json};
 use std::io::BufRead;
 use std::time::Duration;
+use tidemark::api;
 
 /// `TYPE/NAME` as given on the command line.
 #[derive(Clone, Debug)]
@@ -100,17 +105,41 @@ pub fn parse_url(text: &str) -> Result<String, String> {
 pub struct Rejected {
     /// HTTP status.
     pub status: u16,
-    /// The error body (`{"error":{...}}`, perhaps with more fields).
-    pub body: J,
+    /// The error body, when it is the API's ([`api::ErrorReply`]).
+    pub reply: Option<api::ErrorReply>,
+    /// The start of the body when it is not (a proxy's error page, say).
+    pub text: String,
 }
 
+/// How much of a body that is not the API's error a message quotes.
+const FOREIGN_BODY_CHARS: usize = 200;
+
 impl Rejected {
-    fn field(&self, name: &str) -> Option<&str> {
-        self.body.get("error")?.get(name)?.as_str()
+    /// The answer `status` with the body `text`.
+    fn new(status: u16, text: &str) -> Self {
+        let reply: Option<api::ErrorReply> = serde_json::from_str(text).ok();
+        let text = if reply.is_some() {
+            String::new()
+        } else {
+            text.trim().chars().take(FOREIGN_BODY_CHARS).collect()
+        };
+        Self {
+            status,
+            reply,
+            text,
+        }
     }
-    /// The `at` of the error body.
+    /// The error's `code`, when the body is the API's.
+    pub fn code(&self) -> Option<&str> {
+        self.reply.as_ref().map(|r| r.error.code.as_str())
+    }
+    /// The error's `at`, when the body is the API's and names one.
     pub fn at(&self) -> Option<&str> {
-        self.field("at")
+        self.reply.as_ref()?.error.at.as_deref()
+    }
+    /// What a streamed ingest committed before the error (its body's `committed`).
+    pub fn committed(&self) -> Option<api::IngestCommitted> {
+        self.reply.as_ref()?.committed
     }
     /// The `Retry-After`-style hint: 429 answers.
     pub fn is_busy(&self) -> bool {
@@ -121,7 +150,7 @@ impl Rejected {
     pub fn is_usage(&self) -> bool {
         self.status == 400
             && matches!(
-                self.field("code"),
+                self.code(),
                 Some("invalid_query" | "invalid_cursor" | "invalid_key" | "invalid_path")
             )
     }
@@ -129,10 +158,15 @@ impl Rejected {
 
 impl std::fmt::Display for Rejected {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let code = self.field("code").unwrap_or("error");
-        let message = self.field("message").unwrap_or("");
-        write!(f, "{} {code}: {message}", self.status)?;
-        if let Some(at) = self.at() {
+        let Some(reply) = &self.reply else {
+            return write!(f, "{} error: {}", self.status, self.text);
+        };
+        write!(
+            f,
+            "{} {}: {}",
+            self.status, reply.error.code, reply.error.message
+        )?;
+        if let Some(at) = &reply.error.at {
             write!(f, " (at {at})")?;
         }
         Ok(())
@@ -140,6 +174,79 @@ impl std::fmt::Display for Rejected {
 }
 
 impl std::error::Error for Rejected {}
+
+/// A reply (or a stream event) that is not what the API contract says `endpoint` answers: the
+/// node speaks another version of the API, or something else answered.
+#[derive(Debug)]
+pub struct Mismatch {
+    /// The endpoint (`GET /v1/cluster`, `GET /v1/watch event change`).
+    pub endpoint: String,
+    /// Where in the reply (`members[0].lag_bytes`; `its top level`).
+    pub path: String,
+    /// What is wrong there.
+    pub problem: String,
+}
+
+impl std::fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: the reply does not match the API of tidemark {} (at {}: {}); is the node at \
+             --url another version of tidemark?",
+            self.endpoint,
+            env!("CARGO_PKG_VERSION"),
+            self.path,
+            self.problem
+        )
+    }
+}
+
+impl std::error::Error for Mismatch {}
+
+/// `json` read as `T`, the contract type of what `endpoint` answers (see [`Mismatch`]).
+pub fn decode<T: DeserializeOwned>(endpoint: &str, json: &J) -> anyhow::Result<T> {
+    serde_path_to_error::deserialize(json).map_err(|e| mismatch(endpoint, &e))
+}
+
+/// The JSON text `text` read as `T`, the contract type of what `endpoint` sends (see
+/// [`Mismatch`]).
+pub fn decode_text<T: DeserializeOwned>(endpoint: &str, text: &str) -> anyhow::Result<T> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| mismatch(endpoint, &e))
+}
+
+fn mismatch<E: std::fmt::Display>(
+    endpoint: &str,
+    e: &serde_path_to_error::Error<E>,
+) -> anyhow::Error {
+    let path = e.path().to_string();
+    Mismatch {
+        endpoint: endpoint.to_owned(),
+        path: if path == "." {
+            "its top level".to_owned()
+        } else {
+            path
+        },
+        problem: e.inner().to_string(),
+    }
+    .into()
+}
+
+/// A reply read as its contract type, with the JSON as sent (what `--json` prints as is, fields
+/// this version does not know included).
+pub struct Reply<T> {
+    /// The reply as its type.
+    pub value: T,
+    /// The reply as sent.
+    pub json: J,
+}
+
+/// A 2xx answer of `endpoint` read as `T` (a rejection is the command's error, as [`accept`]).
+pub fn accept_as<T: DeserializeOwned>(endpoint: &str, answer: Answer) -> anyhow::Result<Reply<T>> {
+    let json = accept(answer)?;
+    let value = decode(endpoint, &json)?;
+    Ok(Reply { value, json })
+}
 
 /// An HTTP client of one node.
 pub struct Client {
@@ -194,11 +301,12 @@ impl Client {
             .limit(64 * 1024 * 1024)
             .read_to_string()
             .context("reading the answer")?;
-        let body: J = serde_json::from_str(&text).unwrap_or(J::String(text));
         if (200..300).contains(&status) {
+            // Not JSON: a string, which the reply's type then refuses naming the endpoint.
+            let body: J = serde_json::from_str(&text).unwrap_or(J::String(text));
             Ok((Ok(body), retry))
         } else {
-            Ok((Err(Rejected { status, body }), retry))
+            Ok((Err(Rejected::new(status, &text)), retry))
         }
     }
 
@@ -238,10 +346,9 @@ impl Client {
             .with_context(|| format!("cannot reach the node at {}", self.base))?;
         if !resp.status().is_success() {
             let (answer, _) = self.finish(Ok(resp))?;
-            return Ok(Err(answer.err().unwrap_or(Rejected {
-                status: 0,
-                body: J::Null,
-            })));
+            return Ok(Err(answer
+                .err()
+                .unwrap_or_else(|| Rejected::new(0, "no error body"))));
         }
         let headers = resp.headers().clone();
         let total = headers
@@ -332,14 +439,14 @@ pub fn element(text: &str) -> J {
 pub fn write_ops(client: &Client, out: &Output, ops: &[J]) -> anyhow::Result<()> {
     let body = serde_json::to_vec(ops)?;
     let (answer, _) = client.post("/v1/ops", "application/json", &body)?;
-    let body = accept(answer)?;
+    let reply: Reply<api::OpsReply> = accept_as("POST /v1/ops", answer)?;
     if out.json {
-        crate::outln!("{body}")?;
+        crate::outln!("{}", reply.json)?;
     } else {
         crate::outln!(
             "applied {} (duplicates {})",
-            body["applied"],
-            body["duplicates"]
+            reply.value.applied,
+            reply.value.duplicates
         )?;
     }
     Ok(())
@@ -364,16 +471,20 @@ pub fn counter_op(key: &KeyArg, op: &str, by: i64) -> anyhow::Result<J> {
 
 /// `tidemark get`.
 pub fn get(client: &Client, out: &Output, key: &KeyArg) -> anyhow::Result<()> {
-    let body = accept(client.get(&key_path(key), &[])?)?;
+    let reply: Reply<api::KeyValue> = accept_as(
+        "GET /v1/keys/{type}/{name}",
+        client.get(&key_path(key), &[])?,
+    )?;
     if out.json {
-        crate::outln!("{body}")?;
+        crate::outln!("{}", reply.json)?;
     } else {
+        let k = &reply.value;
         print_table(
             &["TYPE", "KEY", "VALUE"],
             &[vec![
-                key.kind.clone(),
-                key.name.clone(),
-                value_text(&body["value"]),
+                k.kind.as_str().to_owned(),
+                k.key.clone(),
+                value_text(&k.value),
             ]],
         )?;
     }
@@ -411,27 +522,25 @@ pub fn list(
     if let Some(a) = after {
         q.push(("after", a.to_owned()));
     }
-    let body = accept(client.get("/v1/keys", &q)?)?;
+    let reply: Reply<api::KeyList> = accept_as("GET /v1/keys", client.get("/v1/keys", &q)?)?;
     if out.json {
-        crate::outln!("{body}")?;
+        crate::outln!("{}", reply.json)?;
         return Ok(());
     }
-    let rows: Vec<Vec<String>> = body["keys"]
-        .as_array()
-        .map(|keys| {
-            keys.iter()
-                .map(|k| {
-                    vec![
-                        k["type"].as_str().unwrap_or_default().to_owned(),
-                        k["key"].as_str().unwrap_or_default().to_owned(),
-                        value_text(&k["value"]),
-                    ]
-                })
-                .collect()
+    let rows: Vec<Vec<String>> = reply
+        .value
+        .keys
+        .iter()
+        .map(|k| {
+            vec![
+                k.kind.as_str().to_owned(),
+                k.key.clone(),
+                value_text(&k.value),
+            ]
         })
-        .unwrap_or_default();
+        .collect();
     print_table(&["TYPE", "KEY", "VALUE"], &rows)?;
-    if let Some(next) = body["next"].as_str() {
+    if let Some(next) = &reply.value.next {
         crate::outln!("(more: --after {})", shell_quoted(next))?;
     }
     Ok(())
@@ -447,6 +556,17 @@ pub struct WatchArgs<'a> {
     pub from: Option<&'a str>,
     /// Current values first.
     pub snapshot: bool,
+}
+
+/// `value` (a contract type) as a JSON object with `extra` members added, for `--json` lines.
+fn with_members(value: &impl serde::Serialize, extra: &[(&str, &str)]) -> anyhow::Result<J> {
+    let mut json = serde_json::to_value(value)?;
+    if let J::Object(members) = &mut json {
+        for (name, text) in extra {
+            members.insert((*name).to_owned(), J::String((*text).to_owned()));
+        }
+    }
+    Ok(json)
 }
 
 /// `tidemark watch`: prints every change until the stream ends, each with its cursor (the
@@ -465,51 +585,73 @@ pub fn watch(client: &Client, out: &Output, args: &WatchArgs<'_>) -> anyhow::Res
     let mut event = String::new();
     let mut id = String::new();
     client.stream_lines("/v1/watch", &q, |line| {
-        if let Some(name) = line.strip_prefix("event:") {
+        if line.is_empty() {
+            // The end of one event: the next names its own.
+            event.clear();
+        } else if let Some(name) = line.strip_prefix("event:") {
             event = name.trim().to_owned();
         } else if let Some(v) = line.strip_prefix("id:") {
             v.trim().clone_into(&mut id);
         } else if let Some(data) = line.strip_prefix("data:") {
-            let mut data: J = serde_json::from_str(data.trim()).unwrap_or(J::Null);
+            let endpoint = format!("GET /v1/watch event {event}");
+            let data = data.trim();
             match event.as_str() {
-                "reset" => eprintln!(
-                    "watch: reset ({}): {}; resume cursor {}",
-                    data["reason"].as_str().unwrap_or("?"),
-                    data["hint"].as_str().unwrap_or_default(),
-                    data["cursor"].as_str().unwrap_or_default(),
-                ),
-                "snapshot_end" => eprintln!(
-                    "watch: snapshot done at cursor {}; changes follow",
-                    data["cursor"].as_str().unwrap_or_default()
-                ),
-                _ if out.json => {
-                    if event == "change" {
-                        data["cursor"] = J::String(id.clone());
+                "reset" => {
+                    let r: api::WatchReset = decode_text(&endpoint, data)?;
+                    eprintln!(
+                        "watch: reset ({}): {}; resume cursor {}",
+                        r.reason, r.hint, r.cursor
+                    );
+                }
+                "snapshot_end" => {
+                    let end: api::WatchSnapshotEnd = decode_text(&endpoint, data)?;
+                    eprintln!(
+                        "watch: snapshot done at cursor {}; changes follow",
+                        end.cursor
+                    );
+                }
+                "change" | "snapshot" => {
+                    let entry: api::WatchEntry = decode_text(&endpoint, data)?;
+                    let change = event == "change";
+                    if out.json {
+                        let mut extra = vec![("event", event.as_str())];
+                        if change {
+                            extra.push(("cursor", id.as_str()));
+                        }
+                        crate::outln!("{}", with_members(&entry, &extra)?)?;
+                    } else {
+                        let value = match &entry.value {
+                            api::WatchValue::Value(v) => value_text(v),
+                            api::WatchValue::Omitted { bytes } => {
+                                format!("({bytes} bytes: tidemark get it)")
+                            }
+                        };
+                        let at = if change {
+                            format!("  [{id}]")
+                        } else {
+                            String::new()
+                        };
+                        crate::outln!("{}/{} = {value}{at}", entry.kind.as_str(), entry.key)?;
                     }
-                    data["event"] = J::String(event.clone());
-                    crate::outln!("{data}")?;
                 }
-                _ => {
-                    let value = if data["value_omitted"].as_bool() == Some(true) {
-                        format!("({} bytes: tidemark get it)", data["value_bytes"])
-                    } else {
-                        value_text(&data["value"])
-                    };
-                    let at = if event == "change" {
-                        format!("  [{id}]")
-                    } else {
-                        String::new()
-                    };
-                    crate::outln!(
-                        "{}/{} = {value}{at}",
-                        data["type"].as_str().unwrap_or_default(),
-                        data["key"].as_str().unwrap_or_default(),
-                    )?;
-                }
+                // An event this version does not know: nothing of it to show.
+                _ => {}
             }
         }
         Ok(())
     })
+}
+
+/// A group as `field=value,...` (`-` for a view without `group_by`).
+fn group_text(group: &serde_json::Map<String, J>) -> String {
+    if group.is_empty() {
+        return "-".into();
+    }
+    group
+        .iter()
+        .map(|(k, v)| format!("{k}={}", value_text(v)))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// `tidemark tail VIEW --final`: prints each final window once as it becomes final (`GROUP
@@ -529,36 +671,39 @@ pub fn tail_final(
     let path = format!("/v1/views/{}/final", encode_segment(view));
     let mut event = String::new();
     client.stream_lines(&path, &q, |line| {
-        if let Some(name) = line.strip_prefix("event:") {
+        if line.is_empty() {
+            event.clear();
+        } else if let Some(name) = line.strip_prefix("event:") {
             event = name.trim().to_owned();
         } else if let Some(data) = line.strip_prefix("data:") {
-            let data: J = serde_json::from_str(data.trim()).unwrap_or(J::Null);
+            let endpoint = format!("GET /v1/views/{{view}}/final event {event}");
+            let data = data.trim();
             match event.as_str() {
-                "reset" => eprintln!(
-                    "tail: reset: {}; going on after {}",
-                    data["hint"].as_str().unwrap_or_default(),
-                    data["cursor"]
-                ),
-                _ if out.json => crate::outln!("{data}")?,
-                _ => {
-                    let group = data["group"]
-                        .as_object()
-                        .map(|g| {
-                            g.iter()
-                                .map(|(k, v)| format!("{k}={}", value_text(v)))
-                                .collect::<Vec<_>>()
-                                .join(",")
-                        })
-                        .filter(|g| !g.is_empty())
-                        .unwrap_or_else(|| "-".into());
-                    crate::outln!(
-                        "{group}  {}  {}  {}  {}",
-                        time_text(&data["window_start"]),
-                        time_text(&data["window_end"]),
-                        value_text(&data["value"]),
-                        data["cursor"].as_str().unwrap_or_default()
-                    )?;
+                "reset" => {
+                    let r: api::FinalReset = decode_text(&endpoint, data)?;
+                    eprintln!(
+                        "tail: reset: {}; going on after {}",
+                        r.hint,
+                        r.cursor.as_deref().unwrap_or("the start")
+                    );
                 }
+                "final" => {
+                    let w: api::FinalWindow = decode_text(&endpoint, data)?;
+                    if out.json {
+                        crate::outln!("{}", serde_json::to_value(&w)?)?;
+                    } else {
+                        crate::outln!(
+                            "{}  {}  {}  {}  {}",
+                            group_text(&w.group),
+                            ms_text(w.window_start),
+                            ms_text(w.window_end),
+                            value_text(&w.value),
+                            w.cursor
+                        )?;
+                    }
+                }
+                // An event this version does not know: nothing of it to show.
+                _ => {}
             }
         }
         Ok(())
@@ -567,68 +712,59 @@ pub fn tail_final(
 
 /// `tidemark status`.
 pub fn status(client: &Client, out: &Output) -> anyhow::Result<()> {
-    let cluster = accept(client.get("/v1/cluster", &[])?)?;
+    let reply: Reply<api::Cluster> = accept_as("GET /v1/cluster", client.get("/v1/cluster", &[])?)?;
     let ready = client.get("/readyz", &[])?.is_ok();
     if out.json {
-        crate::outln!("{}", json!({"ready": ready, "cluster": cluster}))?;
+        crate::outln!("{}", json!({"ready": ready, "cluster": reply.json}))?;
         return Ok(());
     }
-    let n = &cluster["node"];
+    let cluster = reply.value;
+    let n = &cluster.node;
     print_table(
         &[
             "NODE", "VERSION", "HTTP", "PEERS ON", "EPOCH", "LOG", "READY",
         ],
         &[vec![
-            n["name"]
-                .as_str()
-                .or_else(|| n["replica"].as_str())
-                .unwrap_or_default()
-                .to_owned(),
-            n["version"].as_str().unwrap_or("-").to_owned(),
-            n["http"].as_str().unwrap_or_default().to_owned(),
-            n["peer_listen"].as_str().unwrap_or("-").to_owned(),
-            n["epoch"].to_string(),
-            format!("{}..{}", n["log"]["start"], n["log"]["end"]),
+            n.name.clone().unwrap_or_else(|| n.replica.clone()),
+            n.version.clone(),
+            n.http.clone(),
+            n.peer_listen.clone().unwrap_or_else(|| "-".to_owned()),
+            n.epoch.to_string(),
+            format!("{}..{}", n.log.start, n.log.end),
             ready.to_string(),
         ]],
     )?;
-    if n["decommissioned"] == true {
+    if n.decommissioned {
         crate::outln!(
             "this node was removed from the cluster for good (decommissioned): it applies no \
              event to a window and is not ready; start it on a new data directory to rejoin"
         )?;
     }
     // Every member SWIM knows, down ones included, with what replication knows of it.
-    let members = cluster["members"].as_array().cloned().unwrap_or_default();
     crate::outln!()?;
-    print_members(&members)?;
+    print_members(&cluster.members)?;
     // Replication peers no member name is known for (an in-process link, a member being
     // forgotten).
-    let named = |p: &serde_json::Value| {
-        members
-            .iter()
-            .any(|m| m["name"].is_string() && m["name"] == p["name"])
-    };
-    let peers: Vec<serde_json::Value> = cluster["peers"]
-        .as_array()
-        .map(|p| p.iter().filter(|p| !named(p)).cloned().collect())
-        .unwrap_or_default();
+    let peers: Vec<&api::ClusterPeer> = cluster
+        .peers
+        .iter()
+        .filter(|p| {
+            !p.name
+                .as_deref()
+                .is_some_and(|n| cluster.members.iter().any(|m| m.name == n))
+        })
+        .collect();
     if !peers.is_empty() {
         crate::outln!()?;
         let rows: Vec<Vec<String>> = peers
             .iter()
             .map(|p| {
                 vec![
-                    p["name"]
-                        .as_str()
-                        .or_else(|| p["peer"].as_str())
-                        .unwrap_or_default()
-                        .to_owned(),
-                    p["connected"].to_string(),
-                    p["lag_entries"]
-                        .as_u64()
+                    p.name.clone().unwrap_or_else(|| p.peer.clone()),
+                    p.connected.to_string(),
+                    p.lag_entries
                         .map_or_else(|| "-".to_owned(), |l| l.to_string()),
-                    lag_bytes_text(p),
+                    lag_bytes_text(p.lag_bytes, p.lag_bytes_exact),
                 ]
             })
             .collect();
@@ -649,50 +785,39 @@ pub fn view(
     query: &[(&str, String)],
 ) -> anyhow::Result<()> {
     let path = format!("/v1/views/{}", encode_segment(name));
-    let body = accept(client.get(&path, query)?)?;
+    let reply: Reply<api::ViewPage> = accept_as("GET /v1/views/{view}", client.get(&path, query)?)?;
     if out.json {
-        crate::outln!("{body}")?;
+        crate::outln!("{}", reply.json)?;
         return Ok(());
     }
-    let rows: Vec<Vec<String>> = body["rows"]
-        .as_array()
-        .map(|rows| {
-            rows.iter()
-                .map(|r| {
-                    let group = r["group"]
-                        .as_object()
-                        .map(|g| {
-                            g.iter()
-                                .map(|(k, v)| format!("{k}={}", value_text(v)))
-                                .collect::<Vec<_>>()
-                                .join(",")
-                        })
-                        .unwrap_or_default();
-                    vec![
-                        if group.is_empty() { "-".into() } else { group },
-                        time_text(&r["window_start"]),
-                        time_text(&r["window_end"]),
-                        value_text(&r["final"]),
-                        value_text(&r["value"]),
-                    ]
-                })
-                .collect()
+    let page = reply.value;
+    let rows: Vec<Vec<String>> = page
+        .rows
+        .iter()
+        .map(|r| {
+            vec![
+                group_text(&r.group),
+                opt_ms_text(r.window_start, "null"),
+                opt_ms_text(r.window_end, "null"),
+                r.is_final.to_string(),
+                value_text(&r.value),
+            ]
         })
-        .unwrap_or_default();
+        .collect();
     print_table(
         &["GROUP", "WINDOW START", "WINDOW END", "FINAL", "VALUE"],
         &rows,
     )?;
-    let c = &body["counters"];
+    let c = &page.counters;
     crate::outln!(
         "watermark {}  cluster watermark {}  folded {} late {} rejected {}",
-        time_text(&body["watermark"]),
-        time_text(&body["cluster_watermark"]),
-        c["folded"],
-        c["late"],
-        c["rejected"],
+        opt_ms_text(page.watermark, "null"),
+        opt_ms_text(page.cluster_watermark, "null"),
+        c.folded,
+        c.late,
+        c.rejected,
     )?;
-    if let Some(next) = body["next"].as_str() {
+    if let Some(next) = &page.next {
         crate::outln!("more rows: --after {}", shell_quoted(next))?;
     }
     Ok(())
@@ -700,8 +825,8 @@ pub fn view(
 
 /// A member's or peer's `lag_bytes` for a table: the number, `≥N` when it is a lower bound
 /// (`lag_bytes_exact` false), `-` when unknown.
-fn lag_bytes_text(m: &serde_json::Value) -> String {
-    match (m["lag_bytes"].as_u64(), m["lag_bytes_exact"].as_bool()) {
+fn lag_bytes_text(bytes: Option<u64>, exact: Option<bool>) -> String {
+    match (bytes, exact) {
         (Some(b), Some(false)) => format!("≥{b}"),
         (Some(b), _) => b.to_string(),
         (None, _) => "-".to_owned(),
@@ -710,32 +835,24 @@ fn lag_bytes_text(m: &serde_json::Value) -> String {
 
 /// Prints every member SWIM knows (down ones included) with its state, version, address, lag in
 /// entries, bytes and seconds and last contact; a node without other members says so.
-fn print_members(members: &[serde_json::Value]) -> anyhow::Result<()> {
+fn print_members(members: &[api::ClusterMember]) -> anyhow::Result<()> {
     if members.is_empty() {
         crate::outln!("single node: no other members known")?;
     } else {
-        let text = |v: &serde_json::Value| match v {
-            serde_json::Value::Null => "-".to_owned(),
-            serde_json::Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
+        let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
         let rows: Vec<Vec<String>> = members
             .iter()
             .map(|m| {
                 vec![
-                    text(&m["name"]),
-                    text(&m["state"]),
-                    text(&m["version"]),
-                    text(&m["addr"]),
-                    m["connected"].as_bool().unwrap_or(false).to_string(),
-                    text(&m["lag_entries"]),
-                    lag_bytes_text(m),
-                    m["lag_seconds"]
-                        .as_f64()
-                        .map_or_else(|| "-".to_owned(), |s| format!("{s:.1}")),
-                    m["last_contact"]
-                        .as_f64()
-                        .map_or_else(|| "-".to_owned(), |s| format!("{s:.1}s ago")),
+                    m.name.clone(),
+                    m.state.clone(),
+                    or_dash(m.version.clone()),
+                    or_dash(m.addr.clone()),
+                    m.connected.to_string(),
+                    or_dash(m.lag_entries.map(|l| l.to_string())),
+                    lag_bytes_text(m.lag_bytes, m.lag_bytes_exact),
+                    or_dash(m.lag_seconds.map(|s| format!("{s:.1}"))),
+                    or_dash(m.last_contact.map(|s| format!("{s:.1}s ago"))),
                 ]
             })
             .collect();
@@ -758,15 +875,15 @@ fn print_members(members: &[serde_json::Value]) -> anyhow::Result<()> {
 }
 
 /// `tidemark members`: the members table of `status` alone (`--json`: `/v1/cluster`'s
-/// `members` as is).
+/// `members`).
 ///
 /// # Errors
-/// Transport failures and error answers.
+/// Transport failures, error answers and replies that do not match the API.
 pub fn members(client: &Client, out: &Output) -> anyhow::Result<()> {
-    let cluster = accept(client.get("/v1/cluster", &[])?)?;
-    let members = cluster["members"].as_array().cloned().unwrap_or_default();
+    let reply: Reply<api::Cluster> = accept_as("GET /v1/cluster", client.get("/v1/cluster", &[])?)?;
+    let members = reply.value.members;
     if out.json {
-        crate::outln!("{}", serde_json::Value::Array(members))?;
+        crate::outln!("{}", serde_json::to_value(&members)?)?;
         return Ok(());
     }
     print_members(&members)?;
@@ -780,7 +897,8 @@ pub fn remove_member(client: &Client, out: &Output, name: &str, force: bool) -> 
         path.push_str("?force=true");
     }
     let (answer, _) = client.post(&path, "application/json", b"{}")?;
-    let done = match answer {
+    let endpoint = "POST /v1/cluster/members/{name}/remove";
+    let reply: Reply<api::MemberRemoved> = match answer {
         // The server's hint names its query parameter; the CLI's is a flag.
         Err(r) if r.status == 409 => {
             anyhow::bail!(
@@ -788,18 +906,22 @@ pub fn remove_member(client: &Client, out: &Output, name: &str, force: bool) -> 
                  it is gone for good (add --force to remove it anyway)"
             )
         }
-        other => accept(other)?,
+        other => accept_as(endpoint, other)?,
     };
     if out.json {
-        crate::outln!("{done}")?;
+        crate::outln!("{}", reply.json)?;
     } else {
-        let replica = done["removed"].as_str().unwrap_or("?");
-        // The member's name as the record keeps it (it was given by replica id, say).
-        let name = done["name"].as_str().unwrap_or(name);
-        if done["already"] == true {
-            crate::outln!("{name} (replica {replica}) was already removed: nothing written")?;
+        let done = reply.value;
+        // `name` is the member's name as the record keeps it (it was given by replica id,
+        // say).
+        if done.already {
+            crate::outln!(
+                "{} (replica {}) was already removed: nothing written",
+                done.name,
+                done.removed
+            )?;
         } else {
-            crate::outln!("removed {name} (replica {replica}) for good")?;
+            crate::outln!("removed {} (replica {}) for good", done.name, done.removed)?;
         }
     }
     Ok(())

@@ -1,12 +1,13 @@
 //! `tidemark ingest --stream S FILE|-`: NDJSON events sent in chunks, 429 retried with backoff,
 //! rejected lines skipped and reported, a progress bar on a terminal.
 
-use super::client::Client;
+use super::client::{Client, Rejected, accept_as};
 use super::output::Output;
 use anyhow::{Context, bail};
 use serde_json::{Value as J, json};
 use std::io::{BufRead, IsTerminal, Read};
 use std::time::{Duration, Instant};
+use tidemark::api;
 
 /// Lines per request.
 const CHUNK_LINES: usize = 1000;
@@ -26,11 +27,11 @@ struct Summary {
 }
 
 impl Summary {
-    fn add(&mut self, counts: &J) {
-        let n = |k: &str| counts.get(k).and_then(J::as_u64).unwrap_or(0);
-        self.accepted += n("accepted");
-        self.duplicates += n("duplicates");
-        self.late += n("late");
+    /// Counts events the node committed (a whole request's or, before an error, some of it).
+    fn add(&mut self, accepted: u64, duplicates: u64, late: u64) {
+        self.accepted += accepted;
+        self.duplicates += duplicates;
+        self.late += late;
     }
 }
 
@@ -41,17 +42,16 @@ fn line_of(at: Option<&str>) -> Option<usize> {
     digits.parse().ok()
 }
 
-/// Rewrites the `line N` an error body's `at` starts with to `line {abs}`.
-fn renumber(body: &mut J, line: usize, abs: u64) {
-    let Some(at) = body.pointer_mut("/error/at") else {
+/// Rewrites the `line N` an error's `at` starts with to `line {abs}`.
+fn renumber(rejected: &mut Rejected, line: usize, abs: u64) {
+    let Some(at) = rejected.reply.as_mut().and_then(|r| r.error.at.as_mut()) else {
         return;
     };
-    let renumbered = at.as_str().and_then(|text| {
-        let rest = text.strip_prefix(&format!("line {line}"))?;
+    let renumbered = at.strip_prefix(&format!("line {line}")).and_then(|rest| {
         (!rest.starts_with(|c: char| c.is_ascii_digit())).then(|| format!("line {abs}{rest}"))
     });
     if let Some(text) = renumbered {
-        *at = J::String(text);
+        *at = text;
     }
 }
 
@@ -72,18 +72,25 @@ fn send_chunk(
         }
         let (answer, retry_after) = client.post(path, "application/x-ndjson", &body)?;
         let rejected = match answer {
-            Ok(counts) => {
-                summary.add(&counts);
+            Ok(json) => {
+                let reply =
+                    accept_as::<api::IngestReply>("POST /v1/streams/{stream}/events", Ok(json))?
+                        .value;
+                summary.add(reply.accepted, reply.duplicates, reply.late);
                 return Ok(());
             }
             Err(r) => r,
         };
-        let committed = &rejected.body["committed"];
-        summary.add(committed);
-        let done = committed
-            .get("committed_lines")
-            .and_then(J::as_u64)
-            .unwrap_or(0) as usize;
+        // What the node committed before the error; an error body without `committed` (one
+        // refused before the stream was read, or a body that is not the API's) committed
+        // nothing.
+        let done = match rejected.committed() {
+            Some(c) => {
+                summary.add(c.accepted, c.duplicates, c.late);
+                usize::try_from(c.committed_lines).unwrap_or(usize::MAX)
+            }
+            None => 0,
+        };
         if rejected.is_busy() {
             busy += 1;
             if busy > BUSY_RETRIES_MAX {
@@ -103,7 +110,7 @@ fn send_chunk(
         if let Some(line) = line {
             // The node numbers the lines of this request: name the input's line instead, as
             // the node would have for the whole input sent at once.
-            renumber(&mut rejected.body, line, pending[line - 1].0);
+            renumber(&mut rejected, line, pending[line - 1].0);
         }
         match line {
             Some(line) if (400..500).contains(&rejected.status) => {

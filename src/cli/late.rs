@@ -1,14 +1,16 @@
 //! `tidemark late STREAM`: the stream's late lane on the node at `--url`.
 
-use super::client::{Client, accept, encode_segment};
-use super::output::{Output, print_table, time_text, value_text};
+use super::client::{Client, Reply, accept_as, encode_segment};
+use super::output::{Output, ms_text, print_table, value_text};
+use tidemark::api;
 
 /// Prints one page of `stream`'s late lane (table: id, source/seq, event time, views, reason,
 /// received; `--json`: the server's answer as is), then how much the lane keeps and dropped,
 /// and the `--after` for the next page when there is one.
 ///
 /// # Errors
-/// Transport failures and error answers (a stream no view reads is 404).
+/// Transport failures, error answers (a stream no view reads is 404) and replies that do not
+/// match the API.
 pub fn late(
     client: &Client,
     out: &Output,
@@ -24,39 +26,28 @@ pub fn late(
     if let Some(l) = limit {
         query.push(("limit", l.to_string()));
     }
-    let body = accept(client.get(&path, &query)?)?;
+    let reply: Reply<api::LatePage> =
+        accept_as("GET /v1/streams/{stream}/late", client.get(&path, &query)?)?;
     if out.json {
-        crate::outln!("{body}")?;
+        crate::outln!("{}", reply.json)?;
         return Ok(());
     }
-    let rows: Vec<Vec<String>> = body["events"]
-        .as_array()
-        .map(|events| {
-            events
-                .iter()
-                .map(|e| {
-                    let r = &e["record"];
-                    let ev = &r["event"];
-                    let views = r["views"]
-                        .as_array()
-                        .map(|v| v.iter().map(value_text).collect::<Vec<_>>().join(","))
-                        .unwrap_or_default();
-                    vec![
-                        value_text(&e["id"]),
-                        format!("{}/{}", value_text(&ev["source"]), value_text(&ev["seq"])),
-                        if ev["time"].is_null() {
-                            "-".into()
-                        } else {
-                            value_text(&ev["time"])
-                        },
-                        views,
-                        value_text(&r["reason"]),
-                        time_text(&r["received_ms"]),
-                    ]
-                })
-                .collect()
+    let page = reply.value;
+    let rows: Vec<Vec<String>> = page
+        .events
+        .iter()
+        .map(|e| {
+            let r = &e.record;
+            vec![
+                e.id.to_string(),
+                format!("{}/{}", r.event.source, r.event.seq),
+                r.event.time.as_ref().map_or_else(|| "-".into(), value_text),
+                r.views.join(","),
+                r.reason.clone(),
+                ms_text(r.received_ms),
+            ]
         })
-        .unwrap_or_default();
+        .collect();
     print_table(
         &[
             "ID",
@@ -70,10 +61,10 @@ pub fn late(
     )?;
     crate::outln!(
         "kept {} bytes  dropped {} (oldest first, past limits.late_bytes_max)",
-        body["kept_bytes"],
-        body["dropped"]
+        page.kept_bytes,
+        page.dropped
     )?;
-    if let Some(next) = body["next"].as_u64() {
+    if let Some(next) = page.next {
         crate::outln!("more: --after {next}")?;
     }
     Ok(())

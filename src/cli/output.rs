@@ -77,12 +77,14 @@ pub fn print_table(headers: &[&str], rows: &[Vec<String>]) -> anyhow::Result<()>
     write_out(text.as_bytes())
 }
 
+/// Epoch milliseconds as RFC 3339 UTC, or `none` when not known.
+pub fn opt_ms_text(ms: Option<u64>, none: &str) -> String {
+    ms.map_or_else(|| none.to_owned(), ms_text)
+}
+
 /// Epoch milliseconds as RFC 3339 UTC (`2026-11-29T10:00:00Z`, with `.mmm` when not whole
-/// seconds); other JSON as [`value_text`].
-pub fn time_text(v: &J) -> String {
-    let Some(ms) = v.as_u64() else {
-        return value_text(v);
-    };
+/// seconds).
+pub fn ms_text(ms: u64) -> String {
     let (secs, millis) = (ms / 1000, ms % 1000);
     let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
     // Howard Hinnant's civil_from_days.
@@ -109,15 +111,10 @@ mod tests {
 
     #[test]
     fn times_print_as_rfc3339_utc() {
-        assert_eq!(time_text(&J::from(0u64)), "1970-01-01T00:00:00Z");
-        assert_eq!(
-            time_text(&J::from(1_795_946_400_123u64)),
-            "2026-11-29T10:00:00.123Z"
-        );
-        assert_eq!(
-            time_text(&J::from(951_782_400_000u64)),
-            "2000-02-29T00:00:00Z"
-        );
-        assert_eq!(time_text(&J::Null), "null");
+        assert_eq!(ms_text(0), "1970-01-01T00:00:00Z");
+        assert_eq!(ms_text(1_795_946_400_123), "2026-11-29T10:00:00.123Z");
+        assert_eq!(ms_text(951_782_400_000), "2000-02-29T00:00:00Z");
+        assert_eq!(opt_ms_text(None, "null"), "null");
+        assert_eq!(opt_ms_text(Some(0), "-"), "1970-01-01T00:00:00Z");
     }
 }

@@ -11,6 +11,7 @@ use super::client::Client;
 use anyhow::{Context, bail};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use tidemark::api;
 use tidemark::config::Limits;
 use tidemark::{SnapshotInfo, StoreError, snapshot_data_dir, verify_snapshot};
 
@@ -68,31 +69,29 @@ impl Drop for TempFile {
 /// Whether the node that answered `status` (`GET /v1/cluster`) serves the data directory
 /// `dir`: the same database file (`device:inode`) where both sides can tell, else the same
 /// canonical path.
-fn serves(status: &serde_json::Value, dir: &Path) -> anyhow::Result<bool> {
-    let node = &status["node"];
+fn serves(node: &api::ClusterNode, dir: &Path) -> anyhow::Result<bool> {
     let local = tidemark::file_identity(&dir.join(tidemark::DB_FILE));
-    if let (Some(theirs), Some(ours)) = (node["data_file"].as_str(), local.as_deref()) {
+    if let (Some(theirs), Some(ours)) = (node.data_file.as_deref(), local.as_deref()) {
         return Ok(theirs == ours);
     }
     let want =
         std::fs::canonicalize(dir).with_context(|| format!("cannot resolve {}", dir.display()))?;
-    Ok(node["data_dir"].as_str().map(Path::new) == Some(want.as_path()))
+    Ok(Path::new(&node.data_dir) == want.as_path())
 }
 
 /// Snapshots the node at `client` into `out` (see the module doc). When `dir` is given, the
 /// node must serve it.
 fn download(client: &Client, dir: Option<&Path>, out: &Path) -> anyhow::Result<SnapshotInfo> {
-    let status = super::client::accept(client.get("/v1/cluster", &[])?)?;
+    let status: api::Cluster =
+        super::client::accept_as("GET /v1/cluster", client.get("/v1/cluster", &[])?)?.value;
     if let Some(dir) = dir
-        && !serves(&status, dir)?
+        && !serves(&status.node, dir)?
     {
         bail!(
             "{} is locked by a running node, but the node at the --url given serves {}; \
              pass --url of the node that runs {}",
             dir.display(),
-            status["node"]["data_dir"]
-                .as_str()
-                .unwrap_or("another directory"),
+            status.node.data_dir,
             dir.display()
         );
     }

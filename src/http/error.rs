@@ -1,4 +1,5 @@
-//! API errors: `{"error":{"code","message","at"}}` with the right status.
+//! API errors: `{"error":{"code","message","at"}}` ([`crate::api::ErrorReply`]) with the
+//! right status.
 
 use crate::error::Error;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -17,8 +18,9 @@ pub struct ApiError {
     pub at: Option<String>,
     /// `Retry-After` seconds (429).
     pub retry_after: Option<u64>,
-    /// Extra top-level fields of the body (e.g. what a streamed ingest committed before it).
-    pub extra: Option<serde_json::Map<String, serde_json::Value>>,
+    /// What a streamed ingest committed before the error (the body's `committed`; boxed: an
+    /// error travels in every `Result` of the request path, and is rarely one of these).
+    pub committed: Option<Box<crate::api::IngestCommitted>>,
 }
 
 /// Where in a request an op sits: its index in a JSON array, or its NDJSON line.
@@ -46,7 +48,7 @@ impl ApiError {
             message: message.into(),
             at: None,
             retry_after: None,
-            extra: None,
+            committed: None,
         }
     }
 
@@ -66,10 +68,8 @@ impl ApiError {
         e
     }
 
-    pub(crate) fn with_extra(mut self, key: &str, value: serde_json::Value) -> Self {
-        self.extra
-            .get_or_insert_with(Default::default)
-            .insert(key.to_owned(), value);
+    pub(crate) fn with_committed(mut self, committed: crate::api::IngestCommitted) -> Self {
+        self.committed = Some(Box::new(committed));
         self
     }
 
@@ -153,12 +153,15 @@ impl std::error::Error for ApiError {}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut body = self.extra.unwrap_or_default();
-        body.insert(
-            "error".into(),
-            serde_json::json!({"code": self.code, "message": self.message, "at": self.at}),
-        );
-        let mut resp = (self.status, axum::Json(serde_json::Value::Object(body))).into_response();
+        let body = crate::api::ErrorReply {
+            committed: self.committed.map(|c| *c),
+            error: crate::api::ErrorDetail {
+                at: self.at,
+                code: self.code.to_owned(),
+                message: self.message,
+            },
+        };
+        let mut resp = (self.status, axum::Json(body)).into_response();
         if let Some(secs) = self.retry_after {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));

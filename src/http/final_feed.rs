@@ -7,14 +7,15 @@ use super::AppState;
 use super::consumers::FinalProgress;
 use super::error::{ApiError, Pos};
 use super::query::{bad_query, known_query_pairs};
+use super::replies::json_text;
 use super::stream::{Watching, stopped};
-use crate::views::{FinalCursor, FinalWindow};
+use crate::api;
+use crate::views::FinalCursor;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -27,7 +28,7 @@ const POLL: Duration = Duration::from_millis(250);
 
 /// One item of the feed.
 enum Item {
-    Final(FinalWindow),
+    Final(api::FinalWindow),
     /// Windows after the cursor were removed by retention before being delivered.
     Reset(Option<String>),
 }
@@ -75,7 +76,7 @@ impl Feed {
                 self.queue.push_back((Item::Reset(from), 0));
             }
             let got = !page.windows.is_empty();
-            for w in page.windows {
+            for w in page.windows.into_iter().map(super::replies::final_window) {
                 let bytes = super::consumers::json_bytes(&w);
                 self.queued_bytes += bytes;
                 self.queue.push_back((Item::Final(w), bytes));
@@ -109,12 +110,14 @@ impl Feed {
     }
 }
 
-fn reset_json(cursor: Option<&String>) -> serde_json::Value {
-    json!({
-        "reason": "behind_retention",
-        "cursor": cursor,
-        "hint": "windows after your cursor may have been removed by retention before you read them; the windows still kept follow",
-    })
+fn reset(cursor: Option<String>) -> api::FinalReset {
+    api::FinalReset {
+        cursor,
+        hint: "windows after your cursor may have been removed by retention before you read \
+               them; the windows still kept follow"
+            .to_owned(),
+        reason: "behind_retention".to_owned(),
+    }
 }
 
 /// `GET /v1/views/{view}/final?after=&follow=`.
@@ -228,18 +231,16 @@ pub(super) async fn final_feed(
     );
     if ndjson {
         let lines = futures_util::StreamExt::map(items, |item| {
-            let mut line = match item {
-                Item::Final(w) => {
-                    let mut v = serde_json::to_value(&w).unwrap_or_default();
-                    v["event"] = json!("final");
-                    v.to_string()
-                }
-                Item::Reset(c) => {
-                    let mut v = reset_json(c.as_ref());
-                    v["event"] = json!("reset");
-                    v.to_string()
-                }
+            let line = match item {
+                Item::Final(w) => api::FinalFeedLine::Final(w),
+                Item::Reset(c) => api::FinalFeedLine::Reset(reset(c)),
             };
+            // Through a `serde_json::Value`, whose members are sorted: the NDJSON feed has
+            // always sent its keys in that order.
+            let mut line = json_text(&serde_json::to_value(&line).unwrap_or_else(|e| {
+                tracing::error!(error = %e, "encoding a final feed line failed");
+                serde_json::Value::Null
+            }));
             line.push('\n');
             Ok::<_, Infallible>(line)
         });
@@ -256,11 +257,11 @@ pub(super) async fn final_feed(
             Item::Final(w) => SseEvent::default()
                 .event("final")
                 .id(w.cursor.clone())
-                .data(serde_json::to_string(&w).unwrap_or_default()),
+                .data(json_text(&w)),
             Item::Reset(c) => {
                 let mut ev = SseEvent::default()
                     .event("reset")
-                    .data(reset_json(c.as_ref()).to_string());
+                    .data(json_text(&reset(c.clone())));
                 if let Some(c) = c {
                     ev = ev.id(c);
                 }

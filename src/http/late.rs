@@ -53,5 +53,5 @@ pub(super) async fn get_late(
         .node
         .late_events(&stream, after, limit)
         .map_err(|e| ApiError::from_node(e, Pos::Index, state.config.retry_after_secs))?;
-    Ok(axum::Json(page).into_response())
+    Ok(axum::Json(super::replies::late_page(page)?).into_response())
 }

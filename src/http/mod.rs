@@ -2,10 +2,11 @@
 //! the same `Node` calls an embedded user makes.
 //!
 //! Guarantees: a write is answered 200 only after its durable commit; a rejected `/v1/ops` batch
-//! applies nothing; every error body is `{"error":{"code","message","at"}}` naming the index,
-//! line or field at fault; every input is bounded (body, NDJSON line, headers, concurrent
-//! requests, watchers, connections) and slow clients are cut off by the header-read timeout
-//! (which also closes idle keep-alive connections) and the body-read timeout.
+//! applies nothing; every JSON body is a type of [`crate::api`] (the contract the CLI reads);
+//! every error body is `{"error":{"code","message","at"}}` naming the index, line or field at
+//! fault; every input is bounded (body, NDJSON line, headers, concurrent requests, watchers,
+//! connections) and slow clients are cut off by the header-read timeout (which also closes idle
+//! keep-alive connections) and the body-read timeout.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -27,6 +28,7 @@ mod late;
 mod metrics;
 mod middleware;
 mod query;
+mod replies;
 mod routes;
 mod snapshot;
 mod stream;
@@ -251,8 +253,9 @@ pub enum HttpError {
 /// Facts about the cluster the HTTP layer reports (`GET /v1/cluster`) beyond what the node
 /// knows; the peer network fills it in.
 pub trait ClusterView: Send + Sync + 'static {
-    /// Members with their state, as JSON objects (empty for a single node).
-    fn members(&self) -> Vec<serde_json::Value>;
+    /// Members with their state, listed in `GET /v1/cluster`'s `members` after the ones the
+    /// node knows itself (empty for a single node).
+    fn members(&self) -> Vec<crate::api::ClusterMember>;
     /// True once the node may serve reads (after the first sync in a cluster).
     fn ready(&self) -> bool {
         true
@@ -264,7 +267,7 @@ pub trait ClusterView: Send + Sync + 'static {
 pub struct SingleNode;
 
 impl ClusterView for SingleNode {
-    fn members(&self) -> Vec<serde_json::Value> {
+    fn members(&self) -> Vec<crate::api::ClusterMember> {
         Vec::new()
     }
 }

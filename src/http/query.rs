@@ -1,13 +1,11 @@
 //! Query parameters and small reply pieces shared by the route handlers (`routes.rs`, the
 //! watch, final-feed and late-lane handlers): decoding a query into pairs that name their
-//! faults, the key-type path segment, a key's JSON form.
+//! faults, the key-type path segment.
 
 use super::error::ApiError;
-use crate::ops::value_to_json;
 use axum::extract::Query;
 use axum::http::StatusCode;
-use serde_json::json;
-use tidemark_crdts::{Key, KeyKind, Value};
+use tidemark_crdts::KeyKind;
 
 /// Parses a key type path segment; 404 `unknown_type` at `at` for anything else.
 pub(super) fn parse_kind(s: &str, at: &str) -> Result<KeyKind, ApiError> {
@@ -19,11 +17,6 @@ pub(super) fn parse_kind(s: &str, at: &str) -> Result<KeyKind, ApiError> {
         )
         .at(at.to_owned())
     })
-}
-
-/// A key and its value as the API's JSON object `{"type", "key", "value"}`.
-pub(super) fn key_json(key: &Key, value: &Value) -> serde_json::Value {
-    json!({"type": key.kind.as_str(), "key": key.name, "value": value_to_json(value)})
 }
 
 /// [`query_pairs`] for a route whose parameters are exactly `known`: an unknown one is refused

@@ -3,8 +3,10 @@
 use super::body::{Chunks, Lines, read_limited};
 use super::error::{ApiError, Pos};
 use super::events::{ParseError, parse_event, parse_ops};
-use super::query::{bad_query, key_json, known_query_pairs, parse_kind, query_pairs};
+use super::query::{bad_query, known_query_pairs, parse_kind, query_pairs};
+use super::replies::{self, count};
 use super::{AppState, console, metrics, middleware};
+use crate::api;
 use crate::views::{Event, ViewQuery};
 use axum::Router;
 use axum::body::Body;
@@ -12,7 +14,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde_json::json;
 use std::time::Duration;
 use tidemark_crdts::{Key, KeyKind};
 
@@ -81,7 +82,9 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 }
 
 async fn healthz() -> impl IntoResponse {
-    axum::Json(json!({"status": "ok"}))
+    axum::Json(api::ProbeReply {
+        status: "ok".to_owned(),
+    })
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
@@ -121,7 +124,10 @@ async fn readyz(State(state): State<AppState>) -> Response {
         )
         .into_response()
     } else if writer_alive && synced && state.cluster.ready() {
-        axum::Json(json!({"status": "ready"})).into_response()
+        axum::Json(api::ProbeReply {
+            status: "ready".to_owned(),
+        })
+        .into_response()
     } else {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -239,10 +245,10 @@ async fn post_ops(State(state): State<AppState>, headers: HeaderMap, body: Body)
         Err(e) => return e.into_response(),
     };
     match state.node.apply_writes(writes, read).await {
-        Ok(outcome) => axum::Json(json!({
-            "applied": outcome.applied,
-            "duplicates": outcome.duplicates,
-        }))
+        Ok(outcome) => axum::Json(api::OpsReply {
+            applied: count(outcome.applied),
+            duplicates: count(outcome.duplicates),
+        })
         .into_response(),
         Err(e) => ApiError::from_node(
             e,
@@ -314,7 +320,7 @@ async fn get_key(
             )
             .at("path name")
         })?;
-    Ok(axum::Json(key_json(&key, &value)).into_response())
+    Ok(axum::Json(replies::key_value(&key, &value)).into_response())
 }
 
 #[derive(Default)]
@@ -474,7 +480,7 @@ async fn list_keys(
                     break;
                 }
                 page_bytes += key.name.len() + value.text_bytes();
-                keys.push(key_json(&key, &value));
+                keys.push(replies::key_value(&key, &value));
                 start = Some(key.name.clone());
                 last = Some(key);
             }
@@ -499,7 +505,7 @@ async fn list_keys(
     } else {
         None
     };
-    Ok(axum::Json(json!({"keys": keys, "next": next})).into_response())
+    Ok(axum::Json(api::KeyList { keys, next }).into_response())
 }
 
 /// A name after every name of at most `key_bytes_max` bytes under the reserved prefix `name`
@@ -538,13 +544,14 @@ struct Tally {
 }
 
 impl Tally {
-    fn json(&self) -> serde_json::Value {
-        json!({
-            "accepted": self.accepted,
-            "duplicates": self.duplicates,
-            "late": self.late,
-            "committed_lines": self.committed_lines,
-        })
+    /// What the ingest committed so far, as an error body's `committed`.
+    fn committed(&self) -> api::IngestCommitted {
+        api::IngestCommitted {
+            accepted: count(self.accepted),
+            committed_lines: count(self.committed_lines),
+            duplicates: count(self.duplicates),
+            late: count(self.late),
+        }
     }
 }
 
@@ -614,11 +621,11 @@ async fn post_events(
     };
     let mut tally = Tally::default();
     match ingest_stream(&state, &stream, body, &mut tally).await {
-        Ok(()) => axum::Json(json!({
-            "accepted": tally.accepted,
-            "duplicates": tally.duplicates,
-            "late": tally.late,
-        }))
+        Ok(()) => axum::Json(api::IngestReply {
+            accepted: count(tally.accepted),
+            duplicates: count(tally.duplicates),
+            late: count(tally.late),
+        })
         .into_response(),
         Err(e) => {
             if matches!(e.code, "line_too_large" | "body_timeout") {
@@ -628,7 +635,7 @@ async fn post_events(
                     "body"
                 });
             }
-            e.with_extra("committed", tally.json()).into_response()
+            e.with_committed(tally.committed()).into_response()
         }
     }
 }
@@ -744,15 +751,15 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
         .map(|(peer, acked)| {
             // Unknown (null) until it acknowledged something, like `acked`.
             let behind = acked.map(|a| log_end.saturating_sub(a));
-            json!({
-                "peer": format!("{:016x}", peer.0),
-                "name": name_of(peer),
-                "connected": rep.peers_connected.contains(peer),
-                "acked": acked,
-                "lag_entries": behind,
-                "lag_bytes": bytes.get(peer).map(|b| b.bytes),
-                "lag_bytes_exact": bytes.get(peer).map(|b| b.exact),
-            })
+            api::ClusterPeer {
+                acked: *acked,
+                connected: rep.peers_connected.contains(peer),
+                lag_bytes: bytes.get(peer).map(|b| b.bytes),
+                lag_bytes_exact: bytes.get(peer).map(|b| b.exact),
+                lag_entries: behind,
+                name: name_of(peer),
+                peer: format!("{:016x}", peer.0),
+            }
         })
         .collect();
     let mut members = cluster_members(swim, &connected, &rep, &bytes);
@@ -760,51 +767,53 @@ async fn cluster(State(state): State<AppState>) -> Result<Response, ApiError> {
     // reported for it (nothing waits for it any more): `acked` and `lag_*` are null together,
     // as for any member replication knows nothing of.
     for m in &mut members {
-        let removed = m["replica"]
-            .as_str()
+        let removed = m
+            .replica
+            .as_deref()
             .is_some_and(|r| gone.contains(&r.replace('-', "")));
         if removed {
-            m["state"] = json!("decommissioned");
-            for field in [
-                "acked",
-                "lag_entries",
-                "lag_bytes",
-                "lag_bytes_exact",
-                "lag_seconds",
-            ] {
-                m[field] = serde_json::Value::Null;
-            }
+            m.state = "decommissioned".to_owned();
+            m.acked = None;
+            m.lag_entries = None;
+            m.lag_bytes = None;
+            m.lag_bytes_exact = None;
+            m.lag_seconds = None;
         }
     }
     let me_gone = gone_ids.contains(&node.replica_id());
     members.extend(state.cluster.members());
     let m = node.metrics();
-    Ok(axum::Json(json!({
-        "node": {
-            "version": env!("CARGO_PKG_VERSION"),
-            "replica": node.replica_id().to_string(),
-            "peer": format!("{:016x}", node.peer_id().0),
-            "epoch": node.epoch(),
-            "http": state.listen.to_string(),
-            "data_dir": std::fs::canonicalize(&node.config().data_dir)
+    Ok(axum::Json(api::Cluster {
+        decommissioned: gone.into_iter().collect(),
+        members,
+        node: api::ClusterNode {
+            data_dir: std::fs::canonicalize(&node.config().data_dir)
                 .unwrap_or_else(|_| node.config().data_dir.clone())
                 .display()
                 .to_string(),
             // Which file holds the data (`device:inode`), so `tidemark snapshot --data DIR`
             // can tell it is talking to DIR's own node whatever the path looks like.
-            "data_file": crate::store::data_file_identity(&node.config().data_dir),
-            "log": {"start": log_start, "end": log_end},
-            "writes_applied": m.ops_applied,
-            "name": net.as_ref().map(|n| n.name.clone()),
-            "peer_listen": net.as_ref().map(|n| n.local_addr.to_string()),
+            data_file: crate::store::data_file_identity(&node.config().data_dir),
             // The cluster recorded this node as removed for good (`~gone/{its replica}`).
-            "decommissioned": me_gone,
+            decommissioned: me_gone,
+            epoch: node.epoch(),
+            http: state.listen.to_string(),
+            log: api::LogBounds {
+                end: log_end,
+                start: log_start,
+            },
+            name: net.as_ref().map(|n| n.name.clone()),
+            peer: format!("{:016x}", node.peer_id().0),
+            peer_listen: net.as_ref().map(|n| n.local_addr.to_string()),
+            replica: node.replica_id().to_string(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            writes_applied: m.ops_applied,
         },
-        "swim": net.as_ref().map(|n| &n.members),
-        "members": members,
-        "decommissioned": gone,
-        "peers": peers,
-    }))
+        peers,
+        swim: net
+            .as_ref()
+            .map(|n| n.members.iter().map(replies::swim_member).collect()),
+    })
     .into_response())
 }
 
@@ -885,13 +894,13 @@ async fn remove_member(
     }
     let shown = member.map_or_else(|| name.clone(), |m| m.name.clone());
     match node.decommission(replica).await {
-        Ok(removal) => Ok(axum::Json(json!({
-            "removed": replica.to_string(),
-            "name": removal.name.clone().unwrap_or(shown),
-            "already": removal.already,
-            "at_ms": removal.at_ms,
-            "by": removal.by.map(|b| b.to_string()),
-        }))
+        Ok(removal) => Ok(axum::Json(api::MemberRemoved {
+            already: removal.already,
+            at_ms: removal.at_ms,
+            by: removal.by.map(|b| b.to_string()),
+            name: removal.name.unwrap_or(shown),
+            removed: replica.to_string(),
+        })
         .into_response()),
         Err(crate::Error::Config(msg)) => {
             Err(ApiError::bad_request("invalid_member", msg).at("path name"))
@@ -917,7 +926,7 @@ fn cluster_members(
     connected: &[String],
     rep: &crate::driver::ReplicationStatus,
     bytes: &std::collections::BTreeMap<crate::proto::PeerId, crate::store::LogBytes>,
-) -> Vec<serde_json::Value> {
+) -> Vec<api::ClusterMember> {
     let log_end = rep.log_bounds.1;
     let acked_of = |peer: crate::proto::PeerId| {
         rep.peer_acked
@@ -932,7 +941,7 @@ fn cluster_members(
     let lag_secs = |peer: crate::proto::PeerId, acked: Option<Option<u64>>| {
         acked.and_then(|a| metrics::peer_lag_seconds(rep, peer, a))
     };
-    let mut members: Vec<serde_json::Value> = swim
+    let mut members: Vec<api::ClusterMember> = swim
         .iter()
         .map(|m| {
             let peer = crate::net::peer_id_of_name(&m.name);
@@ -943,23 +952,23 @@ fn cluster_members(
                 crate::net::MemberState::Down if m.left => "left",
                 crate::net::MemberState::Down => "down",
             };
-            json!({
-                "name": m.name,
-                "addr": m.addr.to_string(),
-                "state": state,
-                "connected": connected.contains(&m.name),
-                "peer": format!("{:016x}", peer.0),
-                "replica": m.replica,
-                "epoch": m.epoch,
-                "incarnation": m.incarnation,
-                "acked": acked.flatten(),
-                "lag_entries": lag(acked),
-                "lag_bytes": bytes.get(&peer).map(|b| b.bytes),
-                "lag_bytes_exact": bytes.get(&peer).map(|b| b.exact),
-                "lag_seconds": lag_secs(peer, acked),
-                "last_contact": m.last_contact_ms.map(|ms| ms as f64 / 1000.0),
-                "version": m.version,
-            })
+            api::ClusterMember {
+                acked: acked.flatten(),
+                addr: Some(m.addr.to_string()),
+                connected: connected.contains(&m.name),
+                epoch: Some(m.epoch),
+                incarnation: Some(m.incarnation),
+                lag_bytes: bytes.get(&peer).map(|b| b.bytes),
+                lag_bytes_exact: bytes.get(&peer).map(|b| b.exact),
+                lag_entries: lag(acked),
+                lag_seconds: lag_secs(peer, acked),
+                last_contact: m.last_contact_ms.map(|ms| ms as f64 / 1000.0),
+                name: m.name.clone(),
+                peer: format!("{:016x}", peer.0),
+                replica: Some(m.replica.clone()),
+                state: state.to_owned(),
+                version: m.version.clone(),
+            }
         })
         .collect();
     for name in connected {
@@ -968,21 +977,26 @@ fn cluster_members(
         }
         let peer = crate::net::peer_id_of_name(name);
         let acked = acked_of(peer);
-        members.push(json!({
-            "name": name,
-            "state": "connected",
-            "connected": true,
-            "peer": format!("{:016x}", peer.0),
-            "acked": acked.flatten(),
-            "lag_entries": lag(acked),
-            "lag_bytes": bytes.get(&peer).map(|b| b.bytes),
-            "lag_bytes_exact": bytes.get(&peer).map(|b| b.exact),
-            "lag_seconds": lag_secs(peer, acked),
-            "last_contact": serde_json::Value::Null,
-            "version": serde_json::Value::Null,
-        }));
+        // SWIM does not know it yet: no address, epoch, incarnation or replica (omitted).
+        members.push(api::ClusterMember {
+            acked: acked.flatten(),
+            addr: None,
+            connected: true,
+            epoch: None,
+            incarnation: None,
+            lag_bytes: bytes.get(&peer).map(|b| b.bytes),
+            lag_bytes_exact: bytes.get(&peer).map(|b| b.exact),
+            lag_entries: lag(acked),
+            lag_seconds: lag_secs(peer, acked),
+            last_contact: None,
+            name: name.clone(),
+            peer: format!("{:016x}", peer.0),
+            replica: None,
+            state: "connected".to_owned(),
+            version: None,
+        });
     }
-    members.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    members.sort_by(|a, b| a.name.cmp(&b.name));
     members
 }
 
@@ -1081,7 +1095,7 @@ async fn write_history(
     q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     no_params(q, "/v1/stats/writes")?;
-    Ok(axum::Json(json!({ "samples": state.node.write_history() })).into_response())
+    Ok(axum::Json(replies::write_history(state.node.write_history())).into_response())
 }
 
 /// `GET /v1/views`: every configured view with its definition and where it stands here.
@@ -1096,19 +1110,11 @@ async fn views_list(
         .await
         .map_err(|e| ApiError::from_node(e, Pos::Index, state.config.retry_after_secs))?;
     let now = crate::clock::wall_ms();
-    let views: Vec<serde_json::Value> = views
+    let views = views
         .into_iter()
-        .map(|v| {
-            let lag = v.watermark.map(|w| now.saturating_sub(w) as f64 / 1000.0);
-            let mut j = json!(v);
-            if let Some(o) = j.as_object_mut() {
-                o.insert("name".into(), json!(v.definition.name));
-                o.insert("watermark_lag_seconds".into(), json!(lag));
-            }
-            j
-        })
+        .map(|v| replies::view_summary(v, now))
         .collect();
-    Ok(axum::Json(json!({ "views": views })).into_response())
+    Ok(axum::Json(api::ViewsList { views }).into_response())
 }
 
 async fn view(
@@ -1142,17 +1148,7 @@ async fn view(
         .view(&view, &query)
         .await
         .map_err(|e| ApiError::from_node(e, Pos::Index, state.config.retry_after_secs))?;
-    let mut body = serde_json::to_value(&page).map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("encoding the view page: {e}"),
-        )
-    })?;
-    if let Some(o) = body.as_object_mut() {
-        o.insert("view".into(), json!(view));
-    }
-    Ok(axum::Json(body).into_response())
+    Ok(axum::Json(replies::view_page(view, page)).into_response())
 }
 
 /// The query parsers of `GET /v1/keys`, `/v1/watch` and `/v1/views/{view}` on `query`.

@@ -4,14 +4,15 @@
 
 use super::AppState;
 use super::error::ApiError;
-use super::query::{bad_query, key_json, known_query_pairs, parse_kind};
+use super::query::{bad_query, known_query_pairs, parse_kind};
+use super::replies::json_text;
 use super::stream::{WATCH_EVENT_VALUE_BYTES_MAX, Watching, stopped};
+use crate::api;
 use crate::watch::{Cursor, KeyFilter, Watch, WatchEvent};
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use tidemark_crdts::{Key, KeyKind, Value};
@@ -81,21 +82,23 @@ where
         .transpose()
 }
 
-/// A change (or a snapshot entry) as an event's data: a value over the bound is not copied
-/// into the stream (each stalled client would hold its own copy): the client reads the key.
+/// A change (or a snapshot entry) as an event's data ([`api::WatchEntry`]): a value over the
+/// bound is not copied into the stream (each stalled client would hold its own copy): the
+/// client reads the key.
 fn entry_data(key: &Key, value: &Value) -> String {
     let bytes = value.text_bytes();
-    if bytes > WATCH_EVENT_VALUE_BYTES_MAX {
-        json!({
-            "type": key.kind.as_str(),
-            "key": key.name,
-            "value_omitted": true,
-            "value_bytes": bytes,
-        })
-        .to_string()
+    let value = if bytes > WATCH_EVENT_VALUE_BYTES_MAX {
+        api::WatchValue::Omitted {
+            bytes: super::replies::count(bytes),
+        }
     } else {
-        key_json(key, value).to_string()
-    }
+        api::WatchValue::Value(crate::ops::value_to_json(value))
+    };
+    json_text(&api::WatchEntry {
+        key: key.name.clone(),
+        kind: key.kind,
+        value,
+    })
 }
 
 /// Where a snapshot's listing stands: kinds still to list, the page read, the last name.
@@ -154,7 +157,7 @@ impl Streamer {
                     SseEvent::default()
                         .event("snapshot_end")
                         .id(cursor.clone())
-                        .data(json!({ "cursor": cursor }).to_string()),
+                        .data(json_text(&api::WatchSnapshotEnd { cursor })),
                 ));
             };
             match self.state.node.list(
@@ -196,18 +199,17 @@ impl Streamer {
                     .data(entry_data(&change.key, &change.value)),
             ),
             WatchEvent::Reset { missed } => {
-                let reason = ev_reason(missed);
-                let data = json!({
-                    "cursor": cursor,
-                    "reason": reason,
-                    "missed": missed,
-                    "hint": if self.resnapshot {
+                let data = json_text(&api::WatchReset {
+                    cursor: cursor.clone(),
+                    hint: if self.resnapshot {
                         "a snapshot of the current values follows"
                     } else {
                         "re-read the keys you watch; changes after this cursor follow"
-                    },
-                })
-                .to_string();
+                    }
+                    .to_owned(),
+                    missed,
+                    reason: ev_reason(missed).to_owned(),
+                });
                 let mut event = SseEvent::default().event("reset").data(data);
                 if self.resnapshot {
                     // The id comes with the snapshot's end: a reconnect before it restarts it.

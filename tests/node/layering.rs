@@ -16,6 +16,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("metrics", &[]),
     ("codec", &[]),
     ("model", &[]),
+    // The HTTP API's JSON bodies as types (shared by the server and clients).
+    ("api", &[]),
     // Committed changes buffered for watchers.
     ("watch", &[]),
     // The sans-IO replication core.
@@ -84,6 +86,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "http",
         &[
+            "api",
             "node",
             "ops",
             "views",
