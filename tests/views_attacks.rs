@@ -690,6 +690,111 @@ async fn attack8_restarted_outside_node_removes_a_members_element_of_a_final_win
     );
 }
 
+/// ATTACK 9 (a `members` remove by a node outside a seal, no snapshot, no restart). A and B
+/// hold [0, 1m) open ("x" added by A, "y" by B) when they lose each other. J joins through B
+/// only and syncs (watermark 20 s, no epoch yet fixes the window's members), then removes
+/// "x" on time by its own watermark: the observed-remove takes A's dot. B, the only node that
+/// met J, dies and is removed for good; A, which never heard of J, seals the window over
+/// {A} alone and reports `m` final ["x"]. When J reaches A its remove would take A's dot out
+/// of A's FINAL value. J must refuse the remove instead (its late lane, `outside_seal`): no
+/// announcement of A counted J for that deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack9_synced_node_outside_the_seal_removes_a_members_element() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let a = open(&root.path().join("a"), false).await;
+    let b = open(&root.path().join("b"), false).await;
+    a.connect(&b).expect("connect");
+    a.ingest("s", vec![add("a", 1, 10_000, "x")])
+        .await
+        .expect("a");
+    b.ingest("s", vec![add("b", 1, 20_000, "y")])
+        .await
+        .expect("b");
+    converge(&[&a, &b]).await;
+    a.disconnect(&b).expect("disconnect");
+    let j = open(&root.path().join("j"), true).await;
+    j.connect(&b).expect("connect");
+    converge(&[&b, &j]).await;
+    let out = j
+        .ingest("s", vec![remove("j", 1, 30_000, "x")])
+        .await
+        .expect("j ingests");
+    eprintln!("J's `remove x` for [0,1m), synced through B only: {out:?}");
+    converge(&[&b, &j]).await;
+    j.disconnect(&b).expect("disconnect");
+    let b_id = b.replica_id();
+    b.shutdown().await.expect("shutdown");
+    drop(b);
+    a.decommission(b_id).await.expect("decommission B");
+    a.ingest("s", vec![tick("a", 2, 2 * MIN)]).await.expect("a");
+    let before = final_everywhere(&[&a], "m", 0).await;
+    assert_eq!(get(&before[0], "m", 0), Some((json!(["x"]), true)));
+    j.connect(&a).expect("connect");
+    settle(&[&a, &j]).await;
+    let (ra, rj) = (rows(&a).await, rows(&j).await);
+    let lane = j.late_events("s", None, 0).expect("late lane");
+    eprintln!("A after J connected: {ra:?}\nJ: {rj:?}\nJ's late lane: {lane:?}");
+    for n in [a, j] {
+        n.shutdown().await.expect("shutdown");
+    }
+    assert_eq!(
+        get(&ra, "m", 0),
+        Some((json!(["x"]), true)),
+        "A's FINAL members window changed: a node outside its seal removed A's element"
+    );
+    if let Some((v, true)) = get(&rj, "m", 0) {
+        assert_eq!(v, json!(["x"]), "J reports another final value than A");
+    }
+    assert_eq!(
+        out.late, 1,
+        "J applied a remove no seal counts it in: {out:?}"
+    );
+    assert!(
+        lane.events
+            .iter()
+            .any(|e| e.record.get("reason") == Some(&json!("outside_seal"))),
+        "the refused remove is in J's late lane as outside_seal: {lane:?}"
+    );
+}
+
+/// The other side of attack 9: in a cluster whose members all met J, J's `members` remove
+/// of an element another member added applies on time, and the window becomes final without
+/// it on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_remove_by_a_node_every_member_counts_applies() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let a = open(&root.path().join("a"), false).await;
+    let b = open(&root.path().join("b"), false).await;
+    let j = open(&root.path().join("j"), true).await;
+    a.connect(&b).expect("connect");
+    a.ingest("s", vec![add("a", 1, 10_000, "x")])
+        .await
+        .expect("a");
+    b.ingest("s", vec![add("b", 1, 20_000, "y")])
+        .await
+        .expect("b");
+    j.connect(&a).expect("connect");
+    j.connect(&b).expect("connect");
+    settle(&[&a, &b, &j]).await;
+    let out = j
+        .ingest("s", vec![remove("j", 1, 30_000, "x")])
+        .await
+        .expect("j ingests");
+    assert_eq!((out.applied, out.late), (1, 0), "{out:?}");
+    for (n, src) in [(&a, "a"), (&b, "b"), (&j, "j")] {
+        n.ingest("s", vec![tick(src, 9, 2 * MIN)])
+            .await
+            .expect("tick");
+    }
+    let all = final_everywhere(&[&a, &b, &j], "m", 0).await;
+    for r in &all {
+        assert_eq!(get(r, "m", 0), Some((json!(["y"]), true)), "{all:?}");
+    }
+    for n in [a, b, j] {
+        n.shutdown().await.expect("shutdown");
+    }
+}
+
 /// A snapshot restored after the rest of its cluster was lost: the restored node waits for a
 /// fresh announcement (it applies no windowed event, they go to the late lane), until the
 /// operator removes the lost members for good; then it is the cluster and applies events
