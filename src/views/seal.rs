@@ -103,6 +103,43 @@ pub fn excluded_to(epochs: &BTreeMap<ReplicaId, Vec<Epoch>>, me: ReplicaId) -> u
         .unwrap_or(0)
 }
 
+/// Whether every seal of deadline `d` that counts an announcer also counts `me`, as far as
+/// that announcer's announcement (`epochs`, and `met`: the peers it ever met) shows:
+///
+/// - its epochs fix a member set for `d`: `me` is in it (a seal of `d` counting the announcer
+///   has exactly that set);
+/// - they do not reach `d` yet: it already counts `me` as a member — `me` is in its last
+///   epoch, or it met `me` (`my_peer`) — so every epoch it fixes from now on names `me`: a
+///   node vouches only over every announcer and every peer it met (`cluster_watermark`),
+///   neither of which it forgets (announcements stay in the state, peers met are announced),
+///   until `me` is removed for good.
+///
+/// `None` epochs (a malformed or missing announcement) count nobody. A `members` remove by
+/// `me` takes other replicas' dots of the element (observed-remove), which no seal can tell
+/// apart from their own contributions: `me` applies it only when this holds for every
+/// replica whose dot it would take (`Views::admit`), else refuses it as late
+/// (`outside_seal`), so a node outside a seal never changes that seal's value.
+pub fn counts_me(
+    epochs: Option<&[Epoch]>,
+    met: &[u64],
+    me: ReplicaId,
+    my_peer: u64,
+    d: u64,
+) -> bool {
+    let Some(epochs) = epochs else {
+        return false;
+    };
+    match membership(epochs, d) {
+        Some(set) => set.binary_search(&me).is_ok(),
+        None => {
+            met.contains(&my_peer)
+                || epochs
+                    .last()
+                    .is_some_and(|e| e.members.binary_search(&me).is_ok())
+        }
+    }
+}
+
 /// What one node's state says about a stream's seals.
 #[derive(Clone, Debug, Default)]
 pub struct Ledger {
@@ -682,6 +719,25 @@ mod tests {
         let s = l.agree().expect("sealed");
         assert_eq!(sealed_members(&s, 10), Some(&[r(1), r(2)][..]));
         assert_eq!(sealed_members(&s, 70), None, "{{4}} is not adopted");
+    }
+
+    #[test]
+    fn an_announcer_counts_me_only_where_its_sets_name_me_or_it_met_me() {
+        let e = vec![ep(100, &[1, 2]), ep(200, &[1, 2, 3])];
+        // Fixed sets: exactly what they say.
+        assert!(!counts_me(Some(&e), &[], r(3), 33, 50));
+        assert!(counts_me(Some(&e), &[], r(3), 33, 150));
+        // Beyond the epochs: named in the last one, or met.
+        assert!(counts_me(Some(&e), &[], r(3), 33, 250));
+        assert!(!counts_me(Some(&e), &[], r(4), 44, 250));
+        assert!(counts_me(Some(&e), &[44], r(4), 44, 250));
+        assert!(
+            !counts_me(Some(&e), &[44], r(4), 44, 150),
+            "met after the set was fixed"
+        );
+        assert!(counts_me(Some(&[]), &[44], r(4), 44, 5));
+        assert!(!counts_me(Some(&[]), &[], r(4), 44, 5));
+        assert!(!counts_me(None, &[44], r(4), 44, 5));
     }
 
     #[test]
