@@ -508,7 +508,7 @@ mod tests {
         for text in [
             format!(r#"{{"defs":"d","ep":[[5,[1]]],"r":["{one}"],"wm":9}}"#),
             format!(r#"{{"defs":"d","ep":[[5,[0]]],"r":["{one}","{one}"],"wm":9}}"#),
-            format!(r#"{{"defs":"d","ep":[[5,[0]]],"wm":9}}"#),
+            r#"{"defs":"d","ep":[[5,[0]]],"wm":9}"#.to_owned(),
             format!(r#"{{"defs":"d","e":[[5,["{one}"]]],"ep":[[5,[0]]],"r":["{one}"],"wm":9}}"#),
         ] {
             let a = parse_announcement(&text).expect("still an announcement");
