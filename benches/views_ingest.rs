@@ -1,16 +1,22 @@
 //! Cost of stream views on durable ingest: the same events through `Node::ingest`
 //! into a stream with 0 (raw), 1, 3 and 10 windowed views, in durable batches of 1,000 from
 //! one writer, each run on a fresh node in a temp directory, all in one process so the
-//! ratios compare runs under the same machine load. Then, on 3 in-process nodes connected
-//! in a full mesh, the delay from a window's end + lateness (wall clock; events carry the
+//! ratios compare runs under the same machine load. Then the same on 3 in-process nodes
+//! connected in a full mesh (raw and 3 views), each ingesting its own sources at once: events/s
+//! over the cluster until every node holds every event, so replication, the joins of the
+//! others' deltas and the views' maintenance (seal rounds every 50 ms) are in the figure. Then,
+//! on 3 such nodes, the delay from a window's end + lateness (wall clock; events carry the
 //! wall-clock time) to the moment it is `final` on all three nodes.
 //!
 //! `cargo bench --bench views_ingest`; environment: `BENCH_EVENTS` (events per run, default
-//! 50,000), `BENCH_ROUNDS` (rounds of the four runs back to back, default 3), `BENCH_FINAL_SECS`
-//! (seconds of the finality-delay run, default 8). Output: a Markdown table with the median
-//! events/s, the median over rounds of the ratio of raw ingest's rate to each configuration's
-//! within the round (the cost factor) and each round's ratio, and the bytes on disk per view
-//! cell (a group's value in one window) above the raw run.
+//! 50,000), `BENCH_ROUNDS` (rounds of the four runs back to back, default 3),
+//! `BENCH_CLUSTER_EVENTS` (events per node of a cluster run, default 20,000; raw and 3 views
+//! back to back, `BENCH_ROUNDS` times), `BENCH_FINAL_SECS` (seconds of the finality-delay run,
+//! default 8), `BENCH_PARTS` (a comma list of `single`, `cluster`, `final`; default all three).
+//! Output: a Markdown table with the median events/s, the median over rounds of the ratio of
+//! raw ingest's rate to each configuration's within the round (the cost factor) and each round's
+//! ratio, and the bytes on disk per view cell (a group's value in one window) above the raw
+//! run; the cluster runs' medians and ratio; the finality delays.
 
 use serde_json::json;
 use std::time::Instant;
@@ -45,11 +51,16 @@ fn defs(n: usize) -> Vec<ViewDef> {
 }
 
 fn events(n: usize) -> Vec<Event> {
+    events_of("", n)
+}
+
+/// `n` events of ten sources named `{prefix}src{k}`, 6,000 per one-minute window of event time.
+fn events_of(prefix: &str, n: usize) -> Vec<Event> {
     (0..n)
         .map(|i| {
             let i = i as u64;
             Event::new(
-                &format!("src{}", i % 10),
+                &format!("{prefix}src{}", i % 10),
                 i / 10 + 1,
                 json!({
                     "page": format!("/p{}", (i * 7) % 20),
@@ -102,6 +113,61 @@ async fn run(views: usize, evs: &[Event]) -> Result<(f64, u64, usize), tidemark:
     }
     node.shutdown().await?;
     Ok((evs.len() as f64 / secs, dir_bytes(dir.path()), cells))
+}
+
+/// One cluster run: 3 in-process nodes in a full mesh with `views` windowed views, each
+/// ingesting its own events (`per_node[i]`, durable batches of [`BATCH`]) at the same time;
+/// events/s over all nodes from the start until every node holds every event.
+async fn cluster_run(views: usize, per_node: &[Vec<Event>]) -> Result<f64, tidemark::Error> {
+    let dir = tempfile::tempdir().map_err(|e| tidemark::Error::Config(e.to_string()))?;
+    let mut nodes = Vec::new();
+    for i in 0..per_node.len() {
+        let mut cfg = NodeConfig::new(dir.path().join(format!("n{i}")));
+        cfg.views = defs(views);
+        nodes.push(Node::open(cfg).await?);
+    }
+    for i in 0..nodes.len() {
+        for j in i + 1..nodes.len() {
+            nodes[i].connect(&nodes[j])?;
+        }
+    }
+    let started = Instant::now();
+    let writers: Vec<_> = nodes
+        .iter()
+        .zip(per_node)
+        .map(|(n, evs)| {
+            let (n, evs) = (n.clone(), evs.clone());
+            tokio::spawn(async move {
+                for chunk in evs.chunks(BATCH) {
+                    n.ingest("s", chunk.to_vec()).await?;
+                }
+                Ok::<(), tidemark::Error>(())
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await
+            .map_err(|e| tidemark::Error::Config(e.to_string()))??;
+    }
+    loop {
+        let ctxs = nodes
+            .iter()
+            .map(Node::context)
+            .collect::<Result<Vec<_>, _>>()?;
+        if ctxs.windows(2).all(|w| w[0] == w[1]) {
+            break;
+        }
+        if started.elapsed().as_secs() > 600 {
+            return Err(tidemark::Error::Config("no convergence in 600 s".into()));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    for n in &nodes {
+        n.shutdown().await?;
+    }
+    let total: usize = per_node.iter().map(Vec::len).sum();
+    Ok(total as f64 / secs)
 }
 
 fn wall_ms() -> u64 {
@@ -189,6 +255,77 @@ async fn main() -> Result<(), tidemark::Error> {
     };
     let n = num("BENCH_EVENTS", 50_000);
     let rounds = num("BENCH_ROUNDS", 3);
+    let parts = std::env::var("BENCH_PARTS").unwrap_or_else(|_| "single,cluster,final".into());
+    let part = |p: &str| parts.split(',').any(|x| x.trim() == p);
+    let median = |mut xs: Vec<f64>| {
+        xs.sort_by(f64::total_cmp);
+        xs[xs.len() / 2]
+    };
+    if part("single") {
+        single(n, rounds, &median).await?;
+    }
+    if part("cluster") {
+        let per = num("BENCH_CLUSTER_EVENTS", 20_000);
+        let per_node: Vec<Vec<Event>> = (0..3).map(|i| events_of(&format!("n{i}"), per)).collect();
+        let mut raw = Vec::new();
+        let mut three = Vec::new();
+        for round in 0..rounds {
+            raw.push(cluster_run(0, &per_node).await?);
+            three.push(cluster_run(3, &per_node).await?);
+            eprintln!(
+                "cluster round {round}: raw {:.0} events/s, 3 views {:.0} events/s",
+                raw[round], three[round]
+            );
+        }
+        let ratios: Vec<f64> = raw.iter().zip(&three).map(|(r, t)| r / t).collect();
+        println!(
+            "\n3 in-process nodes (full mesh), each ingesting {per} events of its own sources in \
+             durable batches of {BATCH} at once, until every node holds all {}: raw median {:.0} \
+             events/s ({}), 3 views median {:.0} events/s ({}); cost (raw / 3 views) median {:.2}× \
+             ({})",
+            3 * per,
+            median(raw.clone()),
+            raw.iter()
+                .map(|x| format!("{x:.0}"))
+                .collect::<Vec<_>>()
+                .join(" / "),
+            median(three.clone()),
+            three
+                .iter()
+                .map(|x| format!("{x:.0}"))
+                .collect::<Vec<_>>()
+                .join(" / "),
+            median(ratios.clone()),
+            ratios
+                .iter()
+                .map(|x| format!("{x:.2}"))
+                .collect::<Vec<_>>()
+                .join(" / "),
+        );
+    }
+    if part("final") {
+        let mut d = finality_delays(num("BENCH_FINAL_SECS", 8) as u64).await?;
+        d.sort_unstable();
+        if !d.is_empty() {
+            println!(
+                "\n3 in-process nodes, 1 s tumbling windows, 200 ms lateness, each node ingesting \
+                 one event per 20 ms: delay from window end + lateness to final on all 3 nodes \
+                 over {} windows: median {} ms, max {} ms",
+                d.len(),
+                d[d.len() / 2],
+                d[d.len() - 1]
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The single-node runs: the four configurations back to back, `rounds` times.
+async fn single(
+    n: usize,
+    rounds: usize,
+    median: &dyn Fn(Vec<f64>) -> f64,
+) -> Result<(), tidemark::Error> {
     let evs = events(n);
     let configs = [0usize, 1, 3, 10];
     // Per round: (rate, bytes, cells) of each configuration, run back to back.
@@ -201,10 +338,6 @@ async fn main() -> Result<(), tidemark::Error> {
         }
         rounds_out.push(r);
     }
-    let median = |mut xs: Vec<f64>| {
-        xs.sort_by(f64::total_cmp);
-        xs[xs.len() / 2]
-    };
     println!(
         "{n} events in durable batches of {BATCH}, one writer; medians over {rounds} rounds \
          (each round runs the four configurations back to back; cost = raw rate / rate within \
@@ -241,18 +374,6 @@ async fn main() -> Result<(), tidemark::Error> {
             },
             rate,
             median(ratios.clone()),
-        );
-    }
-    let mut d = finality_delays(num("BENCH_FINAL_SECS", 8) as u64).await?;
-    d.sort_unstable();
-    if !d.is_empty() {
-        println!(
-            "\n3 in-process nodes, 1 s tumbling windows, 200 ms lateness, each node ingesting one \
-             event per 20 ms: delay from window end + lateness to final on all 3 nodes over {} \
-             windows: median {} ms, max {} ms",
-            d.len(),
-            d[d.len() / 2],
-            d[d.len() - 1]
         );
     }
     Ok(())

@@ -775,11 +775,13 @@ impl Node {
                     folded,
                     events: &events,
                     unsynced: !synced,
+                    reader: &reader,
+                    peer_of: peer_id_of,
                 },
                 &mut writes,
                 self.me(),
-                coalesce.then_some(&reader),
-            );
+                coalesce,
+            )?;
             writes.extend(adopted);
             crate::views::keys::stamp_latest_writes(&mut writes);
             guard.pending = Some(self.enqueue_with(writes, admitted.fallback.take())?);

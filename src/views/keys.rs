@@ -10,11 +10,14 @@
 //!   group's JSON text is one complete array, so no group's prefix is a prefix of another's;
 //!   the `@` keeps these names apart from window starts (digits) and `-`;
 //! - watermark announcements: `lww/~wm/{stream}/{replica id, 32 hex digits}`, written only by
-//!   that replica, holding `{"defs": digest of its view definitions of the stream, "e": its
-//!   membership epochs, "f": its seals (both `super::seal`, optional), "h": its retention
-//!   horizon of the stream in ms (optional), "s": its watermark when it first applied an
-//!   event to a window, "u": 1 while it applied none (both optional), "k": the peers it ever
-//!   met (optional), "wm": its local watermark in ms}`.
+//!   that replica, holding `{"defs": digest of its view definitions of the stream, "ep": its
+//!   membership epochs, "sl": its seals (both in the compact form of `super::seal`, as
+//!   differences between consecutive member sets in indexes of "r"), "r": the replicas they
+//!   name (ascending), "h": its retention horizon of the stream in ms, "s": its watermark when
+//!   it first applied an event to a window, "u": 1 while it applied none, "k": the peers it
+//!   ever met (all optional), "wm": its local watermark in ms}`. Earlier versions wrote the
+//!   epochs and seals with whole member sets as "e" and "f" ([`parse_announcement`] still
+//!   reads them).
 //!
 //! - decommission records: `lww/~gone/{replica id}` ([`gone_key`]), written by any node when an
 //!   operator removes a member for good.
@@ -200,17 +203,29 @@ pub struct Marks<'a> {
     pub met: &'a [u64],
 }
 
-/// The text of a watermark announcement: `{"defs", "e": epochs, "f": seals, "h": horizon,
-/// "k": peers met, "s": since, "u": 1 while it applied nothing, "wm"}` (`e`, `f`, `h`, `k`, `s`,
-/// `u` left out when empty, 0 or false).
+/// The text of a watermark announcement: `{"defs", "ep": epochs, "h": horizon, "k": peers met,
+/// "r": replica table, "s": since, "sl": seals, "u": 1 while it applied nothing, "wm"}` (`ep`,
+/// `h`, `k`, `r`, `s`, `sl`, `u` left out when empty, 0 or false). Epochs and seals are in the
+/// compact form (`super::seal::encode_epochs`): its size grows linearly with the membership
+/// changes, not with their square.
 pub fn announcement_text(defs_digest: &str, marks: &Marks<'_>) -> String {
     let mut m = serde_json::Map::new();
     m.insert("defs".into(), defs_digest.into());
+    let table = super::seal::table_of(marks.epochs, marks.sealed);
+    if !table.is_empty() {
+        m.insert("r".into(), super::seal::encode_table(&table));
+    }
     if !marks.epochs.is_empty() {
-        m.insert("e".into(), super::seal::epochs_json(marks.epochs));
+        m.insert(
+            "ep".into(),
+            super::seal::encode_epochs(marks.epochs, &table),
+        );
     }
     if !marks.sealed.is_empty() {
-        m.insert("f".into(), super::seal::sealed_json(marks.sealed));
+        m.insert(
+            "sl".into(),
+            super::seal::encode_sealed(marks.sealed, &table),
+        );
     }
     if let Some(h) = marks.horizon {
         m.insert("h".into(), h.into());
@@ -235,20 +250,91 @@ pub fn announcement_text(defs_digest: &str, marks: &Marks<'_>) -> String {
     serde_json::Value::Object(m).to_string()
 }
 
-/// The announcement in `text` (`None` when malformed).
-pub fn parse_announcement(text: &str) -> Option<Announcement> {
-    let v: serde_json::Value = serde_json::from_str(text).ok()?;
-    Some(Announcement {
-        wm: v.get("wm")?.as_u64()?,
-        defs: v.get("defs")?.as_str()?.to_owned(),
+/// Longest announcement text decoded (bytes): far above any announcement a node writes (a
+/// register value is at most `Limits::value_bytes_max`, 64 KiB by default, for peers to take
+/// it), so only a corrupt or hostile one is refused.
+pub const ANNOUNCEMENT_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// Why an announcement text was refused as a whole.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AnnouncementError {
+    /// Longer than [`ANNOUNCEMENT_BYTES_MAX`].
+    #[error("announcement of {len} bytes, over {max}")]
+    TooLarge {
+        /// Its length.
+        len: usize,
+        /// [`ANNOUNCEMENT_BYTES_MAX`].
+        max: usize,
+    },
+    /// Not a JSON object with `wm` (an integer) and `defs` (a string).
+    #[error("malformed announcement: {0}")]
+    Malformed(&'static str),
+}
+
+/// The announcement in `text`. Reads both forms: the compact one ([`announcement_text`]) and
+/// the first one, with whole member sets under `"e"` and `"f"`, written by earlier versions
+/// (in data directories and by peers not yet upgraded). Malformed epochs decode to `None` (the
+/// announcer agrees to no seal) and malformed seals to none, as does a text mixing both forms;
+/// the rest of the announcement still counts.
+///
+/// # Errors
+/// [`AnnouncementError`] when the text is too long or not an announcement at all; never
+/// panics on any input.
+pub fn parse_announcement(text: &str) -> Result<Announcement, AnnouncementError> {
+    if text.len() > ANNOUNCEMENT_BYTES_MAX {
+        return Err(AnnouncementError::TooLarge {
+            len: text.len(),
+            max: ANNOUNCEMENT_BYTES_MAX,
+        });
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(text).map_err(|_| AnnouncementError::Malformed("not JSON"))?;
+    let wm = v
+        .get("wm")
+        .and_then(serde_json::Value::as_u64)
+        .ok_or(AnnouncementError::Malformed("wm"))?;
+    let defs = v
+        .get("defs")
+        .and_then(serde_json::Value::as_str)
+        .ok_or(AnnouncementError::Malformed("defs"))?
+        .to_owned();
+    let compact = ["r", "ep", "sl"].iter().any(|k| v.get(k).is_some());
+    let first = ["e", "f"].iter().any(|k| v.get(k).is_some());
+    let (epochs, sealed) = if compact && first {
+        (None, Vec::new())
+    } else if compact {
+        let table = v.get("r").map_or(Ok(Vec::new()), super::seal::decode_table);
+        let epochs = table.as_ref().ok().and_then(|t| {
+            v.get("ep")
+                .map_or(Ok(Vec::new()), |e| super::seal::decode_epochs(e, t))
+                .ok()
+        });
+        let sealed = table
+            .as_ref()
+            .ok()
+            .and_then(|t| {
+                v.get("sl")
+                    .map(|s| super::seal::decode_sealed(s, t))
+                    .and_then(Result::ok)
+            })
+            .unwrap_or_default();
+        (epochs, sealed)
+    } else {
+        (
+            v.get("e")
+                .map_or(Ok(Vec::new()), super::seal::parse_epochs_v1)
+                .ok(),
+            v.get("f")
+                .and_then(|f| super::seal::parse_sealed_v1(f).ok())
+                .unwrap_or_default(),
+        )
+    };
+    Ok(Announcement {
+        wm,
+        defs,
         horizon: v.get("h").and_then(serde_json::Value::as_u64),
-        epochs: v
-            .get("e")
-            .map_or(Some(Vec::new()), super::seal::parse_epochs),
-        sealed: v
-            .get("f")
-            .and_then(super::seal::parse_sealed)
-            .unwrap_or_default(),
+        epochs,
+        sealed,
         since: v.get("s").and_then(serde_json::Value::as_u64).unwrap_or(0),
         // An announcement without `u` (one of an older version too) applied events:
         // conservative, it adopts no seal it is not counted in.
@@ -347,6 +433,140 @@ pub fn latest_value(record: &serde_json::Value) -> serde_json::Value {
 mod tests {
     use super::*;
     use crate::store::LocalWrite;
+
+    fn rid(n: u128) -> ReplicaId {
+        ReplicaId(n)
+    }
+
+    #[test]
+    fn an_announcement_of_the_first_form_is_still_read() {
+        // Written by the previous version (whole member sets under "e" and "f"), as found in
+        // existing data directories and sent by peers not yet upgraded.
+        let old = r#"{"defs":"0123456789abcdef","e":[[60000,["00000000000000000000000000000001","00000000000000000000000000000002"]],[120000,["00000000000000000000000000000001","00000000000000000000000000000002","00000000000000000000000000000003"]]],"f":[[0,60000,["00000000000000000000000000000001","00000000000000000000000000000002"]]],"h":30000,"k":["00000000000000ab"],"s":5000,"wm":125000}"#;
+        let a = parse_announcement(old).expect("old form");
+        let e = |to: u64, m: &[u128]| super::super::seal::Epoch {
+            to,
+            members: m.iter().map(|&n| rid(n)).collect(),
+        };
+        assert_eq!(
+            a,
+            Announcement {
+                wm: 125_000,
+                defs: "0123456789abcdef".into(),
+                horizon: Some(30_000),
+                epochs: Some(vec![e(60_000, &[1, 2]), e(120_000, &[1, 2, 3])]),
+                sealed: vec![super::super::seal::Sealed {
+                    from: 0,
+                    to: 60_000,
+                    members: vec![rid(1), rid(2)],
+                }],
+                since: 5_000,
+                applied: true,
+                met: vec![0xab],
+            }
+        );
+        // Rewritten in the compact form, it reads back the same.
+        let epochs = a.epochs.clone().expect("epochs");
+        let text = announcement_text(
+            &a.defs,
+            &Marks {
+                wm: a.wm,
+                horizon: a.horizon,
+                epochs: &epochs,
+                sealed: &a.sealed,
+                since: a.since,
+                applied: a.applied,
+                met: &a.met,
+            },
+        );
+        assert!(!text.contains("\"e\"") && text.contains("\"ep\""), "{text}");
+        assert_eq!(parse_announcement(&text), Ok(a));
+        // An old announcement of a node that applied nothing yet, without epochs.
+        let fresh = parse_announcement(r#"{"defs":"d","u":1,"wm":7}"#).expect("old form");
+        assert_eq!(
+            (fresh.wm, fresh.applied, fresh.epochs),
+            (7, false, Some(vec![]))
+        );
+    }
+
+    #[test]
+    fn malformed_announcements_are_errors_or_agree_to_nothing() {
+        assert!(parse_announcement("").is_err());
+        assert!(parse_announcement("[1]").is_err());
+        assert!(parse_announcement(r#"{"defs":"d"}"#).is_err());
+        assert!(parse_announcement(r#"{"defs":1,"wm":1}"#).is_err());
+        let long = format!(
+            r#"{{"defs":"{}","wm":1}}"#,
+            "a".repeat(ANNOUNCEMENT_BYTES_MAX)
+        );
+        assert!(matches!(
+            parse_announcement(&long),
+            Err(AnnouncementError::TooLarge { .. })
+        ));
+        // Bad epochs: the announcer agrees to nothing, its watermark still counts.
+        let one = rid(1).to_string();
+        for text in [
+            format!(r#"{{"defs":"d","ep":[[5,[1]]],"r":["{one}"],"wm":9}}"#),
+            format!(r#"{{"defs":"d","ep":[[5,[0]]],"r":["{one}","{one}"],"wm":9}}"#),
+            r#"{"defs":"d","ep":[[5,[0]]],"wm":9}"#.to_owned(),
+            format!(r#"{{"defs":"d","e":[[5,["{one}"]]],"ep":[[5,[0]]],"r":["{one}"],"wm":9}}"#),
+        ] {
+            let a = parse_announcement(&text).expect("still an announcement");
+            assert_eq!((a.wm, a.epochs), (9, None), "{text}");
+        }
+        let a = parse_announcement(&format!(
+            r#"{{"defs":"d","ep":[[5,[0]]],"r":["{one}"],"sl":[[0,5,[3]]],"wm":9}}"#
+        ))
+        .expect("announcement");
+        assert_eq!(a.epochs.map(|e| e.len()), Some(1));
+        assert!(a.sealed.is_empty(), "bad seals are taken as none");
+    }
+
+    #[test]
+    fn announcements_grow_linearly_with_joins() {
+        // One member joins at a time; every epoch is sealed; every peer met.
+        let size = |joins: u128| {
+            let mut epochs = Vec::new();
+            let mut sealed: Vec<super::super::seal::Sealed> = Vec::new();
+            let mut members = vec![rid(1)];
+            for n in 1..=joins {
+                members.push(rid(u128::MAX - n * 7919));
+                members.sort_unstable();
+                let from = epochs
+                    .last()
+                    .map_or(0, |e: &super::super::seal::Epoch| e.to);
+                epochs = super::super::seal::extend(&epochs, n as u64 * 60_000, members.clone())
+                    .expect("grows");
+                sealed.push(super::super::seal::Sealed {
+                    from,
+                    to: n as u64 * 60_000,
+                    members: members.clone(),
+                });
+            }
+            let met: Vec<u64> = (0..joins as u64)
+                .map(|p| p.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                .collect();
+            let text = announcement_text(
+                "0123456789abcdef",
+                &Marks {
+                    wm: joins as u64 * 60_000,
+                    horizon: Some(1),
+                    epochs: &epochs,
+                    sealed: &sealed,
+                    since: 0,
+                    applied: true,
+                    met: &met,
+                },
+            );
+            let back = parse_announcement(&text).expect("parses");
+            assert_eq!(back.epochs.as_ref(), Some(&epochs));
+            assert_eq!(back.sealed, sealed);
+            text.len()
+        };
+        let (s32, s64) = (size(32), size(64));
+        assert!(s64 < 16 * 1024, "{s64} bytes after 64 joins");
+        assert!((s64 as f64) < 2.5 * s32 as f64, "{s32} → {s64}");
+    }
 
     #[test]
     fn session_cells_sort_by_group_then_time_and_parse_back() {

@@ -196,7 +196,16 @@ pub(crate) struct AdmitBatch<'a> {
     /// A joining node that has not synced the stream yet ([`Views::first_sync`]): every
     /// windowed op is late (`not_synced`) and the watermark does not move.
     pub(crate) unsynced: bool,
+    /// The committed state (a `members` remove is checked against the replicas whose dots
+    /// it would take, [`seal::counts_me`]).
+    pub(crate) reader: &'a crate::store::Reader,
+    /// A replica's peer id (how announcements name the peers they met).
+    pub(crate) peer_of: fn(ReplicaId) -> crate::proto::PeerId,
 }
+
+/// For a batch's `members` removes: every other replica in this node's context, with what its
+/// announcement of the stream says (`None`: it has none, or a malformed one).
+type Owners = Vec<(ReplicaId, Option<(Vec<seal::Epoch>, Vec<u64>)>)>;
 
 /// What [`Views::admit`] decided for a batch.
 #[derive(Debug, Default)]
@@ -707,24 +716,31 @@ impl Views {
 
     /// Decides lateness against the stream's marks (watermark and horizon) and adds the
     /// on-time view mutations to each event's write; appends the watermark announcement when
-    /// the batch moves the watermark. With `coalesce` (a reader of the committed state; only
-    /// for batches [`Views::begin_batch`] cleared), the on-time mutations go into one extra
-    /// write, one per cell. Call with the watermark lock held, and queue the writes before
-    /// releasing it.
+    /// the batch moves the watermark. With `coalesce` (only for batches
+    /// [`Views::begin_batch`] cleared), the on-time mutations go into one extra write, one per
+    /// cell. A `members` remove that would take a dot of a replica whose announcement does not
+    /// count this node for the window ([`seal::counts_me`]) is late (`outside_seal`). Call with
+    /// the watermark lock held, and queue the writes before releasing it.
+    ///
+    /// # Errors
+    /// Storage failures (nothing decided then).
     pub(crate) fn admit(
         &self,
         marks: StreamMarks,
         batch: AdmitBatch<'_>,
         writes: &mut Vec<LocalWrite>,
         me: ReplicaId,
-        coalesce: Option<&crate::store::Reader>,
-    ) -> Admitted {
+        coalesce: bool,
+    ) -> Result<Admitted, Error> {
         let AdmitBatch {
             stream,
             folded,
             events,
             unsynced,
+            reader,
+            peer_of,
         } = batch;
+        let mut owners: Option<Owners> = None;
         let mut merged = Vec::new();
         let wm = marks.wm;
         let horizon = self.horizon(stream);
@@ -751,11 +767,23 @@ impl Views {
             let mut own = Vec::new();
             for op in f.ops {
                 let removed = matches!((op.start, horizon), (Some(s), Some(h)) if self.expired(op.view, s, h));
-                let outside = op.deadline.is_some_and(|d| d < excluded);
-                let is_late = ((unsynced || decommissioned) && op.deadline.is_some())
+                let mut outside = op.deadline.is_some_and(|d| d < excluded);
+                let mut is_late = ((unsynced || decommissioned) && op.deadline.is_some())
                     || removed
                     || outside
                     || matches!((op.deadline, wm), (Some(d), Some(wm)) if d < wm);
+                if let (false, Some(d), Mutation::Remove(elem)) =
+                    (is_late, op.deadline, &op.mutation)
+                {
+                    let owners = match &mut owners {
+                        Some(o) => o,
+                        None => owners.insert(Self::owners(reader, stream, me)?),
+                    };
+                    if !Self::remove_counted(reader, owners, &op.key, elem, d, me, peer_of)? {
+                        outside = true;
+                        is_late = true;
+                    }
+                }
                 removed_any |= removed;
                 outside_any |= outside;
                 let list = if is_late { &mut late } else { &mut applied };
@@ -764,7 +792,7 @@ impl Views {
                 }
                 if !is_late {
                     applied_window |= op.deadline.is_some();
-                    if coalesce.is_some() {
+                    if coalesce {
                         own.push((op.key.clone(), op.mutation.clone()));
                         merged.push((op.key, op.mutation));
                     } else {
@@ -796,9 +824,7 @@ impl Views {
         }
         if !merged.is_empty() {
             let mut ops = coalesce::coalesce(merged);
-            if let Some(r) = coalesce {
-                self.skip_present(&mut ops, r, me);
-            }
+            self.skip_present(&mut ops, reader, me);
             if !ops.is_empty() {
                 out.fallback = Some(crate::store::BatchFallback {
                     merged: writes.len(),
@@ -847,14 +873,62 @@ impl Views {
             }
             _ => {}
         }
-        out
+        Ok(out)
+    }
+
+    /// Every other replica in this node's context and what its announcement of `stream` says
+    /// (for [`Views::remove_counted`]).
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn owners(reader: &crate::store::Reader, stream: &str, me: ReplicaId) -> Result<Owners, Error> {
+        let ctx = reader.context()?;
+        let mut out = Vec::new();
+        for &r in ctx.replicas() {
+            if r == me {
+                continue;
+            }
+            let a = read::announcement_of(reader, &keys::wm_key(stream, r))?;
+            out.push((r, a.and_then(|a| a.epochs.map(|e| (e, a.met)))));
+        }
+        Ok(out)
+    }
+
+    /// Whether this node's `members` remove of `elem` from the cell `key`, of deadline `d`, may
+    /// be applied: every replica of `owners` that holds a dot of the element in the committed
+    /// cell counts this node in every seal of `d` that counts it ([`seal::counts_me`]). This
+    /// node's own dots are its own to remove. Reads one element row per replica that does not
+    /// count it (none in a cluster where every member met it).
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn remove_counted(
+        reader: &crate::store::Reader,
+        owners: &Owners,
+        key: &Key,
+        elem: &str,
+        d: u64,
+        me: ReplicaId,
+        peer_of: fn(ReplicaId) -> crate::proto::PeerId,
+    ) -> Result<bool, Error> {
+        let my_peer = peer_of(me).0;
+        for (r, said) in owners {
+            let counted = said
+                .as_ref()
+                .is_some_and(|(e, met)| seal::counts_me(Some(e), met, me, my_peer, d));
+            if !counted && reader.set_holds_own(key, elem, *r)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// The late-lane record of `event`, late for the views `late` (indexes): the event as
     /// ingested, the views, why (`window_removed` by retention, `not_synced` on a joining
     /// node that has not synced the stream yet, `outside_seal` for a window another node's
-    /// membership does not count this one in, `decommissioned` on a node removed for good,
-    /// else `behind_watermark`), this node's
+    /// membership does not count this one in — or a `members` remove that would take the
+    /// element from a replica whose announcement does not count this one for the window —,
+    /// `decommissioned` on a node removed for good, else `behind_watermark`), this node's
     /// watermark then, the node and when (wall-clock ms).
     fn late_note(
         &self,

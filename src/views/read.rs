@@ -179,7 +179,7 @@ fn announcement(
         return Ok(None);
     };
     let best = f.iter().max_by_key(|(_, (ts, _))| *ts);
-    Ok(best.and_then(|(dot, (_, v))| keys::parse_announcement(v).map(|a| (a, *dot))))
+    Ok(best.and_then(|(dot, (_, v))| keys::parse_announcement(v).ok().map(|a| (a, *dot))))
 }
 
 /// The announcement in `key`.

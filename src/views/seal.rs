@@ -103,6 +103,43 @@ pub fn excluded_to(epochs: &BTreeMap<ReplicaId, Vec<Epoch>>, me: ReplicaId) -> u
         .unwrap_or(0)
 }
 
+/// Whether every seal of deadline `d` that counts an announcer also counts `me`, as far as
+/// that announcer's announcement (`epochs`, and `met`: the peers it ever met) shows:
+///
+/// - its epochs fix a member set for `d`: `me` is in it (a seal of `d` counting the announcer
+///   has exactly that set);
+/// - they do not reach `d` yet: it already counts `me` as a member — `me` is in its last
+///   epoch, or it met `me` (`my_peer`) — so every epoch it fixes from now on names `me`: a
+///   node vouches only over every announcer and every peer it met (`cluster_watermark`),
+///   neither of which it forgets (announcements stay in the state, peers met are announced),
+///   until `me` is removed for good.
+///
+/// `None` epochs (a malformed or missing announcement) count nobody. A `members` remove by
+/// `me` takes other replicas' dots of the element (observed-remove), which no seal can tell
+/// apart from their own contributions: `me` applies it only when this holds for every
+/// replica whose dot it would take (`Views::admit`), else refuses it as late
+/// (`outside_seal`), so a node outside a seal never changes that seal's value.
+pub fn counts_me(
+    epochs: Option<&[Epoch]>,
+    met: &[u64],
+    me: ReplicaId,
+    my_peer: u64,
+    d: u64,
+) -> bool {
+    let Some(epochs) = epochs else {
+        return false;
+    };
+    match membership(epochs, d) {
+        Some(set) => set.binary_search(&me).is_ok(),
+        None => {
+            met.contains(&my_peer)
+                || epochs
+                    .last()
+                    .is_some_and(|e| e.members.binary_search(&me).is_ok())
+        }
+    }
+}
+
 /// What one node's state says about a stream's seals.
 #[derive(Clone, Debug, Default)]
 pub struct Ledger {
@@ -209,74 +246,359 @@ impl Ledger {
     }
 }
 
-/// Epochs as announced: `[[to, ["replica hex", ...]], ...]`.
-pub fn epochs_json(epochs: &[Epoch]) -> serde_json::Value {
+/// Most member entries one decoded list of epochs or seals may expand to (the sum of its
+/// sets' sizes). The compact form ([`encode_epochs`]) writes each set as a difference against
+/// the previous one, so a few bytes can stand for a large set: this bounds what one
+/// announcement costs in memory (16 bytes an entry, 16 MiB at most) whatever its bytes say.
+/// An announcer that joined and left the cluster as a member about 1,400 times in one
+/// announcement would reach it; past it, its list decodes to an error (it agrees to nothing).
+pub const EXPANDED_MEMBERS_MAX: usize = 1 << 20;
+
+/// Why an announced list of epochs or seals, or a replica table, was refused. Such an
+/// announcer's epochs agree to nothing (its seals are taken as none).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FormError {
+    /// Not the JSON shape of the form (`what` says which part).
+    #[error("malformed {what}")]
+    Shape {
+        /// The part that is malformed.
+        what: &'static str,
+    },
+    /// A replica id that is not 32 lowercase hex digits, or a table not strictly ascending.
+    #[error("bad replica table entry {entry}")]
+    Table {
+        /// The position of the entry in the table.
+        entry: usize,
+    },
+    /// A member index outside the replica table.
+    #[error("member index {index} outside a table of {len}")]
+    Index {
+        /// The index given.
+        index: u64,
+        /// The table's length.
+        len: usize,
+    },
+    /// A set difference that does not apply to the previous set: an index added that is
+    /// already a member, removed that is not, or not strictly ascending.
+    #[error("set difference does not apply at item {item}")]
+    Diff {
+        /// The position of the epoch or seal in its list.
+        item: usize,
+    },
+    /// Epoch ends not strictly increasing, or seal ranges empty or overlapping.
+    #[error("ranges out of order at item {item}")]
+    Order {
+        /// The position of the epoch or seal in its list.
+        item: usize,
+    },
+    /// The sets would expand to more than [`EXPANDED_MEMBERS_MAX`] member entries.
+    #[error("sets expand to more than {max} members")]
+    TooManyMembers {
+        /// [`EXPANDED_MEMBERS_MAX`].
+        max: usize,
+    },
+}
+
+fn shape(what: &'static str) -> FormError {
+    FormError::Shape { what }
+}
+
+/// The replica table of the compact form: every replica named by `epochs` or `sealed`,
+/// ascending, once.
+pub fn table_of(epochs: &[Epoch], sealed: &[Sealed]) -> Vec<ReplicaId> {
+    let all: BTreeSet<ReplicaId> = epochs
+        .iter()
+        .flat_map(|e| e.members.iter())
+        .chain(sealed.iter().flat_map(|s| s.members.iter()))
+        .copied()
+        .collect();
+    all.into_iter().collect()
+}
+
+/// The replica table as announced: `["replica id, 32 hex digits", ...]`, ascending.
+pub fn encode_table(table: &[ReplicaId]) -> serde_json::Value {
+    members_json(table)
+}
+
+/// A replica table as announced (strict: 32 lowercase hex digits each, strictly ascending).
+///
+/// # Errors
+/// [`FormError`] naming what is wrong.
+pub fn decode_table(v: &serde_json::Value) -> Result<Vec<ReplicaId>, FormError> {
+    let items = v.as_array().ok_or(shape("replica table"))?;
+    let mut out: Vec<ReplicaId> = Vec::with_capacity(items.len());
+    for (entry, item) in items.iter().enumerate() {
+        let id = item
+            .as_str()
+            .filter(|h| h.len() == 32 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+            .and_then(|h| u128::from_str_radix(h, 16).ok())
+            .map(ReplicaId)
+            .ok_or(FormError::Table { entry })?;
+        if out.last().is_some_and(|l| *l >= id) {
+            return Err(FormError::Table { entry });
+        }
+        out.push(id);
+    }
+    Ok(out)
+}
+
+/// A member set sorted, without duplicates (the form every set is compared and diffed in).
+fn normal(set: &[ReplicaId]) -> Vec<ReplicaId> {
+    let mut out = set.to_vec();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// `set` as the difference against `prev` (both sorted, no duplicates), in indexes of `table`
+/// (which holds every member of both): `[added, removed]`, each ascending; `removed` left out
+/// when empty.
+fn diff_json(prev: &[ReplicaId], set: &[ReplicaId], table: &[ReplicaId]) -> Vec<serde_json::Value> {
+    let index = |r: &ReplicaId| table.binary_search(r).unwrap_or(usize::MAX);
+    let added: Vec<serde_json::Value> = set
+        .iter()
+        .filter(|m| prev.binary_search(m).is_err())
+        .map(|m| index(m).into())
+        .collect();
+    let removed: Vec<serde_json::Value> = prev
+        .iter()
+        .filter(|m| set.binary_search(m).is_err())
+        .map(|m| index(m).into())
+        .collect();
+    let mut out = vec![serde_json::Value::Array(added)];
+    if !removed.is_empty() {
+        out.push(serde_json::Value::Array(removed));
+    }
+    out
+}
+
+/// Applies a difference (`added`, optional `removed`, indexes of `table`) to `prev`.
+fn apply_diff(
+    prev: &[ReplicaId],
+    added: &serde_json::Value,
+    removed: Option<&serde_json::Value>,
+    table: &[ReplicaId],
+    item: usize,
+) -> Result<Vec<ReplicaId>, FormError> {
+    let ids = |v: &serde_json::Value| -> Result<Vec<ReplicaId>, FormError> {
+        let mut out: Vec<ReplicaId> = Vec::new();
+        for i in v.as_array().ok_or(shape("set difference"))? {
+            let index = i.as_u64().ok_or(shape("member index"))?;
+            let id = usize::try_from(index)
+                .ok()
+                .and_then(|x| table.get(x))
+                .copied()
+                .ok_or(FormError::Index {
+                    index,
+                    len: table.len(),
+                })?;
+            if out.last().is_some_and(|l| *l >= id) {
+                return Err(FormError::Diff { item });
+            }
+            out.push(id);
+        }
+        Ok(out)
+    };
+    let added = ids(added)?;
+    let removed = match removed {
+        Some(r) => ids(r)?,
+        None => Vec::new(),
+    };
+    if added.iter().any(|a| prev.binary_search(a).is_ok())
+        || removed.iter().any(|r| prev.binary_search(r).is_err())
+    {
+        return Err(FormError::Diff { item });
+    }
+    let mut out: Vec<ReplicaId> = prev
+        .iter()
+        .filter(|m| removed.binary_search(m).is_err())
+        .copied()
+        .chain(added)
+        .collect();
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Epochs in the compact form: `[[to, [added], [removed]], ...]`, each epoch's members as the
+/// difference against the previous epoch's (the first against the empty set), in indexes of
+/// `table` ([`table_of`]); `[removed]` left out when empty. A join adds one index, so the
+/// form grows by a few bytes per membership change, not by the member set.
+pub fn encode_epochs(epochs: &[Epoch], table: &[ReplicaId]) -> serde_json::Value {
+    let mut prev: Vec<ReplicaId> = Vec::new();
     epochs
         .iter()
-        .map(|e| serde_json::json!([e.to, members_json(&e.members)]))
+        .map(|e| {
+            let set = normal(&e.members);
+            let mut item = vec![serde_json::Value::from(e.to)];
+            item.extend(diff_json(&prev, &set, table));
+            prev = set;
+            serde_json::Value::Array(item)
+        })
         .collect()
 }
 
-/// Seals as announced: `[[from, to, ["replica hex", ...]], ...]`.
-pub fn sealed_json(sealed: &[Sealed]) -> serde_json::Value {
+/// Seals in the compact form: `[[from, to, [added], [removed]], ...]`, each seal's members as
+/// the difference against the previous seal's, as [`encode_epochs`].
+pub fn encode_sealed(sealed: &[Sealed], table: &[ReplicaId]) -> serde_json::Value {
+    let mut prev: Vec<ReplicaId> = Vec::new();
     sealed
         .iter()
-        .map(|s| serde_json::json!([s.from, s.to, members_json(&s.members)]))
+        .map(|s| {
+            let set = normal(&s.members);
+            let mut item = vec![
+                serde_json::Value::from(s.from),
+                serde_json::Value::from(s.to),
+            ];
+            item.extend(diff_json(&prev, &set, table));
+            prev = set;
+            serde_json::Value::Array(item)
+        })
         .collect()
+}
+
+/// Counts `n` more expanded members against [`EXPANDED_MEMBERS_MAX`].
+fn expand(total: &mut usize, n: usize) -> Result<(), FormError> {
+    *total = total.saturating_add(n);
+    if *total > EXPANDED_MEMBERS_MAX {
+        return Err(FormError::TooManyMembers {
+            max: EXPANDED_MEMBERS_MAX,
+        });
+    }
+    Ok(())
+}
+
+/// Epochs in the compact form ([`encode_epochs`]) over `table`. Ends must strictly increase.
+///
+/// # Errors
+/// [`FormError`] naming what is wrong; never panics on any input.
+pub fn decode_epochs(v: &serde_json::Value, table: &[ReplicaId]) -> Result<Vec<Epoch>, FormError> {
+    let items = v.as_array().ok_or(shape("epochs"))?;
+    let mut out: Vec<Epoch> = Vec::with_capacity(items.len().min(4096));
+    let mut total = 0usize;
+    for (item, e) in items.iter().enumerate() {
+        let parts = e.as_array().ok_or(shape("epoch"))?;
+        let (to, added, removed) = match parts.as_slice() {
+            [to, a] => (to, a, None),
+            [to, a, r] => (to, a, Some(r)),
+            _ => return Err(shape("epoch")),
+        };
+        let to = to.as_u64().ok_or(shape("epoch end"))?;
+        if out.last().is_some_and(|l| l.to >= to) {
+            return Err(FormError::Order { item });
+        }
+        let prev = out.last().map_or(&[][..], |l| l.members.as_slice());
+        let members = apply_diff(prev, added, removed, table, item)?;
+        expand(&mut total, members.len())?;
+        out.push(Epoch { to, members });
+    }
+    Ok(out)
+}
+
+/// Seals in the compact form ([`encode_sealed`]) over `table`. Ranges must be non-empty and
+/// ascending without overlap.
+///
+/// # Errors
+/// [`FormError`] naming what is wrong; never panics on any input.
+pub fn decode_sealed(v: &serde_json::Value, table: &[ReplicaId]) -> Result<Vec<Sealed>, FormError> {
+    let items = v.as_array().ok_or(shape("seals"))?;
+    let mut out: Vec<Sealed> = Vec::with_capacity(items.len().min(4096));
+    let mut total = 0usize;
+    for (item, s) in items.iter().enumerate() {
+        let parts = s.as_array().ok_or(shape("seal"))?;
+        let (from, to, added, removed) = match parts.as_slice() {
+            [f, t, a] => (f, t, a, None),
+            [f, t, a, r] => (f, t, a, Some(r)),
+            _ => return Err(shape("seal")),
+        };
+        let (from, to) = (
+            from.as_u64().ok_or(shape("seal start"))?,
+            to.as_u64().ok_or(shape("seal end"))?,
+        );
+        if from >= to || out.last().is_some_and(|l| l.to > from) {
+            return Err(FormError::Order { item });
+        }
+        let prev = out.last().map_or(&[][..], |l| l.members.as_slice());
+        let members = apply_diff(prev, added, removed, table, item)?;
+        expand(&mut total, members.len())?;
+        out.push(Sealed { from, to, members });
+    }
+    Ok(out)
 }
 
 fn members_json(members: &[ReplicaId]) -> serde_json::Value {
     members.iter().map(|r| r.to_string()).collect()
 }
 
-fn parse_members(v: &serde_json::Value) -> Option<Vec<ReplicaId>> {
+/// Members in the first form (`["replica hex", ...]`, any order, duplicates merged).
+fn parse_members_v1(v: &serde_json::Value) -> Result<Vec<ReplicaId>, FormError> {
     let mut out: Vec<ReplicaId> = v
-        .as_array()?
+        .as_array()
+        .ok_or(shape("members"))?
         .iter()
-        .map(|m| {
+        .enumerate()
+        .map(|(entry, m)| {
             m.as_str()
                 .and_then(|h| u128::from_str_radix(h, 16).ok())
                 .map(ReplicaId)
+                .ok_or(FormError::Table { entry })
         })
-        .collect::<Option<_>>()?;
+        .collect::<Result<_, _>>()?;
     out.sort_unstable();
     out.dedup();
-    Some(out)
+    Ok(out)
 }
 
-/// Announced epochs (`None` when malformed: such an announcer agrees to nothing). Epochs
-/// must have strictly increasing ends.
-pub fn parse_epochs(v: &serde_json::Value) -> Option<Vec<Epoch>> {
+/// Epochs in the first form, written by earlier versions (`"e"` of an announcement): every
+/// epoch with its whole member set, `[[to, ["replica hex", ...]], ...]`. Ends must strictly
+/// increase. Still read from data directories and peers that wrote it; never written.
+///
+/// # Errors
+/// [`FormError`] naming what is wrong; never panics on any input.
+pub fn parse_epochs_v1(v: &serde_json::Value) -> Result<Vec<Epoch>, FormError> {
     let mut out: Vec<Epoch> = Vec::new();
-    for e in v.as_array()? {
-        let to = e.get(0)?.as_u64()?;
+    for (item, e) in v.as_array().ok_or(shape("epochs"))?.iter().enumerate() {
+        let to = e
+            .get(0)
+            .and_then(serde_json::Value::as_u64)
+            .ok_or(shape("epoch end"))?;
         if out.last().is_some_and(|l| l.to >= to) {
-            return None;
+            return Err(FormError::Order { item });
         }
         out.push(Epoch {
             to,
-            members: parse_members(e.get(1)?)?,
+            members: parse_members_v1(e.get(1).ok_or(shape("epoch"))?)?,
         });
     }
-    Some(out)
+    Ok(out)
 }
 
-/// Announced seals (`None` when malformed). Ranges must be non-empty and ascending without
-/// overlap.
-pub fn parse_sealed(v: &serde_json::Value) -> Option<Vec<Sealed>> {
+/// Seals in the first form (`"f"` of an announcement by earlier versions):
+/// `[[from, to, ["replica hex", ...]], ...]`. Ranges must be non-empty and ascending without
+/// overlap. Still read; never written.
+///
+/// # Errors
+/// [`FormError`] naming what is wrong; never panics on any input.
+pub fn parse_sealed_v1(v: &serde_json::Value) -> Result<Vec<Sealed>, FormError> {
     let mut out: Vec<Sealed> = Vec::new();
-    for s in v.as_array()? {
-        let (from, to) = (s.get(0)?.as_u64()?, s.get(1)?.as_u64()?);
+    for (item, s) in v.as_array().ok_or(shape("seals"))?.iter().enumerate() {
+        let (from, to) = (
+            s.get(0)
+                .and_then(serde_json::Value::as_u64)
+                .ok_or(shape("seal start"))?,
+            s.get(1)
+                .and_then(serde_json::Value::as_u64)
+                .ok_or(shape("seal end"))?,
+        );
         if from >= to || out.last().is_some_and(|l| l.to > from) {
-            return None;
+            return Err(FormError::Order { item });
         }
         out.push(Sealed {
             from,
             to,
-            members: parse_members(s.get(2)?)?,
+            members: parse_members_v1(s.get(2).ok_or(shape("seal"))?)?,
         });
     }
-    Some(out)
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -317,8 +639,9 @@ mod tests {
         // The same members again: the last epoch grows, no new epoch.
         let e3 = extend(&e2, 200, vec![r(3), r(2), r(1)]).expect("grows");
         assert_eq!(e3.len(), 2);
-        let text = epochs_json(&e3);
-        assert_eq!(parse_epochs(&text), Some(e3));
+        let table = table_of(&e3, &[]);
+        let text = encode_epochs(&e3, &table);
+        assert_eq!(decode_epochs(&text, &table), Ok(e3));
     }
 
     #[test]
@@ -374,8 +697,9 @@ mod tests {
         assert_eq!(sealed_members(&s, 150), None, "1 vouched only up to 150");
         l.sealed = s.clone();
         assert_eq!(l.agree(), None, "nothing new");
-        let text = sealed_json(&s);
-        assert_eq!(parse_sealed(&text), Some(s));
+        let table = table_of(&[], &s);
+        let text = encode_sealed(&s, &table);
+        assert_eq!(decode_sealed(&text, &table), Ok(s));
         // Started at 50 instead, node 3 adopts nothing at or above 50.
         l.sealed.clear();
         l.since = 50;
@@ -398,14 +722,120 @@ mod tests {
     }
 
     #[test]
-    fn malformed_announcements_agree_to_nothing() {
-        assert_eq!(parse_epochs(&serde_json::json!([[5, []], [5, []]])), None);
-        assert_eq!(parse_epochs(&serde_json::json!([[5, ["zz"]]])), None);
-        assert_eq!(parse_sealed(&serde_json::json!([[5, 5, []]])), None);
-        assert_eq!(
-            parse_sealed(&serde_json::json!([[0, 9, []], [5, 10, []]])),
-            None
+    fn an_announcer_counts_me_only_where_its_sets_name_me_or_it_met_me() {
+        let e = vec![ep(100, &[1, 2]), ep(200, &[1, 2, 3])];
+        // Fixed sets: exactly what they say.
+        assert!(!counts_me(Some(&e), &[], r(3), 33, 50));
+        assert!(counts_me(Some(&e), &[], r(3), 33, 150));
+        // Beyond the epochs: named in the last one, or met.
+        assert!(counts_me(Some(&e), &[], r(3), 33, 250));
+        assert!(!counts_me(Some(&e), &[], r(4), 44, 250));
+        assert!(counts_me(Some(&e), &[44], r(4), 44, 250));
+        assert!(
+            !counts_me(Some(&e), &[44], r(4), 44, 150),
+            "met after the set was fixed"
         );
-        assert_eq!(parse_epochs(&serde_json::json!({"a": 1})), None);
+        assert!(counts_me(Some(&[]), &[44], r(4), 44, 5));
+        assert!(!counts_me(Some(&[]), &[], r(4), 44, 5));
+        assert!(!counts_me(None, &[44], r(4), 44, 5));
+    }
+
+    #[test]
+    fn malformed_announcements_agree_to_nothing() {
+        use serde_json::json;
+        // The first form.
+        assert!(parse_epochs_v1(&json!([[5, []], [5, []]])).is_err());
+        assert!(parse_epochs_v1(&json!([[5, ["zz"]]])).is_err());
+        assert!(parse_sealed_v1(&json!([[5, 5, []]])).is_err());
+        assert!(parse_sealed_v1(&json!([[0, 9, []], [5, 10, []]])).is_err());
+        assert!(parse_epochs_v1(&json!({"a": 1})).is_err());
+        // The compact form.
+        let t = vec![r(1), r(2), r(3)];
+        let ok = json!([[5, [0, 1]], [9, [2], [0]]]);
+        assert_eq!(
+            decode_epochs(&ok, &t),
+            Ok(vec![ep(5, &[1, 2]), ep(9, &[2, 3])])
+        );
+        for bad in [
+            json!([[5, [3]]]),               // index outside the table
+            json!([[5, [1, 0]]]),            // not ascending
+            json!([[5, [0, 0]]]),            // twice
+            json!([[5, [0]], [9, [0]]]),     // added, already a member
+            json!([[5, [0]], [9, [], [1]]]), // removed, not a member
+            json!([[5, [0]], [5, [1]]]),     // ends not increasing
+            json!([[5, [-1]]]),
+            json!([[5, [0.5]]]),
+            json!([[5, [18_446_744_073_709_551_615_u64]]]),
+            json!([[5]]),
+            json!([[5, [0], [], []]]),
+            json!([["5", [0]]]),
+            json!({"5": [0]}),
+        ] {
+            assert!(decode_epochs(&bad, &t).is_err(), "{bad}");
+        }
+        assert!(decode_sealed(&json!([[5, 5, [0]]]), &t).is_err());
+        assert!(decode_sealed(&json!([[0, 9, [0]], [5, 10, []]]), &t).is_err());
+        assert!(decode_sealed(&json!([[0, 9, [7]]]), &t).is_err());
+        // Tables: 32 lowercase hex digits, strictly ascending.
+        let id = |n: u128| serde_json::Value::from(ReplicaId(n).to_string());
+        assert_eq!(decode_table(&json!([id(1), id(2)])), Ok(vec![r(1), r(2)]));
+        assert!(decode_table(&json!([id(2), id(1)])).is_err());
+        assert!(decode_table(&json!([id(1), id(1)])).is_err());
+        assert!(decode_table(&json!(["1"])).is_err());
+        assert!(decode_table(&json!([id(10).as_str().map(str::to_uppercase)])).is_err());
+        assert!(decode_table(&json!([format!("+{}", &ReplicaId(1).to_string()[1..])])).is_err());
+    }
+
+    #[test]
+    fn a_few_bytes_cannot_expand_to_unbounded_sets() {
+        // 2,000 members added once, then 2,000 epochs that each toggle one member: a few
+        // bytes per epoch, but 2,000 × ~2,000 expanded members. Refused, not allocated.
+        let table: Vec<ReplicaId> = (0..2_000u128).map(r).collect();
+        let mut items = vec![serde_json::json!([1, (0..2_000).collect::<Vec<u64>>()])];
+        for i in 0..2_000u64 {
+            items.push(serde_json::json!([i * 2 + 2, [], [0]]));
+            items.push(serde_json::json!([i * 2 + 3, [0]]));
+        }
+        let v = serde_json::Value::Array(items);
+        assert_eq!(
+            decode_epochs(&v, &table),
+            Err(FormError::TooManyMembers {
+                max: EXPANDED_MEMBERS_MAX
+            })
+        );
+    }
+
+    #[test]
+    fn the_compact_form_round_trips_joins_and_removals() {
+        let mut epochs = Vec::new();
+        let mut members = vec![r(7)];
+        for n in 0..20u128 {
+            members.push(r(1000 - n));
+            if n % 5 == 4 {
+                members.remove(1); // a member decommissioned
+            }
+            epochs = extend(&epochs, (n as u64 + 1) * 10, members.clone()).expect("grows");
+        }
+        let sealed: Vec<Sealed> = epochs
+            .iter()
+            .scan(0, |from, e| {
+                let s = Sealed {
+                    from: *from,
+                    to: e.to,
+                    members: e.members.clone(),
+                };
+                *from = e.to;
+                Some(s)
+            })
+            .collect();
+        let table = table_of(&epochs, &sealed);
+        assert_eq!(
+            decode_epochs(&encode_epochs(&epochs, &table), &table),
+            Ok(epochs)
+        );
+        assert_eq!(
+            decode_sealed(&encode_sealed(&sealed, &table), &table),
+            Ok(sealed)
+        );
     }
 }

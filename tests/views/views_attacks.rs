@@ -530,31 +530,66 @@ async fn attack5_reads_write_announcements() {
     );
 }
 
-/// ATTACK 6 (announcement size): each membership change starts a new epoch carrying the
-/// whole member set; members never leave (old ids of wiped/restored/re-identified nodes
-/// stay). Every announcement (rewritten with each watermark move and replicated) carries all
-/// epochs: quadratic in the number of nodes that ever joined.
-#[ignore = "open: announcements carry every epoch's full member set (quadratic in joins)"]
+/// ATTACK 6 (announcement size): each membership change starts a new epoch; members never
+/// leave (old ids of wiped/restored/re-identified nodes stay). Every announcement (rewritten
+/// with each watermark move and replicated) carries all epochs and seals. With whole member
+/// sets per epoch and seal it grew with the square of the joins (and past ~45 joins outgrew a
+/// register value, which peers refuse); in the compact form (a replica table once, each set
+/// as the difference against the previous one) it grows linearly.
 #[test]
 fn attack6_announcement_grows_quadratically_with_joins() {
-    use tidemark::views::seal::{epochs_json, extend};
+    use tidemark::views::keys::{Marks, announcement_text, parse_announcement};
+    use tidemark::views::seal::{Sealed, extend};
     use tidemark_crdts::ReplicaId;
     let mut epochs = Vec::new();
+    let mut sealed: Vec<Sealed> = Vec::new();
     let mut members = vec![ReplicaId(1)];
     let mut sizes = Vec::new();
     for n in 2..=65u128 {
         members.push(ReplicaId(u128::MAX - n * 7919));
+        members.sort_unstable();
+        let from = sealed.last().map_or(0, |s| s.to);
         epochs = extend(&epochs, (n as u64) * 1000, members.clone()).expect("grows");
-        if n.is_power_of_two() {
-            sizes.push((n, epochs_json(&epochs).to_string().len()));
+        // Every epoch sealed, every joined node met: the announcement at its largest.
+        sealed.push(Sealed {
+            from,
+            to: (n as u64) * 1000,
+            members: members.clone(),
+        });
+        let met: Vec<u64> = (1..n as u64)
+            .map(|p| p.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        let text = announcement_text(
+            "0123456789abcdef",
+            &Marks {
+                wm: (n as u64) * 1000,
+                horizon: Some(1),
+                epochs: &epochs,
+                sealed: &sealed,
+                since: 0,
+                applied: true,
+                met: &met,
+            },
+        );
+        let back = parse_announcement(&text).expect("parses");
+        assert_eq!(back.epochs.as_ref(), Some(&epochs), "epochs round trip");
+        assert_eq!(back.sealed, sealed, "seals round trip");
+        let joins = n - 1;
+        if joins.is_power_of_two() {
+            sizes.push((joins, text.len()));
         }
     }
-    eprintln!("nodes ever joined → bytes of ONE announcer's epochs: {sizes:?}");
-    let last = sizes.last().map_or(0, |s| s.1);
+    eprintln!("joins → bytes of ONE announcement (epochs, seals, peers met): {sizes:?}");
+    let at = |j: u128| sizes.iter().find(|s| s.0 == j).map_or(0, |s| s.1);
+    let (b32, b64) = (at(32), at(64));
     assert!(
-        last < 16 * 1024,
-        "one announcer's epochs after 64 joins are {last} bytes, rewritten on every \
-         watermark move of every node"
+        b64 < 16 * 1024,
+        "one announcement after 64 joins is {b64} bytes, rewritten on every watermark move of \
+         every node"
+    );
+    assert!(
+        (b64 as f64) < 2.5 * b32 as f64,
+        "announcements grow faster than linearly: {b32} bytes at 32 joins, {b64} at 64"
     );
 }
 
@@ -652,6 +687,161 @@ async fn attack8_restarted_outside_node_removes_a_members_element_of_a_final_win
         get(&rb, "m", 0),
         Some((json!(["x", "y"]), true)),
         "B's FINAL window changed"
+    );
+}
+
+/// ATTACK 9 (a `members` remove by a node outside a seal, no snapshot, no restart). A and B
+/// hold [0, 1m) open ("x" added by A, "y" by B) when they lose each other. J joins through B
+/// only and syncs (watermark 20 s, no epoch yet fixes the window's members), then removes
+/// "x" on time by its own watermark: the observed-remove takes A's dot. B, the only node that
+/// met J, dies and is removed for good; A, which never heard of J, seals the window over
+/// {A} alone and reports `m` final ["x"]. When J reaches A its remove would take A's dot out
+/// of A's FINAL value. J must refuse the remove instead (its late lane, `outside_seal`): no
+/// announcement of A counted J for that deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack9_synced_node_outside_the_seal_removes_a_members_element() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let a = open(&root.path().join("a"), false).await;
+    let b = open(&root.path().join("b"), false).await;
+    a.connect(&b).expect("connect");
+    a.ingest("s", vec![add("a", 1, 10_000, "x")])
+        .await
+        .expect("a");
+    b.ingest("s", vec![add("b", 1, 20_000, "y")])
+        .await
+        .expect("b");
+    converge(&[&a, &b]).await;
+    a.disconnect(&b).expect("disconnect");
+    let j = open(&root.path().join("j"), true).await;
+    j.connect(&b).expect("connect");
+    converge(&[&b, &j]).await;
+    let out = j
+        .ingest("s", vec![remove("j", 1, 30_000, "x")])
+        .await
+        .expect("j ingests");
+    eprintln!("J's `remove x` for [0,1m), synced through B only: {out:?}");
+    converge(&[&b, &j]).await;
+    j.disconnect(&b).expect("disconnect");
+    let b_id = b.replica_id();
+    b.shutdown().await.expect("shutdown");
+    drop(b);
+    a.decommission(b_id).await.expect("decommission B");
+    a.ingest("s", vec![tick("a", 2, 2 * MIN)]).await.expect("a");
+    let before = final_everywhere(&[&a], "m", 0).await;
+    assert_eq!(get(&before[0], "m", 0), Some((json!(["x"]), true)));
+    j.connect(&a).expect("connect");
+    settle(&[&a, &j]).await;
+    let (ra, rj) = (rows(&a).await, rows(&j).await);
+    let lane = j.late_events("s", None, 0).expect("late lane");
+    eprintln!("A after J connected: {ra:?}\nJ: {rj:?}\nJ's late lane: {lane:?}");
+    for n in [a, j] {
+        n.shutdown().await.expect("shutdown");
+    }
+    assert_eq!(
+        get(&ra, "m", 0),
+        Some((json!(["x"]), true)),
+        "A's FINAL members window changed: a node outside its seal removed A's element"
+    );
+    if let Some((v, true)) = get(&rj, "m", 0) {
+        assert_eq!(v, json!(["x"]), "J reports another final value than A");
+    }
+    assert_eq!(
+        out.late, 1,
+        "J applied a remove no seal counts it in: {out:?}"
+    );
+    assert!(
+        lane.events
+            .iter()
+            .any(|e| e.record.get("reason") == Some(&json!("outside_seal"))),
+        "the refused remove is in J's late lane as outside_seal: {lane:?}"
+    );
+}
+
+/// The other side of attack 9: in a cluster whose members all met J, J's `members` remove
+/// of an element another member added applies on time, and the window becomes final without
+/// it on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_remove_by_a_node_every_member_counts_applies() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let a = open(&root.path().join("a"), false).await;
+    let b = open(&root.path().join("b"), false).await;
+    let j = open(&root.path().join("j"), true).await;
+    a.connect(&b).expect("connect");
+    a.ingest("s", vec![add("a", 1, 10_000, "x")])
+        .await
+        .expect("a");
+    b.ingest("s", vec![add("b", 1, 20_000, "y")])
+        .await
+        .expect("b");
+    j.connect(&a).expect("connect");
+    j.connect(&b).expect("connect");
+    settle(&[&a, &b, &j]).await;
+    let out = j
+        .ingest("s", vec![remove("j", 1, 30_000, "x")])
+        .await
+        .expect("j ingests");
+    assert_eq!((out.applied, out.late), (1, 0), "{out:?}");
+    for (n, src) in [(&a, "a"), (&b, "b"), (&j, "j")] {
+        n.ingest("s", vec![tick(src, 9, 2 * MIN)])
+            .await
+            .expect("tick");
+    }
+    let all = final_everywhere(&[&a, &b, &j], "m", 0).await;
+    for r in &all {
+        assert_eq!(get(r, "m", 0), Some((json!(["y"]), true)), "{all:?}");
+    }
+    for n in [a, b, j] {
+        n.shutdown().await.expect("shutdown");
+    }
+}
+
+/// ATTACK 10 (attack 9 with the remover itself removed for good). A, B and J all met: J's
+/// `members` remove of A's "x" is counted (every announcement counts J) and applies on time
+/// while J is cut off. The operator then removes J for good (decommission), so A and B seal
+/// [0, 1m) over {A, B}: `m` final ["x", "y"]. J comes back: its remove takes A's dot of "x"
+/// out of A's FINAL value.
+#[ignore = "open: a member removed for good while one of its `members` removes has not reached every node: windows sealed without it afterwards still take the remove where it arrives (after their seal: a changed final value; before: another final value than elsewhere). The remove takes another replica's dot through the store's join (the remover's context covers it, `crdts` join_delta), which views cannot veto on receipt; fixing it needs removes kept as the remover's own contribution (a lattice/store change). Decommission only members that are gone for good and whose writes have all arrived"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack10_decommissioned_remover_changes_a_final_members_window() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let a = open(&root.path().join("a"), false).await;
+    let b = open(&root.path().join("b"), false).await;
+    let j = open(&root.path().join("j"), true).await;
+    a.connect(&b).expect("connect");
+    a.ingest("s", vec![add("a", 1, 10_000, "x")])
+        .await
+        .expect("a");
+    b.ingest("s", vec![add("b", 1, 20_000, "y")])
+        .await
+        .expect("b");
+    j.connect(&a).expect("connect");
+    j.connect(&b).expect("connect");
+    settle(&[&a, &b, &j]).await;
+    j.disconnect(&a).expect("disconnect");
+    j.disconnect(&b).expect("disconnect");
+    let out = j
+        .ingest("s", vec![remove("j", 1, 30_000, "x")])
+        .await
+        .expect("j ingests");
+    assert_eq!((out.applied, out.late), (1, 0), "{out:?}");
+    a.decommission(j.replica_id())
+        .await
+        .expect("decommission J");
+    a.ingest("s", vec![tick("a", 2, 2 * MIN)]).await.expect("a");
+    b.ingest("s", vec![tick("b", 2, 2 * MIN)]).await.expect("b");
+    let before = final_everywhere(&[&a, &b], "m", 0).await;
+    assert_eq!(get(&before[0], "m", 0), Some((json!(["x", "y"]), true)));
+    j.connect(&a).expect("connect");
+    settle(&[&a, &b, &j]).await;
+    let (ra, rb) = (rows(&a).await, rows(&b).await);
+    eprintln!("A after J came back: {ra:?}\nB: {rb:?}");
+    for n in [a, b, j] {
+        n.shutdown().await.expect("shutdown");
+    }
+    assert_eq!(
+        get(&ra, "m", 0),
+        Some((json!(["x", "y"]), true)),
+        "A's FINAL members window changed by a decommissioned member's remove"
     );
 }
 
