@@ -753,11 +753,10 @@ impl Node {
         views.touch(stream);
         // Events that cannot turn out duplicates or be refused at commit get their view
         // mutations coalesced into one per cell (`views::coalesce`).
-        let (coalesce, inflight) =
-            views.begin_batch(stream, &events, &self.reader()?, limits.dedup_ranges_max)?;
+        let start = views.begin_batch(stream, &events, &self.reader()?, limits.dedup_ranges_max)?;
         let mut guard = BatchGuard {
             views: Arc::clone(views),
-            inflight,
+            inflight: start.inflight,
             pending: None,
         };
         between.await;
@@ -774,13 +773,14 @@ impl Node {
                     stream,
                     folded,
                     events: &events,
+                    known_dup: &start.known_dup,
                     unsynced: !synced,
                     reader: &reader,
                     peer_of: peer_id_of,
                 },
                 &mut writes,
                 self.me(),
-                coalesce,
+                start.coalesce,
             )?;
             writes.extend(adopted);
             crate::views::keys::stamp_latest_writes(&mut writes);

@@ -164,7 +164,13 @@ pub(crate) struct Lines {
     retry_after: u64,
     /// When the first byte of the line being read arrived.
     line_since: Option<tokio::time::Instant>,
+    /// Reading the body failed (timeout, too long, cut off): nothing more is read from it.
+    failed: bool,
 }
+
+/// At most this many bytes of a refused body are read and dropped so that its client, still
+/// sending, receives the answer instead of a reset connection.
+pub(crate) const DISCARD_BYTES_MAX: usize = 4 * 1024 * 1024;
 
 /// The line buffer's bytes are charged to the body budget in steps of this many.
 pub(crate) const LINE_CHARGE_STEP: usize = 64 * 1024;
@@ -189,6 +195,29 @@ impl Lines {
             charged: 0,
             retry_after,
             line_since: None,
+            failed: false,
+        }
+    }
+
+    /// After a refusal: reads and drops what the client still sends, up to
+    /// [`DISCARD_BYTES_MAX`] bytes within one body timeout in all. A client that writes its
+    /// whole request before reading the answer (as most HTTP/1 clients do) then reads the
+    /// refusal; closing with its bytes unread would reset the connection and lose the answer.
+    /// Does nothing when reading the body itself failed (too slow, too long, cut off).
+    pub(crate) async fn discard_rest(&mut self) {
+        self.buf = Vec::new();
+        self.start = 0;
+        self.scanned = 0;
+        self.held = None;
+        self.charged = 0;
+        let mut dropped = 0usize;
+        let deadline = tokio::time::Instant::now() + self.chunks.timeout;
+        while !self.done && !self.failed && dropped <= DISCARD_BYTES_MAX {
+            match tokio::time::timeout_at(deadline, self.chunks.next()).await {
+                Ok(Ok(Some(chunk))) => dropped += chunk.len(),
+                Ok(Ok(None)) => self.done = true,
+                Ok(Err(_)) | Err(_) => self.failed = true,
+            }
         }
     }
 
@@ -221,6 +250,12 @@ impl Lines {
 
     /// The next non-blank line with its number, `None` at the end of the body.
     pub(crate) async fn next(&mut self) -> Result<Option<(usize, Vec<u8>)>, ApiError> {
+        let next = self.read_line().await;
+        self.failed |= next.is_err();
+        next
+    }
+
+    async fn read_line(&mut self) -> Result<Option<(usize, Vec<u8>)>, ApiError> {
         loop {
             let pending = &self.buf[self.start..];
             if let Some(nl) = pending[self.scanned..].iter().position(|b| *b == b'\n') {

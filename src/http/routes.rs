@@ -646,11 +646,6 @@ async fn ingest_stream(
     body: Body,
     tally: &mut Tally,
 ) -> Result<(), ApiError> {
-    let limits = &state.node.config().limits;
-    if let Some(why) = crate::ops::stream_name_problem(stream, limits) {
-        return Err(ApiError::bad_request("invalid_stream", why).at("path stream"));
-    }
-    let batch_events = state.config.ingest_batch_events.min(limits.batch_ops_max);
     // The line buffer is charged to the body budget as it fills; each line must arrive whole
     // within the body timeout.
     let mut lines = Lines::new(
@@ -659,6 +654,25 @@ async fn ingest_stream(
         &state.body_budget,
         state.config.retry_after_secs,
     );
+    let result = ingest_lines(state, stream, &mut lines, tally).await;
+    if result.is_err() {
+        lines.discard_rest().await;
+    }
+    result
+}
+
+/// Parses and commits the lines of one ingest request, batch by batch.
+async fn ingest_lines(
+    state: &AppState,
+    stream: &str,
+    lines: &mut Lines,
+    tally: &mut Tally,
+) -> Result<(), ApiError> {
+    let limits = &state.node.config().limits;
+    if let Some(why) = crate::ops::stream_name_problem(stream, limits) {
+        return Err(ApiError::bad_request("invalid_stream", why).at("path stream"));
+    }
+    let batch_events = state.config.ingest_batch_events.min(limits.batch_ops_max);
     let mut batch: Vec<Event> = Vec::new();
     let mut batch_lines: Vec<usize> = Vec::new();
     let (mut batch_bytes, mut batch_ops) = (0usize, 0usize);

@@ -193,6 +193,8 @@ pub(crate) struct AdmitBatch<'a> {
     pub(crate) folded: Vec<FoldedEvent>,
     /// The events, one per write.
     pub(crate) events: &'a [Event],
+    /// Per event: a duplicate already ([`BatchStart::known_dup`]).
+    pub(crate) known_dup: &'a [bool],
     /// A joining node that has not synced the stream yet ([`Views::first_sync`]): every
     /// windowed op is late (`not_synced`) and the watermark does not move.
     pub(crate) unsynced: bool,
@@ -206,6 +208,19 @@ pub(crate) struct AdmitBatch<'a> {
 /// For a batch's `members` removes: every other replica in this node's context, with what its
 /// announcement of the stream says (`None`: it has none, or a malformed one).
 type Owners = Vec<(ReplicaId, Option<(Vec<seal::Epoch>, Vec<u64>)>)>;
+
+/// What [`Views::begin_batch`] found for a batch.
+#[derive(Debug)]
+pub(crate) struct BatchStart {
+    /// The batch's view mutations may be coalesced into one per cell.
+    pub(crate) coalesce: bool,
+    /// The batch's registration, for [`Views::end_batch`].
+    pub(crate) inflight: InFlight,
+    /// Per event: a duplicate already (its mark is committed, or an earlier event of the
+    /// batch has its `(source, seq)`). Such an event changes nothing: no view mutation, no
+    /// late note, no watermark move.
+    pub(crate) known_dup: Vec<bool>,
+}
 
 /// What [`Views::admit`] decided for a batch.
 #[derive(Debug, Default)]
@@ -606,11 +621,13 @@ impl Views {
     }
 
     /// Registers a batch's events as in flight (until [`Views::end_batch`] with the returned
-    /// keys) and says whether its view mutations may be coalesced into one per cell: only when
-    /// no event of the batch can turn out a duplicate or be refused when it commits — none is
-    /// repeated in the batch or already marked, no other batch of its sources is in flight,
-    /// and none would open a dedup range beyond `ranges_max` (the store's rule, replayed on the
-    /// committed marks). Otherwise every event keeps its own view mutations.
+    /// keys), says which events are duplicates already (marked in the committed state, or
+    /// repeating an earlier event of the batch) and whether its view mutations may be
+    /// coalesced into one per cell: only when no event of the batch can turn out a duplicate
+    /// or be refused when it commits — none is repeated in the batch or already marked, no
+    /// other batch of its sources is in flight, and none would open a dedup range beyond
+    /// `ranges_max` (the store's rule, replayed on the committed marks). Otherwise every event
+    /// keeps its own view mutations.
     ///
     /// # Errors
     /// Storage failures.
@@ -620,28 +637,31 @@ impl Views {
         events: &[Event],
         reader: &crate::store::Reader,
         ranges_max: usize,
-    ) -> Result<(bool, InFlight), Error> {
+    ) -> Result<BatchStart, Error> {
         let mut inflight = self.inflight.lock().map_err(|_| Error::Closed)?;
-        let mut per_source: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
-        for e in events {
-            per_source.entry(&e.source).or_default().push(e.seq);
+        let mut per_source: BTreeMap<&str, Vec<(usize, u64)>> = BTreeMap::new();
+        for (i, e) in events.iter().enumerate() {
+            per_source.entry(&e.source).or_default().push((i, e.seq));
         }
-        let mut fast = true;
+        let mut coalesce = true;
+        let mut known_dup = vec![false; events.len()];
         for (source, seqs) in &per_source {
-            if !fast {
-                break;
-            }
             if inflight.contains_key(&(stream.to_owned(), (*source).to_owned())) {
-                fast = false;
-                break;
+                coalesce = false;
             }
             let mut seen = reader.dedup_marks_of(stream, source)?;
-            for &seq in seqs {
+            for &(i, seq) in seqs {
                 let below = seq.checked_sub(1).is_some_and(|s| seen.contains(s));
                 let above = seq.checked_add(1).is_some_and(|s| seen.contains(s));
-                if seen.contains(seq) || (!below && !above && seen.ranges().len() >= ranges_max) {
-                    fast = false;
-                    break;
+                if seen.contains(seq) {
+                    coalesce = false;
+                    if let Some(d) = known_dup.get_mut(i) {
+                        *d = true;
+                    }
+                    continue;
+                }
+                if !below && !above && seen.ranges().len() >= ranges_max {
+                    coalesce = false;
                 }
                 seen.insert(seq);
             }
@@ -652,7 +672,11 @@ impl Views {
             *inflight.entry(k.clone()).or_default() += seqs.len();
             keys.push((k, seqs.len()));
         }
-        Ok((fast, keys))
+        Ok(BatchStart {
+            coalesce,
+            inflight: keys,
+            known_dup,
+        })
     }
 
     /// The batch registered as `keys` by [`Views::begin_batch`] is committed (or failed).
@@ -736,6 +760,7 @@ impl Views {
             stream,
             folded,
             events,
+            known_dup,
             unsynced,
             reader,
             peer_of,
@@ -756,7 +781,15 @@ impl Views {
             .ok()
             .and_then(|s| s.get(stream).map(|x| x.excluded_to))
             .unwrap_or(0);
-        for ((w, f), event) in writes.iter_mut().zip(folded).zip(events) {
+        for (i, ((w, f), event)) in writes.iter_mut().zip(folded).zip(events).enumerate() {
+            if known_dup.get(i).copied().unwrap_or(false) {
+                // A duplicate changes nothing: the writer skips its write, and its time
+                // moves no watermark.
+                per_event.push(Vec::new());
+                out.late.push(Vec::new());
+                out.applied.push(Vec::new());
+                continue;
+            }
             // View cells: each replica's contribution stays separable by dot (seals count
             // exactly their members' contributions, `seal.rs`).
             w.own_dots = true;

@@ -834,3 +834,49 @@ fn a_key_listing_of_large_sets_is_paged_by_bytes() {
     assert_eq!(seen, ["s1", "s2", "s3"]);
     assert!(pages >= 2, "one page held all three");
 }
+
+/// A client that writes its whole ingest body before it reads the answer (as most HTTP/1
+/// clients do, the CLI's among them) receives the refusal of a bad first line, not a reset
+/// connection, though the node refused it long before the body ended: the node reads and drops
+/// the rest (bounded) before it answers.
+#[test]
+fn a_refusal_early_in_a_long_body_reaches_a_client_that_sends_it_all_first() {
+    use std::io::{Read, Write};
+    let s = Served::start();
+    let h = host(&s);
+    let good = "{\"source\":\"a\",\"seq\":1}\n";
+    let mut body = String::from("{\"source\":\"a\",\"seq\":1,\"time\":\"noon\"}\n");
+    while body.len() < 1_000_000 {
+        body.push_str(good);
+    }
+    for round in 0..5 {
+        let mut c = std::net::TcpStream::connect(s.addr).expect("connect");
+        let head = format!(
+            "POST /v1/streams/t/events HTTP/1.1\r\nHost: {h}\r\nContent-Type: application/x-ndjson\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        c.write_all(head.as_bytes()).expect("head");
+        let (first, rest) = body.as_bytes().split_at(64 * 1024);
+        c.write_all(first).expect("first part");
+        // The node has refused line 1 by now; the client, unaware, sends the rest.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        for part in rest.chunks(64 * 1024) {
+            c.write_all(part)
+                .unwrap_or_else(|e| panic!("round {round}: the node reset the upload: {e}"));
+        }
+        let mut answer = Vec::new();
+        c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .expect("timeout");
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&answer).contains('}') {
+            match c.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+                Err(e) => panic!("round {round}: no answer: {e}"),
+            }
+        }
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with("HTTP/1.1 400"), "round {round}: {text}");
+        assert!(text.contains("line 1, field time"), "round {round}: {text}");
+    }
+}

@@ -467,3 +467,62 @@ async fn concurrent_retries_on_two_nodes_count_exactly_the_applied_events() {
     a.shutdown().await.expect("shutdown");
     b.shutdown().await.expect("shutdown");
 }
+
+/// A duplicate moves no watermark: a retry of an applied event with a later time (answered
+/// `duplicates: 1`), and a repeat of an event inside one batch with a later time, leave the
+/// stream's watermark where the applied events put it, so an on-time event for an open window
+/// is still applied afterwards.
+#[tokio::test]
+async fn a_duplicate_moves_no_watermark() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = open_with(
+        dir.path(),
+        count_def(json!({}), json!({"tumbling": "1m", "lateness": "0s"})),
+    )
+    .await;
+    let base = now_ms() / HOUR * HOUR - 2 * HOUR;
+    let out = node.ingest("s", vec![ev("a", 1, base + 10 * MIN)]).await;
+    assert_eq!(out.expect("first").applied, 1);
+    let wm = read(&node, "c").await.watermark;
+    assert_eq!(wm, Some(base + 10 * MIN));
+    // The retry carries a later time: a duplicate, so nothing moves.
+    let out = node
+        .ingest("s", vec![ev("a", 1, base + 50 * MIN)])
+        .await
+        .expect("retry");
+    assert_eq!((out.applied, out.duplicates, out.late), (0, 1, 0));
+    assert_eq!(
+        read(&node, "c").await.watermark,
+        wm,
+        "a retry moved the watermark"
+    );
+    // One batch: a new event, then a repeat of it with a later time.
+    let out = node
+        .ingest(
+            "s",
+            vec![ev("a", 2, base + 11 * MIN), ev("a", 2, base + 55 * MIN)],
+        )
+        .await
+        .expect("batch");
+    assert_eq!((out.applied, out.duplicates), (1, 1));
+    assert_eq!(
+        read(&node, "c").await.watermark,
+        Some(base + 11 * MIN),
+        "a repeat inside a batch moved the watermark"
+    );
+    // The window [11m, 12m) is still open: an on-time event is applied, not late.
+    let out = node
+        .ingest("s", vec![ev("b", 1, base + 11 * MIN + 30_000)])
+        .await
+        .expect("on time");
+    assert_eq!((out.applied, out.late), (1, 0));
+    let page = read(&node, "c").await;
+    let at_11: u64 = page
+        .rows
+        .iter()
+        .filter(|r| r.window_start == Some(base + 11 * MIN))
+        .filter_map(|r| r.value.as_u64())
+        .sum();
+    assert_eq!(at_11, 2);
+    node.shutdown().await.expect("shutdown");
+}
