@@ -331,6 +331,7 @@ pub(crate) fn ledger(reader: &Reader, stream: &str, me: ReplicaId) -> Result<sea
         me,
         ..seal::Ledger::default()
     };
+    let gone = gone(reader)?;
     let mut after: Option<String> = None;
     loop {
         let page = reader.list(KeyKind::Lww, &prefix, after.as_deref(), 256)?;
@@ -342,9 +343,12 @@ pub(crate) fn ledger(reader: &Reader, stream: &str, me: ReplicaId) -> Result<sea
             ) else {
                 continue;
             };
+            let since = if a.applied { a.since } else { a.wm };
             if replica == me {
                 out.sealed = a.sealed.clone();
-                out.since = if a.applied { a.since } else { a.wm };
+                out.since = since;
+            } else if !gone.contains(&replica) {
+                out.since_of.insert(replica, since);
             }
             let Some(epochs) = a.epochs else { continue };
             if CausalContext::from_range(dot.replica, 1, dot.seq).is_subset(&ctx) {

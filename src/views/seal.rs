@@ -156,6 +156,11 @@ pub struct Ledger {
     /// it (a joining or restored node adopting its cluster's seals). 0 for a node that
     /// applied events from its start.
     pub since: u64,
+    /// Every other announcer that is not decommissioned, with the watermark it started from
+    /// (its announced `since`, or its watermark while it applied nothing): it may hold
+    /// contributions to windows whose deadline is at or above it. A seal this node adopts
+    /// (one without it) must count every announcer that may hold contributions there.
+    pub since_of: BTreeMap<ReplicaId, u64>,
 }
 
 impl Ledger {
@@ -211,7 +216,8 @@ impl Ledger {
 
     /// The member set every member of which is held and announced exactly it for `d`: one
     /// counting this node, or — below the watermark this node started from, where it has no
-    /// contribution — one without it. (Two agreeing sets of one deadline share no replica:
+    /// contribution — one without it that counts every announcer that may have contributed
+    /// to `d` ([`Ledger::since_of`]). (Two agreeing sets of one deadline share no replica:
     /// clusters started apart; this node keeps to its own.)
     fn agreed(&self, d: u64) -> Option<&[ReplicaId]> {
         let mut tried: Vec<&[ReplicaId]> = Vec::new();
@@ -238,7 +244,14 @@ impl Ledger {
             if s.binary_search(&self.me).is_ok() {
                 return Some(s);
             }
-            if d < self.since && adoptable.is_none() {
+            // Adopt only a set that counts every announcer that may have contributed to `d`:
+            // a seal some node made alone, before it met the cluster, is not this cluster's,
+            // and adopting it would report a final value without acknowledged events.
+            let counts_all = self
+                .since_of
+                .iter()
+                .all(|(x, since)| *x == self.me || d < *since || s.binary_search(x).is_ok());
+            if d < self.since && adoptable.is_none() && counts_all {
                 adoptable = Some(s);
             }
         }
@@ -616,6 +629,7 @@ mod tests {
             sealed: Vec::new(),
             me: r(1),
             since: 0,
+            since_of: BTreeMap::new(),
         }
     }
 
@@ -719,6 +733,34 @@ mod tests {
         let s = l.agree().expect("sealed");
         assert_eq!(sealed_members(&s, 10), Some(&[r(1), r(2)][..]));
         assert_eq!(sealed_members(&s, 70), None, "{{4}} is not adopted");
+    }
+
+    #[test]
+    fn a_seal_leaving_out_an_announcer_that_applied_there_is_not_adopted() {
+        // 1 and 2 sealed d < 100 over {1, 2}; 4 sealed d < 100 alone (it ran apart, applying
+        // from its start, and joined later). Node 5 joined at 100: it adopts neither below
+        // 60, since each set leaves out an announcer that may have contributed there.
+        let epochs = [
+            (1, vec![ep(60, &[1, 2])]),
+            (2, vec![ep(60, &[1, 2])]),
+            (4, vec![ep(100, &[4])]),
+            (5, vec![ep(170, &[1, 2, 4, 5])]),
+        ];
+        let mut l = ledger(&epochs, &[1, 2, 4, 5]);
+        l.me = r(5);
+        l.since = 100;
+        l.since_of = [(r(1), 0), (r(2), 0), (r(4), 0)].into_iter().collect();
+        assert_eq!(l.agree(), None, "neither seal counts every contributor");
+        // 4 applied only from 80 on (it joined, then applied): below 60 {1, 2} counts every
+        // announcer that may have contributed, and is adopted; {4} over [60, 100) is not.
+        l.since_of.insert(r(4), 80);
+        let s = l.agree().expect("sealed");
+        assert_eq!(sealed_members(&s, 10), Some(&[r(1), r(2)][..]));
+        assert_eq!(sealed_members(&s, 70), None);
+        assert_eq!(sealed_members(&s, 90), None, "{{4}} leaves out 1 and 2");
+        // A later joiner (6, from 120) contributes nothing below 60: no obstacle.
+        l.since_of.insert(r(6), 120);
+        assert_eq!(l.agree(), Some(s));
     }
 
     #[test]

@@ -373,3 +373,65 @@ async fn a_decommissioned_member_holds_nothing_open_and_changes_nothing_when_bac
         n.shutdown().await.expect("shutdown");
     }
 }
+
+/// A node that ran alone and finalized a window by itself (its seal counts only itself), then
+/// restarted to join a cluster that finalized the same window over its own members: nodes
+/// that join later adopt neither seal, since each leaves out an announcer that applied events
+/// to the window. No node ever reports the window final with a value another node reports
+/// otherwise, except the two seals made apart, which each keep their own value (the lone
+/// node's is its own; ARCHITECTURE.md, "Seals").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seal_made_alone_is_adopted_by_no_later_joiner() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let lone_dir = root.path().join("lone");
+    let lone = open(&lone_dir, false).await;
+    lone.ingest(
+        "s",
+        vec![
+            ev("x", 1, 10_000, "x"),
+            ev("x", 2, 20_000, "y"),
+            ev("x", 3, 30_000, "z"),
+        ],
+    )
+    .await
+    .expect("lone");
+    lone.ingest("s", vec![ev("x", 4, 2 * MIN, "x")])
+        .await
+        .expect("lone");
+    let alone = final_on(&[&lone], 0).await;
+    assert_eq!(alone, (json!(3), json!(["x", "y", "z"])));
+    lone.shutdown().await.expect("shutdown");
+    drop(lone);
+    let (a, b) = two_with_a_final_window(root.path()).await;
+    let want = (json!(2), json!(["a", "b"]));
+    // Back, to join the cluster.
+    let lone = open(&lone_dir, true).await;
+    lone.connect(&a).expect("connect");
+    lone.connect(&b).expect("connect");
+    let mut joiners = Vec::new();
+    for name in ["e", "f"] {
+        let j = open(&root.path().join(name), true).await;
+        j.connect(&a).expect("connect");
+        j.connect(&lone).expect("connect");
+        joiners.push(j);
+    }
+    let mut all: Vec<&Node> = vec![&a, &b, &lone];
+    all.extend(joiners.iter());
+    converge(&all).await;
+    stays_final(&[&a, &b], &all, 0, &want).await;
+    stays_final(&[&lone], &all, 0, &alone).await;
+    for j in &joiners {
+        let r = rows(j).await;
+        for v in ["c", "d"] {
+            if let Some((value, true)) = r.get(&(v.to_owned(), 0)) {
+                panic!("a later joiner reports window 0 of {v} final with {value}: {r:?}");
+            }
+        }
+    }
+    for n in [a, b, lone] {
+        n.shutdown().await.expect("shutdown");
+    }
+    for j in joiners {
+        j.shutdown().await.expect("shutdown");
+    }
+}
