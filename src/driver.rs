@@ -503,7 +503,7 @@ impl Driver {
                             RefusalCause::Overflow(o) => {
                                 // The caller's whole batch is refused: each of its writes.
                                 Metrics::add(&m.rejected_ops, size.max(1) as u64);
-                                o.clone().into()
+                                Error::from_overflow(o.clone())
                             }
                         };
                         let _ = reply.send(Err(err));

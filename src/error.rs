@@ -131,8 +131,9 @@ pub enum Error {
     Net(#[from] crate::net::NetError),
 }
 
-impl From<crate::store::Overflow> for Error {
-    fn from(o: crate::store::Overflow) -> Self {
+impl Error {
+    /// The error of a counter write refused for overflow.
+    pub(crate) fn from_overflow(o: crate::store::Overflow) -> Self {
         Error::Overflow {
             index: o.index,
             key: o.key,

@@ -34,6 +34,8 @@
 //! ```
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+// Every type a public item mentions is nameable by users (internal types stay internal).
+#![deny(unnameable_types)]
 
 /// Declares a module that is internal (`pub(crate)`) unless the `testing` feature is on; with
 /// it, the module is public for the simulations, crash suites, benches and fuzzers. Nothing in
@@ -47,6 +49,20 @@ macro_rules! internal {
         #[allow(dead_code, unreachable_pub, unused_imports)]
         $(#[$attr])*
         pub(crate) mod $name;
+    };
+}
+
+/// Declares a function of a public module that is internal (`pub(crate)`) unless the
+/// `testing` feature is on (as [`internal!`] does for modules): for functions whose types
+/// belong to an internal module.
+macro_rules! testing_pub {
+    ($(#[$attr:meta])* fn $name:ident $($rest:tt)*) => {
+        #[cfg(feature = "testing")]
+        $(#[$attr])*
+        pub fn $name $($rest)*
+        #[cfg(not(feature = "testing"))]
+        $(#[$attr])*
+        pub(crate) fn $name $($rest)*
     };
 }
 
@@ -88,8 +104,8 @@ pub use tidemark_crdts as crdts;
 pub use codec::CodecError;
 pub use metrics::{CommitHistograms, MetricsSnapshot, WriteSample};
 pub use model::{Delta, Rejected};
-pub use proto::{PeerId, ReplicaConfig, ReplicaStats};
+pub use proto::{ApplyOutcome, PeerId, ReplicaConfig, ReplicaStats};
 pub use store::{
-    DB_FILE, EventId, LateNote, LatePage, LateTotals, LogBytes, SnapshotInfo, StoreError,
-    file_identity, publish_file, restore_snapshot, snapshot_data_dir, verify_snapshot,
+    DB_FILE, DeltasSince, EventId, LateNote, LatePage, LateTotals, LogBytes, SnapshotInfo,
+    StoreError, file_identity, publish_file, restore_snapshot, snapshot_data_dir, verify_snapshot,
 };

@@ -739,7 +739,7 @@ impl Node {
         })?;
         if let Some(o) = early {
             self.note_refused(events.len());
-            return Err(o.into());
+            return Err(Error::from_overflow(o));
         }
         let views = &self.shared.views;
         let folded = self.count_rejection(

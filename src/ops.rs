@@ -447,12 +447,13 @@ impl<'l> OpsValidator<'l> {
     }
 }
 
+testing_pub! {
 /// Validates a batch of ops into commit-group writes (one write per op); all or nothing.
 ///
 /// # Errors
 /// The first invalid op's error; [`Error::BatchTooLarge`] over `batch_ops_max`;
 /// [`Error::TooManySources`] over `sources_per_batch_max`.
-pub fn validate_ops(ops: &[Op], limits: &Limits) -> Result<Vec<LocalWrite>, Error> {
+fn validate_ops(ops: &[Op], limits: &Limits) -> Result<Vec<LocalWrite>, Error> {
     if ops.len() > limits.batch_ops_max {
         return Err(Error::BatchTooLarge {
             len: ops.len(),
@@ -473,6 +474,7 @@ pub fn validate_ops(ops: &[Op], limits: &Limits) -> Result<Vec<LocalWrite>, Erro
         })
         .collect()
 }
+}
 
 /// Why `stream` is no stream name (`None`: it is one): 1–`key_bytes_max` bytes without
 /// control characters, not starting with `~` (the node's own namespace: `~wm/` names its
@@ -490,13 +492,14 @@ pub fn stream_name_problem(stream: &str, limits: &Limits) -> Option<&'static str
     None
 }
 
+testing_pub! {
 /// Validates a batch of events of `stream` into commit-group writes; all or nothing.
 ///
 /// # Errors
 /// The first invalid event's error (its index and field); [`Error::TooLarge`] (field `ops`) for
 /// an event whose operations together cannot fit one replication message;
 /// [`Error::TooManySources`] over `sources_per_batch_max`.
-pub fn validate_events(
+fn validate_events(
     stream: &str,
     events: &[Event],
     limits: &Limits,
@@ -539,6 +542,7 @@ pub fn validate_events(
             Ok(w)
         })
         .collect()
+}
 }
 
 /// A value as JSON (API.md "Keys and values"): counters as numbers, an orset as a sorted array,

@@ -405,7 +405,7 @@ pub fn event_stamp(key: &Key, m: &Mutation) -> Option<Timestamp> {
 /// Attaches to every `latest` view write of `writes` its event stamp
 /// ([`crate::store::LocalWrite::stamps`]): the store writes it at that timestamp and skips it
 /// when a later-stamped value is already there, reading no view value itself.
-pub fn stamp_latest_writes(writes: &mut [crate::store::LocalWrite]) {
+pub(crate) fn stamp_latest_writes(writes: &mut [crate::store::LocalWrite]) {
     for w in writes {
         // One parse per op (only lww sets under the view prefix parse), and no allocation
         // for a write without a `latest` op.

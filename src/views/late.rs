@@ -38,7 +38,7 @@ pub struct LateEvents {
 ///
 /// # Errors
 /// Storage failures.
-pub fn page(
+pub(crate) fn page(
     reader: &Reader,
     stream: &str,
     after: Option<u64>,

@@ -49,7 +49,7 @@ pub struct Plan {
 ///
 /// # Errors
 /// Storage failures.
-pub fn plan(
+pub(crate) fn plan(
     views: &Views,
     reader: &Reader,
     me: ReplicaId,
@@ -293,7 +293,7 @@ impl Views {
 ///
 /// # Errors
 /// Storage failures.
-pub fn expired_keys(
+pub(crate) fn expired_keys(
     views: &Views,
     reader: &Reader,
     stream: &str,

@@ -1,4 +1,4 @@
-//! The binary's conventions (issue 23, "The operator's view"): the ingest progress bar on a
+//! The binary's conventions (the operator's view): the ingest progress bar on a
 //! terminal at 80 columns, line and op numbers as the HTTP API gives them, flags shown only
 //! where they apply, every positional documented, exit status 2 for usage errors, and failures
 //! that say how to proceed (a directory in use names its holder; a restore cut short is named

@@ -1,4 +1,4 @@
-//! Hostile review of seals (issue 19). Each test is one concrete attack on the promise
+//! Hostile review of seals. Each test is one concrete attack on the promise
 //! "a window reported final on any node never changes value and is never reported non-final
 //! again, on any node; all nodes that report a window final report the same value".
 //! A test FAILS when the attack breaks the promise (the assertion names what broke).
@@ -186,7 +186,7 @@ async fn restored_node_removes(joining: bool) {
         Some((json!(["x", "y"]), true)),
         "B's final changed"
     );
-    // Accounting (issue 19: every final window equals the recount of acknowledged events
+    // Accounting (every final window equals the recount of acknowledged events
     // not reported late): R acknowledged the event as applied, on time, yet the final count
     // does not include it and R's late lane has no trace of it.
     assert!(
@@ -415,7 +415,7 @@ async fn attack3_runtime_reidentification_keeps_the_old_view_identity() {
     }
 }
 
-/// ATTACK 4 (liveness after restore-and-replace, issue 19 item 2's own procedure). A is
+/// ATTACK 4 (liveness after restore-and-replace, a restore as ARCHITECTURE.md, "Seals" describes it). A is
 /// snapshotted, shut down for good and restored as R. A's last announcement stays in every
 /// node's state and A remained a member forever (B and R never finalized another window);
 /// with A decommissioned, B finalizes the next window.

@@ -147,7 +147,7 @@ async fn stays_final(
     }
 }
 
-/// Issue item 1, a joining node: C (started to join a cluster) ingests an event for the final
+/// A joining node: C (started to join a cluster) ingests an event for the final
 /// window before it ever met anyone. It is refused as late (`not_synced`, kept in C's late
 /// lane); after C connects every node reports the window final with the same value, and C
 /// refuses later events for it too.
@@ -182,7 +182,7 @@ async fn a_joining_node_never_met_before_changes_no_final_window() {
     }
 }
 
-/// Issue item 1, a node started alone (the default: it may finalize alone): C applies an
+/// A node started alone (the default: it may finalize alone): C applies an
 /// event for the window A and B sealed, then connects. A and B keep the window final with
 /// their value (C's contribution is outside their seal); C, which counted its own event,
 /// never reports that window final with another value.
@@ -231,7 +231,7 @@ async fn a_node_started_alone_cannot_change_a_final_window() {
     }
 }
 
-/// Issue item 7: an idle node joins (it never ingests): windows that were final stay final
+/// An idle node joins (it never ingests): windows that were final stay final
 /// with their value on every node that reported them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_node_joining_takes_back_no_final_window() {
@@ -266,7 +266,7 @@ async fn an_idle_node_joining_takes_back_no_final_window() {
     }
 }
 
-/// Issue item 2: A's snapshot restored as a new node R (new replica id). R starts from the
+/// A's snapshot restored as a new node R (new replica id). R starts from the
 /// watermarks its state holds, refuses an event for the final window, adopts the seal its
 /// source made, and after connecting B's final window is unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -293,7 +293,7 @@ async fn a_node_restored_from_a_snapshot_changes_no_final_window() {
     }
 }
 
-/// Issue item 6: a member gone for good holds new windows open until it is decommissioned;
+/// A member gone for good holds new windows open until it is decommissioned;
 /// then they become final without it on every node. If it comes back it applies no event to
 /// a window (late, `decommissioned`) and final windows keep their values.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
