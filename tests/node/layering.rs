@@ -218,6 +218,84 @@ fn crate_paths_at(text: &str) -> Vec<(usize, String)> {
     out
 }
 
+/// Every path that climbs to the crate root with `super::` from a file at module depth
+/// `depth` (`src/store/local.rs` is 2, `src/store/mod.rs` 1): the first segment after the
+/// climb, as [`crate_paths_at`] gives it.
+fn super_paths_at(text: &str, depth: usize) -> Vec<(usize, String)> {
+    let spans = inline_mods(text);
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(found) = text[from..].find("super::") {
+        let at = from + found;
+        let before = text[..at].chars().last();
+        from = at + "super::".len();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            continue; // inside a longer path, counted from its first `super::`
+        }
+        let mut climbs = 1;
+        let mut rest = &text[from..];
+        while let Some(r) = rest.strip_prefix("super::") {
+            climbs += 1;
+            rest = r;
+        }
+        let inner = spans.iter().filter(|(a, b)| *a < at && at < *b).count();
+        if climbs >= depth + inner {
+            let name = first_segment(rest);
+            if !name.is_empty() {
+                out.push((at, name));
+            }
+        }
+    }
+    out
+}
+
+/// The byte ranges of the inline modules (`mod name { ... }`) in `text`: a `super::` inside
+/// one climbs one module less far.
+fn inline_mods(text: &str) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(found) = text[from..].find("mod ") {
+        let at = from + found;
+        from = at + 4;
+        if text[..at]
+            .chars()
+            .last()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+        {
+            continue;
+        }
+        let rest = &text[from..];
+        let name = first_segment(rest);
+        let after = rest[name.len()..].trim_start();
+        if name.is_empty() || !after.starts_with('{') {
+            continue;
+        }
+        let open = from + name.len() + (rest.len() - name.len() - after.len());
+        let mut depth = 0usize;
+        for (i, c) in text[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        out.push((open, open + i));
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// The module depth of a file of `src/` (see [`super_paths_at`]).
+fn depth_of(rel: &Path) -> usize {
+    let n = rel.components().count();
+    let is_mod = rel.file_name().is_some_and(|f| f == "mod.rs");
+    if is_mod { n - 1 } else { n }
+}
+
 /// The names of [`crate_paths_at`], without offsets.
 fn crate_paths(text: &str) -> Vec<String> {
     crate_paths_at(text).into_iter().map(|(_, n)| n).collect()
@@ -296,7 +374,12 @@ fn every_crate_import_follows_the_layer_table() {
             code.push_str(line);
             code.push('\n');
         }
-        for (at, name) in crate_paths_at(&code) {
+        let code = code
+            .replace("crate ::", "crate::")
+            .replace("super ::", "super::");
+        let mut paths = crate_paths_at(&code);
+        paths.extend(super_paths_at(&code, depth_of(rel)));
+        for (at, name) in paths {
             let n = starts
                 .iter()
                 .rev()
@@ -391,4 +474,66 @@ fn the_parser_sees_grouped_and_inline_paths() {
         "fn a() {}\n#[cfg(test)]\nmod tests {\n    use crate::store::X;\n}\nuse crate::net::Y;\n";
     let kept: Vec<_> = code_lines(code).into_iter().map(|(n, _)| n).collect();
     assert_eq!(kept, [1, 6]);
+}
+
+#[test]
+fn the_parser_sees_paths_that_climb_to_the_root_with_super() {
+    let code =
+        "use super::super::views::X;\nuse super::local::Y;\nlet z = super::super::store::f();";
+    let names = |code: &str, depth| {
+        super_paths_at(code, depth)
+            .into_iter()
+            .map(|(_, n)| n)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(code, 2), ["views", "store"]);
+    assert!(names(code, 3).is_empty());
+    // Inside an inline module, one climb more reaches the root.
+    let code = "pub mod fuzzing {\n    use super::events::f;\n    use super::super::net::g;\n}\nuse super::store::h;";
+    assert_eq!(names(code, 1), ["net", "store"]);
+    assert_eq!(depth_of(Path::new("store/mod.rs")), 1);
+    assert_eq!(depth_of(Path::new("store/local.rs")), 2);
+    assert_eq!(depth_of(Path::new("node.rs")), 1);
+}
+
+/// ARCHITECTURE.md's "Layers" table is this test's table: the map of the code says what the
+/// code is held to.
+#[test]
+fn the_layer_table_is_the_one_architecture_md_shows() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("ARCHITECTURE.md");
+    let text = std::fs::read_to_string(&path).expect("ARCHITECTURE.md");
+    let section = text
+        .split("\n## Layers")
+        .nth(1)
+        .expect("a \"## Layers\" section");
+    let section = section.split("\n## ").next().unwrap_or(section);
+    let mut shown: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in section.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let [_, module, deps, _] = cells.as_slice() else {
+            continue;
+        };
+        let Some(module) = module.strip_prefix('`').and_then(|m| m.strip_suffix('`')) else {
+            continue;
+        };
+        let deps: BTreeSet<String> = deps
+            .split(',')
+            .map(|d| d.trim().trim_matches('`').to_owned())
+            .filter(|d| !d.is_empty() && d != "—")
+            .collect();
+        shown.insert(module.to_owned(), deps);
+    }
+    let table: BTreeMap<String, BTreeSet<String>> = ALLOWED
+        .iter()
+        .map(|(m, deps)| {
+            (
+                (*m).to_owned(),
+                deps.iter().map(|d| (*d).to_owned()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown, table,
+        "ARCHITECTURE.md's \"Layers\" table differs from tests/node/layering.rs's"
+    );
 }
