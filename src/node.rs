@@ -728,8 +728,14 @@ impl Node {
         between: impl std::future::Future<Output = ()>,
     ) -> Result<WriteOutcome, Error> {
         let limits = &self.shared.config.limits;
-        let mut writes =
-            self.count_rejection(ops::validate_events(stream, &events, limits), events.len())?;
+        let views = &self.shared.views;
+        let refused = |e: Error| {
+            views.count_rejected(stream, events.len());
+            e
+        };
+        let mut writes = self
+            .count_rejection(ops::validate_events(stream, &events, limits), events.len())
+            .map_err(refused)?;
         // Checked again, atomically, by the writer; here first so that a refused batch moves
         // no watermark.
         let reader = self.reader()?;
@@ -739,13 +745,14 @@ impl Node {
         })?;
         if let Some(o) = early {
             self.note_refused(events.len());
-            return Err(Error::from_overflow(o));
+            return Err(refused(Error::from_overflow(o)));
         }
-        let views = &self.shared.views;
-        let folded = self.count_rejection(
-            views.fold(stream, &events, crate::clock::wall_ms(), limits),
-            events.len(),
-        )?;
+        let folded = self
+            .count_rejection(
+                views.fold(stream, &events, crate::clock::wall_ms(), limits),
+                events.len(),
+            )
+            .map_err(refused)?;
         if folded.is_empty() {
             return self.submit(writes).await;
         }
@@ -796,7 +803,11 @@ impl Node {
         };
         guard.pending = None;
         drop(guard);
-        let commit: LocalCommit = done.map_err(|_| Error::Closed)??;
+        let commit: LocalCommit = done.map_err(|_| Error::Closed)?.map_err(|e| match e {
+            // Refused at commit (an overflow, a counter delete, dedup gaps): nothing applied.
+            Error::Store(_) | Error::Net(_) | Error::Closed | Error::Backpressure { .. } => e,
+            e => refused(e),
+        })?;
         let dup = &commit.duplicate[..n.min(commit.duplicate.len())];
         let effective: Vec<bool> = dup
             .iter()

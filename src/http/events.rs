@@ -402,78 +402,10 @@ impl<'de> serde::de::Visitor<'de> for NoDuplicates {
     }
 }
 
-fn digits(s: &[u8]) -> Option<u64> {
-    if s.is_empty() || !s.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    s.iter().try_fold(0u64, |acc, d| {
-        acc.checked_mul(10)?.checked_add(u64::from(d - b'0'))
-    })
-}
-
-/// Days from 1970-01-01 to the civil date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: u64, d: u64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let m = m as i64;
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d as i64 - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// Parses an RFC 3339 timestamp (`2026-11-29T10:00:00.123Z`, `...+02:00`) into epoch
-/// milliseconds; `None` when it is not one (or is before 1970).
+/// Parses an RFC 3339 event time into epoch milliseconds (the views' parser, so the HTTP
+/// API checks lines and queries exactly as views read them).
 pub fn parse_event_time_ms(s: &str) -> Option<u64> {
-    let b = s.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
-        return None;
-    }
-    if b[13] != b':' || b[16] != b':' {
-        return None;
-    }
-    let (year, month, day) = (digits(&b[0..4])?, digits(&b[5..7])?, digits(&b[8..10])?);
-    let (hour, min, sec) = (
-        digits(&b[11..13])?,
-        digits(&b[14..16])?,
-        digits(&b[17..19])?,
-    );
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || min > 59 || sec > 60 {
-        return None;
-    }
-    let mut rest = &b[19..];
-    let mut millis = 0u64;
-    if rest.first() == Some(&b'.') {
-        let n = rest[1..].iter().take_while(|c| c.is_ascii_digit()).count();
-        if n == 0 {
-            return None;
-        }
-        let frac = &rest[1..1 + n];
-        for (i, d) in frac.iter().take(3).enumerate() {
-            millis += u64::from(d - b'0') * 10u64.pow(2 - i as u32);
-        }
-        rest = &rest[1 + n..];
-    }
-    let offset_min: i64 = match rest {
-        [b'Z' | b'z'] => 0,
-        [sign @ (b'+' | b'-'), h1, h2, b':', m1, m2] => {
-            let h = digits(&[*h1, *h2])? as i64;
-            let m = digits(&[*m1, *m2])? as i64;
-            if h > 23 || m > 59 {
-                return None;
-            }
-            if *sign == b'+' {
-                h * 60 + m
-            } else {
-                -(h * 60 + m)
-            }
-        }
-        _ => return None,
-    };
-    let days = days_from_civil(year as i64, month, day);
-    let secs = days * 86_400 + (hour * 3600 + min * 60 + sec) as i64 - offset_min * 60;
-    let ms = secs.checked_mul(1000)?.checked_add(millis as i64)?;
-    u64::try_from(ms).ok()
+    crate::views::fold::parse_rfc3339_ms(s)
 }
 
 #[cfg(test)]

@@ -9,62 +9,22 @@ use crate::limits::Limits;
 use crate::ops::Event;
 use tidemark_crdts::{Key, KeyKind, Mutation};
 
-/// Parses RFC 3339 (`2026-11-29T10:00:00.123Z`, `+01:00` offsets, `t`/space separator) into
-/// epoch milliseconds; `None` for malformed text or times before 1970.
+/// Parses RFC 3339 (`2026-11-29T10:00:00.123Z`, `+01:00` offsets, `T`/`t`/space separator)
+/// into epoch milliseconds, fractions beyond milliseconds truncated; `None` for malformed
+/// text, impossible dates (`2026-02-30`), a second 60 that is no leap second, or times before
+/// 1970. The one parser of event times (views, the HTTP API's lines and queries).
 pub fn parse_rfc3339_ms(s: &str) -> Option<u64> {
-    let b = s.as_bytes();
-    let num = |r: std::ops::Range<usize>| -> Option<i64> {
-        let part = b.get(r)?;
-        if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
-            return None;
-        }
-        std::str::from_utf8(part).ok()?.parse().ok()
-    };
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
-        return None;
+    use time::format_description::well_known::Rfc3339;
+    // RFC 3339 allows a space between date and time ("for the sake of readability").
+    let t = if s.as_bytes().get(10) == Some(&b' ') {
+        let mut t = s.to_owned();
+        t.replace_range(10..11, "T");
+        time::OffsetDateTime::parse(&t, &Rfc3339)
+    } else {
+        time::OffsetDateTime::parse(s, &Rfc3339)
     }
-    if b[13] != b':' || b[16] != b':' {
-        return None;
-    }
-    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
-        return None;
-    }
-    let mut i = 19;
-    let mut ms = 0i64;
-    if b.get(i) == Some(&b'.') {
-        let start = i + 1;
-        i = start;
-        while b.get(i).is_some_and(u8::is_ascii_digit) {
-            i += 1;
-        }
-        if i == start {
-            return None;
-        }
-        let frac = &s[start..i.min(start + 3)];
-        ms = frac.parse::<i64>().ok()? * 10i64.pow(3 - frac.len() as u32);
-    }
-    let offset_min = match b.get(i)? {
-        b'Z' | b'z' if i + 1 == b.len() => 0,
-        c @ (b'+' | b'-') if i + 6 == b.len() && b[i + 3] == b':' => {
-            let (oh, om) = (num(i + 1..i + 3)?, num(i + 4..i + 6)?);
-            let v = oh * 60 + om;
-            if *c == b'-' { -v } else { v }
-        }
-        _ => return None,
-    };
-    // Days from civil (Howard Hinnant).
-    let y = if mo <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (mo + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + h * 3600 + mi * 60 + sec - offset_min * 60;
-    let total = secs.checked_mul(1000)?.checked_add(ms)?;
-    u64::try_from(total).ok()
+    .ok()?;
+    u64::try_from(t.unix_timestamp_nanos().div_euclid(1_000_000)).ok()
 }
 
 /// An invalid event: names its index in the batch (its line) and the field.
@@ -356,12 +316,24 @@ mod tests {
             parse_rfc3339_ms("2026-11-29 10:00:00Z"),
             Some(1_795_946_400_000)
         );
+        assert_eq!(
+            parse_rfc3339_ms("2026-11-29t10:00:00.123456789z"),
+            Some(1_795_946_400_123)
+        );
+        assert_eq!(
+            parse_rfc3339_ms("2024-02-29T00:00:00Z"),
+            Some(1_709_164_800_000)
+        );
         for bad in [
             "2026-11-29",
             "2026-13-01T00:00:00Z",
             "2026-11-29T10:00:00",
             "1969-12-31T23:59:59Z",
             "2026-11-29T10:00:00.Z",
+            "2026-02-30T10:00:00Z",
+            "2026-11-29T04:42:60Z",
+            "2026-11-29T10:00:00+24:00",
+            "2026-11-29T10:00:00Zjunk",
         ] {
             assert_eq!(parse_rfc3339_ms(bad), None, "{bad}");
         }

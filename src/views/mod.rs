@@ -591,7 +591,7 @@ impl Views {
     /// Folds a validated batch of `stream` into candidate view mutations (nothing decided yet).
     ///
     /// # Errors
-    /// The first invalid event, naming its index and field; counted as rejected for the view.
+    /// The first invalid event, naming its index and field.
     pub(crate) fn fold(
         &self,
         stream: &str,
@@ -608,16 +608,19 @@ impl Views {
             .iter()
             .enumerate()
             .map(|(i, ev)| {
-                fold::fold_event(ev, i, &views, now_ms, max_future, limits).map_err(|(v, e)| {
-                    for &(vi, _) in &views {
-                        if v.is_none_or(|v| v == vi) {
-                            self.counters[vi].rejected.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    e
-                })
+                fold::fold_event(ev, i, &views, now_ms, max_future, limits).map_err(|(_, e)| e)
             })
             .collect()
+    }
+
+    /// Counts a refused batch of `events` events of `stream` as rejected for every view of
+    /// the stream (nothing of it reached any view).
+    pub(crate) fn count_rejected(&self, stream: &str, events: usize) {
+        for &vi in self.by_stream.get(stream).map_or(&[][..], Vec::as_slice) {
+            if let Some(c) = self.counters.get(vi) {
+                c.rejected.fetch_add(events as u64, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Registers a batch's events as in flight (until [`Views::end_batch`] with the returned
