@@ -123,6 +123,9 @@ pub(crate) struct Driver {
     pub(crate) log_retain_entries: u64,
     /// Frames from peers that could not be decoded (in-process links count here too).
     pub(crate) frames_rejected: Arc<std::sync::atomic::AtomicU64>,
+    /// Set at each tick: some peer is linked, and this store holds what every linked peer
+    /// held when it first announced its context (`Replica::covers_peers`).
+    pub(crate) peers_covered: Arc<std::sync::atomic::AtomicBool>,
     pub(crate) frame_bytes_max: usize,
     /// Reachable peers (QUIC connections and in-process nodes): where their frames go.
     pub(crate) links: BTreeMap<PeerId, PeerLink>,
@@ -360,6 +363,11 @@ impl Driver {
 
     fn on_tick(&mut self) {
         Metrics::set(&self.metrics.log_entries, self.store.log_len());
+        let linked: Vec<PeerId> = self.links.keys().copied().collect();
+        self.peers_covered.store(
+            self.replica.covers_peers(&linked, &self.store),
+            Ordering::Relaxed,
+        );
         self.note_caught_up();
         self.metrics.sample_writes(wall_ms());
         if let Err(e) = self.durable.sync(&mut self.store) {

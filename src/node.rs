@@ -81,6 +81,9 @@ struct Shared {
     net: Mutex<Option<Arc<crate::net::transport::Net>>>,
     /// Frames from peers that could not be decoded (shared with in-process links to us).
     frames_rejected: Arc<std::sync::atomic::AtomicU64>,
+    /// The writer's verdict at its last tick: this node holds what each linked peer held
+    /// when it met it (a joining node syncs its streams only then, `Views::first_sync`).
+    peers_covered: Arc<std::sync::atomic::AtomicBool>,
     /// Our in-process links (`Node::connect`): peer → link id, to take the link down.
     local_links: Mutex<std::collections::BTreeMap<PeerId, u64>>,
     /// Held while a removal is checked and written: a repeated request writes nothing.
@@ -211,6 +214,7 @@ impl Node {
         let core = Replica::new(replication, epoch, seed, store.known_peers());
         let relaxed = config.durability == crate::limits::Durability::Relaxed;
         let frames_rejected = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let peers_covered = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let durable = crate::driver::DurablePoint::new(&store, relaxed);
         let driver = Driver {
             store,
@@ -228,6 +232,7 @@ impl Node {
             started: std::time::Instant::now(),
             log_retain_entries: config.log_retain_entries,
             frames_rejected: Arc::clone(&frames_rejected),
+            peers_covered: Arc::clone(&peers_covered),
             frame_bytes_max: config.limits.frame_bytes_max,
             links: std::collections::BTreeMap::new(),
             net_alive: std::collections::BTreeSet::new(),
@@ -258,6 +263,7 @@ impl Node {
                 views,
                 net: Mutex::new(None),
                 frames_rejected,
+                peers_covered,
                 local_links: Mutex::new(std::collections::BTreeMap::new()),
                 removing: tokio::sync::Mutex::new(()),
                 removals_logged: Mutex::new(None),
@@ -384,6 +390,17 @@ impl Node {
     fn event_sink(&self) -> Result<EventSink, Error> {
         let tx = self.input_sender()?;
         Ok(EventSink::new(move |e| tx.send(Input::Net(e)).is_ok()))
+    }
+
+    /// The clock now and whether this node holds what each linked peer held when it met it.
+    fn covered(&self) -> crate::views::SyncNow {
+        crate::views::SyncNow {
+            now_ms: crate::clock::wall_ms(),
+            peers_covered: self
+                .shared
+                .peers_covered
+                .load(std::sync::atomic::Ordering::Relaxed),
+        }
     }
 
     /// What an in-process link to this node decodes frames under (as our network would).
@@ -773,7 +790,7 @@ impl Node {
             // A joining node applies nothing to windows before it synced the stream, and
             // then starts from the largest watermark it holds.
             let (synced, adopted) =
-                views.first_sync(&mut wms, stream, &reader, me, crate::clock::wall_ms())?;
+                views.first_sync(&mut wms, stream, &reader, me, self.covered())?;
             let mut admitted = views.admit(
                 wms.get(stream).copied().unwrap_or_default(),
                 crate::views::AdmitBatch {
@@ -781,6 +798,8 @@ impl Node {
                     folded,
                     events: &events,
                     known_dup: &start.known_dup,
+                    gap_refused: &start.gap_refused,
+                    inflight: &mut guard.inflight,
                     unsynced: !synced,
                     reader: &reader,
                     peer_of: peer_id_of,
@@ -1059,8 +1078,7 @@ impl Node {
         let mut started = Vec::new();
         for stream in views.windowed_streams() {
             let mut wms = views.watermarks.lock().map_err(|_| Error::Closed)?;
-            let (_, write) =
-                views.first_sync(&mut wms, &stream, &reader, me, crate::clock::wall_ms())?;
+            let (_, write) = views.first_sync(&mut wms, &stream, &reader, me, self.covered())?;
             if let Some(w) = write {
                 started.push(self.enqueue(vec![w])?);
             }
@@ -1578,7 +1596,7 @@ async fn removals_watch(shared: std::sync::Weak<Shared>) {
 /// the caller stops waiting (then a task waits for the commit).
 struct BatchGuard {
     views: Arc<crate::views::Views>,
-    inflight: Vec<((String, String), usize)>,
+    inflight: crate::views::InFlight,
     pending: Option<oneshot::Receiver<Result<LocalCommit, Error>>>,
 }
 

@@ -53,6 +53,9 @@ pub(crate) struct Peer {
     pub more: bool,
     /// The last context the peer announced (`Have`), tagged with its replica id then.
     pub known: Option<(ReplicaId, CausalContext)>,
+    /// The first context this replica id of the peer announced (after its Hello): what it
+    /// held when it first spoke to us.
+    pub first_known: Option<(ReplicaId, CausalContext)>,
     /// After a reconnect, do not serve the peer before this time (catch-up stagger).
     pub serve_after: Option<u64>,
     /// When the membership layer declared the peer down (eviction after the grace period).
@@ -81,6 +84,7 @@ impl Peer {
             hellos_unanswered: 0,
             more: false,
             known: None,
+            first_known: None,
             serve_after: None,
             down_since: None,
             bootstrap_rank: 0,

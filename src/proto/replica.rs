@@ -433,6 +433,22 @@ impl Replica {
         Ok(())
     }
 
+    /// True when `peers` is not empty and, for each, this store holds everything that peer
+    /// held when it first announced its context to us (under its current replica id): a
+    /// joining node then knows what its peers knew when it met them.
+    pub fn covers_peers<S: StateStore>(&self, peers: &[PeerId], store: &S) -> bool {
+        !peers.is_empty()
+            && peers.iter().all(|id| {
+                self.peers.get(id).is_some_and(|p| {
+                    let current = p.incarnation.map(|(r, _)| r);
+                    p.first_known
+                        .as_ref()
+                        .filter(|(r, _)| Some(*r) == current)
+                        .is_some_and(|(_, k)| k.diff(store.context()).is_empty())
+                })
+            })
+    }
+
     /// The connection to `peer` is lost: whatever was in flight to it is forgotten.
     pub fn peer_down(&mut self, now: Now, peer: PeerId) {
         self.start(now.mono_ms);
@@ -1092,7 +1108,10 @@ impl Replica {
             Some((r, known)) if *r == replica => {
                 known.join(&ctx);
             }
-            _ => p.known = Some((replica, ctx)),
+            _ => {
+                p.first_known = Some((replica, ctx.clone()));
+                p.known = Some((replica, ctx));
+            }
         }
         self.skip_covered_bootstrap(now, from, store);
     }

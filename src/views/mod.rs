@@ -139,8 +139,12 @@ pub struct Views {
     pub(crate) met: Mutex<BTreeSet<crate::proto::PeerId>>,
     /// `(view, digest)` pairs of other definitions already logged.
     warned: Mutex<BTreeSet<(String, String)>>,
-    /// `(stream, source)` → events of ingest batches queued and not yet committed.
+    /// `(stream, source)` → events of ingest batches begun and not yet committed.
     inflight: Mutex<BTreeMap<(String, String), usize>>,
+    /// `(stream, source)` → seq → how many queued batches (admitted, not yet committed) carry
+    /// it: an event whose `(source, seq)` an earlier queued batch carries may turn out a
+    /// duplicate when it commits.
+    queued: Mutex<std::collections::HashMap<(String, String), BTreeMap<u64, usize>>>,
     /// Serializes maintenance rounds (a horizon is acted on only after its own announcement
     /// committed, which a concurrent round could otherwise skip).
     pub(crate) maintenance: tokio::sync::Mutex<()>,
@@ -181,8 +185,13 @@ pub(crate) struct StreamSeals {
     pub(crate) excluded_to: u64,
 }
 
-/// The `(stream, source)` pairs of a batch in flight and its events per pair.
-pub(crate) type InFlight = Vec<((String, String), usize)>;
+/// A batch in flight: its `(stream, source)` pairs with its events per pair, and once
+/// admitted, its queued `(stream, source)` / seq pairs ([`Views::end_batch`] forgets both).
+#[derive(Debug, Default)]
+pub(crate) struct InFlight {
+    begun: Vec<((String, String), usize)>,
+    queued: Vec<((String, String), u64)>,
+}
 
 /// A batch for [`Views::admit`]: the stream, the folded view ops of each event and the
 /// events themselves (for the late-lane record), in the order of the writes.
@@ -195,6 +204,10 @@ pub(crate) struct AdmitBatch<'a> {
     pub(crate) events: &'a [Event],
     /// Per event: a duplicate already ([`BatchStart::known_dup`]).
     pub(crate) known_dup: &'a [bool],
+    /// Per event: refused for dedup gaps by the committed marks ([`BatchStart::gap_refused`]).
+    pub(crate) gap_refused: &'a [bool],
+    /// The batch's registration: its events are registered as queued here.
+    pub(crate) inflight: &'a mut InFlight,
     /// A joining node that has not synced the stream yet ([`Views::first_sync`]): every
     /// windowed op is late (`not_synced`) and the watermark does not move.
     pub(crate) unsynced: bool,
@@ -209,6 +222,16 @@ pub(crate) struct AdmitBatch<'a> {
 /// announcement of the stream says (`None`: it has none, or a malformed one).
 type Owners = Vec<(ReplicaId, Option<(Vec<seal::Epoch>, Vec<u64>)>)>;
 
+/// The moment a stream's sync is decided at ([`Views::first_sync`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SyncNow {
+    /// The node's clock (ms).
+    pub(crate) now_ms: u64,
+    /// The node holds what each peer it is linked to held when they met, and is linked to
+    /// one at least.
+    pub(crate) peers_covered: bool,
+}
+
 /// What [`Views::begin_batch`] found for a batch.
 #[derive(Debug)]
 pub(crate) struct BatchStart {
@@ -220,6 +243,9 @@ pub(crate) struct BatchStart {
     /// batch has its `(source, seq)`). Such an event changes nothing: no view mutation, no
     /// late note, no watermark move.
     pub(crate) known_dup: Vec<bool>,
+    /// Per event: refused for dedup gaps by the committed marks (the store's rule replayed):
+    /// its time moves no watermark.
+    pub(crate) gap_refused: Vec<bool>,
 }
 
 /// What [`Views::admit`] decided for a batch.
@@ -284,6 +310,7 @@ impl Views {
             met: Mutex::new(BTreeSet::new()),
             warned: Mutex::new(BTreeSet::new()),
             inflight: Mutex::new(BTreeMap::new()),
+            queued: Mutex::new(std::collections::HashMap::new()),
             maintenance: tokio::sync::Mutex::new(()),
             seals: Mutex::new(BTreeMap::new()),
             joining: false,
@@ -488,8 +515,10 @@ impl Views {
     }
 
     /// Whether `stream` is synced here, and the announcement to queue when this node just
-    /// started from its cluster's marks. A joining node ([`Views::joining`]) is synced once its
-    /// state holds another node's announcement of the stream; a node with no watermark of its
+    /// started from its cluster's marks. A joining node ([`Views::joining`]) is synced once it
+    /// holds what every peer it is linked to held when they met (`at.peers_covered`) and, if
+    /// its state holds announcements of the stream by other nodes, from them (none: it syncs
+    /// with no watermark, as its peers have none); a node with no watermark of its
     /// own yet (it never ingested into the stream) whose state holds such announcements
     /// starts from them too. Starting means: the largest watermark and horizon held (capped
     /// like [`Views::restore`]) become this node's, announced at once — so it refuses events
@@ -505,8 +534,9 @@ impl Views {
         stream: &str,
         reader: &crate::store::Reader,
         me: ReplicaId,
-        now_ms: u64,
+        at: SyncNow,
     ) -> Result<(bool, Option<LocalWrite>), Error> {
+        let now_ms = at.now_ms;
         let mut synced = self.synced.lock().map_err(|_| Error::Closed)?;
         let has_wm = wms.get(stream).is_some_and(|m| m.wm.is_some());
         let mut fresh = self.fresh_from.lock().map_err(|_| Error::Closed)?;
@@ -522,9 +552,21 @@ impl Views {
             fresh.remove(stream);
         }
         drop(fresh);
+        // A joining node first holds what each peer it is linked to held when they met:
+        // every announcement and seal they knew of (a peer's state arriving before another's
+        // could otherwise make it adopt one side's seals, or start from a stale watermark).
+        if self.joining && !at.peers_covered {
+            return Ok((false, None));
+        }
         let (wm, h, others) = read::largest_announced(reader, stream, Some(me))?;
         if !others {
-            return Ok((!self.joining, None));
+            if self.joining {
+                // None of them has announced the stream: none applied an event to its
+                // windows, so none sealed one. It starts with no watermark, like its peers
+                // (a cluster whose nodes all start with `--join` is live).
+                synced.insert(stream.to_owned());
+            }
+            return Ok((true, None));
         }
         {
             let excluded = seal::excluded_to(&read::ledger(reader, stream, me)?.epochs, me);
@@ -648,6 +690,7 @@ impl Views {
         }
         let mut coalesce = true;
         let mut known_dup = vec![false; events.len()];
+        let mut gap_refused = vec![false; events.len()];
         for (source, seqs) in &per_source {
             if inflight.contains_key(&(stream.to_owned(), (*source).to_owned())) {
                 coalesce = false;
@@ -665,6 +708,10 @@ impl Views {
                 }
                 if !below && !above && seen.ranges().len() >= ranges_max {
                     coalesce = false;
+                    if let Some(g) = gap_refused.get_mut(i) {
+                        *g = true;
+                    }
+                    continue;
                 }
                 seen.insert(seq);
             }
@@ -677,15 +724,19 @@ impl Views {
         }
         Ok(BatchStart {
             coalesce,
-            inflight: keys,
+            inflight: InFlight {
+                begun: keys,
+                queued: Vec::new(),
+            },
             known_dup,
+            gap_refused,
         })
     }
 
     /// The batch registered as `keys` by [`Views::begin_batch`] is committed (or failed).
-    pub(crate) fn end_batch(&self, keys: &[((String, String), usize)]) {
+    pub(crate) fn end_batch(&self, batch: &InFlight) {
         if let Ok(mut inflight) = self.inflight.lock() {
-            for (k, n) in keys {
+            for (k, n) in &batch.begun {
                 if let Some(c) = inflight.get_mut(k) {
                     *c = c.saturating_sub(*n);
                     if *c == 0 {
@@ -694,6 +745,40 @@ impl Views {
                 }
             }
         }
+        if let Ok(mut queued) = self.queued.lock() {
+            for (k, seq) in &batch.queued {
+                if let Some(seqs) = queued.get_mut(k) {
+                    if let Some(c) = seqs.get_mut(seq) {
+                        *c = c.saturating_sub(1);
+                        if *c == 0 {
+                            seqs.remove(seq);
+                        }
+                    }
+                    if seqs.is_empty() {
+                        queued.remove(k);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Registers the events of a batch being queued (call under the watermark lock, in queue
+    /// order) and says, per event, whether an earlier queued batch carries its
+    /// `(source, seq)`: then it may turn out a duplicate at commit.
+    fn register_queued(&self, stream: &str, events: &[Event], batch: &mut InFlight) -> Vec<bool> {
+        let Ok(mut queued) = self.queued.lock() else {
+            return vec![true; events.len()];
+        };
+        let mut out = Vec::with_capacity(events.len());
+        for e in events {
+            let k = (stream.to_owned(), e.source.clone());
+            let seqs = queued.entry(k.clone()).or_default();
+            let c = seqs.entry(e.seq).or_default();
+            out.push(*c > 0);
+            *c += 1;
+            batch.queued.push((k, e.seq));
+        }
+        out
     }
 
     /// The announcement write of `stream`: watermark `wm`, horizon `horizon`.
@@ -764,10 +849,16 @@ impl Views {
             folded,
             events,
             known_dup,
+            gap_refused,
+            inflight,
             unsynced,
             reader,
             peer_of,
         } = batch;
+        // An event whose application is not certain when queued (an earlier queued batch
+        // carries its pair, or the dedup rule refuses it) moves no watermark: a duplicate or
+        // refused event must change nothing.
+        let uncertain = self.register_queued(stream, events, inflight);
         let mut owners: Option<Owners> = None;
         let mut merged = Vec::new();
         let wm = marks.wm;
@@ -853,7 +944,9 @@ impl Views {
             }
             out.late.push(late);
             out.applied.push(applied);
-            if !unsynced {
+            let certain = !uncertain.get(i).copied().unwrap_or(true)
+                && !gap_refused.get(i).copied().unwrap_or(true);
+            if !unsynced && certain {
                 let t = f.time_ms.saturating_sub(ooo);
                 max_wm = Some(max_wm.map_or(t, |m| m.max(t)));
             }

@@ -435,3 +435,51 @@ async fn a_seal_made_alone_is_adopted_by_no_later_joiner() {
         j.shutdown().await.expect("shutdown");
     }
 }
+
+/// A cluster whose every node starts to join (as the deploy kits start them, each naming the
+/// others): once each holds what its peers held when they met — nothing, here — it applies
+/// events, and windows become final on every node with one value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_whose_nodes_all_join_applies_events_and_finalizes() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut nodes = Vec::new();
+    for name in ["a", "b", "c"] {
+        nodes.push(open(&root.path().join(name), true).await);
+    }
+    for i in 0..nodes.len() {
+        for j in i + 1..nodes.len() {
+            nodes[i].connect(&nodes[j]).expect("connect");
+        }
+    }
+    let names = ["a", "b", "c"];
+    let started = Instant::now();
+    for (n, name) in nodes.iter().zip(names) {
+        // Until the node synced (a few writer ticks), its events are late (`not_synced`).
+        let mut seq = 1;
+        loop {
+            let out = n
+                .ingest("s", vec![ev(name, seq, 10_000, name)])
+                .await
+                .expect("ingest");
+            if out.late == 0 {
+                break;
+            }
+            seq += 1;
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "{name} never synced"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    for (n, name) in nodes.iter().zip(names) {
+        n.ingest("s", vec![ev(name, 1_000, 2 * MIN, name)])
+            .await
+            .expect("past the deadline");
+    }
+    let all: Vec<&Node> = nodes.iter().collect();
+    assert_eq!(final_on(&all, 0).await, (json!(3), json!(["a", "b", "c"])));
+    for n in nodes {
+        n.shutdown().await.expect("shutdown");
+    }
+}

@@ -526,3 +526,69 @@ async fn a_duplicate_moves_no_watermark() {
     assert_eq!(at_11, 2);
     node.shutdown().await.expect("shutdown");
 }
+
+/// Two copies of one `(source, seq)` with different times sent at once to one node: whichever
+/// the node applies, the copy answered duplicate moves no watermark — the watermark never
+/// passes the largest time of an event answered applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_copies_on_one_node_move_the_watermark_only_by_the_applied_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = open_with(
+        dir.path(),
+        count_def(json!({}), json!({"tumbling": "1m", "lateness": "0s"})),
+    )
+    .await;
+    let base = now_ms() / HOUR * HOUR - 3 * HOUR;
+    let mut applied_max = 0u64;
+    for k in 0..100u64 {
+        let early = base + k * 1_000;
+        let later = early + 30 * MIN;
+        let (x, y) = tokio::join!(
+            node.ingest("s", vec![ev("p", k, early)]),
+            node.ingest("s", vec![ev("p", k, later)])
+        );
+        let (x, y) = (x.expect("early"), y.expect("later"));
+        assert_eq!(x.applied + y.applied, 1, "{x:?} {y:?}");
+        applied_max = applied_max.max(if x.applied == 1 { early } else { later });
+        let wm = read(&node, "c").await.watermark.unwrap_or(0);
+        assert!(
+            wm <= applied_max,
+            "round {k}: watermark {wm} past the largest applied time {applied_max}"
+        );
+    }
+    node.shutdown().await.expect("shutdown");
+}
+
+/// An event refused for too many dedup gaps moves no watermark.
+#[tokio::test]
+async fn an_event_refused_for_dedup_gaps_moves_no_watermark() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = NodeConfig::new(dir.path());
+    cfg.views = count_def(json!({}), json!({"tumbling": "1m", "lateness": "0s"}));
+    cfg.limits.dedup_ranges_max = 4;
+    let node = Node::open(cfg).await.expect("open");
+    let base = now_ms() / HOUR * HOUR - 2 * HOUR;
+    for seq in [1, 3, 5, 7] {
+        node.ingest("s", vec![ev("g", seq, base + MIN)])
+            .await
+            .expect("within the ranges");
+    }
+    let wm = read(&node, "c").await.watermark;
+    assert_eq!(wm, Some(base + MIN));
+    let e = node
+        .ingest("s", vec![ev("g", 9, base + 50 * MIN)])
+        .await
+        .expect_err("a fifth range");
+    assert!(matches!(e, Error::DedupGaps { .. }), "{e:?}");
+    assert_eq!(
+        read(&node, "c").await.watermark,
+        wm,
+        "a refused event moved it"
+    );
+    let out = node
+        .ingest("s", vec![ev("h", 1, base + 10 * MIN)])
+        .await
+        .expect("on time");
+    assert_eq!((out.applied, out.late), (1, 0));
+    node.shutdown().await.expect("shutdown");
+}
