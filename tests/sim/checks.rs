@@ -219,7 +219,7 @@ impl Sim {
 
     /// Logs drain (pitfalls "one dead peer pins the log", "BP drain"): once every peer
     /// acknowledged everything, each node's stable frontier reaches its log end and the whole
-    /// log is truncated. Only meaningful where compaction keeps nothing back.
+    /// log is truncated. Only meaningful where compaction keeps nothing back (`log_retain` 0).
     pub fn check_logs_drain(&mut self) {
         let seed = self.seed;
         let drain_deadline = self.now + 10_000;

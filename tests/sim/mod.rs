@@ -41,8 +41,9 @@
 //!   (`oracle.rs`) over the acknowledged (minus allowed-lost) ops; every store holds every
 //!   surviving acknowledged dot, passes `verify` and redb's integrity check, reopens from its
 //!   durable image to the same state, and reads its whole retained log back; every surviving
-//!   event retried at a random node is a no-op. On the memory backend (logs kept for nobody)
-//!   every log drains once all peers acknowledged it.
+//!   event retried at a random node is a no-op. Where compaction keeps no entries back (the
+//!   memory backend; recording seeds whose `log_retain` is 0) every log drains once all peers
+//!   acknowledged it.
 //! * Coverage (`counts.rs`): each interesting case of the backend occurs over the default seeds.
 
 pub mod checks;

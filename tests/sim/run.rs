@@ -194,7 +194,7 @@ pub fn run_seed(backend: Backend, seed: u64, verbose: bool, shape: Shape) -> See
         panic!("seed {seed}: not converged within {converge_ms} ms of the heal");
     };
     sim.check_converged();
-    if backend == Backend::Memory {
+    if sim.log_retain == 0 {
         sim.check_logs_drain();
     }
     SeedResult {
@@ -230,7 +230,11 @@ pub fn run_suite(
         );
         return r.counts;
     }
-    println!("{name}: seeds 1..={seeds} (replay one with SEED=<n>)");
+    let first = env_u64("SEED_START").unwrap_or(1);
+    println!(
+        "{name}: seeds {first}..={} (replay one with SEED=<n>)",
+        first + seeds.saturating_sub(1)
+    );
     let started = Instant::now();
     let results = common::run_seeds(seeds, threads, |seed| run_seed(backend, seed, false, shape));
     // Determinism: the first seeds replay with identical trace hashes.
