@@ -132,21 +132,14 @@ impl Sim {
             .delta
             .expect("the group's log entry");
         node.acked_max_seq = node.acked_max_seq.max(base + ops.len() as u64);
-        // Happens-before: what the harness delivered to the node, where it tracks that; else
-        // what the node's context claims.
-        let seen = if self.track_delivered {
-            &self.nodes[i].delivered
-        } else {
-            before
-        };
-        self.oracle.record_batch(me, before, seen, &ops, &delta);
+        // Happens-before: what the harness delivered to the node, not what its context claims.
+        self.oracle
+            .record_batch(me, before, &self.nodes[i].delivered, &ops, &delta);
         for (k, (key, m)) in ops.iter().enumerate() {
             self.issue(Dot::new(me, base + 1 + k as u64), key, m);
         }
-        if self.track_delivered {
-            for d in delta.context().iter_dots().filter(|d| d.replica == me) {
-                self.nodes[i].delivered.insert(d);
-            }
+        for d in delta.context().iter_dots().filter(|d| d.replica == me) {
+            self.nodes[i].delivered.insert(d);
         }
         if self.measure {
             self.delta_bytes += codec::encoded_len("delta", &delta).expect("encodable") as u64;

@@ -19,7 +19,7 @@
 //!   as acknowledged from then on).
 
 use super::Backend;
-use super::harness::{NodeState, Packet, Sim, durable_mark, new_store};
+use super::harness::{self, NodeState, Packet, Sim, durable_mark, new_store};
 use crate::common::{FaultBackend, ImageKind, Rec, crash_image, durable_prefix};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -243,7 +243,12 @@ impl Sim {
         let start = self.nodes[i].backend.log_len();
         // The input the node dies in; its outputs never leave the process.
         let mut in_write: Option<(Vec<LocalWrite>, Option<u64>)> = None;
+        let mut carried = None;
         if let Some(p) = packet {
+            carried = p
+                .delivered
+                .as_ref()
+                .map(|sender| harness::carried(&p.msg, sender));
             let now = self.now_of(i);
             let node = &mut self.nodes[i];
             node.replica
@@ -356,6 +361,11 @@ impl Sim {
                 state == got,
                 "seed {seed}: {again}: the state differs from the first recovery's\n{state:?}\n{got:?}"
             );
+        }
+        // A join the image kept delivered what its message carried.
+        if let (Some(c), true) = (carried, kept) {
+            let got = c.intersection(store.ctx());
+            self.nodes[i].delivered.join(&got);
         }
         let commit = in_write.filter(|_| kept);
         let kept = Kept { kept, upto, commit };

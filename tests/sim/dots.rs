@@ -75,7 +75,7 @@ impl Sim {
 
     /// Every dot of `ctx` was issued by an acknowledged (or kept) commit, and none was lost by
     /// a restore.
-    pub fn check_ctx(&self, ctx: &CausalContext, what: &str) {
+    pub fn check_ctx(&self, ctx: &CausalContext, what: &dyn Fn() -> String) {
         if !ctx.is_subset(&self.dots.issued_ctx) {
             let stray: Vec<Dot> = ctx
                 .diff(&self.dots.issued_ctx)
@@ -83,8 +83,9 @@ impl Sim {
                 .take(5)
                 .collect();
             panic!(
-                "seed {}: {what}: holds dots no acknowledged or kept commit issued: {stray:?}",
-                self.seed
+                "seed {}: {}: holds dots no acknowledged or kept commit issued: {stray:?}",
+                self.seed,
+                what()
             );
         }
         if !self.dots.lost.is_empty() {
@@ -92,8 +93,9 @@ impl Sim {
             if !back.is_empty() {
                 let back: Vec<Dot> = back.iter_dots().take(5).collect();
                 panic!(
-                    "seed {}: {what}: holds dots of ops a restore lost: {back:?}",
-                    self.seed
+                    "seed {}: {}: holds dots of ops a restore lost: {back:?}",
+                    self.seed,
+                    what()
                 );
             }
         }
@@ -101,23 +103,27 @@ impl Sim {
 
     /// Every dot an entry holds stands for the op that issued it (same key, same element or
     /// value, the issuer's running counter total at that op).
-    pub fn check_entry(&self, key: &Key, entry: &Entry, what: &str) {
+    pub fn check_entry(&self, key: &Key, entry: &Entry, what: &dyn Fn() -> String) {
         let seed = self.seed;
         let op = |d: &Dot| -> &Issued {
             let rec = self.dots.issued.get(d).unwrap_or_else(|| {
                 panic!(
-                    "seed {seed}: {what}: {key} holds {d:?}, which no acknowledged commit issued"
+                    "seed {seed}: {}: {key} holds {d:?}, which no acknowledged commit issued",
+                    what()
                 )
             });
             assert_eq!(
-                &rec.key, key,
-                "seed {seed}: {what}: {d:?} was issued for another key ({rec:?})"
+                &rec.key,
+                key,
+                "seed {seed}: {}: {d:?} was issued for another key ({rec:?})",
+                what()
             );
             rec
         };
         let mismatch = |d: &Dot, rec: &Issued, held: String| -> ! {
             panic!(
-                "seed {seed}: {what}: {key} holds {d:?} as {held}, but it was issued for {rec:?}"
+                "seed {seed}: {}: {key} holds {d:?} as {held}, but it was issued for {rec:?}",
+                what()
             )
         };
         match entry {
@@ -173,20 +179,18 @@ impl Sim {
         let what = || format!("message {} from node {from}", msg.kind());
         match msg {
             Message::Delta { delta, .. } => {
-                let w = what();
-                self.check_ctx(delta.context(), &w);
+                self.check_ctx(delta.context(), &what);
                 for (k, e) in delta.state.store.iter() {
-                    self.check_entry(k, e, &w);
+                    self.check_entry(k, e, &what);
                 }
             }
             Message::Chunk { chunk, .. } => {
-                let w = what();
-                self.check_ctx(&chunk.ctx, &w);
+                self.check_ctx(&chunk.ctx, &what);
                 for (k, e) in &chunk.entries {
-                    self.check_entry(k, e, &w);
+                    self.check_entry(k, e, &what);
                 }
             }
-            Message::Have { ctx, .. } => self.check_ctx(ctx, &what()),
+            Message::Have { ctx, .. } => self.check_ctx(ctx, &what),
             _ => {}
         }
     }
@@ -194,9 +198,10 @@ impl Sim {
     /// Node `i`'s store holds only issued dots, with their content.
     pub fn check_store(&self, i: usize, what: &str) {
         let store = &self.nodes[i].store;
-        self.check_ctx(store.ctx(), what);
+        let what = || what.to_owned();
+        self.check_ctx(store.ctx(), &what);
         for (k, e) in entries(store) {
-            self.check_entry(&k, &e, what);
+            self.check_entry(&k, &e, &what);
         }
     }
 }

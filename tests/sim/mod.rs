@@ -25,10 +25,12 @@
 //!   node's state, the context has not shrunk, own dots are contiguous, every stored dot is in
 //!   the context, a causal counter holds at most one live dot per replica and the HLC mark has
 //!   not gone back. `verify` holds after every input that committed something (on the memory
-//!   backend in one seed of ten: there it costs more than every other check together), after
-//!   every reopen and at the end. On the memory backend, where the harness tracks which ops'
-//!   effects reached each node, no retired effect lacks a witness (an op that retired it and
-//!   that some node still holds).
+//!   backend in one seed of fifty: there it costs more than every other check together), after
+//!   every reopen and at the end. No effect delivered to a node and retired there lacks a
+//!   witness (an op that retired it and that some node still holds); the harness tracks which
+//!   ops' effects reached each node (its own commits, what a delta or a transfer's last chunk
+//!   carried whose sender had it, what a kept crash image or a restored snapshot holds), and
+//!   that, not what a context claims, is the oracle's happens-before.
 //! * Every message fits in `frame_bytes_max`. Dots (`dots.rs`): a cluster-wide map dot → op of
 //!   every acknowledged (or crash-kept) commit never sees a dot twice, every commit takes exactly
 //!   the next dots of the store's current id, and every dot in a message sent, a reopened store

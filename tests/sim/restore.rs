@@ -40,6 +40,8 @@ struct Backup {
     info: SnapshotInfo,
     node: usize,
     entries: Vec<(Key, Entry)>,
+    /// The ops whose effects its source had been delivered.
+    delivered: CausalContext,
     /// Stores restored from it so far.
     restored: u32,
 }
@@ -133,6 +135,7 @@ impl Sim {
             "seed {seed}: node {s}: the snapshot header differs from the store: {info:?}"
         );
         let entries = node.store.reader().entries().expect("read entries");
+        let delivered = node.delivered.clone();
         self.counts.snapshots += 1;
         self.log(|| format!("snapshot of node {s}: {:?}", info.context));
         self.mix(format!("snapshot {s} {}", info.source_log_end).as_bytes());
@@ -142,6 +145,7 @@ impl Sim {
             info,
             node: s,
             entries,
+            delivered,
             restored: 0,
         });
         if backups.len() > 3 {
@@ -300,6 +304,7 @@ impl Sim {
         let old_replica = std::mem::replace(&mut node.replica, replica);
         node.past_stats.push(old_replica.stats().clone());
         node.id = me;
+        node.delivered = self.restores.backups[b].delivered.intersection(store.ctx());
         node.acked_max_seq = 0;
         node.last_ctx = store.ctx().clone();
         node.last_hlc = store.hlc_mark();
