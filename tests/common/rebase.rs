@@ -1,5 +1,5 @@
-//! Recording backends that start from a crash image (the cluster simulation in
-//! `tests/sim_redb.rs` reopens a crashed node on one and keeps recording, so it can crash again),
+//! Recording backends that start from a crash image (the cluster simulator's recording backend,
+//! `tests/sim/crash.rs`, reopens a crashed node on one and keeps recording, so it can crash again),
 //! and log checkpoints that keep a long recording small.
 
 use super::{FaultBackend, Rec};

@@ -1,19 +1,24 @@
-//! A deterministic cluster of [`Replica`]s over the production redb store ([`SimStore`]) and a
-//! simulated network in virtual time. Everything random comes from one `ChaCha8Rng`; all maps
-//! are `BTreeMap`s.
+//! The simulated cluster: nodes (a [`Replica`] over a [`RedbStore`] on a `tests/common`
+//! [`FaultBackend`]), the network in virtual time, links, the event loop and convergence.
+//! Everything random comes from one `ChaCha8Rng`; all maps are `BTreeMap`s.
 
+use super::Backend;
+use super::counts::Counts;
+use super::dots::Dots;
 use super::oracle::Oracle;
-use super::store::SimStore;
-use rand::{Rng, SeedableRng};
+use super::restore::Restores;
+use crate::common::FaultBackend;
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
 use tidemark::codec;
 use tidemark::config::Limits;
+use tidemark::model::Delta;
 use tidemark::proto::{
     Message, Now, PeerId, Replica, ReplicaConfig, ReplicaEvent, ReplicaStats, StateStore,
 };
-use tidemark::store::EventId;
-use tidemark_crdts::{CausalContext, DotStore, Entry, Key, Mutation, ReplicaId};
+use tidemark::store::{EventId, OpenOptions, RedbStore};
+use tidemark_crdts::{CausalContext, DotMap, Entry, Key, Mutation, ReplicaId, StoreDelta, Value};
 
 pub const BASE_WALL_MS: u64 = 1_700_000_000_000;
 
@@ -22,7 +27,7 @@ pub const BASE_WALL_MS: u64 = 1_700_000_000_000;
 pub struct Faults {
     pub drop_pct: u32,
     pub dup_pct: u32,
-    /// Messages get an extra random delay up to this (reordering).
+    /// Extra random delay up to this, for 30 % of the messages (reordering).
     pub delay_max_ms: u64,
 }
 
@@ -33,122 +38,112 @@ pub enum NodeState {
     Paused { until: u64 },
 }
 
+/// What `durable_mark` reads: log bounds, context and cursors (what changes with every commit).
+pub type DurableMark = ((u64, u64), CausalContext, Vec<Option<(ReplicaId, u64)>>);
+
+pub fn durable_mark(store: &RedbStore, n: usize) -> DurableMark {
+    (
+        store.log_bounds(),
+        store.ctx().clone(),
+        (0..n)
+            .map(|j| store.peer_cursor(PeerId(j as u64)))
+            .collect(),
+    )
+}
+
 pub struct Node {
+    #[allow(dead_code)] // read by `quiescent`
     pub peer: PeerId,
-    pub store: SimStore,
+    /// The store's replica id.
+    pub id: ReplicaId,
+    pub backend: FaultBackend,
+    pub store: RedbStore,
     pub replica: Replica,
+    /// The store's epoch (the replica runs under it, as `src/driver.rs` does).
     pub epoch: u64,
     pub state: NodeState,
+    /// Wall-clock skew (the HLC and LWW timestamps see it).
     pub skew_ms: i64,
     /// This node's view of each peer's connection (what peer_up/peer_down said).
     pub conn: Vec<bool>,
-    /// Invariant baselines.
+    /// The context when the invariants last ran (it never shrinks).
     pub last_ctx: CausalContext,
     /// The log end when the state-wide invariants last ran.
     pub checked_at: Option<u64>,
     pub last_hlc: (u64, u32),
+    /// The durable mark and the backend's sync count after the last input.
+    pub last_mark: DurableMark,
+    pub last_syncs: u64,
+    /// Highest own seq of a commit acknowledged (or kept by a crash image).
+    pub acked_max_seq: u64,
     /// Stats of the replicas of earlier boots.
     pub past_stats: Vec<ReplicaStats>,
+    /// Crash inside the next delta or chunk join, then stay down this long.
+    pub crash_armed: Option<u64>,
     /// The acknowledged ops whose effects the harness delivered to this node (its own, and
     /// those a delta or chunk carried whose sender had them): the oracle's happens-before,
     /// independent of what the node's context claims.
     pub delivered: CausalContext,
 }
 
-struct Packet {
-    from: usize,
-    to: usize,
-    msg: Message,
-    /// The ops whose effects the sender held when it sent (deltas and chunks only).
-    delivered: Option<CausalContext>,
-}
-
-/// How often the interesting cases happened.
-#[derive(Clone, Debug, Default)]
-pub struct Counts {
-    pub ops_acked: u64,
-    pub ops_refused: u64,
-    pub ops_lost: u64,
-    pub crashes: u64,
-    pub crash_with_unacked: u64,
-    pub wipes: u64,
-    pub pauses: u64,
-    pub partitions: u64,
-    pub transfers: u64,
-    pub gaps: u64,
-    pub duplicates: u64,
-    pub stale_acks: u64,
-    pub hlc_rejected: u64,
-    pub evictions: u64,
-    pub compactions: u64,
-    pub rejected: u64,
-    pub empty_intervals: u64,
-    pub delivered: u64,
-    pub dropped: u64,
-    pub later_chunks: u64,
-    pub chunk_nacks: u64,
-    pub filtered: u64,
-    pub stale_chunks: u64,
-    pub transfers_behind_log: u64,
-    pub duplicate_events: u64,
-    pub events: u64,
-    pub large_values: u64,
-    pub large_batches: u64,
-}
-
-impl Counts {
-    pub fn add(&mut self, o: &Counts) {
-        macro_rules! add { ($($f:ident),*) => { $( self.$f += o.$f; )* } }
-        add!(
-            ops_acked,
-            ops_refused,
-            ops_lost,
-            crashes,
-            crash_with_unacked,
-            wipes,
-            pauses,
-            partitions,
-            transfers,
-            gaps,
-            duplicates,
-            stale_acks,
-            hlc_rejected,
-            evictions,
-            compactions,
-            rejected,
-            empty_intervals,
-            delivered,
-            dropped,
-            later_chunks,
-            chunk_nacks,
-            filtered,
-            stale_chunks,
-            transfers_behind_log,
-            duplicate_events,
-            events,
-            large_values,
-            large_batches
-        );
-    }
+pub struct Packet {
+    pub from: usize,
+    pub to: usize,
+    pub msg: Message,
+    /// The ops whose effects the sender held when it sent (deltas and chunks).
+    pub delivered: Option<CausalContext>,
 }
 
 /// An acknowledged event: its id, its ops, the first dot they took.
 pub type AckedEvent = (EventId, Vec<(Key, Mutation)>, tidemark_crdts::Dot);
 
+/// How a cluster is built besides what the seed draws.
+pub struct Setup {
+    pub backend: Backend,
+    pub seed: u64,
+    pub verbose: bool,
+    pub nodes: usize,
+    pub cfg: ReplicaConfig,
+    pub limits: Limits,
+    /// Log entries a compaction keeps (a node's `log_retain_entries`).
+    pub log_retain: u64,
+}
+
 pub struct Sim {
+    pub backend: Backend,
+    pub seed: u64,
+    pub verbose: bool,
     pub rng: ChaCha8Rng,
     pub now: u64,
     pub nodes: Vec<Node>,
-    net: BTreeMap<(u64, u64), Packet>,
-    net_seq: u64,
+    pub net: BTreeMap<(u64, u64), Packet>,
+    pub net_seq: u64,
     pub faults: Faults,
-    /// `blocked[from][to]`: messages on that direction are dropped.
+    /// `blocked[from][to]`: messages in that direction are dropped.
     pub blocked: Vec<Vec<bool>>,
     pub trace: u64,
     pub oracle: Oracle,
     pub counts: Counts,
     pub cfg: ReplicaConfig,
-    pub limits: Limits,
+    pub options: OpenOptions,
+    pub log_retain: u64,
+    /// Check invariants after each input.
+    pub check: bool,
+    /// Run `verify` after every input that committed something (else only at reopens and at
+    /// the end): on the recording backend always, on the memory backend in one seed of fifty
+    /// (`verify` after every input costs more than every other check together there).
+    pub verify_inputs: bool,
+    /// Every issued dot and what it stands for.
+    pub dots: Dots,
+    /// Snapshot files, restores and replica ids.
+    pub restores: Restores,
+    /// Acknowledged events.
+    pub events: Vec<AckedEvent>,
+    /// Workload state: keys, event sources and their next seqs, value serial.
+    pub n_keys: usize,
+    pub n_sources: u64,
+    pub next_seq: BTreeMap<u64, u64>,
+    pub serial: u64,
     /// Bytes of every message sent (encoded), when measuring.
     pub measure: bool,
     pub bytes_sent: u64,
@@ -156,10 +151,6 @@ pub struct Sim {
     pub delta_bytes: u64,
     /// Bytes sent per message kind, when measuring.
     pub bytes_by_kind: BTreeMap<&'static str, (u64, u64)>,
-    /// Check invariants after each event.
-    pub check: bool,
-    /// Acknowledged events.
-    pub events: Vec<AckedEvent>,
 }
 
 fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
@@ -171,31 +162,64 @@ fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
 }
 
 impl Sim {
-    pub fn new(seed: u64, n: usize, cfg: ReplicaConfig, limits: Limits) -> Self {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    /// A cluster of `setup.nodes` new stores, not started yet ([`Sim::start`]); per node the
+    /// seed draws its replica id, its replica's seed and (recording backend) its clock skew.
+    pub fn new(setup: Setup, mut rng: ChaCha8Rng) -> Self {
+        let Setup {
+            backend,
+            seed,
+            verbose,
+            nodes: n,
+            cfg,
+            limits,
+            log_retain,
+        } = setup;
+        let options = OpenOptions {
+            limits,
+            ..OpenOptions::default()
+        };
         let mut nodes = Vec::new();
         for i in 0..n {
-            let replica_id = ReplicaId(rng.random());
-            let peers: Vec<PeerId> = (0..n)
-                .filter(|j| *j != i)
-                .map(|j| PeerId(j as u64))
-                .collect();
+            let id = ReplicaId(rng.random());
+            let (backend_file, store) = new_store(backend, id, &options);
+            let epoch = store.epoch();
+            let peers = (0..n).filter(|j| *j != i).map(|j| PeerId(j as u64));
+            let replica = Replica::new(cfg.clone(), epoch, rng.random(), peers);
+            let skew_ms = match backend {
+                Backend::Recording if rng.random_bool(0.5) => rng.random_range(-3_000..=3_000),
+                _ => 0,
+            };
             nodes.push(Node {
                 peer: PeerId(i as u64),
-                store: SimStore::new(replica_id, limits.clone()),
-                replica: Replica::new(cfg.clone(), 1, rng.random(), peers),
-                epoch: 1,
+                id,
+                last_mark: durable_mark(&store, n),
+                last_syncs: backend_file.syncs(),
+                backend: backend_file,
+                store,
+                replica,
+                epoch,
                 state: NodeState::Up,
-                skew_ms: 0,
+                skew_ms,
                 conn: vec![false; n],
                 last_ctx: CausalContext::new(),
                 checked_at: None,
                 last_hlc: (0, 0),
+                acked_max_seq: 0,
                 past_stats: Vec::new(),
+                crash_armed: None,
                 delivered: CausalContext::new(),
             });
         }
-        let mut sim = Self {
+        let restores = Restores::new(nodes.iter().map(|n| n.id));
+        assert_eq!(
+            restores.used_ids.len(),
+            n,
+            "seed {seed}: two nodes drew one replica id"
+        );
+        Self {
+            backend,
+            seed,
+            verbose,
             rng,
             now: 0,
             nodes,
@@ -207,44 +231,65 @@ impl Sim {
             oracle: Oracle::default(),
             counts: Counts::default(),
             cfg,
-            limits,
+            options,
+            log_retain,
+            check: true,
+            verify_inputs: backend == Backend::Recording || seed % 50 == 0,
+            dots: Dots::default(),
+            restores,
+            events: Vec::new(),
+            n_keys: 1,
+            n_sources: 1,
+            next_seq: BTreeMap::new(),
+            serial: 0,
             measure: false,
             bytes_sent: 0,
             bytes_to: vec![0; n],
             delta_bytes: 0,
             bytes_by_kind: BTreeMap::new(),
-            check: true,
-            events: Vec::new(),
-        };
-        for i in 0..n {
-            sim.sync_links(i);
         }
-        sim
+    }
+
+    /// Starts the cluster: every node connects to the peers it can reach.
+    pub fn start(&mut self) {
+        for i in 0..self.n() {
+            self.sync_links(i);
+        }
     }
 
     pub fn n(&self) -> usize {
         self.nodes.len()
     }
 
+    /// Node `i`'s time: the virtual clock, and its (maybe skewed) wall clock.
     pub fn now_of(&self, i: usize) -> Now {
-        let wall = (BASE_WALL_MS + self.now).saturating_add_signed(self.nodes[i].skew_ms);
         Now {
             mono_ms: self.now,
-            wall_ms: wall,
+            wall_ms: (BASE_WALL_MS + self.now).saturating_add_signed(self.nodes[i].skew_ms),
         }
     }
 
-    fn mix(&mut self, bytes: &[u8]) {
+    pub fn mix(&mut self, bytes: &[u8]) {
         self.trace = fnv(self.trace, bytes);
     }
 
-    fn running(&self, i: usize) -> bool {
+    pub fn log(&self, what: impl FnOnce() -> String) {
+        if self.verbose {
+            println!("t={} {}", self.now, what());
+        }
+    }
+
+    /// Running: processes inputs.
+    pub fn running(&self, i: usize) -> bool {
         self.nodes[i].state == NodeState::Up
     }
 
-    fn alive(&self, i: usize) -> bool {
+    /// Not crashed (a paused process keeps its connections).
+    pub fn alive(&self, i: usize) -> bool {
         !matches!(self.nodes[i].state, NodeState::Crashed { .. })
     }
+
+    // ---- links and network -----------------------------------------------------------------
 
     /// Brings node `i`'s connection view in line with reachability (only while it runs).
     pub fn sync_links(&mut self, i: usize) {
@@ -263,8 +308,8 @@ impl Sim {
                 let node = &mut self.nodes[i];
                 if want {
                     node.replica
-                        .peer_up(now, peer, &mut *node.store)
-                        .expect("the store does not fail");
+                        .peer_up(now, peer, &mut node.store)
+                        .expect("peer_up: the store does not fail");
                 } else {
                     node.replica.peer_down(now, peer);
                 }
@@ -274,7 +319,7 @@ impl Sim {
     }
 
     /// Forces a fresh connection from every running node to `i` (it restarted).
-    fn reconnect_to(&mut self, i: usize) {
+    pub fn reconnect_to(&mut self, i: usize) {
         for j in 0..self.n() {
             if j != i && self.running(j) && self.nodes[j].conn[i] {
                 self.nodes[j].conn[i] = false;
@@ -289,16 +334,27 @@ impl Sim {
         }
     }
 
+    pub fn set_blocked(&mut self, blocked: Vec<Vec<bool>>) {
+        self.blocked = blocked;
+        for i in 0..self.n() {
+            self.sync_links(i);
+        }
+    }
+
     pub fn send(&mut self, from: usize, to: usize, msg: Message) {
         // Every message fits in a frame; a larger one could never be sent (ARCHITECTURE.md, "size
         // invariants").
         let len = codec::encoded_len("message", &msg).expect("encodable");
+        let frame_max = self.options.limits.frame_bytes_max;
         assert!(
-            len <= self.limits.frame_bytes_max,
-            "node {from}: a {} message of {len} bytes exceeds frame_bytes_max {}",
+            len <= frame_max,
+            "seed {}: node {from}: a {} message of {len} bytes exceeds frame_bytes_max {frame_max}",
+            self.seed,
             msg.kind(),
-            self.limits.frame_bytes_max
         );
+        if self.check {
+            self.check_message(from, &msg);
+        }
         if self.measure {
             let len = len as u64;
             self.bytes_sent += len;
@@ -312,6 +368,7 @@ impl Sim {
             return;
         }
         let copies = if self.rng.random_range(0..100) < self.faults.dup_pct {
+            self.counts.duplicated += 1;
             2
         } else {
             1
@@ -336,287 +393,48 @@ impl Sim {
         }
     }
 
-    /// Drains node `i`'s outputs and checks its invariants.
+    /// Drains node `i`'s outputs, acts on compaction, checks its invariants.
     pub fn after_input(&mut self, i: usize) {
         while let Some(t) = self.nodes[i].replica.poll_transmit() {
             self.send(i, t.to.0 as usize, t.msg);
         }
         // No correct peer ever shows a node more of its own id than it holds
-        // (docs/design/principles.md, "Never reuse a dot" (c)): crashes, crash images and wipes
-        // must never look like a data dir copied back.
+        // (docs/design/principles.md, "Never reuse a dot" (c)): crashes, crash images, wipes and
+        // restores from snapshots (new ids) must never look like a data dir copied back.
         let restored = self.nodes[i].replica.take_restored_copy();
         assert!(
             restored.is_none(),
-            "node {i} falsely detected as a restored copy: {restored:?}"
+            "seed {}: node {i} falsely detected as a restored copy: {restored:?}",
+            self.seed
         );
         while let Some(e) = self.nodes[i].replica.poll_event() {
             self.mix(format!("{i}:{e:?}").as_bytes());
             if let ReplicaEvent::Compact { below } = e {
-                self.counts.compactions += 1;
-                self.nodes[i]
-                    .store
-                    .truncate_log(below)
-                    .expect("the store does not fail");
+                // As the driver does: keep the last `log_retain` entries for peers briefly away
+                // (and for stores restored from a snapshot of this one: their seed cursor).
+                let (start, end) = self.nodes[i].store.log_bounds();
+                let below = below.min(end.saturating_sub(self.log_retain));
+                if below > start {
+                    self.counts.compactions += 1;
+                    self.nodes[i]
+                        .store
+                        .truncate_log(below)
+                        .expect("compaction: the store does not fail");
+                }
             }
         }
         if self.check {
-            self.check_invariants(i);
+            self.check_node(i);
         }
+        self.checkpoint(i);
     }
 
-    /// G7 always-invariants for node `i` (the only node the last event touched).
-    pub fn check_invariants(&mut self, i: usize) {
-        self.check_invariants_of(i, false);
-    }
-
-    /// As [`Sim::check_invariants`]; the state-wide checks run only when node `i`'s state
-    /// changed since they last ran (every state change is logged) or when `force`d.
-    fn check_invariants_of(&mut self, i: usize, force: bool) {
-        let node = &mut self.nodes[i];
-        let me = node.store.replica_id();
-        let end = node.store.log_bounds().1;
-        if !force && node.checked_at == Some(end) {
-            return;
-        }
-        node.checked_at = Some(end);
-        let entries = node.store.entries();
-        let ctx = node.store.context();
-        assert!(
-            entries.values().all(|e| {
-                let mut ok = true;
-                e.for_each_dot(&mut |d| ok &= ctx.contains(&d));
-                ok
-            }),
-            "node {i}: a stored dot is outside the context"
-        );
-        assert!(
-            node.store.context().own_dots_contiguous(me),
-            "node {i}: own dots are not contiguous"
-        );
-        assert!(
-            node.last_ctx.is_subset(node.store.context()),
-            "node {i}: the context shrank"
-        );
-        // A causal counter holds at most one live dot per replica (its running total).
-        for (key, entry) in &entries {
-            let mut replicas = Vec::new();
-            match entry {
-                Entry::GCounter(f) => replicas.extend(f.iter().map(|(d, _)| d.replica)),
-                Entry::PNCounter(f) => replicas.extend(f.iter().map(|(d, _)| d.replica)),
-                _ => {}
-            }
-            let n = replicas.len();
-            replicas.dedup();
-            assert_eq!(
-                replicas.len(),
-                n,
-                "node {i}: {key} holds two live dots of one replica: {entry:?}"
-            );
-        }
-        let mut live = CausalContext::new();
-        for e in entries.values() {
-            e.for_each_dot(&mut |d| {
-                live.insert(d);
-            });
-        }
-        let contexts: Vec<&CausalContext> = self.nodes.iter().map(|n| n.store.context()).collect();
-        if let Some(op) = self.oracle.unwitnessed_retirement(
-            &self.nodes[i].delivered,
-            &live,
-            contexts.into_iter(),
-        ) {
-            panic!(
-                "node {i}: {:?} {:?} on {} was retired, but no node holds a dot that retired it \
-                 (an effect whose dot is in no context)",
-                op.dot, op.mutation, op.key
-            );
-        }
-        let node = &mut self.nodes[i];
-        let hlc = node.store.hlc_mark();
-        assert!(hlc >= node.last_hlc, "node {i}: the HLC went back");
-        node.last_hlc = hlc;
-        if node.last_ctx != *node.store.context() {
-            node.last_ctx = node.store.context().clone();
-        }
-    }
-
-    /// A client write on node `i`: acknowledged only once `apply_local` returned.
-    pub fn client_write(&mut self, i: usize, ops: Vec<(Key, Mutation)>) -> bool {
-        self.client_write_event(i, ops, None) == Some(true)
-    }
-
-    /// A client write on node `i`, an idempotent event when `event` is given. `None` when the
-    /// node is down or the write was refused; `Some(false)` when it was a duplicate event (a
-    /// no-op); `Some(true)` when it was applied and acknowledged.
-    pub fn client_write_event(
-        &mut self,
-        i: usize,
-        ops: Vec<(Key, Mutation)>,
-        event: Option<EventId>,
-    ) -> Option<bool> {
-        if !self.running(i) {
-            return None;
-        }
-        let now = self.now_of(i);
-        let node = &mut self.nodes[i];
-        let before = node.store.context().clone();
-        match node.store.apply_local(&ops, event.clone(), now.wall_ms) {
-            Ok(Some(delta)) => {
-                let me = node.store.replica_id();
-                node.replica.handle_local_commit(now);
-                self.oracle
-                    .record_batch(me, &before, &self.nodes[i].delivered, &ops, &delta);
-                for d in delta.context().iter_dots().filter(|d| d.replica == me) {
-                    self.nodes[i].delivered.insert(d);
-                }
-                if self.measure {
-                    self.delta_bytes +=
-                        codec::encoded_len("delta", &delta).expect("encodable") as u64;
-                }
-                if let Some(ev) = event {
-                    self.events
-                        .push((ev, ops.clone(), before.next_dot(me).expect("a fresh dot")));
-                }
-                self.counts.ops_acked += ops.len() as u64;
-                self.mix(&codec::encode("delta", &delta).expect("encodable"));
-                self.after_input(i);
-                Some(true)
-            }
-            Ok(None) => {
-                assert!(event.is_some(), "a write without an event id was skipped");
-                assert_eq!(
-                    self.nodes[i].store.context(),
-                    &before,
-                    "node {i}: a duplicate event changed the context"
-                );
-                self.counts.duplicate_events += 1;
-                Some(false)
-            }
-            Err(_) => {
-                self.counts.ops_refused += ops.len() as u64;
-                None
-            }
-        }
-    }
-
-    /// After convergence, retries every acknowledged event whose ops survived at a random node:
-    /// each must be a duplicate (dedup marks replicated with the state) and change nothing.
-    pub fn retry_events(&mut self) {
-        let events = std::mem::take(&mut self.events);
-        for (ev, ops, first) in &events {
-            if self.oracle.is_lost(first) {
-                continue;
-            }
-            let i = self.rng.random_range(0..self.n());
-            let got = self.client_write_event(i, ops.clone(), Some(ev.clone()));
-            assert_eq!(
-                got,
-                Some(false),
-                "node {i}: retrying event {ev:?} after convergence was not a no-op"
-            );
-        }
-        self.events = events;
-    }
-
-    pub fn crash(&mut self, i: usize, down_ms: u64) {
-        if !self.alive(i) {
-            return;
-        }
-        self.counts.crashes += 1;
-        let queued = self.net.values().any(|p| p.to == i);
-        if self.nodes[i].replica.in_flight() > 0 || queued {
-            self.counts.crash_with_unacked += 1;
-        }
-        // Inputs not yet processed are lost with the process.
-        self.net.retain(|_, p| p.to != i);
-        // G7.5: what a restart reopens from the durable image equals what was served.
-        let n = self.n();
-        let recovered = self.nodes[i].store.reopen(n);
-        self.nodes[i].store = recovered;
-        self.nodes[i].state = NodeState::Crashed {
-            restart_at: self.now + down_ms,
-        };
-        self.nodes[i].conn = vec![false; self.n()];
-        for j in 0..self.n() {
-            if j != i {
-                self.sync_links(j);
-            }
-        }
-    }
-
-    /// Wipes node `i`'s data: new store, new replica id, same peer id. Ops no other store has
-    /// seen are the allowed loss; whatever `i` had in flight dies with it.
-    pub fn wipe(&mut self, i: usize, down_ms: u64) {
-        let old = self.nodes[i].store.replica_id();
-        self.crash(i, down_ms);
-        self.counts.wipes += 1;
-        let others: Vec<CausalContext> = (0..self.n())
-            .filter(|j| *j != i)
-            .map(|j| self.nodes[j].delivered.clone())
-            .collect();
-        self.counts.ops_lost += self.oracle.mark_lost(old, others.iter());
-        self.net.retain(|_, p| p.from != i);
-        let id = ReplicaId(self.rng.random());
-        let node = &mut self.nodes[i];
-        node.store = SimStore::new(id, self.limits.clone());
-        node.last_ctx = CausalContext::new();
-        node.checked_at = None;
-        node.last_hlc = (0, 0);
-        node.delivered = CausalContext::new();
-        // The wiped node's retirements are visible elsewhere only through their witnesses.
-        for j in 0..self.n() {
-            self.check_invariants_of(j, true);
-        }
-    }
-
-    fn restart(&mut self, i: usize) {
-        let n = self.n();
-        let peers: Vec<PeerId> = (0..self.n())
-            .filter(|j| *j != i)
-            .map(|j| PeerId(j as u64))
-            .collect();
-        let seed = self.rng.random();
-        let node = &mut self.nodes[i];
-        node.epoch += 1;
-        let old = std::mem::replace(
-            &mut node.replica,
-            Replica::new(self.cfg.clone(), node.epoch, seed, peers),
-        );
-        node.past_stats.push(old.stats().clone());
-        node.state = NodeState::Up;
-        node.conn = vec![false; n];
-        self.sync_links(i);
-        self.reconnect_to(i);
-    }
-
-    pub fn pause(&mut self, i: usize, ms: u64) {
-        if self.running(i) {
-            self.counts.pauses += 1;
-            self.nodes[i].state = NodeState::Paused {
-                until: self.now + ms,
-            };
-        }
-    }
-
-    fn resume(&mut self, i: usize) {
-        self.nodes[i].state = NodeState::Up;
-        self.sync_links(i);
-        for j in 0..self.n() {
-            if j != i {
-                self.sync_links(j);
-            }
-        }
-    }
-
-    pub fn set_blocked(&mut self, blocked: Vec<Vec<bool>>) {
-        self.blocked = blocked;
-        for i in 0..self.n() {
-            self.sync_links(i);
-        }
-    }
-
-    /// Restarts crashed nodes, resumes paused ones, lifts partitions and network faults.
+    /// Restarts crashed nodes, resumes paused ones, lifts partitions and network faults,
+    /// disarms crashes.
     pub fn heal(&mut self) {
+        for node in &mut self.nodes {
+            node.crash_armed = None;
+        }
         self.faults = Faults::default();
         let n = self.n();
         self.set_blocked(vec![vec![false; n]; n]);
@@ -628,6 +446,8 @@ impl Sim {
             }
         }
     }
+
+    // ---- event loop ----------------------------------------------------------------------
 
     /// The time of the next internal event (packet, timer, restart, resume).
     fn next_internal(&self) -> Option<u64> {
@@ -684,8 +504,8 @@ impl Sim {
                 let now = self.now_of(i);
                 let node = &mut self.nodes[i];
                 node.replica
-                    .handle_timeout(now, &mut *node.store)
-                    .expect("the store does not fail");
+                    .handle_timeout(now, &mut node.store)
+                    .expect("handle_timeout: the store does not fail");
                 self.after_input(i);
                 return true;
             }
@@ -695,60 +515,56 @@ impl Sim {
 
     fn deliver(&mut self, p: Packet) {
         match self.nodes[p.to].state {
-            NodeState::Crashed { .. } => self.counts.dropped += 1,
+            NodeState::Crashed { .. } => {
+                self.counts.dropped += 1;
+                return;
+            }
             NodeState::Paused { until } => {
                 // Held by the paused process; processed after it resumes.
                 self.net_seq += 1;
                 self.net.insert((until, self.net_seq), p);
+                return;
             }
-            NodeState::Up if self.blocked[p.from][p.to] => self.counts.dropped += 1,
-            NodeState::Up => {
-                self.counts.delivered += 1;
-                let bytes = codec::encode("message", &p.msg).expect("encodable");
-                self.mix(&(p.from as u64 * 31 + p.to as u64).to_le_bytes());
-                self.mix(&self.now.to_le_bytes());
-                self.mix(&bytes);
-                let now = self.now_of(p.to);
-                let from = PeerId(p.from as u64);
-                let carried = p.delivered.map(|sender| self.carried(&p.msg, &sender));
-                let node = &mut self.nodes[p.to];
-                node.replica
-                    .handle_message(now, from, p.msg, &mut *node.store)
-                    .expect("the store does not fail");
-                if let Some(carried) = carried {
-                    // Only what the receiver took in (a dropped gap or stale delta brings nothing).
-                    let got = carried.intersection(node.store.context());
-                    node.delivered.join(&got);
-                }
-                self.after_input(p.to);
+            NodeState::Up if self.blocked[p.from][p.to] => {
+                self.counts.dropped += 1;
+                return;
             }
+            NodeState::Up => {}
         }
-    }
-
-    /// The acknowledged ops whose effects `msg` carries, given what its sender held: a delta
-    /// carries every op its context names, and so does the last chunk of a transfer (for the
-    /// whole transfer); earlier chunks carry nothing yet.
-    fn carried(&self, msg: &Message, sender: &CausalContext) -> CausalContext {
-        let mut out = CausalContext::new();
-        match msg {
-            Message::Delta { delta, .. } => {
-                for d in delta.context().iter_dots() {
-                    if sender.contains(&d) {
-                        out.insert(d);
-                    }
-                }
-            }
-            // The chunks of a transfer are joined together when the last one arrives.
-            Message::Chunk { chunk, .. } if chunk.last => {
-                for d in chunk.ctx.iter_dots() {
-                    if sender.contains(&d) {
-                        out.insert(d);
-                    }
-                }
-            }
-            _ => {}
+        self.counts.delivered += 1;
+        if let (Some(down_ms), Message::Delta { .. } | Message::Chunk { .. }) =
+            (self.nodes[p.to].crash_armed, &p.msg)
+        {
+            let to = p.to;
+            self.crash(
+                to,
+                down_ms,
+                super::crash::CrashMode::DuringDelivery,
+                Some(p),
+            );
+            return;
         }
-        out
+        if let Message::Delta { log, from, .. } = &p.msg {
+            self.restores
+                .seeded_hit(p.to, p.from, *log, *from, &mut self.counts);
+        }
+        let bytes = codec::encode("message", &p.msg).expect("encodable");
+        self.mix(&(p.from as u64 * 31 + p.to as u64).to_le_bytes());
+        self.mix(&self.now.to_le_bytes());
+        self.mix(&bytes);
+        let now = self.now_of(p.to);
+        let from = PeerId(p.from as u64);
+        let carried = p.delivered.map(|sender| carried(&p.msg, &sender));
+        let node = &mut self.nodes[p.to];
+        node.replica
+            .handle_message(now, from, p.msg, &mut node.store)
+            .expect("handle_message: the store does not fail");
+        if let Some(carried) = carried {
+            // Only what the receiver took in (a dropped gap or stale delta brings nothing).
+            let got = carried.intersection(node.store.ctx());
+            node.delivered.join(&got);
+        }
+        self.after_input(p.to);
     }
 
     /// Runs internal events up to `until` (inclusive) and sets the clock there.
@@ -757,24 +573,25 @@ impl Sim {
         self.now = self.now.max(until);
     }
 
-    /// True when every node runs and all hold the same state.
+    /// True when every node runs and all hold the same state (entries, context, dedup marks).
     pub fn converged(&mut self) -> bool {
         if self.nodes.iter().any(|n| n.state != NodeState::Up)
             || self
                 .nodes
                 .iter()
-                .any(|n| n.store.context() != self.nodes[0].store.context())
+                .any(|n| n.store.ctx() != self.nodes[0].store.ctx())
         {
             return false;
         }
-        let first = self.nodes[0].store.state();
+        let first = state(&mut self.nodes[0].store);
         self.nodes
             .iter_mut()
             .skip(1)
-            .all(|n| n.store.state() == first)
+            .all(|n| state(&mut n.store) == first)
     }
 
     /// True when nothing is in flight and every peer has acknowledged every node's whole log.
+    #[allow(dead_code)] // the measuring runs are in `tests/sim.rs`
     pub fn quiescent(&self) -> bool {
         self.net.is_empty()
             && self.nodes.iter().all(|n| {
@@ -787,6 +604,7 @@ impl Sim {
     }
 
     /// Runs until quiescent (checked every `step_ms`) or `deadline`; returns the time.
+    #[allow(dead_code)] // the measuring runs are in `tests/sim.rs`
     pub fn run_until_quiescent(&mut self, deadline: u64, step_ms: u64) -> Option<u64> {
         loop {
             if self.quiescent() {
@@ -814,7 +632,7 @@ impl Sim {
         }
     }
 
-    /// Folds the replicas' counters into `counts`.
+    /// Folds the replicas' counters (of every boot) into `counts`.
     pub fn collect_stats(&mut self) {
         let mut all: Vec<ReplicaStats> = Vec::new();
         for n in &self.nodes {
@@ -822,19 +640,97 @@ impl Sim {
             all.push(n.replica.stats().clone());
         }
         for s in all {
-            self.counts.transfers += s.transfers_started;
-            self.counts.gaps += s.gap_intervals;
-            self.counts.duplicates += s.duplicate_intervals;
-            self.counts.stale_acks += s.acks_stale_epoch;
-            self.counts.hlc_rejected += s.hlc_rejected;
-            self.counts.evictions += s.evictions;
-            self.counts.rejected += s.rejected;
-            self.counts.empty_intervals += s.empty_intervals_sent;
-            self.counts.later_chunks += s.chunks_applied.saturating_sub(s.transfers_received);
-            self.counts.chunk_nacks += s.chunk_nacks_received;
-            self.counts.filtered += s.intervals_filtered;
-            self.counts.stale_chunks += s.stale_chunks;
-            self.counts.transfers_behind_log += s.transfers_behind_log;
+            let c = &mut self.counts;
+            c.transfers += s.transfers_started;
+            c.transfers_behind_log += s.transfers_behind_log;
+            c.transfers_received += s.transfers_received;
+            c.later_chunks += s.chunks_applied.saturating_sub(s.transfers_received);
+            c.chunk_nacks += s.chunk_nacks_received;
+            c.duplicates += s.duplicate_intervals;
+            c.gaps += s.gap_intervals;
+            c.stale_acks += s.acks_stale_epoch;
+            c.retransmits += s.retransmits;
+            c.evictions += s.evictions;
+            c.filtered += s.intervals_filtered;
+            c.stale_chunks += s.stale_chunks;
+            c.rejected += s.rejected;
+            c.hlc_rejected += s.hlc_rejected;
+            c.empty_intervals += s.empty_intervals_sent;
         }
+    }
+}
+
+/// A new, empty store for `id` on a new backend of the kind `backend` names.
+pub fn new_store(
+    backend: Backend,
+    id: ReplicaId,
+    options: &OpenOptions,
+) -> (FaultBackend, RedbStore) {
+    let file = match backend {
+        Backend::Memory => FaultBackend::default(),
+        Backend::Recording => FaultBackend::recording(),
+    };
+    let store = RedbStore::open_with_backend(
+        file.clone(),
+        OpenOptions {
+            new_replica_id: Some(id),
+            ..options.clone()
+        },
+    )
+    .expect("create a store");
+    assert_eq!(store.replica(), id);
+    (file, store)
+}
+
+/// The acknowledged ops whose effects `msg` carries, given what its sender held: a delta
+/// carries every op its context names, and so does the last chunk of a transfer (for the whole
+/// transfer); earlier chunks carry nothing yet.
+pub fn carried(msg: &Message, sender: &CausalContext) -> CausalContext {
+    let mut out = CausalContext::new();
+    let ctx = match msg {
+        Message::Delta { delta, .. } => delta.context(),
+        // The chunks of a transfer are joined together when the last one arrives.
+        Message::Chunk { chunk, .. } if chunk.last => &chunk.ctx,
+        _ => return out,
+    };
+    for d in ctx.iter_dots() {
+        if sender.contains(&d) {
+            out.insert(d);
+        }
+    }
+    out
+}
+
+/// Every entry of `store`, ascending by key.
+pub fn entries(store: &RedbStore) -> BTreeMap<Key, Entry> {
+    store
+        .reader()
+        .entries()
+        .expect("read the rows")
+        .into_iter()
+        .collect()
+}
+
+/// The value of `key` in `store` (the empty value of its kind when absent).
+pub fn value(store: &RedbStore, key: &Key) -> Value {
+    store
+        .reader()
+        .get(key)
+        .expect("read a row")
+        .unwrap_or_else(|| Value::empty(key.kind))
+}
+
+/// The replicated state of `store` (entries, context, dedup marks) as one delta.
+pub fn state(store: &mut RedbStore) -> Delta {
+    let mut map = DotMap::default();
+    for (k, e) in entries(store) {
+        map.set(k, e);
+    }
+    Delta {
+        state: StoreDelta {
+            store: map,
+            ctx: store.ctx().clone(),
+        },
+        marks: store.dedup_marks().expect("read the dedup marks"),
     }
 }

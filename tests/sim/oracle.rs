@@ -176,7 +176,6 @@ impl Oracle {
 
     /// Marks as lost every op whose dot does not `survive` (a restore: no remaining store and
     /// not the restored snapshot holds it); returns the dots newly lost.
-    #[allow(dead_code)] // restores: tests/sim_redb.rs only
     pub fn mark_lost_unless(&mut self, survives: impl Fn(&Dot) -> bool) -> Vec<Dot> {
         let mut lost = Vec::new();
         for op in self.ops.iter_mut().filter(|o| !o.lost) {
@@ -194,7 +193,6 @@ impl Oracle {
     /// its commit carrying the removal was held only by the restored node; the op's own dot
     /// survived in an earlier part). Those ops no longer count as having seen `a`. Returns the
     /// retirements forgotten. Counters are exempt: a counter dot's removals travel with it.
-    #[allow(dead_code)] // restores: tests/sim_redb.rs only
     pub fn forget_lost_retirements(&mut self, retired: impl Fn(&Dot) -> bool) -> u64 {
         let mut n = 0;
         for a in 0..self.ops.len() {
