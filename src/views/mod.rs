@@ -541,8 +541,11 @@ impl Views {
         let has_wm = wms.get(stream).is_some_and(|m| m.wm.is_some());
         let mut fresh = self.fresh_from.lock().map_err(|_| Error::Closed)?;
         // A restored store waits for a fresh announcement even when it does not join (its
-        // watermark came from the snapshot, not from the cluster as it is now).
-        if synced.contains(stream) || (!self.joining && has_wm && !fresh.contains_key(stream)) {
+        // watermark came from the snapshot, not from the cluster as it is now). A store with
+        // a watermark of its own (announced in an earlier run, which a joining node does only
+        // once synced) is synced, joining or not: a restarted member that reaches no peer
+        // keeps applying by its own watermark.
+        if synced.contains(stream) || (has_wm && !fresh.contains_key(stream)) {
             return Ok((true, None));
         }
         if let Some(seen) = fresh.get(stream) {

@@ -483,3 +483,51 @@ async fn a_cluster_whose_nodes_all_join_applies_events_and_finalizes() {
         n.shutdown().await.expect("shutdown");
     }
 }
+
+/// A joining node that synced and announced keeps applying events after a restart that
+/// reaches no peer (its own watermark, announced in the earlier run, vouches for it): a sole
+/// survivor restarted with its `--join` list is live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synced_joining_node_restarted_alone_applies_by_its_own_watermark() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (a, b) = two_with_a_final_window(root.path()).await;
+    let c_dir = root.path().join("c");
+    let c = open(&c_dir, true).await;
+    c.connect(&a).expect("connect");
+    c.connect(&b).expect("connect");
+    let started = Instant::now();
+    let mut seq = 1;
+    loop {
+        let out = c
+            .ingest("s", vec![ev("c", seq, 3 * MIN, "c")])
+            .await
+            .expect("c ingests");
+        if out.late == 0 {
+            break;
+        }
+        seq += 1;
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "c never synced"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.shutdown().await.expect("shutdown");
+    drop(c);
+    for n in [a, b] {
+        n.shutdown().await.expect("shutdown");
+    }
+    let c = open(&c_dir, true).await;
+    let out = c
+        .ingest("s", vec![ev("c", 1_000, 3 * MIN + 1_000, "c")])
+        .await
+        .expect("c ingests alone");
+    assert_eq!((out.applied, out.late), (1, 0), "{out:?}");
+    // The window A and B sealed is still late on it.
+    let out = c
+        .ingest("s", vec![ev("c", 1_001, 30_000, "c")])
+        .await
+        .expect("c ingests alone");
+    assert_eq!(out.late, 1, "{out:?}");
+    c.shutdown().await.expect("shutdown");
+}
