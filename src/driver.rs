@@ -45,6 +45,11 @@ pub(crate) enum Input {
         delta: Delta,
         reply: oneshot::Sender<Result<Result<ApplyOutcome, Rejected>, Error>>,
     },
+    /// Whether some peer is linked and this store holds what every linked peer held when it
+    /// first announced its context (`Replica::covers_peers`).
+    PeersCovered {
+        reply: oneshot::Sender<bool>,
+    },
     DeltasSince {
         remote: CausalContext,
         bytes_max: usize,
@@ -123,9 +128,6 @@ pub(crate) struct Driver {
     pub(crate) log_retain_entries: u64,
     /// Frames from peers that could not be decoded (in-process links count here too).
     pub(crate) frames_rejected: Arc<std::sync::atomic::AtomicU64>,
-    /// Set at each tick: some peer is linked, and this store holds what every linked peer
-    /// held when it first announced its context (`Replica::covers_peers`).
-    pub(crate) peers_covered: Arc<std::sync::atomic::AtomicBool>,
     pub(crate) frame_bytes_max: usize,
     /// Reachable peers (QUIC connections and in-process nodes): where their frames go.
     pub(crate) links: BTreeMap<PeerId, PeerLink>,
@@ -363,11 +365,6 @@ impl Driver {
 
     fn on_tick(&mut self) {
         Metrics::set(&self.metrics.log_entries, self.store.log_len());
-        let linked: Vec<PeerId> = self.links.keys().copied().collect();
-        self.peers_covered.store(
-            self.replica.covers_peers(&linked, &self.store),
-            Ordering::Relaxed,
-        );
         self.note_caught_up();
         self.metrics.sample_writes(wall_ms());
         if let Err(e) = self.durable.sync(&mut self.store) {
@@ -607,6 +604,10 @@ impl Driver {
                     Metrics::add(&self.metrics.remote_rejected, 1);
                 }
                 let _ = reply.send(r.map_err(Error::from));
+            }
+            Input::PeersCovered { reply } => {
+                let linked: Vec<PeerId> = self.links.keys().copied().collect();
+                let _ = reply.send(self.replica.covers_peers(&linked, &self.store));
             }
             Input::DeltasSince {
                 remote,

@@ -81,9 +81,6 @@ struct Shared {
     net: Mutex<Option<Arc<crate::net::transport::Net>>>,
     /// Frames from peers that could not be decoded (shared with in-process links to us).
     frames_rejected: Arc<std::sync::atomic::AtomicU64>,
-    /// The writer's verdict at its last tick: this node holds what each linked peer held
-    /// when it met it (a joining node syncs its streams only then, `Views::first_sync`).
-    peers_covered: Arc<std::sync::atomic::AtomicBool>,
     /// Our in-process links (`Node::connect`): peer → link id, to take the link down.
     local_links: Mutex<std::collections::BTreeMap<PeerId, u64>>,
     /// Held while a removal is checked and written: a repeated request writes nothing.
@@ -214,7 +211,6 @@ impl Node {
         let core = Replica::new(replication, epoch, seed, store.known_peers());
         let relaxed = config.durability == crate::limits::Durability::Relaxed;
         let frames_rejected = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let peers_covered = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let durable = crate::driver::DurablePoint::new(&store, relaxed);
         let driver = Driver {
             store,
@@ -232,7 +228,6 @@ impl Node {
             started: std::time::Instant::now(),
             log_retain_entries: config.log_retain_entries,
             frames_rejected: Arc::clone(&frames_rejected),
-            peers_covered: Arc::clone(&peers_covered),
             frame_bytes_max: config.limits.frame_bytes_max,
             links: std::collections::BTreeMap::new(),
             net_alive: std::collections::BTreeSet::new(),
@@ -263,7 +258,6 @@ impl Node {
                 views,
                 net: Mutex::new(None),
                 frames_rejected,
-                peers_covered,
                 local_links: Mutex::new(std::collections::BTreeMap::new()),
                 removing: tokio::sync::Mutex::new(()),
                 removals_logged: Mutex::new(None),
@@ -392,15 +386,21 @@ impl Node {
         Ok(EventSink::new(move |e| tx.send(Input::Net(e)).is_ok()))
     }
 
-    /// The clock now and whether this node holds what each linked peer held when it met it.
-    fn covered(&self) -> crate::views::SyncNow {
-        crate::views::SyncNow {
+    /// The clock now and, for a stream this (joining) node has not synced yet, whether it
+    /// holds what each linked peer held when they met (asked of the writer, after every
+    /// input it received before).
+    async fn sync_now(&self, stream: &str) -> Result<crate::views::SyncNow, Error> {
+        let peers_covered = if self.shared.views.awaits_sync(stream) {
+            let (reply, rx) = oneshot::channel();
+            self.send(Input::PeersCovered { reply })?;
+            rx.await.map_err(|_| Error::Closed)?
+        } else {
+            false
+        };
+        Ok(crate::views::SyncNow {
             now_ms: crate::clock::wall_ms(),
-            peers_covered: self
-                .shared
-                .peers_covered
-                .load(std::sync::atomic::Ordering::Relaxed),
-        }
+            peers_covered,
+        })
     }
 
     /// What an in-process link to this node decodes frames under (as our network would).
@@ -784,13 +784,13 @@ impl Node {
             pending: None,
         };
         between.await;
+        let at = self.sync_now(stream).await?;
         let reader = self.reader()?;
         let admitted = {
             let mut wms = views.watermarks.lock().map_err(|_| Error::Closed)?;
             // A joining node applies nothing to windows before it synced the stream, and
             // then starts from the largest watermark it holds.
-            let (synced, adopted) =
-                views.first_sync(&mut wms, stream, &reader, me, self.covered())?;
+            let (synced, adopted) = views.first_sync(&mut wms, stream, &reader, me, at)?;
             let mut admitted = views.admit(
                 wms.get(stream).copied().unwrap_or_default(),
                 crate::views::AdmitBatch {
@@ -1077,8 +1077,10 @@ impl Node {
         // from its cluster's once it holds their announcements.
         let mut started = Vec::new();
         for stream in views.windowed_streams() {
+            let at = self.sync_now(&stream).await?;
+            let reader = self.reader()?;
             let mut wms = views.watermarks.lock().map_err(|_| Error::Closed)?;
-            let (_, write) = views.first_sync(&mut wms, &stream, &reader, me, self.covered())?;
+            let (_, write) = views.first_sync(&mut wms, &stream, &reader, me, at)?;
             if let Some(w) = write {
                 started.push(self.enqueue(vec![w])?);
             }

@@ -228,7 +228,7 @@ pub(crate) struct SyncNow {
     /// The node's clock (ms).
     pub(crate) now_ms: u64,
     /// The node holds what each peer it is linked to held when they met, and is linked to
-    /// one at least.
+    /// one at least (asked of the writer only while [`Views::awaits_sync`]).
     pub(crate) peers_covered: bool,
 }
 
@@ -782,6 +782,12 @@ impl Views {
             batch.queued.push((k, e.seq));
         }
         out
+    }
+
+    /// True for a joining node that has not synced `stream` yet ([`Views::first_sync`]
+    /// needs [`SyncNow::peers_covered`] then).
+    pub(crate) fn awaits_sync(&self, stream: &str) -> bool {
+        self.joining && self.synced.lock().map_or(true, |s| !s.contains(stream))
     }
 
     /// The announcement write of `stream`: watermark `wm`, horizon `horizon`.
