@@ -144,8 +144,7 @@ fn scalar(v: &serde_json::Value) -> bool {
 /// # Errors
 /// [`Error::InvalidEvent`] naming the event and the field: a missing group or value field, a
 /// non-integer `sum` field, a non-scalar `distinct`/`members` element, a value or group over
-/// its size limit, a malformed, ambiguous or too-far-future `time` (see [`event_time`]). The
-/// `usize` is the view at fault (for its counters).
+/// its size limit, a malformed, ambiguous or too-far-future `time` (see [`event_time`]).
 pub fn fold_event(
     ev: &Event,
     index: usize,
@@ -153,14 +152,14 @@ pub fn fold_event(
     now_ms: u64,
     max_future_ms: u64,
     limits: &Limits,
-) -> Result<FoldedEvent, (Option<usize>, Error)> {
-    let time_ms = event_time(ev, index, now_ms, max_future_ms).map_err(|e| (None, e))?;
+) -> Result<FoldedEvent, Error> {
+    let time_ms = event_time(ev, index, now_ms, max_future_ms)?;
     let mut ops = Vec::new();
     // The group text of each distinct `group_by` list, computed once per event.
     let mut groups: Vec<(&[String], String)> = Vec::new();
     for &(vi, view) in views {
         let d = &view.def;
-        let fail = |field: &str, msg: String| (Some(vi), bad(index, field, msg));
+        let fail = |field: &str, msg: String| bad(index, field, msg);
         let known = groups
             .iter()
             .find(|(by, _)| *by == d.group_by.as_slice())
@@ -189,7 +188,7 @@ pub fn fold_event(
             })
         };
         let field = d.field.as_deref().unwrap_or_default();
-        let element = |v: &serde_json::Value| -> Result<String, (Option<usize>, Error)> {
+        let element = |v: &serde_json::Value| -> Result<String, Error> {
             if !scalar(v) {
                 return Err(fail(
                     field,

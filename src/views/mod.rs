@@ -652,9 +652,7 @@ impl Views {
         events
             .iter()
             .enumerate()
-            .map(|(i, ev)| {
-                fold::fold_event(ev, i, &views, now_ms, max_future, limits).map_err(|(_, e)| e)
-            })
+            .map(|(i, ev)| fold::fold_event(ev, i, &views, now_ms, max_future, limits))
             .collect()
     }
 

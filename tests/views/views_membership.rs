@@ -118,6 +118,27 @@ async fn two_with_a_final_window(root: &std::path::Path) -> (Node, Node) {
     (a, b)
 }
 
+/// Ingests events of source `name` at time `t` (user `name`, seqs from 1) into `node` until
+/// one is on time: until a joining node synced, its events are late (`not_synced`). Fails
+/// after 20 s.
+async fn ingest_once_synced(node: &Node, name: &str, t: u64) {
+    let started = Instant::now();
+    for seq in 1.. {
+        let out = node
+            .ingest("s", vec![ev(name, seq, t, name)])
+            .await
+            .expect("ingest");
+        if out.late == 0 {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{name} never synced"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Rounds of seals and reads on every node; the window stays final with its value on each of
 /// `watched`, never turning non-final in between.
 async fn stays_final(
@@ -452,25 +473,8 @@ async fn a_cluster_whose_nodes_all_join_applies_events_and_finalizes() {
         }
     }
     let names = ["a", "b", "c"];
-    let started = Instant::now();
     for (n, name) in nodes.iter().zip(names) {
-        // Until the node synced (a few writer ticks), its events are late (`not_synced`).
-        let mut seq = 1;
-        loop {
-            let out = n
-                .ingest("s", vec![ev(name, seq, 10_000, name)])
-                .await
-                .expect("ingest");
-            if out.late == 0 {
-                break;
-            }
-            seq += 1;
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "{name} never synced"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        ingest_once_synced(n, name, 10_000).await;
     }
     for (n, name) in nodes.iter().zip(names) {
         n.ingest("s", vec![ev(name, 1_000, 2 * MIN, name)])
@@ -495,23 +499,7 @@ async fn a_synced_joining_node_restarted_alone_applies_by_its_own_watermark() {
     let c = open(&c_dir, true).await;
     c.connect(&a).expect("connect");
     c.connect(&b).expect("connect");
-    let started = Instant::now();
-    let mut seq = 1;
-    loop {
-        let out = c
-            .ingest("s", vec![ev("c", seq, 3 * MIN, "c")])
-            .await
-            .expect("c ingests");
-        if out.late == 0 {
-            break;
-        }
-        seq += 1;
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "c never synced"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    ingest_once_synced(&c, "c", 3 * MIN).await;
     c.shutdown().await.expect("shutdown");
     drop(c);
     for n in [a, b] {
