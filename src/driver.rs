@@ -149,11 +149,17 @@ pub(crate) struct Driver {
     /// Told the new replica id and the context when the store re-identified at run time,
     /// before the next message or local write is handled (the node's view identity follows).
     pub(crate) on_reidentified: Option<Reidentified>,
+    /// Told each key a remote delta or state chunk changed, after its commit (views audit
+    /// sealed windows with it).
+    pub(crate) on_remote_change: Option<RemoteChange>,
 }
 
 /// What the writer calls when the store re-identified at run time: the new id and the
 /// context it holds at that moment.
 pub(crate) type Reidentified = Arc<dyn Fn(ReplicaId, CausalContext) + Send + Sync>;
+
+/// Called on the writer thread with each key a remote join changed, once it is committed.
+pub(crate) type RemoteChange = Arc<dyn Fn(&Key) + Send + Sync>;
 
 /// Frees the writes of committed groups (one or more heap blocks per event, allocated by the
 /// callers) on a helper thread, so the one writer thread spends its time committing (the frees
@@ -332,7 +338,10 @@ impl Driver {
         }
         while let Some(event) = self.replica.poll_event() {
             match event {
-                ReplicaEvent::Applied { changed, .. } => self.publish(&changed),
+                ReplicaEvent::Applied { changed, .. } => {
+                    self.remote_changed(&changed);
+                    self.publish(&changed);
+                }
                 ReplicaEvent::Compact { below } => {
                     let (start, end) = self.store.log_bounds();
                     if end - start > self.log_retain_entries {
@@ -598,6 +607,7 @@ impl Driver {
                     }
                 }
                 if let Ok(Ok(outcome)) = &r {
+                    self.remote_changed(&outcome.changed);
                     self.publish(&outcome.changed);
                     Metrics::add(&self.metrics.hlc_rejected, outcome.hlc_rejected);
                 } else if let Ok(Err(_)) = &r {
@@ -786,6 +796,14 @@ impl Driver {
         if let Some(end) = self.changes.end_cursor() {
             if let Err(e) = self.store.save_watch_end(end.parts()) {
                 tracing::warn!(error = %e, "cannot keep the watch cursor for the next run");
+            }
+        }
+    }
+
+    fn remote_changed<K: std::borrow::Borrow<Key>>(&self, keys: &[K]) {
+        if let Some(hook) = &self.on_remote_change {
+            for key in keys {
+                hook(key.borrow());
             }
         }
     }

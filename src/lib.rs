@@ -106,6 +106,7 @@ pub use metrics::{CommitHistograms, MetricsSnapshot, WriteSample};
 pub use model::{Delta, Rejected};
 pub use proto::{ApplyOutcome, PeerId, ReplicaConfig, ReplicaStats};
 pub use store::{
-    DB_FILE, DeltasSince, EventId, LateNote, LatePage, LateTotals, LogBytes, SnapshotInfo,
-    StoreError, file_identity, publish_file, restore_snapshot, snapshot_data_dir, verify_snapshot,
+    DB_FILE, DeltasSince, EventId, LateMark, LateNote, LatePage, LateTotals, LogBytes,
+    SnapshotInfo, StoreError, file_identity, publish_file, restore_snapshot, snapshot_data_dir,
+    verify_snapshot,
 };

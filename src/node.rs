@@ -236,6 +236,10 @@ impl Node {
             ever_linked: std::collections::BTreeSet::new(),
             last_acked: std::collections::BTreeMap::new(),
             on_reidentified: Some(reidentified),
+            on_remote_change: views.needs_maintenance().then(|| {
+                let views = Arc::clone(&views);
+                Arc::new(move |key: &Key| views.remote_changed(key)) as crate::driver::RemoteChange
+            }),
         };
         let thread = std::thread::Builder::new()
             .name("tidemark-writer".into())
@@ -1052,6 +1056,18 @@ impl Node {
                 let (reply, rx) = oneshot::channel();
                 self.send(Input::PurgeRows { keys, reply })?;
                 purged += rx.await.map_err(|_| Error::Closed)??;
+            }
+        }
+        // Contributions sealed windows leave out, into the late lane (`views/audit.rs`).
+        let notes = views.audit_round(&self.reader()?, me, crate::clock::wall_ms())?;
+        if !notes.is_empty() {
+            let written = match self.enqueue(notes) {
+                Ok(rx) => rx.await.map_err(|_| Error::Closed).and_then(|r| r),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = written {
+                views.audit_lost();
+                return Err(e);
             }
         }
         Ok(purged)

@@ -40,8 +40,8 @@ pub use feeds::{
 };
 pub use keys::{KeyList, KeyValue};
 pub use views::{
-    FieldEquals, Hopping, IngestedEvent, LateEntry, LatePage, LateRecord, ViewCounters,
-    ViewDefinition, ViewPage, ViewRow, ViewSummary, ViewsList, WindowDefinition, WriteHistory,
-    WriteSample,
+    FieldEquals, Hopping, IngestedEvent, LateContribution, LateEntry, LatePage, LateRecord,
+    ViewCounters, ViewDefinition, ViewPage, ViewRow, ViewSummary, ViewsList, WindowDefinition,
+    WriteHistory, WriteSample,
 };
 pub use writes::{ErrorDetail, ErrorReply, IngestCommitted, IngestReply, OpsReply, ProbeReply};

@@ -290,14 +290,12 @@ fn late_lane_pages() {
     documented("200 `{\"stream\"", 3, &page.events[0]);
     let record = &page.events[0].record;
     documented("A record is\n`", 1, record);
-    assert_eq!(
-        (record.event.source.as_str(), record.event.seq),
-        ("web-3", 1)
-    );
-    assert_eq!(record.event.rest.get("page"), Some(&Value::from("/home")));
+    let event = record.event.as_ref().expect("an event record");
+    assert_eq!((event.source.as_str(), event.seq), ("web-3", 1));
+    assert_eq!(event.rest.get("page"), Some(&Value::from("/home")));
     // Written with its members sorted, envelope included, as the lane keeps it.
     assert_eq!(
-        serde_json::to_string(&record.event).expect("serializes"),
+        serde_json::to_string(event).expect("serializes"),
         r#"{"page":"/home","seq":1,"source":"web-3","time":"2026-11-29T10:00:59Z"}"#
     );
     // An event without a time, with ops, on a node without a watermark yet.
@@ -305,7 +303,26 @@ fn late_lane_pages() {
         r#"{"event":{"ops":[{"type":"gcounter","key":"g","op":"inc"}],"seq":2,"source":"a"},
             "node":"n","reason":"not_synced","received_ms":1,"views":["v"],"watermark":null}"#,
     );
-    assert_eq!((r.event.time, r.watermark), (None, None));
+    assert_eq!(
+        (r.event.and_then(|e| e.time), r.watermark, r.contribution),
+        (None, None, None)
+    );
+    // A contribution a seal left out.
+    let c: LateRecord = roundtrip(
+        r#"{"contribution":{"view":"clicks_per_page","group":{"page":"/home"},
+              "window_start":1795946400000,"window_end":1795946460000,"value":3,"seq":17},
+            "node":"3f9c0000000000000000000000000002","reason":"outside_seal",
+            "received_ms":1795946600000,"recorded_by":"3f9c0000000000000000000000000001",
+            "sealed_members":["3f9c0000000000000000000000000001"],
+            "views":["clicks_per_page"],"watermark":null}"#,
+    );
+    documented("A contribution record is\n`", 1, &c);
+    documented(
+        "A contribution record is\n`",
+        2,
+        c.contribution.as_ref().expect("some"),
+    );
+    assert!(c.event.is_none());
 }
 
 #[test]

@@ -222,21 +222,53 @@ impl Serialize for IngestedEvent {
     }
 }
 
-/// One late-lane record: `{"event","node","reason","received_ms","views","watermark"}`.
+/// One late-lane record: of an event, `{"event","node","reason","received_ms","views",
+/// "watermark"}`; of a contribution a seal left out, `{"contribution","node","reason",
+/// "received_ms","recorded_by","sealed_members","views","watermark"}` (no `event`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LateRecord {
-    /// The event as ingested.
-    pub event: IngestedEvent,
-    /// The replica id of the node that took it.
+    /// The event as ingested (absent in a contribution record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<IngestedEvent>,
+    /// A replica's contribution to a sealed window that the seal does not count (absent in
+    /// an event record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contribution: Option<LateContribution>,
+    /// The replica id of the node that took the event (of a contribution: whose it is).
     pub node: String,
     /// `behind_watermark`, `window_removed`, `not_synced`, `outside_seal` or `decommissioned`.
     pub reason: String,
-    /// When the node received it (wall clock, epoch ms).
+    /// When the node received it, or recorded the contribution (wall clock, epoch ms).
     pub received_ms: u64,
+    /// The replica id of the node that recorded a contribution (absent in an event record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorded_by: Option<String>,
+    /// The replicas the seal counts (a contribution record; absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed_members: Option<Vec<String>>,
     /// The views it was late for.
     pub views: Vec<String>,
-    /// The node's watermark of the stream then (`null`: none yet).
+    /// The node's watermark of the stream then (`null`: none yet, or a contribution record).
     pub watermark: Option<u64>,
+}
+
+/// A replica's contribution to one cell of a sealed window that the seal leaves out:
+/// `{"view","group","window_start","window_end","value","seq"}`. A later record of the same
+/// view, window, group and node supersedes it (its value is the contribution in full).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LateContribution {
+    /// The view.
+    pub view: String,
+    /// The cell's group (`group_by` field → value).
+    pub group: serde_json::Map<String, serde_json::Value>,
+    /// The window's start (epoch ms).
+    pub window_start: u64,
+    /// The window's end (epoch ms, exclusive).
+    pub window_end: Option<u64>,
+    /// The contribution's value, as the view shows values.
+    pub value: serde_json::Value,
+    /// The greatest sequence number of the replica's dots the record covers.
+    pub seq: u64,
 }
 
 /// One entry of a late-lane page: `{"id","record"}`.

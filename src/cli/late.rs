@@ -5,7 +5,7 @@ use super::output::{Output, ms_text, print_table, value_text};
 use tidemark::api;
 
 /// Prints one page of `stream`'s late lane (table: id, source/seq, event time, views, reason,
-/// received; `--json`: the server's answer as is), then how much the lane keeps and dropped,
+/// received; a contribution a seal left out shows its node, window and value; `--json`: the server's answer as is), then how much the lane keeps and dropped,
 /// and the `--after` for the next page when there is one.
 ///
 /// # Errors
@@ -38,12 +38,27 @@ pub fn late(
         .iter()
         .map(|e| {
             let r = &e.record;
+            // An event record names the event; a contribution a seal left out names its node,
+            // window and value.
+            let (what, when, why) = match (&r.event, &r.contribution) {
+                (Some(ev), _) => (
+                    format!("{}/{}", ev.source, ev.seq),
+                    ev.time.as_ref().map_or_else(|| "-".into(), value_text),
+                    r.reason.clone(),
+                ),
+                (None, Some(c)) => (
+                    format!("node {}", r.node),
+                    format!("window {}", ms_text(c.window_start)),
+                    format!("{} value {}", r.reason, value_text(&c.value)),
+                ),
+                (None, None) => ("-".into(), "-".into(), r.reason.clone()),
+            };
             vec![
                 e.id.to_string(),
-                format!("{}/{}", r.event.source, r.event.seq),
-                r.event.time.as_ref().map_or_else(|| "-".into(), value_text),
+                what,
+                when,
                 r.views.join(","),
-                r.reason.clone(),
+                why,
                 ms_text(r.received_ms),
             ]
         })

@@ -10,9 +10,10 @@
 //! Tables and key encodings: [`super::tables`] (`late`, `late_totals`).
 
 use super::error::StoreError;
-use super::tables::{LATE, LATE_TOTALS, late_key, parse_late_id};
+use super::tables::{LATE, LATE_MARKS, LATE_TOTALS, late_key, late_mark_key, parse_late_id};
 use crate::codec;
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
+use tidemark_crdts::ReplicaId;
 
 /// A late event to keep: its stream and the record (text the views layer defines).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,6 +22,21 @@ pub struct LateNote {
     pub stream: String,
     /// The record kept (JSON text: the event, why it was late, the node, when).
     pub record: String,
+    /// For a record of a replica's contribution to a key (rather than of an event), how far
+    /// it goes: written with the record, so the contribution is recorded once, across
+    /// restarts too ([`mark`]).
+    pub mark: Option<LateMark>,
+}
+
+/// How far the late lane recorded one replica's contribution to one key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LateMark {
+    /// The key's name.
+    pub key: String,
+    /// The contributing replica.
+    pub replica: ReplicaId,
+    /// The greatest seq of its dots the record covers.
+    pub seq: u64,
 }
 
 /// One stream's lane, as stored.
@@ -65,6 +81,17 @@ pub(crate) fn append(
     }
     let mut lane = txn.open_table(LATE).map_err(StoreError::redb)?;
     let mut totals_t = txn.open_table(LATE_TOTALS).map_err(StoreError::redb)?;
+    if notes.iter().any(|n| n.mark.is_some()) {
+        let mut marks = txn.open_table(LATE_MARKS).map_err(StoreError::redb)?;
+        for m in notes.iter().filter_map(|n| n.mark.as_ref()) {
+            marks
+                .insert(
+                    late_mark_key(&m.key, m.replica).as_slice(),
+                    m.seq.to_be_bytes().as_slice(),
+                )
+                .map_err(StoreError::redb)?;
+        }
+    }
     let bytes_max = u64::try_from(bytes_max).unwrap_or(u64::MAX);
     let mut streams: Vec<&str> = notes.iter().map(|n| n.stream.as_str()).collect();
     streams.sort_unstable();
@@ -104,6 +131,48 @@ pub(crate) fn append(
             })?;
         totals_t
             .insert(stream.as_bytes(), enc.as_slice())
+            .map_err(StoreError::redb)?;
+    }
+    Ok(())
+}
+
+/// The greatest seq of `replica`'s dots in key `name` the lane recorded (`None`: none).
+///
+/// # Errors
+/// Storage failures.
+pub(crate) fn mark(
+    db: &redb::Database,
+    name: &str,
+    replica: ReplicaId,
+) -> Result<Option<u64>, StoreError> {
+    let rtxn = db.begin_read().map_err(StoreError::redb)?;
+    let marks = match rtxn.open_table(LATE_MARKS) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(StoreError::redb(e)),
+    };
+    Ok(marks
+        .get(late_mark_key(name, replica).as_slice())
+        .map_err(StoreError::redb)?
+        .and_then(|g| g.value().try_into().ok().map(u64::from_be_bytes)))
+}
+
+/// Removes the marks of the keys named `names` (their rows are being removed), in `txn`.
+///
+/// # Errors
+/// Storage failures.
+pub(crate) fn forget_marks<'a>(
+    txn: &WriteTransaction,
+    names: impl Iterator<Item = &'a str>,
+) -> Result<(), StoreError> {
+    let mut marks = txn.open_table(LATE_MARKS).map_err(StoreError::redb)?;
+    for name in names {
+        let (lo, hi) = (
+            late_mark_key(name, ReplicaId(0)),
+            late_mark_key(name, ReplicaId(u128::MAX)),
+        );
+        marks
+            .retain_in(lo.as_slice()..=hi.as_slice(), |_, _| false)
             .map_err(StoreError::redb)?;
     }
     Ok(())

@@ -36,7 +36,7 @@ pub use counters::Overflow;
 pub(crate) use counters::{counter_state, first_overflow};
 pub use error::StoreError;
 pub use fallback::BatchFallback;
-pub use late::{LateNote, LatePage, Totals as LateTotals};
+pub use late::{LateMark, LateNote, LatePage, Totals as LateTotals};
 pub use local::{EventId, LocalCommit, LocalWrite, Refusal, RefusalCause};
 pub use purge::RemoteFilter;
 pub use read::{LOG_BYTES_ENTRIES_MAX, LogBytes, Reader, ReleaseWatch};

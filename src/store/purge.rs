@@ -77,6 +77,9 @@ impl RedbStore {
                 }
                 Ok(removed)
             })?;
+            if removed > 0 {
+                super::late::forget_marks(&txn, keys.iter().map(|k| k.name.as_str()))?;
+            }
             if removed == 0 {
                 txn.abort().map_err(StoreError::redb)?;
             } else {

@@ -11,7 +11,7 @@ use crate::limits::Limits;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use std::ops::Bound;
 use std::sync::Arc;
-use tidemark_crdts::{CausalContext, DotStore, Entry, Key, KeyKind, Value};
+use tidemark_crdts::{CausalContext, DotStore, Entry, Key, KeyKind, ReplicaId, Value};
 
 /// A shareable read handle on the store.
 #[derive(Clone)]
@@ -288,6 +288,15 @@ impl Reader {
         limit: usize,
     ) -> Result<super::LatePage, StoreError> {
         super::late::page(&self.db, stream, after, limit, self.limits.record_bytes_max)
+    }
+
+    /// How far the late lane recorded `replica`'s contribution to the key named `name`: the
+    /// greatest seq of its dots recorded (`None`: nothing recorded).
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub fn late_mark(&self, name: &str, replica: ReplicaId) -> Result<Option<u64>, StoreError> {
+        super::late::mark(&self.db, name, replica)
     }
 
     /// Every committed entry, ascending by key (tests, digests; O(store)).

@@ -11,6 +11,7 @@
 //! | `dedup` | encoded `(stream, source)` | encoded `IntervalSet` of seen seqs |
 //! | `late` | stream length (4 B BE) + stream + record id (8 B BE) | a late-lane record (JSON text) |
 //! | `late_totals` | stream | encoded late-lane totals (bytes kept, records dropped, next id) |
+//! | `late_marks` | name length (4 B BE) + key name + replica (16 B BE) | greatest seq of the replica's dots the lane recorded for that key (8 B BE) |
 //!
 //! Every value is written through [`crate::codec`] (version byte, size limits on read).
 
@@ -33,6 +34,9 @@ pub(crate) const DEDUP: TableDefinition<&[u8], &[u8]> = TableDefinition::new("de
 pub(crate) const LATE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("late");
 /// Per stream, the late lane's encoded totals.
 pub(crate) const LATE_TOTALS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("late_totals");
+/// Per key and replica, how far the late lane recorded that replica's contribution to the key
+/// ([`late_mark_key`] → greatest seq, 8 B BE). Local to the node, removed with the key's row.
+pub(crate) const LATE_MARKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("late_marks");
 
 pub(crate) const META_REPLICA: &str = "replica_id";
 pub(crate) const META_EPOCH: &str = "epoch";
@@ -176,6 +180,14 @@ pub(crate) fn dedup_key(stream: &str, source: &str) -> Vec<u8> {
 pub(crate) fn late_key(stream: &str, id: u64) -> Vec<u8> {
     let mut out = stream_prefix(stream, 8);
     out.extend_from_slice(&id.to_be_bytes());
+    out
+}
+
+/// `late_marks` key of `replica`'s contribution to the key named `name` (the kind is left
+/// out: a view cell's name says its kind).
+pub(crate) fn late_mark_key(name: &str, replica: ReplicaId) -> Vec<u8> {
+    let mut out = stream_prefix(name, 16);
+    out.extend_from_slice(&replica.0.to_be_bytes());
     out
 }
 

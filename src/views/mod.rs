@@ -57,6 +57,7 @@
 //! cell; sessions are computed from the cells when read, and a session is final once the cells
 //! within its gap on both sides are sealed.
 
+mod audit;
 pub mod coalesce;
 pub mod def;
 pub mod final_feed;
@@ -167,6 +168,9 @@ pub struct Views {
     /// View index → where the purge scan of a session view resumes (a cell name; `None`: from
     /// the start) and the horizon its last complete pass ran under ([`session`]).
     pub(crate) session_purge: Mutex<BTreeMap<usize, session::PurgeScan>>,
+    /// What the audit of sealed windows (contributions a seal leaves out, into the late lane)
+    /// remembers between rounds ([`audit`]).
+    audit: Mutex<audit::AuditState>,
 }
 
 /// This node's epochs and seals of one stream.
@@ -318,6 +322,7 @@ impl Views {
             removed: std::sync::atomic::AtomicBool::new(false),
             fresh_from: Mutex::new(BTreeMap::new()),
             session_purge: Mutex::new(BTreeMap::new()),
+            audit: Mutex::new(audit::AuditState::default()),
         })
     }
 
@@ -1090,6 +1095,7 @@ impl Views {
         crate::store::LateNote {
             stream: stream.to_owned(),
             record: record.to_string(),
+            mark: None,
         }
     }
 

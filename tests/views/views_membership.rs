@@ -139,6 +139,30 @@ async fn ingest_once_synced(node: &Node, name: &str, t: u64) {
     }
 }
 
+/// `(view, window start, contributing node) → value` of the late lane's records of
+/// contributions a seal left out on `node` (`outside_seal` with a `contribution`), and how
+/// many records each key has.
+async fn sealed_out(node: &Node) -> BTreeMap<(String, u64, String), (serde_json::Value, usize)> {
+    node.maintain_views().await.expect("maintain");
+    let lane = node.late_events("s", None, 0).expect("lane");
+    let mut out = BTreeMap::new();
+    for e in lane.events {
+        let r = &e.record;
+        let Some(c) = r.get("contribution") else {
+            continue;
+        };
+        assert_eq!(r["reason"], json!("outside_seal"), "{r}");
+        let key = (
+            c["view"].as_str().unwrap_or_default().to_owned(),
+            c["window_start"].as_u64().unwrap_or(u64::MAX),
+            r["node"].as_str().unwrap_or_default().to_owned(),
+        );
+        let slot = out.entry(key).or_insert((json!(null), 0));
+        *slot = (c["value"].clone(), slot.1 + 1);
+    }
+    out
+}
+
 /// Rounds of seals and reads on every node; the window stays final with its value on each of
 /// `watched`, never turning non-final in between.
 async fn stays_final(
@@ -363,6 +387,21 @@ async fn a_decommissioned_member_holds_nothing_open_and_changes_nothing_when_bac
     // A's and B's events at 2m and 2m10s; G's (2m05s) is not counted: it was decommissioned
     // before the window was sealed.
     assert_eq!(got, (json!(4), json!(["a", "b"])));
+    // G's event is not lost without a trace: each node that sealed the window keeps G's
+    // contribution in its late lane, once.
+    let want_out: BTreeMap<_, _> = [
+        (("c".to_owned(), 2 * MIN, g_id.to_string()), (json!(1), 1)),
+        (
+            ("d".to_owned(), 2 * MIN, g_id.to_string()),
+            (json!(["g"]), 1),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    for n in [&a, &b] {
+        assert_eq!(sealed_out(n).await, want_out);
+        assert_eq!(sealed_out(n).await, want_out, "recorded twice");
+    }
     assert_eq!(a.decommissioned().expect("gone"), vec![g_id]);
     // G comes back: it applies nothing to windows any more; no final value moves.
     let g = open(&g_dir, true).await;
@@ -441,6 +480,38 @@ async fn a_seal_made_alone_is_adopted_by_no_later_joiner() {
     converge(&all).await;
     stays_final(&[&a, &b], &all, 0, &want).await;
     stays_final(&[&lone], &all, 0, &alone).await;
+    // What each seal leaves out arrived after it was made, by replication: each sealing node
+    // keeps it in its late lane, once per contributing node.
+    let (a_id, b_id, lone_id) = (
+        a.replica_id().to_string(),
+        b.replica_id().to_string(),
+        lone.replica_id().to_string(),
+    );
+    let want_a: BTreeMap<_, _> = [
+        (("c".to_owned(), 0, lone_id.clone()), (json!(3), 1)),
+        (
+            ("d".to_owned(), 0, lone_id.clone()),
+            (json!(["x", "y", "z"]), 1),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    for n in [&a, &b] {
+        assert_eq!(sealed_out(n).await, want_a);
+    }
+    let got = sealed_out(&lone).await;
+    for (id, user) in [(&a_id, "a"), (&b_id, "b")] {
+        assert_eq!(
+            got.get(&("c".to_owned(), 0, id.clone())),
+            Some(&(json!(1), 1)),
+            "{got:?}"
+        );
+        assert_eq!(
+            got.get(&("d".to_owned(), 0, id.clone())),
+            Some(&(json!([user]), 1)),
+            "{got:?}"
+        );
+    }
     for j in &joiners {
         let r = rows(j).await;
         for v in ["c", "d"] {
@@ -449,12 +520,18 @@ async fn a_seal_made_alone_is_adopted_by_no_later_joiner() {
             }
         }
     }
-    for n in [a, b, lone] {
+    for n in [b, lone] {
         n.shutdown().await.expect("shutdown");
     }
     for j in joiners {
         j.shutdown().await.expect("shutdown");
     }
+    // After a restart the audit starts over: it records nothing twice.
+    a.shutdown().await.expect("shutdown");
+    drop(a);
+    let a = open(&root.path().join("a"), false).await;
+    assert_eq!(sealed_out(&a).await, want_a);
+    a.shutdown().await.expect("shutdown");
 }
 
 /// A cluster whose every node starts to join (as the deploy kits start them, each naming the

@@ -1,0 +1,381 @@
+//! Contributions a seal leaves out, kept in the late lane.
+//!
+//! A sealed window counts exactly its seal's members' contributions (`seal.rs`). A view cell
+//! can hold others too: a member decommissioned before the window was sealed, a node that
+//! ran apart and merged later, a copy restored under a new identity. Their events were
+//! acknowledged by the node that took them, so the cells keep them (the state converges as
+//! ever) and each node that seals the window records, once per contributing replica and
+//! growth, what the seal leaves out in the stream's late lane (`reason: "outside_seal"`, with
+//! `contribution` instead of `event`): nothing a client sent and was acknowledged disappears
+//! without a trace.
+//!
+//! Which cells are audited, each maintenance round ([`Views::audit_round`]):
+//! - per windowed view, a scan in key order (window start ascending) over cells of sealed
+//!   windows, resuming where the last round stopped, at most [`SCAN_BATCH`] cells a round;
+//!   it starts from the beginning at open and whenever a newly committed seal covers a
+//!   window the scan already passed;
+//! - the cells a remote delta or state chunk changed since the last round
+//!   ([`Views::remote_changed`], told by the writer after each commit), when their window is
+//!   sealed: what arrives after the seal.
+//!
+//! Session views are not audited yet (their cells are keyed by event time, not window).
+//!
+//! A record carries a mark (the greatest seq of the replica's dots it covers) written in the
+//! same transaction (`store::LateMark`), so a round after a restart, or a cell audited by both
+//! paths, records nothing twice; a replica whose contribution grows later (a counter's dot
+//! replaced by a greater one) is recorded again with its whole contribution, which supersedes
+//! the earlier record. Marks go with their cell's row when retention purges it.
+
+use super::keys;
+use super::read::{announcement_of, to_json};
+use super::seal::{self, Sealed};
+use super::{CompiledView, Views};
+use crate::error::Error;
+use crate::store::{LateMark, LateNote, LocalWrite, Reader};
+use std::collections::{BTreeMap, BTreeSet};
+use tidemark_crdts::{DotStore, Key, ReplicaId};
+
+/// Most cells the sealed-window scan reads per view and round.
+pub const SCAN_BATCH: usize = 1_024;
+
+/// Most records one round writes; the rest wait for the next round.
+pub const NOTES_MAX: usize = 1_000;
+
+/// Most changed cells remembered between rounds; past it the scan starts over instead.
+pub const DIRTY_MAX: usize = 65_536;
+
+/// What the audit remembers between rounds (in memory: a restart scans again, and the marks
+/// keep it from recording anything twice).
+#[derive(Debug, Default)]
+pub(crate) struct AuditState {
+    /// Cells remote joins changed since the last round.
+    dirty: BTreeSet<Key>,
+    /// More than [`DIRTY_MAX`] changed: every view's scan starts over.
+    overflow: bool,
+    /// View index → the cell name the scan resumes after (`None`: from the start).
+    cursors: BTreeMap<usize, String>,
+    /// Stream → the seals the scans last ran under.
+    seen: BTreeMap<String, Vec<Sealed>>,
+}
+
+impl Views {
+    /// Tells the audit that a remote join changed `key` (called on the writer thread after
+    /// the commit): a cell of a windowed view is audited at the next round if its window is
+    /// sealed then.
+    pub(crate) fn remote_changed(&self, key: &Key) {
+        let Some((name, digest, Some(_))) = keys::cell_of(&key.name) else {
+            return;
+        };
+        if !self.find(name).is_some_and(|(_, v)| {
+            v.digest == digest && v.window.is_some_and(|w| w.session_gap_ms.is_none())
+        }) {
+            return;
+        }
+        if let Ok(mut a) = self.audit.lock() {
+            if a.dirty.len() >= DIRTY_MAX {
+                a.overflow = true;
+            } else {
+                a.dirty.insert(key.clone());
+            }
+        }
+    }
+
+    /// One audit round: the late-lane records (each a write of its own, with its mark) of the
+    /// contributions sealed windows leave out that no record covers yet. Queue them all and
+    /// wait for them before the next round.
+    ///
+    /// # Errors
+    /// Storage failures; [`Error::Closed`] on a poisoned lock.
+    pub(crate) fn audit_round(
+        &self,
+        reader: &Reader,
+        me: ReplicaId,
+        now_ms: u64,
+    ) -> Result<Vec<LocalWrite>, Error> {
+        let mut sealed: BTreeMap<String, Vec<Sealed>> = BTreeMap::new();
+        for stream in self.windowed_streams() {
+            let s = announcement_of(reader, &keys::wm_key(&stream, me))?
+                .map(|a| a.sealed)
+                .unwrap_or_default();
+            sealed.insert(stream, s);
+        }
+        let (dirty, mut cursors) = {
+            let mut a = self.audit.lock().map_err(|_| Error::Closed)?;
+            if std::mem::take(&mut a.overflow) {
+                a.cursors.clear();
+            }
+            for (stream, now) in &sealed {
+                let before = a.seen.get(stream).cloned().unwrap_or_default();
+                if let Some(low) = newly_sealed_from(&before, now) {
+                    self.rewind(&mut a.cursors, stream, low);
+                }
+                a.seen.insert(stream.clone(), now.clone());
+            }
+            (std::mem::take(&mut a.dirty), a.cursors.clone())
+        };
+        let mut notes = Vec::new();
+        let mut audited: BTreeSet<Key> = BTreeSet::new();
+        for (vi, view) in self.views.iter().enumerate() {
+            let Some(window) = view.window.filter(|w| w.session_gap_ms.is_none()) else {
+                continue;
+            };
+            let Some(seals) = sealed.get(&view.def.stream) else {
+                continue;
+            };
+            let Some(top) = seals.iter().map(|s| s.to).max() else {
+                continue;
+            };
+            let kind = super::read::key_kind(view.def.kind);
+            let prefix = keys::view_prefix(&view.def.name, &view.digest);
+            let horizon = self.horizon(&view.def.stream);
+            let mut after = cursors.get(&vi).cloned();
+            let mut scanned = 0;
+            'scan: while scanned < SCAN_BATCH && notes.len() < NOTES_MAX {
+                let page = reader.list(kind, &prefix, after.as_deref(), 256)?;
+                let done = page.len() < 256;
+                for (key, _) in page {
+                    let Some((Some(start), group)) =
+                        keys::parse_view_key(&view.def.name, &view.digest, &key.name)
+                    else {
+                        after = Some(key.name);
+                        continue;
+                    };
+                    let deadline = window.deadline(start);
+                    if deadline >= top {
+                        break 'scan; // not sealed yet: the scan waits here
+                    }
+                    let expired = horizon.is_some_and(|h| self.expired(vi, start, h));
+                    if let (false, Some(members)) = (expired, seal::sealed_members(seals, deadline))
+                    {
+                        let cell = Cell {
+                            view,
+                            start,
+                            group,
+                            members,
+                        };
+                        self.audit_cell(reader, &key, &cell, me, now_ms, &mut notes)?;
+                        audited.insert(key.clone());
+                    }
+                    after = Some(key.name);
+                    scanned += 1;
+                    if scanned >= SCAN_BATCH || notes.len() >= NOTES_MAX {
+                        break 'scan;
+                    }
+                }
+                if done {
+                    break;
+                }
+            }
+            if let Some(a) = after {
+                cursors.insert(vi, a);
+            }
+        }
+        let mut left = Vec::new();
+        for key in dirty.difference(&audited) {
+            if notes.len() >= NOTES_MAX {
+                left.push(key.clone());
+                continue;
+            }
+            let Some((name, _, Some(start))) = keys::cell_of(&key.name) else {
+                continue;
+            };
+            let Some((vi, view)) = self.find(name) else {
+                continue;
+            };
+            let (Some(window), Some(seals)) = (
+                view.window.filter(|w| w.session_gap_ms.is_none()),
+                sealed.get(&view.def.stream),
+            ) else {
+                continue;
+            };
+            let Some(members) = seal::sealed_members(seals, window.deadline(start)) else {
+                continue; // not sealed: the scan reaches it once it is
+            };
+            if self
+                .horizon(&view.def.stream)
+                .is_some_and(|h| self.expired(vi, start, h))
+            {
+                continue;
+            }
+            let Some((_, group)) = keys::parse_view_key(&view.def.name, &view.digest, &key.name)
+            else {
+                continue;
+            };
+            let cell = Cell {
+                view,
+                start,
+                group,
+                members,
+            };
+            self.audit_cell(reader, key, &cell, me, now_ms, &mut notes)?;
+        }
+        // Rounds run one at a time (the maintenance lock): only an overflow can have come
+        // since this round began, and it clears the cursors at the next one.
+        let mut a = self.audit.lock().map_err(|_| Error::Closed)?;
+        a.cursors = cursors;
+        for key in left {
+            if a.dirty.len() >= DIRTY_MAX {
+                a.overflow = true;
+                break;
+            }
+            a.dirty.insert(key);
+        }
+        drop(a);
+        Ok(notes
+            .into_iter()
+            .map(|late| LocalWrite {
+                late: Some(late),
+                ..LocalWrite::default()
+            })
+            .collect())
+    }
+
+    /// The records of a round were not written (the writer refused or failed them): every
+    /// scan starts over, so the cells they covered are audited again.
+    pub(crate) fn audit_lost(&self) {
+        if let Ok(mut a) = self.audit.lock() {
+            a.overflow = true;
+        }
+    }
+
+    /// Restarts the scans of `stream`'s views whose cursor passed deadline `low`.
+    fn rewind(&self, cursors: &mut BTreeMap<usize, String>, stream: &str, low: u64) {
+        for (vi, view) in self.views.iter().enumerate() {
+            let Some(window) = view.window else { continue };
+            if view.def.stream != stream {
+                continue;
+            }
+            let passed = cursors
+                .get(&vi)
+                .and_then(|c| keys::cell_of(c))
+                .and_then(|(_, _, start)| start)
+                .is_some_and(|s| window.deadline(s) >= low);
+            if passed {
+                cursors.remove(&vi);
+            }
+        }
+    }
+
+    /// Records of the contributions to `key` (a cell of a sealed window) from replicas
+    /// outside the seal that no record covers yet.
+    fn audit_cell(
+        &self,
+        reader: &Reader,
+        key: &Key,
+        cell: &Cell<'_>,
+        me: ReplicaId,
+        now_ms: u64,
+        out: &mut Vec<LateNote>,
+    ) -> Result<(), Error> {
+        let Some(entry) = reader.entry(key)? else {
+            return Ok(());
+        };
+        let mut outside: BTreeMap<ReplicaId, u64> = BTreeMap::new();
+        entry.for_each_dot(&mut |d| {
+            if cell.members.binary_search(&d.replica).is_err() {
+                let top = outside.entry(d.replica).or_default();
+                *top = (*top).max(d.seq);
+            }
+        });
+        for (replica, seq) in outside {
+            if reader
+                .late_mark(&key.name, replica)?
+                .is_some_and(|m| m >= seq)
+            {
+                continue;
+            }
+            let part = entry.retain_replicas(|r| r == replica);
+            let d = &cell.view.def;
+            let window_end = cell
+                .view
+                .window
+                .map(|w| cell.start.saturating_add(w.size_ms));
+            let group: serde_json::Map<String, serde_json::Value> =
+                d.group_by.iter().cloned().zip(cell.group.clone()).collect();
+            let record = serde_json::json!({
+                "contribution": {
+                    "view": d.name,
+                    "group": group,
+                    "window_start": cell.start,
+                    "window_end": window_end,
+                    "value": to_json(d.kind, &part.value()),
+                    "seq": seq,
+                },
+                "views": [d.name],
+                "reason": "outside_seal",
+                "sealed_members": cell.members.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "node": replica.to_string(),
+                "recorded_by": me.to_string(),
+                "watermark": serde_json::Value::Null,
+                "received_ms": now_ms,
+            });
+            out.push(LateNote {
+                stream: d.stream.clone(),
+                record: record.to_string(),
+                mark: Some(LateMark {
+                    key: key.name.clone(),
+                    replica,
+                    seq,
+                }),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One sealed cell being audited.
+struct Cell<'a> {
+    view: &'a CompiledView,
+    start: u64,
+    group: Vec<serde_json::Value>,
+    members: &'a [ReplicaId],
+}
+
+/// The lowest deadline `now` seals that `before` did not (with these members), if any.
+fn newly_sealed_from(before: &[Sealed], now: &[Sealed]) -> Option<u64> {
+    now.iter()
+        .filter(|s| !before.contains(s))
+        .map(|s| {
+            // A range that grew upward is new only above its old end.
+            before
+                .iter()
+                .filter(|b| b.from == s.from && b.members == s.members && b.to <= s.to)
+                .map(|b| b.to)
+                .max()
+                .unwrap_or(s.from)
+        })
+        .min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(from: u64, to: u64, members: &[u128]) -> Sealed {
+        Sealed {
+            from,
+            to,
+            members: members.iter().map(|m| ReplicaId(*m)).collect(),
+        }
+    }
+
+    #[test]
+    fn a_seal_growing_upward_is_new_only_above_its_old_end() {
+        assert_eq!(newly_sealed_from(&[], &[s(0, 60, &[1, 2])]), Some(0));
+        assert_eq!(
+            newly_sealed_from(&[s(0, 60, &[1, 2])], &[s(0, 120, &[1, 2])]),
+            Some(60)
+        );
+        assert_eq!(
+            newly_sealed_from(&[s(0, 60, &[1, 2])], &[s(0, 60, &[1, 2])]),
+            None
+        );
+        assert_eq!(
+            newly_sealed_from(
+                &[s(60, 120, &[1, 2])],
+                &[s(0, 60, &[1]), s(60, 180, &[1, 2])]
+            ),
+            Some(0)
+        );
+    }
+}
