@@ -63,12 +63,21 @@ impl Views {
     /// the commit): a cell of a windowed view is audited at the next round if its window is
     /// sealed then.
     pub(crate) fn remote_changed(&self, key: &Key) {
-        let Some((name, digest, Some(_))) = keys::cell_of(&key.name) else {
+        let Some((name, digest, Some(start))) = keys::cell_of(&key.name) else {
             return;
         };
-        if !self.find(name).is_some_and(|(_, v)| {
-            v.digest == digest && v.window.is_some_and(|w| w.session_gap_ms.is_none())
-        }) {
+        let Some((vi, view)) = self.find(name) else {
+            return;
+        };
+        let Some(window) = view.window.filter(|w| w.session_gap_ms.is_none()) else {
+            return;
+        };
+        // A window not sealed at the last round is still ahead of that view's scan.
+        let top = self
+            .audit_tops
+            .get(vi)
+            .map_or(0, |t| t.load(std::sync::atomic::Ordering::Acquire));
+        if view.digest != digest || window.deadline(start) >= top {
             return;
         }
         if let Ok(mut a) = self.audit.lock() {
@@ -125,6 +134,9 @@ impl Views {
             let Some(top) = seals.iter().map(|s| s.to).max() else {
                 continue;
             };
+            if let Some(t) = self.audit_tops.get(vi) {
+                t.store(top, std::sync::atomic::Ordering::Release);
+            }
             let kind = super::read::key_kind(view.def.kind);
             let prefix = keys::view_prefix(&view.def.name, &view.digest);
             let horizon = self.horizon(&view.def.stream);

@@ -171,6 +171,9 @@ pub struct Views {
     /// What the audit of sealed windows (contributions a seal leaves out, into the late lane)
     /// remembers between rounds ([`audit`]).
     audit: Mutex<audit::AuditState>,
+    /// View index → the end of the deadlines its stream's committed seals covered at the last
+    /// audit round: remote changes to cells at or above it are left to the scan.
+    audit_tops: Vec<std::sync::atomic::AtomicU64>,
 }
 
 /// This node's epochs and seals of one stream.
@@ -293,6 +296,10 @@ impl Views {
             }
         }
         let counters = views.iter().map(|_| Counters::default()).collect();
+        let audit_tops = views
+            .iter()
+            .map(|_| std::sync::atomic::AtomicU64::new(0))
+            .collect();
         let digests = by_stream
             .iter()
             .map(|(stream, idx)| {
@@ -323,6 +330,7 @@ impl Views {
             fresh_from: Mutex::new(BTreeMap::new()),
             session_purge: Mutex::new(BTreeMap::new()),
             audit: Mutex::new(audit::AuditState::default()),
+            audit_tops,
         })
     }
 
