@@ -9,20 +9,15 @@ use crate::dot::ReplicaId;
 /// chosen by the number of entries (so the derived equality and hashing are those of the
 /// entries). The one-entry form (an increment's delta, a counter only one replica writes) keeps
 /// its fields in the enum itself: a counter or a delta is 32 bytes and `inc` allocates nothing.
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
 enum Entries {
     /// The zero counter.
+    #[default]
     Zero,
     /// Exactly one replica's total (`n > 0`).
     One { replica: ReplicaId, n: u64 },
     /// Two or more totals, strictly ascending by replica, none zero.
     Many(Vec<(ReplicaId, u64)>),
-}
-
-impl Default for Entries {
-    fn default() -> Self {
-        Entries::Zero
-    }
 }
 
 impl Entries {
