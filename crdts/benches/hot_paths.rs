@@ -9,14 +9,14 @@
 //! Workloads (the operation counts are printed so instructions per op can be derived):
 //! `set_add`, `set_add_random` (100k adds of scrambled elements below 400k), `set_remove`,
 //! `set_remove_random` (50k removes of scrambled elements of a 100k set), `set_merge`,
-//! `counter_inc`, `lww_write`, `lww_set` (in place, no delta), `mv_write`,
+//! `counter_inc`, `pncounter_inc_dec` (alternating), `lww_write`, `lww_set` (in place, no delta), `mv_write`,
 //! `store_counter_inc`, `store_set_add`, `store_lww_set`.
 
 use crdts::{CmRDT, CvRDT};
 use std::hint::black_box;
 use tidemark_crdts::{
-    GCounter, Key, KeyKind, LWWRegister, Lattice, MVRegister, Mutation, ORSet, ReplicaId, Store,
-    Timestamp,
+    GCounter, Key, KeyKind, LWWRegister, Lattice, MVRegister, Mutation, ORSet, PNCounter,
+    ReplicaId, Store, Timestamp,
 };
 
 const A: ReplicaId = ReplicaId(0x8f3e_52c1_9a0d_4b6e_a1f2_3c4d_5e6f_7081);
@@ -78,6 +78,17 @@ fn measure_set_merge(x: &mut ORSet<u64>, y: ORSet<u64>) {
 fn measure_counter_inc(c: &mut GCounter) {
     for _ in 0..OPS {
         black_box(c.inc(A, 1));
+    }
+}
+
+#[inline(never)]
+fn measure_pncounter_inc_dec(c: &mut PNCounter) {
+    for i in 0..OPS {
+        if i % 2 == 0 {
+            black_box(c.inc(A, 1));
+        } else {
+            black_box(c.dec(A, 1));
+        }
     }
 }
 
@@ -188,6 +199,33 @@ fn measure_theirs_counter_inc(c: &mut crdts::GCounter<u128>) {
 }
 
 #[inline(never)]
+fn measure_theirs_pncounter_inc_dec(c: &mut crdts::PNCounter<u128>) {
+    for i in 0..OPS {
+        let op = if i % 2 == 0 { c.inc(A.0) } else { c.dec(A.0) };
+        c.apply(op);
+    }
+}
+
+#[inline(never)]
+fn measure_theirs_set_add_random(s: &mut Theirs) {
+    for i in 0..SET_N {
+        let ctx = s.read_ctx().derive_add_ctx(A.0);
+        let op = s.add(scrambled(i), ctx);
+        s.apply(op);
+    }
+}
+
+#[inline(never)]
+fn measure_theirs_set_remove_random(s: &mut Theirs) {
+    for i in 0..SET_N / 2 {
+        let e = scrambled(i) % SET_N;
+        let ctx = s.contains(&e).derive_rm_ctx();
+        let op = s.rm(e, ctx);
+        s.apply(op);
+    }
+}
+
+#[inline(never)]
 fn measure_theirs_lww_write(r: &mut crdts::LWWReg<u64, u64>) {
     for i in 0..OPS {
         r.update(black_box(i), black_box(1_700_000_000_000 + i));
@@ -239,6 +277,21 @@ fn run_theirs(workload: &str) -> Option<(u64, usize)> {
             measure_theirs_counter_inc(&mut c);
             (OPS, usize::try_from(c.read()).unwrap_or(0))
         }
+        "theirs_pncounter_inc_dec" => {
+            let mut c = crdts::PNCounter::new();
+            measure_theirs_pncounter_inc_dec(&mut c);
+            (OPS, c.read().to_string().len())
+        }
+        "theirs_set_add_random" => {
+            let mut s = Theirs::new();
+            measure_theirs_set_add_random(&mut s);
+            (SET_N, s.read().val.len())
+        }
+        "theirs_set_remove_random" => {
+            let mut s = theirs_built(A.0, 0..SET_N);
+            measure_theirs_set_remove_random(&mut s);
+            (SET_N / 2, s.read().val.len())
+        }
         "theirs_lww_write" => {
             let mut r = crdts::LWWReg { val: 0, marker: 0 };
             measure_theirs_lww_write(&mut r);
@@ -287,6 +340,11 @@ fn run(workload: &str) -> Option<(u64, usize)> {
             let mut c = GCounter::new();
             measure_counter_inc(&mut c);
             (OPS, c.value() as usize)
+        }
+        "pncounter_inc_dec" => {
+            let mut c = PNCounter::new();
+            measure_pncounter_inc_dec(&mut c);
+            (OPS, c.value().to_string().len())
         }
         "lww_write" => {
             let mut r = LWWRegister::new();
@@ -340,13 +398,14 @@ fn run(workload: &str) -> Option<(u64, usize)> {
     Some(out)
 }
 
-const ALL: [&str; 12] = [
+const ALL: [&str; 13] = [
     "set_add",
     "set_add_random",
     "set_remove",
     "set_remove_random",
     "set_merge",
     "counter_inc",
+    "pncounter_inc_dec",
     "lww_write",
     "lww_set",
     "mv_write",
