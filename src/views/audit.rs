@@ -18,7 +18,9 @@
 //!   ([`Views::remote_changed`], told by the writer after each commit), when their window is
 //!   sealed: what arrives after the seal.
 //!
-//! Session views are not audited yet (their cells are keyed by event time, not window).
+//! A session view's cells sort by group, then event time, so its scan reads every cell and
+//! audits the sealed ones, and starts a new pass from the beginning when it reached the end
+//! and something was sealed since its pass began.
 //!
 //! A record carries a mark (the greatest seq of the replica's dots it covers) written in the
 //! same transaction (`store::LateMark`), so a round after a restart, or a cell audited by both
@@ -56,6 +58,10 @@ pub(crate) struct AuditState {
     cursors: BTreeMap<usize, String>,
     /// Stream → the seals the scans last ran under.
     seen: BTreeMap<String, Vec<Sealed>>,
+    /// Session views whose scan starts a new pass when it reaches the end: something was
+    /// sealed since their pass began (their cells sort by group, not by time, so a pass
+    /// cannot stop at the first cell not sealed).
+    new_pass: BTreeSet<usize>,
 }
 
 impl Views {
@@ -69,7 +75,7 @@ impl Views {
         let Some((vi, view)) = self.find(name) else {
             return;
         };
-        let Some(window) = view.window.filter(|w| w.session_gap_ms.is_none()) else {
+        let Some(window) = view.window else {
             return;
         };
         // A window not sealed at the last round is still ahead of that view's scan.
@@ -116,7 +122,8 @@ impl Views {
             for (stream, now) in &sealed {
                 let before = a.seen.get(stream).cloned().unwrap_or_default();
                 if let Some(low) = newly_sealed_from(&before, now) {
-                    self.rewind(&mut a.cursors, stream, low);
+                    let a = &mut *a;
+                    self.rewind(&mut a.cursors, &mut a.new_pass, stream, low);
                 }
                 a.seen.insert(stream.clone(), now.clone());
             }
@@ -124,10 +131,13 @@ impl Views {
         };
         let mut notes = Vec::new();
         let mut audited: BTreeSet<Key> = BTreeSet::new();
+        let mut new_pass =
+            std::mem::take(&mut self.audit.lock().map_err(|_| Error::Closed)?.new_pass);
         for (vi, view) in self.views.iter().enumerate() {
-            let Some(window) = view.window.filter(|w| w.session_gap_ms.is_none()) else {
+            let Some(window) = view.window else {
                 continue;
             };
+            let session = window.session_gap_ms.is_some();
             let Some(seals) = sealed.get(&view.def.stream) else {
                 continue;
             };
@@ -146,14 +156,12 @@ impl Views {
                 let page = reader.list(kind, &prefix, after.as_deref(), 256)?;
                 let done = page.len() < 256;
                 for (key, _) in page {
-                    let Some((Some(start), group)) =
-                        keys::parse_view_key(&view.def.name, &view.digest, &key.name)
-                    else {
+                    let Some((start, group)) = cell_parts(view, &key.name) else {
                         after = Some(key.name);
                         continue;
                     };
                     let deadline = window.deadline(start);
-                    if deadline >= top {
+                    if deadline >= top && !session {
                         break 'scan; // not sealed yet: the scan waits here
                     }
                     let expired = horizon.is_some_and(|h| self.expired(vi, start, h));
@@ -175,6 +183,10 @@ impl Views {
                     }
                 }
                 if done {
+                    if session && new_pass.remove(&vi) {
+                        after = None; // the next round starts a new pass
+                        cursors.remove(&vi);
+                    }
                     break;
                 }
             }
@@ -194,10 +206,7 @@ impl Views {
             let Some((vi, view)) = self.find(name) else {
                 continue;
             };
-            let (Some(window), Some(seals)) = (
-                view.window.filter(|w| w.session_gap_ms.is_none()),
-                sealed.get(&view.def.stream),
-            ) else {
+            let (Some(window), Some(seals)) = (view.window, sealed.get(&view.def.stream)) else {
                 continue;
             };
             let Some(members) = seal::sealed_members(seals, window.deadline(start)) else {
@@ -209,8 +218,7 @@ impl Views {
             {
                 continue;
             }
-            let Some((_, group)) = keys::parse_view_key(&view.def.name, &view.digest, &key.name)
-            else {
+            let Some((_, group)) = cell_parts(view, &key.name) else {
                 continue;
             };
             let cell = Cell {
@@ -225,6 +233,7 @@ impl Views {
         // since this round began, and it clears the cursors at the next one.
         let mut a = self.audit.lock().map_err(|_| Error::Closed)?;
         a.cursors = cursors;
+        a.new_pass.extend(new_pass);
         for key in left {
             if a.dirty.len() >= DIRTY_MAX {
                 a.overflow = true;
@@ -250,11 +259,22 @@ impl Views {
         }
     }
 
-    /// Restarts the scans of `stream`'s views whose cursor passed deadline `low`.
-    fn rewind(&self, cursors: &mut BTreeMap<usize, String>, stream: &str, low: u64) {
+    /// Restarts the scans of `stream`'s views whose cursor passed deadline `low`; a session
+    /// view's scan starts a new pass once the current one ends.
+    fn rewind(
+        &self,
+        cursors: &mut BTreeMap<usize, String>,
+        new_pass: &mut BTreeSet<usize>,
+        stream: &str,
+        low: u64,
+    ) {
         for (vi, view) in self.views.iter().enumerate() {
             let Some(window) = view.window else { continue };
             if view.def.stream != stream {
+                continue;
+            }
+            if window.session_gap_ms.is_some() {
+                new_pass.insert(vi);
                 continue;
             }
             let passed = cursors
@@ -298,9 +318,11 @@ impl Views {
             }
             let part = entry.retain_replicas(|r| r == replica);
             let d = &cell.view.def;
+            // A session view's cell is one event time: no window of its own.
             let window_end = cell
                 .view
                 .window
+                .filter(|w| w.session_gap_ms.is_none())
                 .map(|w| cell.start.saturating_add(w.size_ms));
             let group: serde_json::Map<String, serde_json::Value> =
                 d.group_by.iter().cloned().zip(cell.group.clone()).collect();
@@ -332,6 +354,19 @@ impl Views {
             });
         }
         Ok(())
+    }
+}
+
+/// `(window start, group values)` of a cell of `view` (of a session view: the cell's event
+/// time).
+fn cell_parts(view: &CompiledView, name: &str) -> Option<(u64, Vec<serde_json::Value>)> {
+    if view.window.is_some_and(|w| w.session_gap_ms.is_some()) {
+        let (_, group, t) = keys::parse_session_key(&view.def.name, &view.digest, name)?;
+        return Some((t, group));
+    }
+    match keys::parse_view_key(&view.def.name, &view.digest, name)? {
+        (Some(start), group) => Some((start, group)),
+        (None, _) => None,
     }
 }
 
