@@ -200,6 +200,7 @@ fn main() {
                 ));
             }
             a.post(&url)
+                .content_type("application/x-ndjson")
                 .send(body.as_bytes())
                 .map_or(0, |r| r.status().as_u16())
         });

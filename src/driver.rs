@@ -164,7 +164,13 @@ pub(crate) type RemoteChange = Arc<dyn Fn(&Key) + Send + Sync>;
 /// Frees the writes of committed groups (one or more heap blocks per event, allocated by the
 /// callers) on a helper thread, so the one writer thread spends its time committing (the frees
 /// were ≈ 15 % of its profile). Bounded: while the helper is behind, the writer frees inline.
+/// A small group is freed inline: handing it over costs a futex wake of the helper, whose run
+/// then competes on a 2-core machine with the tokio worker sending the group's answers, for
+/// less than the frees themselves (a few allocations per write).
 pub(crate) struct Freer(Option<std::sync::mpsc::SyncSender<Vec<LocalWrite>>>);
+
+/// Groups of fewer writes than this are freed on the writer thread ([`Freer`]).
+const FREE_INLINE_BELOW: usize = 32;
 
 impl Freer {
     /// Starts the helper thread (without one, everything is freed inline).
@@ -179,6 +185,10 @@ impl Freer {
 
     /// Frees `writes` on the helper thread, or here when it is busy or gone.
     fn free(&self, writes: Vec<LocalWrite>) {
+        if writes.len() < FREE_INLINE_BELOW {
+            drop(writes);
+            return;
+        }
         if let Some(tx) = &self.0 {
             // A full or closed channel hands the writes back inside the error: freed here.
             let _ = tx.try_send(writes);

@@ -1,0 +1,290 @@
+//! Single-op tail: the disk's raw `fdatasync` beside a lone node's single-op acknowledgements,
+//! in one run (issue 21, "Single-op tail").
+//!
+//! One node (durable, `Durability::Immediate`) with its HTTP server on loopback, in this
+//! process; a temp directory holds its data and the probe file. Two phases:
+//!
+//! 1. **Open loop, 10 per second each, interleaved** (`BENCH_SECS`, default 30): every 100 ms
+//!    - at +0 ms a raw probe: 4 KiB written at offset 0 of a file in the same temp directory,
+//!      then `fdatasync` (`File::sync_data`);
+//!    - at +33 ms one single-op `POST /v1/ops` (a counter increment) over a kept-alive
+//!      connection, timed from the request to the 200 answer (given after the durable commit);
+//!    - at +66 ms one `Node::apply` of the same op (the embedded path), timed to its ack.
+//!
+//!    The slots never overlap (each finishes long before the next starts, unless the disk
+//!    stalls), so the three series see the same disk over the same minutes without queueing
+//!    behind each other. Prints p50 / p99 / max of each and the goals: ack p50 ≤ raw p50 +
+//!    0.3 ms, ack p99 ≤ raw p99 + 2 ms.
+//! 2. **Closed loop, one client** (`BENCH_CLOSED_SECS`, default 5 per series): raw probes back
+//!    to back, then single-op requests back to back, then embedded single ops: rate and p50/p99
+//!    of each, and the HTTP rate against Corrosion's 793 single-row upserts/s from one client.
+//!
+//! Then the node's own figures: commits, the writer's mean time inside a commit (fsync
+//! included) and the mean group size.
+//!
+//! `cargo bench --bench single_op_tail` (`BENCH_SECS`, `BENCH_CLOSED_SECS`).
+
+use std::fs::File;
+use std::io::{Seek, SeekFrom, Write};
+use std::time::{Duration, Instant};
+use tidemark::http::{HttpConfig, HttpServer};
+use tidemark::{Node, NodeConfig, Op};
+
+/// Corrosion's single-row upserts per second from one client (BENCHMARKS.md anchor).
+const CORROSION_SINGLE_CLIENT: f64 = 793.0;
+
+fn env_secs(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn machine_load() -> String {
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "-".into());
+    let pressure = std::fs::read_to_string("/proc/pressure/cpu")
+        .ok()
+        .and_then(|s| {
+            s.lines().next().and_then(|l| {
+                l.split_whitespace()
+                    .find_map(|f| f.strip_prefix("avg60=").map(str::to_owned))
+            })
+        })
+        .unwrap_or_else(|| "-".into());
+    format!("1-min load average {load}, CPU pressure (some, avg60) {pressure}%")
+}
+
+/// p50, p99 and max in milliseconds (nearest rank).
+#[derive(Clone, Copy, Debug)]
+struct Dist {
+    n: usize,
+    p50: f64,
+    p99: f64,
+    max: f64,
+}
+
+fn dist(samples: &mut [Duration]) -> Dist {
+    samples.sort_unstable();
+    let at = |p: f64| {
+        let i = ((samples.len() as f64 * p).ceil() as usize)
+            .saturating_sub(1)
+            .min(samples.len().saturating_sub(1));
+        samples.get(i).map_or(0.0, |d| d.as_secs_f64() * 1e3)
+    };
+    Dist {
+        n: samples.len(),
+        p50: at(0.50),
+        p99: at(0.99),
+        max: samples.last().map_or(0.0, |d| d.as_secs_f64() * 1e3),
+    }
+}
+
+/// The raw probe: 4 KiB at offset 0, then `fdatasync`.
+struct Probe {
+    file: File,
+    page: [u8; 4096],
+}
+
+impl Probe {
+    fn create(path: &std::path::Path) -> std::io::Result<Self> {
+        let mut file = File::create(path)?;
+        let page = [7u8; 4096];
+        file.write_all(&page)?;
+        file.sync_all()?;
+        Ok(Self { file, page })
+    }
+
+    fn once(&mut self) -> Duration {
+        let t = Instant::now();
+        let r = self
+            .file
+            .seek(SeekFrom::Start(0))
+            .and_then(|_| self.file.write_all(&self.page))
+            .and_then(|()| self.file.sync_data());
+        assert!(r.is_ok(), "raw probe failed: {r:?}");
+        t.elapsed()
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
+/// One single-op request; panics unless answered 200.
+fn http_op(agent: &ureq::Agent, url: &str, i: u64) -> Duration {
+    let body = format!(
+        "{{\"type\":\"gcounter\",\"key\":\"page-{}\",\"op\":\"inc\",\"by\":1}}\n",
+        i % 100
+    );
+    let t = Instant::now();
+    let status = agent
+        .post(url)
+        .content_type("application/x-ndjson")
+        .send(body.as_bytes())
+        .map_or(0, |r| r.status().as_u16());
+    let d = t.elapsed();
+    assert_eq!(status, 200, "single-op request failed");
+    d
+}
+
+/// One embedded single op; panics on failure.
+fn node_op(rt: &tokio::runtime::Runtime, node: &Node, i: u64) -> Duration {
+    let op = Op::inc_gcounter(&format!("embedded-{}", i % 100), 1);
+    let t = Instant::now();
+    let r = rt.block_on(node.apply(op));
+    let d = t.elapsed();
+    assert!(r.is_ok(), "embedded op failed: {r:?}");
+    d
+}
+
+fn row(name: &str, d: Dist) {
+    println!(
+        "{name:<36} | {:>5} | {:>8.3} | {:>8.3} | {:>8.3}",
+        d.n, d.p50, d.p99, d.max
+    );
+}
+
+fn goal(name: &str, ack: Dist, raw: Dist) {
+    let d50 = ack.p50 - raw.p50;
+    let d99 = ack.p99 - raw.p99;
+    let yes = |b: bool| if b { "met" } else { "NOT met" };
+    println!(
+        "{name}: ack p50 - raw p50 = {d50:+.3} ms (goal <= +0.3: {}), ack p99 - raw p99 = {d99:+.3} ms (goal <= +2: {})",
+        yes(d50 <= 0.3),
+        yes(d99 <= 2.0)
+    );
+}
+
+fn main() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (node, addr, stop) = rt.block_on(async {
+        let node = Node::open(NodeConfig::new(dir.path().join("node")))
+            .await
+            .expect("open");
+        let http = HttpConfig {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            ..HttpConfig::default()
+        };
+        let server = HttpServer::bind(node.clone(), http).await.expect("bind");
+        let addr = server.local_addr();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(server.run(async {
+            let _ = rx.await;
+        }));
+        (node, addr, stop)
+    });
+    let url = format!("http://{addr}/v1/ops");
+    let agent = agent();
+    let mut probe = Probe::create(&dir.path().join("fdatasync-probe")).expect("probe file");
+    println!("before: {}", machine_load());
+
+    // Warm-up: the connection, the first rows, the page cache.
+    for i in 0..20 {
+        http_op(&agent, &url, i);
+        node_op(&rt, &node, i);
+        probe.once();
+    }
+
+    // 1. Open loop, 10/s each, interleaved.
+    let secs = env_secs("BENCH_SECS", 30);
+    let (mut raw, mut http, mut embedded) = (Vec::new(), Vec::new(), Vec::new());
+    let start = Instant::now();
+    let period = Duration::from_millis(100);
+    let rounds = secs * 10;
+    for r in 0..rounds {
+        let base = start + period * u32::try_from(r).unwrap_or(u32::MAX);
+        let wait_until = |at: Instant| {
+            let now = Instant::now();
+            if at > now {
+                std::thread::sleep(at - now);
+            }
+        };
+        wait_until(base);
+        raw.push(probe.once());
+        wait_until(base + Duration::from_millis(33));
+        http.push(http_op(&agent, &url, r));
+        wait_until(base + Duration::from_millis(66));
+        embedded.push(node_op(&rt, &node, r));
+    }
+    let m_open = node.metrics();
+    let (raw_d, http_d, node_d) = (dist(&mut raw), dist(&mut http), dist(&mut embedded));
+    println!("open loop, {secs} s, 10/s per series, interleaved (ms) | n | p50 | p99 | max");
+    row("raw fdatasync (4 KiB pwrite + sync)", raw_d);
+    row("HTTP single-op ack (POST /v1/ops)", http_d);
+    row("embedded single-op ack (Node::apply)", node_d);
+    goal("HTTP", http_d, raw_d);
+    goal("embedded", node_d, raw_d);
+    println!(
+        "node: {} commits, writer's mean time inside a commit {:.3} ms (fsync included), max {:.3} ms",
+        m_open.commits,
+        m_open.commit_latency_us_sum as f64 / m_open.commits.max(1) as f64 / 1e3,
+        m_open.commit_latency_us_max as f64 / 1e3
+    );
+
+    // 2. Closed loop, one client.
+    let closed = Duration::from_secs(env_secs("BENCH_CLOSED_SECS", 5));
+    let closed_loop = |f: &mut dyn FnMut(u64) -> Duration| {
+        let mut lat = Vec::new();
+        let t = Instant::now();
+        let mut i = 0u64;
+        while t.elapsed() < closed {
+            lat.push(f(i));
+            i += 1;
+        }
+        let rate = lat.len() as f64 / t.elapsed().as_secs_f64();
+        (rate, dist(&mut lat))
+    };
+    let before = node.metrics();
+    let (raw_rate, raw_c) = closed_loop(&mut |_| probe.once());
+    let (http_rate, http_c) = closed_loop(&mut |i| http_op(&agent, &url, i));
+    let mid = node.metrics();
+    let (node_rate, node_c) = closed_loop(&mut |i| node_op(&rt, &node, i));
+    let after = node.metrics();
+    println!(
+        "closed loop, one client, {} s each | per s | p50 ms | p99 ms | writer ms/commit",
+        closed.as_secs()
+    );
+    let commit_ms = |a: &tidemark::MetricsSnapshot, b: &tidemark::MetricsSnapshot| {
+        (b.commit_latency_us_sum - a.commit_latency_us_sum) as f64
+            / (b.commits - a.commits).max(1) as f64
+            / 1e3
+    };
+    println!(
+        "raw fdatasync | {raw_rate:.0} | {:.3} | {:.3} | -",
+        raw_c.p50, raw_c.p99
+    );
+    println!(
+        "HTTP single op | {http_rate:.0} | {:.3} | {:.3} | {:.3}",
+        http_c.p50,
+        http_c.p99,
+        commit_ms(&before, &mid)
+    );
+    println!(
+        "embedded single op | {node_rate:.0} | {:.3} | {:.3} | {:.3}",
+        node_c.p50,
+        node_c.p99,
+        commit_ms(&mid, &after)
+    );
+    println!(
+        "HTTP single op, one client: {:.2}x raw fdatasync rate, {:.2}x Corrosion's {CORROSION_SINGLE_CLIENT:.0}/s",
+        http_rate / raw_rate.max(1e-9),
+        http_rate / CORROSION_SINGLE_CLIENT
+    );
+    println!("after: {}", machine_load());
+
+    let _ = stop.send(());
+    rt.block_on(async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _ = node.shutdown().await;
+    });
+}
