@@ -20,14 +20,18 @@
 //! the default). Environment: `BENCH_SECS` (seconds per Tidemark run, default 2),
 //! `BENCH_REDIS_N` (requests per pipelined redis-benchmark run, default 1,000,000; the
 //! unpipelined runs use a fifth), `BENCH_ONLY` (comma-separated subset of
-//! `incr,sadd,sadd-spread,set,single`).
+//! `incr,sadd,sadd-spread,set,single,relaxed`).
+//!
+//! The `relaxed` rows compare `Durability::Relaxed` (acknowledged before the fsync, made
+//! durable within `relaxed_sync_interval`) with a second `redis-server` running
+//! `appendfsync everysec`, on the same pipelined workloads.
 
 use std::io::Write as _;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use tidemark::{Event, Node, NodeConfig, Op};
+use tidemark::{Durability, Event, Node, NodeConfig, Op};
 
 const STREAM: &str = "bench";
 const BATCH: usize = 1_000;
@@ -178,7 +182,8 @@ struct Redis {
 }
 
 impl Redis {
-    fn start(server: &Path, benchmark: PathBuf) -> Result<Self, String> {
+    /// Starts a server with `appendfsync <fsync>` (`always` or `everysec`).
+    fn start(server: &Path, benchmark: PathBuf, fsync: &str) -> Result<Self, String> {
         let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -189,7 +194,7 @@ impl Redis {
             .args(["--bind", "127.0.0.1"])
             .arg("--dir")
             .arg(dir.path())
-            .args(["--appendonly", "yes", "--appendfsync", "always"])
+            .args(["--appendonly", "yes", "--appendfsync", fsync])
             .args(["--save", "", "--daemonize", "no", "--loglevel", "warning"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -268,12 +273,19 @@ struct Run {
 }
 
 /// `writers` closed-loop tasks, each sending `ingest` calls of `per_call` events (source
-/// `w<writer>`, contiguous seqs) until the deadline; every call is acknowledged durable.
-async fn tidemark(kind: Workload, writers: usize, per_call: usize, secs: f64) -> Run {
+/// `w<writer>`, contiguous seqs) until the deadline; every call is acknowledged with
+/// `durability` (durable with `Immediate`).
+async fn tidemark(
+    kind: Workload,
+    writers: usize,
+    per_call: usize,
+    secs: f64,
+    durability: Durability,
+) -> Run {
     let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::open(NodeConfig::new(dir.path()))
-        .await
-        .expect("open node");
+    let mut cfg = NodeConfig::new(dir.path());
+    cfg.durability = durability;
+    let node = Node::open(cfg).await.expect("open node");
     // Let the writer thread name itself before sampling its CPU time.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let cpu0 = thread_cpu(WRITER_THREAD);
@@ -389,7 +401,7 @@ fn main() {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_default();
-    let redis = match Redis::start(&server, benchmark) {
+    let redis = match Redis::start(&server, benchmark.clone(), "always") {
         Ok(r) => r,
         Err(e) => {
             println!("skipped: {e}");
@@ -430,7 +442,7 @@ fn main() {
                     continue;
                 }
             };
-            let run = rt.block_on(tidemark(kind, clients, BATCH, secs));
+            let run = rt.block_on(tidemark(kind, clients, BATCH, secs, Durability::Immediate));
             let how = format!("{clients} client(s), -P {BATCH}");
             let fig = RedisFig {
                 how: &how,
@@ -443,7 +455,7 @@ fn main() {
                 &fig,
                 &format!("{clients} writer(s), calls of {BATCH}"),
                 &run,
-                0.5,
+                1.0,
             );
         }
     }
@@ -451,8 +463,9 @@ fn main() {
         let n = (redis_n / 5).max(1);
         match redis.bench("incr", 64, 1, n) {
             Ok((rps, cpu)) => {
-                let one = rt.block_on(tidemark(Workload::Incr, 1, 1, secs));
-                let many = rt.block_on(tidemark(Workload::Incr, 64, 1, secs));
+                let one = rt.block_on(tidemark(Workload::Incr, 1, 1, secs, Durability::Immediate));
+                let many =
+                    rt.block_on(tidemark(Workload::Incr, 64, 1, secs, Durability::Immediate));
                 let fig = RedisFig {
                     how: "64 clients, unpipelined",
                     rps,
@@ -482,9 +495,69 @@ fn main() {
             Err(e) => println!("\nsingle-event runs: redis-benchmark error: {e}"),
         }
     }
+    if wants("relaxed") {
+        relaxed_rows(&rt, &server, &benchmark, secs, redis_n);
+    }
     println!(
         "\nTotal wall time {:.1} s. At the end: {}.",
         wall.elapsed().as_secs_f64(),
         machine_load()
     );
+}
+
+/// The pipelined workloads again: `Durability::Relaxed` against a second Redis with
+/// `appendfsync everysec` (goal ≥ 1.0×).
+fn relaxed_rows(
+    rt: &tokio::runtime::Runtime,
+    server: &Path,
+    benchmark: &Path,
+    secs: f64,
+    redis_n: u64,
+) {
+    let redis = match Redis::start(server, benchmark.to_path_buf(), "everysec") {
+        Ok(r) => r,
+        Err(e) => {
+            println!("\nrelaxed rows skipped: {e}");
+            return;
+        }
+    };
+    println!(
+        "\nRelaxed durability (`Durability::Relaxed`, the default 100 ms sync interval) vs \
+         Redis `appendfsync everysec`:\n"
+    );
+    println!(
+        "| workload | Redis | Redis ops/s | Redis server CPU µs/op | Tidemark | Tidemark events/s | writer CPU µs/event (events per commit) | ratio | goal | verdict |"
+    );
+    println!("|---|---|---:|---:|---|---:|---:|---:|---:|---|");
+    for kind in [
+        Workload::Incr,
+        Workload::Sadd,
+        Workload::SaddSpread,
+        Workload::Set,
+    ] {
+        for clients in [1usize, 8] {
+            let (rps, cpu) = match redis.bench(kind.redis_test(), clients, BATCH, redis_n) {
+                Ok(r) => r,
+                Err(e) => {
+                    println!("| {} | error: {e} |", kind.label());
+                    continue;
+                }
+            };
+            let run = rt.block_on(tidemark(kind, clients, BATCH, secs, Durability::Relaxed));
+            let how = format!("{clients} client(s), -P {BATCH}, everysec");
+            let fig = RedisFig {
+                how: &how,
+                rps,
+                cpu,
+                n: redis_n,
+            };
+            row(
+                kind.label(),
+                &fig,
+                &format!("{clients} writer(s), calls of {BATCH}, relaxed"),
+                &run,
+                1.0,
+            );
+        }
+    }
 }

@@ -1020,7 +1020,7 @@ impl Node {
     pub async fn maintain_views(&self) -> Result<usize, Error> {
         use crate::views::maintain;
         let views = &self.shared.views;
-        let _round = views.maintenance.lock().await;
+        let round = views.maintenance.lock().await;
         let me = self.me();
         let known = self.view_members().await?;
         self.seal_step(&known, false).await?;
@@ -1058,8 +1058,12 @@ impl Node {
                 purged += rx.await.map_err(|_| Error::Closed)??;
             }
         }
-        // Contributions sealed windows leave out, into the late lane (`views/audit.rs`).
-        let notes = views.audit_round(&self.reader()?, me, crate::clock::wall_ms())?;
+        drop(round);
+        // Contributions sealed windows leave out, into the late lane (`views/audit.rs`): under
+        // a lock of its own, so view reads (which take the maintenance lock to seal) never
+        // wait for an audit.
+        let _audit = views.auditing.lock().await;
+        let notes = views.audit_round(&self.reader()?, self.me(), crate::clock::wall_ms())?;
         if !notes.is_empty() {
             let written = match self.enqueue(notes) {
                 Ok(rx) => rx.await.map_err(|_| Error::Closed).and_then(|r| r),

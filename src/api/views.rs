@@ -265,8 +265,15 @@ pub struct LateContribution {
     pub window_start: u64,
     /// The window's end (epoch ms, exclusive).
     pub window_end: Option<u64>,
-    /// The contribution's value, as the view shows values.
+    /// The contribution's value, as the view shows values (cut when over 16 KiB of JSON:
+    /// a list keeps its first elements, any other value is `null`).
     pub value: serde_json::Value,
+    /// Present when a list value was cut: how many elements the contribution holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elements: Option<u64>,
+    /// Present when a value other than a list was left out: its size in bytes of JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_bytes: Option<u64>,
     /// The greatest sequence number of the replica's dots the record covers.
     pub seq: u64,
 }

@@ -47,8 +47,15 @@ pub fn late(
                     r.reason.clone(),
                 ),
                 (None, Some(c)) => (
-                    format!("node {}", r.node),
-                    format!("window {}", ms_text(c.window_start)),
+                    format!(
+                        "node {} group {}",
+                        r.node,
+                        serde_json::Value::Object(c.group.clone())
+                    ),
+                    match c.window_end {
+                        Some(end) => format!("window {}–{}", ms_text(c.window_start), ms_text(end)),
+                        None => format!("session cell {}", ms_text(c.window_start)),
+                    },
                     format!("{} value {}", r.reason, value_text(&c.value)),
                 ),
                 (None, None) => ("-".into(), "-".into(), r.reason.clone()),
@@ -66,8 +73,8 @@ pub fn late(
     print_table(
         &[
             "ID",
-            "SOURCE/SEQ",
-            "EVENT TIME",
+            "EVENT (SOURCE/SEQ) OR CONTRIBUTION",
+            "EVENT TIME OR WINDOW",
             "VIEWS",
             "REASON",
             "RECEIVED",

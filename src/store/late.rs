@@ -66,7 +66,28 @@ fn decode_totals(bytes: &[u8], max: usize) -> Result<Totals, StoreError> {
     })
 }
 
-/// Appends `notes` in `txn`, dropping the oldest records of a stream past `bytes_max`.
+/// The key space of `stream`'s contribution records: apart from its event records, with a
+/// byte bound of its own, so a flood of contributions (a removed member that wrote to many
+/// cells) never pushes an event record out. Stream names hold no control character.
+fn contributions_lane(stream: &str) -> String {
+    format!("{stream}\u{0}contributions")
+}
+
+fn read_totals(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    lane: &str,
+    record_max: usize,
+) -> Result<Totals, StoreError> {
+    match table.get(lane.as_bytes()).map_err(StoreError::redb)? {
+        Some(g) => decode_totals(g.value(), record_max),
+        None => Ok(Totals::default()),
+    }
+}
+
+/// Appends `notes` in `txn`. Each stream keeps two lanes, each within `bytes_max` (the oldest
+/// records dropped first and counted): its event records, and its contribution records
+/// (notes with a mark). Ids come from one counter per stream, so a page merges both lanes in
+/// id order.
 ///
 /// # Errors
 /// Storage failures and corrupt totals.
@@ -79,7 +100,7 @@ pub(crate) fn append(
     if notes.is_empty() {
         return Ok(());
     }
-    let mut lane = txn.open_table(LATE).map_err(StoreError::redb)?;
+    let mut lane_t = txn.open_table(LATE).map_err(StoreError::redb)?;
     let mut totals_t = txn.open_table(LATE_TOTALS).map_err(StoreError::redb)?;
     if notes.iter().any(|n| n.mark.is_some()) {
         let mut marks = txn.open_table(LATE_MARKS).map_err(StoreError::redb)?;
@@ -97,41 +118,51 @@ pub(crate) fn append(
     streams.sort_unstable();
     streams.dedup();
     for stream in streams {
-        let mut totals = match totals_t.get(stream.as_bytes()).map_err(StoreError::redb)? {
-            Some(g) => decode_totals(g.value(), record_max)?,
-            None => Totals::default(),
-        };
+        let c_lane = contributions_lane(stream);
+        let mut totals = read_totals(&totals_t, stream, record_max)?;
+        let mut c_totals = read_totals(&totals_t, &c_lane, record_max)?;
         for note in notes.iter().filter(|n| n.stream == stream) {
             let id = totals.next;
             totals.next = totals.next.saturating_add(1);
-            lane.insert(late_key(stream, id).as_slice(), note.record.as_bytes())
-                .map_err(StoreError::redb)?;
-            totals.bytes = totals.bytes.saturating_add(note.record.len() as u64);
-        }
-        let (start, end) = (late_key(stream, 0), late_key(stream, u64::MAX));
-        while totals.bytes > bytes_max {
-            let Some((k, len)) = lane
-                .range(start.as_slice()..=end.as_slice())
-                .map_err(StoreError::redb)?
-                .next()
-                .transpose()
-                .map_err(StoreError::redb)?
-                .map(|(k, v)| (k.value().to_vec(), v.value().len() as u64))
-            else {
-                break;
+            let (lane, t) = if note.mark.is_some() {
+                (c_lane.as_str(), &mut c_totals)
+            } else {
+                (stream, &mut totals)
             };
-            lane.remove(k.as_slice()).map_err(StoreError::redb)?;
-            totals.bytes = totals.bytes.saturating_sub(len);
-            totals.dropped = totals.dropped.saturating_add(1);
+            lane_t
+                .insert(late_key(lane, id).as_slice(), note.record.as_bytes())
+                .map_err(StoreError::redb)?;
+            t.bytes = t.bytes.saturating_add(note.record.len() as u64);
         }
-        let enc =
-            codec::encode("late lane totals", &totals).map_err(|source| StoreError::Codec {
-                table: "late_totals",
-                source,
-            })?;
-        totals_t
-            .insert(stream.as_bytes(), enc.as_slice())
-            .map_err(StoreError::redb)?;
+        for (lane, t) in [(stream, &mut totals), (c_lane.as_str(), &mut c_totals)] {
+            let (start, end) = (late_key(lane, 0), late_key(lane, u64::MAX));
+            while t.bytes > bytes_max {
+                let Some((k, len)) = lane_t
+                    .range(start.as_slice()..=end.as_slice())
+                    .map_err(StoreError::redb)?
+                    .next()
+                    .transpose()
+                    .map_err(StoreError::redb)?
+                    .map(|(k, v)| (k.value().to_vec(), v.value().len() as u64))
+                else {
+                    break;
+                };
+                lane_t.remove(k.as_slice()).map_err(StoreError::redb)?;
+                t.bytes = t.bytes.saturating_sub(len);
+                t.dropped = t.dropped.saturating_add(1);
+            }
+            if lane != stream && *t == Totals::default() {
+                continue; // no contribution lane: nothing to keep
+            }
+            let enc =
+                codec::encode("late lane totals", &*t).map_err(|source| StoreError::Codec {
+                    table: "late_totals",
+                    source,
+                })?;
+            totals_t
+                .insert(lane.as_bytes(), enc.as_slice())
+                .map_err(StoreError::redb)?;
+        }
     }
     Ok(())
 }
@@ -178,7 +209,8 @@ pub(crate) fn forget_marks<'a>(
     Ok(())
 }
 
-/// Up to `limit` records of `stream`'s lane with ids above `after` (all with `None`).
+/// Up to `limit` records of `stream`'s lane with ids above `after` (all with `None`): its
+/// event and contribution records merged in id order; the totals are both lanes' together.
 ///
 /// # Errors
 /// Storage failures and corrupt rows.
@@ -190,40 +222,107 @@ pub(crate) fn page(
     record_max: usize,
 ) -> Result<LatePage, StoreError> {
     let rtxn = db.begin_read().map_err(StoreError::redb)?;
-    let lane = match rtxn.open_table(LATE) {
+    let lane_t = match rtxn.open_table(LATE) {
         Ok(t) => t,
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(LatePage::default()),
         Err(e) => return Err(StoreError::redb(e)),
     };
-    let totals = match rtxn
-        .open_table(LATE_TOTALS)
-        .map_err(StoreError::redb)?
-        .get(stream.as_bytes())
-        .map_err(StoreError::redb)?
-    {
-        Some(g) => decode_totals(g.value(), record_max)?,
-        None => Totals::default(),
+    let totals_t = rtxn.open_table(LATE_TOTALS).map_err(StoreError::redb)?;
+    let c_lane = contributions_lane(stream);
+    let (e, c) = (
+        read_totals(&totals_t, stream, record_max)?,
+        read_totals(&totals_t, &c_lane, record_max)?,
+    );
+    let totals = Totals {
+        bytes: e.bytes.saturating_add(c.bytes),
+        dropped: e.dropped.saturating_add(c.dropped),
+        next: e.next,
     };
-    let mut records = Vec::new();
     let start = match after {
         None => 0,
-        Some(u64::MAX) => return Ok(LatePage { records, totals }),
+        Some(u64::MAX) => {
+            return Ok(LatePage {
+                records: Vec::new(),
+                totals,
+            });
+        }
         Some(a) => a + 1,
     };
-    let (start, end) = (late_key(stream, start), late_key(stream, u64::MAX));
-    for item in lane
-        .range(start.as_slice()..=end.as_slice())
-        .map_err(StoreError::redb)?
-    {
-        if records.len() >= limit {
-            break;
+    let mut records = Vec::new();
+    for lane in [stream, c_lane.as_str()] {
+        let (lo, hi) = (late_key(lane, start), late_key(lane, u64::MAX));
+        for item in lane_t
+            .range(lo.as_slice()..=hi.as_slice())
+            .map_err(StoreError::redb)?
+            .take(limit)
+        {
+            let (k, v) = item.map_err(StoreError::redb)?;
+            let Some(id) = parse_late_id(lane, k.value()) else {
+                continue;
+            };
+            records.push((id, String::from_utf8_lossy(v.value()).into_owned()));
         }
-        let (k, v) = item.map_err(StoreError::redb)?;
-        let Some(id) = parse_late_id(stream, k.value()) else {
-            continue;
-        };
-        let text = String::from_utf8_lossy(v.value()).into_owned();
-        records.push((id, text));
     }
+    records.sort_unstable_by_key(|(id, _)| *id);
+    records.truncate(limit);
     Ok(LatePage { records, totals })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn note(stream: &str, text: &str, mark: Option<u64>) -> LateNote {
+        LateNote {
+            stream: stream.to_owned(),
+            record: text.to_owned(),
+            mark: mark.map(|seq| LateMark {
+                key: format!("cell-{seq}"),
+                replica: ReplicaId(7),
+                seq,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_flood_of_contributions_never_pushes_an_event_record_out() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = redb::Database::create(dir.path().join("db")).expect("db");
+        let bytes_max = 100;
+        let write = |notes: Vec<LateNote>| {
+            let txn = db.begin_write().expect("txn");
+            let refs: Vec<&LateNote> = notes.iter().collect();
+            append(&txn, &refs, bytes_max, 1 << 20).expect("append");
+            txn.commit().expect("commit");
+        };
+        write(vec![note("s", "event-0", None)]);
+        // 50 contributions of 10 bytes each: the contribution lane keeps the last 10.
+        for i in 0..50 {
+            write(vec![note("s", &format!("contrib-{i:02}"), Some(i + 1))]);
+        }
+        write(vec![note("s", "event-1", None), note("t", "other", None)]);
+        let p = page(&db, "s", None, 1_000, 1 << 20).expect("page");
+        let texts: Vec<&str> = p.records.iter().map(|(_, t)| t.as_str()).collect();
+        let mut want = vec!["event-0".to_owned()];
+        want.extend((40..50).map(|i| format!("contrib-{i:02}")));
+        want.push("event-1".to_owned());
+        assert_eq!(texts, want);
+        // Ids ascend across both lanes; the totals count both.
+        let ids: Vec<u64> = p.records.iter().map(|(id, _)| *id).collect();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+        assert_eq!((ids[0], ids[ids.len() - 1]), (0, 51));
+        assert_eq!(p.totals.dropped, 40);
+        assert_eq!(p.totals.bytes, 7 + 10 * 10 + 7);
+        assert_eq!(p.totals.next, 52);
+        // Paging merges by id: after the first event, two records.
+        let p2 = page(&db, "s", Some(0), 2, 1 << 20).expect("page");
+        let got: Vec<&str> = p2.records.iter().map(|(_, t)| t.as_str()).collect();
+        assert_eq!(got, ["contrib-40", "contrib-41"]);
+        // Each mark is kept.
+        assert_eq!(mark(&db, "cell-50", ReplicaId(7)).expect("mark"), Some(50));
+        assert_eq!(mark(&db, "cell-50", ReplicaId(8)).expect("mark"), None);
+        // Another stream's lane is its own.
+        let t = page(&db, "t", None, 10, 1 << 20).expect("page");
+        assert_eq!(t.records, vec![(0, "other".to_owned())]);
+    }
 }

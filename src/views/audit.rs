@@ -229,7 +229,7 @@ impl Views {
             };
             self.audit_cell(reader, key, &cell, me, now_ms, &mut notes)?;
         }
-        // Rounds run one at a time (the maintenance lock): only an overflow can have come
+        // Rounds run one at a time (`Views::auditing`): only an overflow can have come
         // since this round began, and it clears the cursors at the next one.
         let mut a = self.audit.lock().map_err(|_| Error::Closed)?;
         a.cursors = cursors;
@@ -326,15 +326,20 @@ impl Views {
                 .map(|w| cell.start.saturating_add(w.size_ms));
             let group: serde_json::Map<String, serde_json::Value> =
                 d.group_by.iter().cloned().zip(cell.group.clone()).collect();
+            let mut contribution = serde_json::json!({
+                "view": d.name,
+                "group": group,
+                "window_start": cell.start,
+                "window_end": window_end,
+                "seq": seq,
+            });
+            let (value, cut) = bounded_value(to_json(d.kind, &part.value()));
+            if let Some(c) = contribution.as_object_mut() {
+                c.insert("value".into(), value);
+                c.extend(cut);
+            }
             let record = serde_json::json!({
-                "contribution": {
-                    "view": d.name,
-                    "group": group,
-                    "window_start": cell.start,
-                    "window_end": window_end,
-                    "value": to_json(d.kind, &part.value()),
-                    "seq": seq,
-                },
+                "contribution": contribution,
                 "views": [d.name],
                 "reason": "outside_seal",
                 "sealed_members": cell.members.iter().map(ToString::to_string).collect::<Vec<_>>(),
@@ -355,6 +360,39 @@ impl Views {
         }
         Ok(())
     }
+}
+
+/// Most bytes of JSON a contribution record keeps of the value.
+pub const VALUE_BYTES_MAX: usize = 16 * 1024;
+
+/// `value` within [`VALUE_BYTES_MAX`], and what was cut: a list keeps its first elements
+/// (`elements`: how many it holds), any other value too large is left out (`null`;
+/// `value_bytes`: its size).
+fn bounded_value(
+    mut value: serde_json::Value,
+) -> (serde_json::Value, Option<(String, serde_json::Value)>) {
+    let size = |v: &serde_json::Value| serde_json::to_vec(v).map_or(usize::MAX, |b| b.len());
+    let total = size(&value);
+    if total <= VALUE_BYTES_MAX {
+        return (value, None);
+    }
+    if let serde_json::Value::Array(items) = &mut value {
+        let n = items.len();
+        let mut used = 2;
+        let keep = items
+            .iter()
+            .take_while(|it| {
+                used += size(it).saturating_add(1);
+                used <= VALUE_BYTES_MAX
+            })
+            .count();
+        items.truncate(keep);
+        return (value, Some(("elements".into(), serde_json::Value::from(n))));
+    }
+    (
+        serde_json::Value::Null,
+        Some(("value_bytes".into(), serde_json::Value::from(total))),
+    )
 }
 
 /// `(window start, group values)` of a cell of `view` (of a session view: the cell's event
@@ -404,6 +442,29 @@ mod tests {
             to,
             members: members.iter().map(|m| ReplicaId(*m)).collect(),
         }
+    }
+
+    #[test]
+    fn a_large_value_is_cut_to_its_first_elements_or_left_out() {
+        let small = serde_json::json!(["a", "b"]);
+        assert_eq!(bounded_value(small.clone()), (small, None));
+        let many: Vec<String> = (0..10_000).map(|i| format!("element-{i:05}")).collect();
+        let (v, cut) = bounded_value(serde_json::json!(many));
+        let kept = v.as_array().map_or(0, Vec::len);
+        assert!(kept > 100 && kept < 10_000, "{kept}");
+        assert!(serde_json::to_vec(&v).map_or(0, |b| b.len()) <= VALUE_BYTES_MAX);
+        assert_eq!(v[0], serde_json::json!("element-00000"));
+        assert_eq!(cut, Some(("elements".into(), serde_json::json!(10_000))));
+        let text = "x".repeat(VALUE_BYTES_MAX);
+        let (v, cut) = bounded_value(serde_json::json!({ "text": text }));
+        assert_eq!(v, serde_json::Value::Null);
+        assert_eq!(
+            cut,
+            Some((
+                "value_bytes".into(),
+                serde_json::json!(VALUE_BYTES_MAX + 11)
+            ))
+        );
     }
 
     #[test]

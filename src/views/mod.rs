@@ -171,6 +171,8 @@ pub struct Views {
     /// What the audit of sealed windows (contributions a seal leaves out, into the late lane)
     /// remembers between rounds ([`audit`]).
     audit: Mutex<audit::AuditState>,
+    /// Serializes audit rounds (outside the maintenance lock).
+    pub(crate) auditing: tokio::sync::Mutex<()>,
     /// View index → the end of the deadlines its stream's committed seals covered at the last
     /// audit round: remote changes to cells at or above it are left to the scan.
     audit_tops: Vec<std::sync::atomic::AtomicU64>,
@@ -330,6 +332,7 @@ impl Views {
             fresh_from: Mutex::new(BTreeMap::new()),
             session_purge: Mutex::new(BTreeMap::new()),
             audit: Mutex::new(audit::AuditState::default()),
+            auditing: tokio::sync::Mutex::new(()),
             audit_tops,
         })
     }
