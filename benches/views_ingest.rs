@@ -12,7 +12,8 @@
 //! 50,000), `BENCH_ROUNDS` (rounds of the four runs back to back, default 3),
 //! `BENCH_CLUSTER_EVENTS` (events per node of a cluster run, default 20,000; raw and 3 views
 //! back to back, `BENCH_ROUNDS` times), `BENCH_FINAL_SECS` (seconds of the finality-delay run,
-//! default 8), `BENCH_PARTS` (a comma list of `single`, `cluster`, `final`; default all three).
+//! default 8), `BENCH_PARTS` (a comma list of `single`, `cluster`, `final`; default all three),
+//! `BENCH_VIEWS` (the view counts of the single-node runs besides raw, default `1,3,10`).
 //! Output: a Markdown table with the median events/s, the median over rounds of the ratio of
 //! raw ingest's rate to each configuration's within the round (the cost factor) and each round's
 //! ratio, and the bytes on disk per view cell (a group's value in one window) above the raw
@@ -327,7 +328,16 @@ async fn single(
     median: &dyn Fn(Vec<f64>) -> f64,
 ) -> Result<(), tidemark::Error> {
     let evs = events(n);
-    let configs = [0usize, 1, 3, 10];
+    // `BENCH_VIEWS`: the configurations to run (a comma list of view counts; raw, 0, always
+    // runs first, as the anchor of the ratios).
+    let mut configs = vec![0usize];
+    configs.extend(
+        std::env::var("BENCH_VIEWS")
+            .unwrap_or_else(|_| "1,3,10".into())
+            .split(',')
+            .filter_map(|x| x.trim().parse::<usize>().ok())
+            .filter(|&v| v > 0),
+    );
     // Per round: (rate, bytes, cells) of each configuration, run back to back.
     let mut rounds_out: Vec<[(f64, u64, usize); 4]> = Vec::new();
     for round in 0..rounds {

@@ -14,9 +14,13 @@ use tidemark_crdts::{Key, Mutation, Timestamp};
 pub struct BatchFallback {
     /// Index of the merged write in the batch.
     pub merged: usize,
+    /// The keys the per-event ops name by index (each key held once, copied into an op only
+    /// when the fallback is applied).
+    pub cells: Vec<Key>,
     /// Per event write (the first writes of the batch, in order): the ops it adds back, each
-    /// with its event stamp (see [`LocalWrite::stamps`]).
-    pub per_event: Vec<Vec<(Key, Mutation, Option<Timestamp>)>>,
+    /// as its key's index in `cells`, the mutation and its event stamp (see
+    /// [`LocalWrite::stamps`]).
+    pub per_event: Vec<Vec<(u32, Mutation, Option<Timestamp>)>>,
 }
 
 impl BatchFallback {
@@ -27,13 +31,17 @@ impl BatchFallback {
             w.ops.clear();
             w.stamps.clear();
         }
+        let cells = self.cells;
         for (w, ops) in writes.iter_mut().zip(self.per_event) {
             let stamped = ops.iter().any(|(_, _, s)| s.is_some());
             if stamped || !w.stamps.is_empty() {
                 w.stamps.resize(w.ops.len(), None);
             }
-            for (k, m, s) in ops {
-                w.ops.push((k, m));
+            for (c, m, s) in ops {
+                let Some(k) = cells.get(c as usize) else {
+                    continue;
+                };
+                w.ops.push((k.clone(), m));
                 if stamped || !w.stamps.is_empty() {
                     w.stamps.push(s);
                 }

@@ -181,6 +181,42 @@ impl Reader {
         Ok(dots.iter().any(|d| d.replica == replica))
     }
 
+    /// [`Reader::set_holds_own`] for each `(key, element)` of `items`, in order, in one read
+    /// transaction (the table opened once).
+    ///
+    /// # Errors
+    /// Storage failures and corrupt rows.
+    pub fn sets_hold_own(
+        &self,
+        items: &[(&Key, &str)],
+        replica: tidemark_crdts::ReplicaId,
+    ) -> Result<Vec<bool>, StoreError> {
+        let rtxn = self.rtxn()?;
+        let elems = rtxn.open_table(ELEMS).map_err(StoreError::redb)?;
+        let mut out = Vec::with_capacity(items.len());
+        for (key, element) in items {
+            if !per_element(key.kind) {
+                out.push(false);
+                continue;
+            }
+            let Some(row) = elems
+                .get(elem_key(key, element).as_slice())
+                .map_err(StoreError::redb)?
+            else {
+                out.push(false);
+                continue;
+            };
+            let dots: tidemark_crdts::DotSet =
+                codec::decode("set element", row.value(), self.limits.record_bytes_max)
+                    .map_err(|source| StoreError::Codec {
+                        table: "elems",
+                        source,
+                    })?;
+            out.push(dots.iter().any(|d| d.replica == replica));
+        }
+        Ok(out)
+    }
+
     /// The committed value of `key` (`None` when the key holds nothing).
     ///
     /// # Errors

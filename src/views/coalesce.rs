@@ -4,11 +4,124 @@
 //! lateness was decided per event, and only when no event of the batch can turn out to be a
 //! duplicate or be refused at commit (see [`super::Views::begin_batch`]), so the committed
 //! value of every cell is the one the per-event mutations would give.
+//!
+//! A batch is folded straight into one accumulator per cell ([`coalesce_cells`]): cells are
+//! named by their index in the batch's cell list ([`super::fold::FoldedBatch::cells`]), so no
+//! key is hashed, compared or copied per event; a cell's key is copied once, into its merged
+//! op. [`coalesce`] is the same rule over ops keyed by their keys.
 
 use super::keys;
 use std::collections::{BTreeMap, HashMap};
-use tidemark_crdts::{Key, KeyKind, Mutation};
+use tidemark_crdts::{Key, KeyKind, Mutation, Timestamp};
 
+/// A fast, per-process seeded hash map (the elements of one cell).
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// One event's on-time view op: its cell's index, the mutation and its event stamp (`latest`).
+pub type CellOp = (u32, Mutation, Option<Timestamp>);
+
+enum CellAcc<'a> {
+    Counter {
+        inc: u64,
+        dec: u64,
+    },
+    /// Elements in first-seen order with their last action (an add?), and where each is.
+    Set(Vec<(&'a str, bool)>, FastMap<&'a str, usize>),
+    /// The op with the greatest event stamp.
+    Latest(&'a Mutation, Timestamp),
+}
+
+/// The ops of `per_event` (each event's on-time ops, in order) with one mutation per cell and
+/// set element, in first-seen cell order: the cell's index (in `cells`), the mutation and its
+/// event stamp (of the `latest` op kept) — what [`coalesce`] gives for the same ops keyed by
+/// their cells' keys. `None` when a cell's ops have mixed shapes (no view makes such ops; the
+/// caller then uses [`coalesce`]).
+pub fn coalesce_cells(cells: &[Key], per_event: &[Vec<CellOp>]) -> Option<Vec<CellOp>> {
+    let mut acc: Vec<Option<CellAcc<'_>>> = Vec::new();
+    acc.resize_with(cells.len(), || None);
+    let mut order: Vec<usize> = Vec::new();
+    for (cell, m, stamp) in per_event.iter().flatten() {
+        let c = *cell as usize;
+        let key = cells.get(c)?;
+        let slot = acc.get_mut(c)?;
+        let a = match slot {
+            Some(a) => a,
+            None => {
+                order.push(c);
+                slot.insert(match (key.kind, m, stamp) {
+                    (
+                        KeyKind::GCounter | KeyKind::PNCounter,
+                        Mutation::Inc(_) | Mutation::Dec(_),
+                        _,
+                    ) => CellAcc::Counter { inc: 0, dec: 0 },
+                    (KeyKind::ORSet, Mutation::Add(_) | Mutation::Remove(_), _) => {
+                        CellAcc::Set(Vec::new(), FastMap::default())
+                    }
+                    (KeyKind::Lww, Mutation::Set(_), Some(s)) => CellAcc::Latest(m, *s),
+                    _ => return None,
+                })
+            }
+        };
+        match (a, m) {
+            (CellAcc::Counter { inc, .. }, Mutation::Inc(n)) => *inc = inc.saturating_add(*n),
+            (CellAcc::Counter { dec, .. }, Mutation::Dec(n)) => *dec = dec.saturating_add(*n),
+            (CellAcc::Set(elems, at), Mutation::Add(e) | Mutation::Remove(e)) => {
+                let add = matches!(m, Mutation::Add(_));
+                match at.get(e.as_str()) {
+                    Some(&i) => elems[i].1 = add,
+                    None => {
+                        at.insert(e.as_str(), elems.len());
+                        elems.push((e.as_str(), add));
+                    }
+                }
+            }
+            (CellAcc::Latest(best, best_stamp), Mutation::Set(_)) => {
+                // Stamps are unique per event (source, seq), so no two are equal.
+                let s = (*stamp)?;
+                if s > *best_stamp {
+                    *best = m;
+                    *best_stamp = s;
+                }
+            }
+            _ => return None,
+        }
+    }
+    let mut out = Vec::with_capacity(order.len());
+    for c in order {
+        let (Some(key), Some(Some(a))) = (cells.get(c), acc.get_mut(c).map(Option::take)) else {
+            continue;
+        };
+        let cell = c as u32;
+        match a {
+            CellAcc::Counter { inc, dec } => {
+                let m = if key.kind == KeyKind::GCounter {
+                    (inc > 0).then_some(Mutation::Inc(inc))
+                } else {
+                    match inc.cmp(&dec) {
+                        std::cmp::Ordering::Greater => Some(Mutation::Inc(inc - dec)),
+                        std::cmp::Ordering::Less => Some(Mutation::Dec(dec - inc)),
+                        std::cmp::Ordering::Equal => None,
+                    }
+                };
+                out.extend(m.map(|m| (cell, m, None)));
+            }
+            CellAcc::Set(elems, _) => {
+                for (e, add) in elems {
+                    let m = if add {
+                        Mutation::Add(e.to_owned())
+                    } else {
+                        Mutation::Remove(e.to_owned())
+                    };
+                    out.push((cell, m, None));
+                }
+            }
+            CellAcc::Latest(m, s) => out.push((cell, m.clone(), Some(s))),
+        }
+    }
+    Some(out)
+}
+
+/// An accumulator of [`coalesce`].
 enum Acc {
     Counter {
         inc: u64,
@@ -148,5 +261,56 @@ mod tests {
                 (l, rec(20, "late")),
             ]
         );
+    }
+
+    #[test]
+    fn cells_fold_as_keys_coalesce() {
+        let cells = vec![
+            Key::new(KeyKind::GCounter, "~view/c/d/1/[]"),
+            Key::new(KeyKind::PNCounter, "~view/s/d/1/[]"),
+            Key::new(KeyKind::ORSet, "~view/u/d/1/[]"),
+            Key::new(KeyKind::Lww, "~view/l/d/1/[]"),
+            Key::new(KeyKind::PNCounter, "~view/s/d/2/[]"),
+        ];
+        let rec = |t: u64, v: &str| Mutation::Set(keys::latest_record(t, "src", t, &v.into()));
+        let st = |t: u64| Some(keys::stamp(t, "src", t));
+        let per_event: Vec<Vec<CellOp>> = vec![
+            vec![
+                (0, Mutation::Inc(1), None),
+                (1, Mutation::Inc(5), None),
+                (2, Mutation::Add("\"a\"".into()), None),
+            ],
+            vec![(3, rec(20, "late"), st(20)), (4, Mutation::Inc(2), None)],
+            vec![],
+            vec![
+                (0, Mutation::Inc(2), None),
+                (1, Mutation::Dec(7), None),
+                (2, Mutation::Add("\"b\"".into()), None),
+                (2, Mutation::Remove("\"a\"".into()), None),
+                (3, rec(10, "early"), st(10)),
+                (4, Mutation::Dec(2), None),
+            ],
+        ];
+        let by_cells = coalesce_cells(&cells, &per_event).expect("one shape per cell");
+        let keyed: Vec<(Key, Mutation)> = per_event
+            .iter()
+            .flatten()
+            .map(|(c, m, _)| (cells[*c as usize].clone(), m.clone()))
+            .collect();
+        let by_keys = coalesce(keyed);
+        let named: Vec<(Key, Mutation)> = by_cells
+            .iter()
+            .map(|(c, m, _)| (cells[*c as usize].clone(), m.clone()))
+            .collect();
+        assert_eq!(named, by_keys);
+        // The `latest` op kept carries its stamp; no other op has one.
+        let stamps: Vec<_> = by_cells.iter().map(|(_, _, s)| *s).collect();
+        assert_eq!(stamps, vec![None, None, None, None, st(20)]);
+        // Mixed shapes in one cell: left to the rule over keys.
+        let mixed = vec![vec![
+            (0, Mutation::Inc(1), None),
+            (0, Mutation::Add("x".into()), None),
+        ]];
+        assert_eq!(coalesce_cells(&cells, &mixed), None);
     }
 }

@@ -7,7 +7,7 @@ use super::keys;
 use crate::error::Error;
 use crate::limits::Limits;
 use crate::ops::Event;
-use tidemark_crdts::{Key, KeyKind, Mutation};
+use tidemark_crdts::{Key, KeyKind, Mutation, Timestamp};
 
 /// Parses RFC 3339 (`2026-11-29T10:00:00.123Z`, `+01:00` offsets, `T`/`t`/space separator)
 /// into epoch milliseconds, fractions beyond milliseconds truncated; `None` for malformed
@@ -116,14 +116,17 @@ pub fn event_time(ev: &Event, index: usize, now_ms: u64, max_future_ms: u64) -> 
 pub struct ViewOp {
     /// Index of the view (in the node's view list).
     pub view: usize,
-    /// The view key (view, definition digest, window start, group).
-    pub key: Key,
+    /// Index of the view cell (view, definition digest, window start, group) in
+    /// [`FoldedBatch::cells`]: each cell's key is built once per batch.
+    pub cell: u32,
     /// The window's start (`None`: unwindowed).
     pub start: Option<u64>,
     /// The mutation.
     pub mutation: Mutation,
     /// Late once the watermark is strictly greater than this (`None`: unwindowed, never late).
     pub deadline: Option<u64>,
+    /// The event stamp of a `latest` write ([`keys::stamp`]); `None` for every other kind.
+    pub stamp: Option<Timestamp>,
 }
 
 /// What one event contributes to the views of its stream.
@@ -135,161 +138,316 @@ pub struct FoldedEvent {
     pub ops: Vec<ViewOp>,
 }
 
+/// What a batch contributes to the views of its stream: the cells it touches (each key built
+/// once) and, per event, its candidate mutations naming those cells.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FoldedBatch {
+    /// The view cells the batch touches, in first-seen order.
+    pub cells: Vec<Key>,
+    /// Per event of the batch, in order.
+    pub events: Vec<FoldedEvent>,
+}
+
+impl FoldedBatch {
+    /// True when the batch's stream has no view (nothing was folded).
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+}
+
 fn scalar(v: &serde_json::Value) -> bool {
     v.is_string() || v.is_number() || v.is_boolean()
 }
 
-/// Folds event `index` into candidate view mutations for `views` (those of its stream).
-///
-/// # Errors
-/// [`Error::InvalidEvent`] naming the event and the field: a missing group or value field, a
-/// non-integer `sum` field, a non-scalar `distinct`/`members` element, a value or group over
-/// its size limit, a malformed, ambiguous or too-far-future `time` (see [`event_time`]).
-pub fn fold_event(
-    ev: &Event,
-    index: usize,
-    views: &[(usize, &CompiledView)],
+/// A fast, per-process seeded hash map (the batch's cells and groups).
+type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Folds the events of one batch: interns group texts and view cells across the batch, so
+/// per event and view only a lookup is made (no key text is built twice).
+pub struct Folder<'a> {
+    views: &'a [(usize, &'a CompiledView)],
     now_ms: u64,
     max_future_ms: u64,
-    limits: &Limits,
-) -> Result<FoldedEvent, Error> {
-    let time_ms = event_time(ev, index, now_ms, max_future_ms)?;
-    let mut ops = Vec::new();
-    // The group text of each distinct `group_by` list, computed once per event.
-    let mut groups: Vec<(&[String], String)> = Vec::new();
-    for &(vi, view) in views {
-        let d = &view.def;
-        let fail = |field: &str, msg: String| bad(index, field, msg);
-        let known = groups
+    limits: &'a Limits,
+    /// Per view (position in `views`): the first view position with the same `group_by`.
+    same_group: Vec<usize>,
+    /// Group JSON text → group id.
+    groups: FastMap<String, u32>,
+    /// Group id → text.
+    group_texts: Vec<String>,
+    /// (view position, group id, window start) → cell index.
+    cell_at: FastMap<(usize, u32, Option<u64>), u32>,
+    out: FoldedBatch,
+    /// Scratch buffer of a group's JSON text.
+    buf: Vec<u8>,
+    /// Scratch group ids of the current event, per view position.
+    event_groups: Vec<Option<u32>>,
+}
+
+impl<'a> Folder<'a> {
+    /// A folder for `views` (those of one stream), the clock `now_ms` and the stream's
+    /// `max_future_ms`.
+    pub fn new(
+        views: &'a [(usize, &'a CompiledView)],
+        now_ms: u64,
+        max_future_ms: u64,
+        limits: &'a Limits,
+    ) -> Self {
+        let same_group = views
             .iter()
-            .find(|(by, _)| *by == d.group_by.as_slice())
-            .map(|(_, g)| g.clone());
-        let group = match known {
-            Some(g) => g,
-            None => {
-                let mut group = Vec::with_capacity(d.group_by.len());
-                for g in &d.group_by {
-                    let v = ev.fields.get(g).ok_or_else(|| {
-                        fail(g, format!("missing group field {g:?} of view {:?}", d.name))
-                    })?;
-                    group.push(v.clone());
-                }
-                let text = serde_json::Value::Array(group).to_string();
-                groups.push((d.group_by.as_slice(), text.clone()));
-                text
-            }
-        };
-        let value = |field: &str| {
-            ev.fields.get(field).ok_or_else(|| {
-                fail(
-                    field,
-                    format!("missing value field {field:?} of view {:?}", d.name),
-                )
+            .enumerate()
+            .map(|(p, (_, v))| {
+                views
+                    .iter()
+                    .position(|(_, w)| w.def.group_by == v.def.group_by)
+                    .unwrap_or(p)
             })
+            .collect();
+        Self {
+            views,
+            now_ms,
+            max_future_ms,
+            limits,
+            same_group,
+            groups: FastMap::default(),
+            group_texts: Vec::new(),
+            cell_at: FastMap::default(),
+            out: FoldedBatch::default(),
+            buf: Vec::new(),
+            event_groups: vec![None; views.len()],
+        }
+    }
+
+    /// The batch folded so far.
+    pub fn finish(self) -> FoldedBatch {
+        self.out
+    }
+
+    /// The group id of event `ev` for the view at position `p` (its `group_by` values as a
+    /// JSON array, the text serde_json gives `Value::Array`), interned across the batch.
+    fn group(&mut self, ev: &Event, index: usize, p: usize) -> Result<u32, Error> {
+        let first = self.same_group.get(p).copied().unwrap_or(p);
+        if let Some(Some(g)) = self.event_groups.get(first) {
+            return Ok(*g);
+        }
+        let d = &self.views[p].1.def;
+        self.buf.clear();
+        self.buf.push(b'[');
+        for (n, g) in d.group_by.iter().enumerate() {
+            let v = ev.fields.get(g).ok_or_else(|| {
+                bad(
+                    index,
+                    g,
+                    format!("missing group field {g:?} of view {:?}", d.name),
+                )
+            })?;
+            if n > 0 {
+                self.buf.push(b',');
+            }
+            serde_json::to_writer(&mut self.buf, v).map_err(|e| bad(index, g, e.to_string()))?;
+        }
+        self.buf.push(b']');
+        let text =
+            std::str::from_utf8(&self.buf).map_err(|e| bad(index, "group_by", e.to_string()))?;
+        let id = match self.groups.get(text) {
+            Some(&id) => id,
+            None => {
+                let id = u32::try_from(self.group_texts.len()).unwrap_or(u32::MAX);
+                self.groups.insert(text.to_owned(), id);
+                self.group_texts.push(text.to_owned());
+                id
+            }
         };
-        let field = d.field.as_deref().unwrap_or_default();
-        let element = |v: &serde_json::Value| -> Result<String, Error> {
-            if !scalar(v) {
-                return Err(fail(
-                    field,
-                    format!("view {:?} needs a string, number or boolean", d.name),
-                ));
-            }
-            let text = v.to_string();
-            if text.len() > limits.element_bytes_max {
-                return Err(fail(
-                    field,
-                    format!(
-                        "{} bytes, over element_bytes_max {}",
-                        text.len(),
-                        limits.element_bytes_max
-                    ),
-                ));
-            }
-            Ok(text)
+        if let Some(slot) = self.event_groups.get_mut(first) {
+            *slot = Some(id);
+        }
+        Ok(id)
+    }
+
+    /// The cell index of the view at position `p`, group `group`, window `start`: its key is
+    /// built (and its length checked) the first time the batch touches it.
+    fn cell(
+        &mut self,
+        index: usize,
+        p: usize,
+        kind: KeyKind,
+        group: u32,
+        start: Option<u64>,
+    ) -> Result<u32, Error> {
+        if let Some(&c) = self.cell_at.get(&(p, group, start)) {
+            return Ok(c);
+        }
+        let view = self.views[p].1;
+        let d = &view.def;
+        let text = self
+            .group_texts
+            .get(group as usize)
+            .map_or("", String::as_str);
+        let session = view.window.is_some_and(|w| w.session_gap_ms.is_some());
+        let name = match start {
+            // A session view: one cell per group and event time, group first.
+            Some(t) if session => keys::session_key(&d.name, &view.digest, text, t),
+            _ => keys::view_key(&d.name, &view.digest, start, text),
         };
-        let (kind, mutation) = match d.kind {
-            ViewKind::Count => (KeyKind::GCounter, Some(Mutation::Inc(1))),
-            ViewKind::Sum => {
-                let v = value(field)?;
-                let n = v.as_i64().ok_or_else(|| {
-                    fail(field, format!("view {:?} sums integers; got {v}", d.name))
-                })?;
-                let m = match n {
-                    0 => None,
-                    n if n > 0 => Some(Mutation::Inc(n.unsigned_abs())),
-                    n => Some(Mutation::Dec(n.unsigned_abs())),
-                };
-                (KeyKind::PNCounter, m)
-            }
-            ViewKind::Distinct => (KeyKind::ORSet, Some(Mutation::Add(element(value(field)?)?))),
-            ViewKind::Members => {
-                let matches = |c: &Option<super::def::FieldEquals>| {
-                    c.as_ref()
-                        .is_some_and(|c| ev.fields.get(&c.field) == Some(&c.equals))
-                };
-                let m = if matches(&d.add_when) {
-                    Some(Mutation::Add(element(value(field)?)?))
-                } else if matches(&d.remove_when) {
-                    Some(Mutation::Remove(element(value(field)?)?))
-                } else {
-                    None
-                };
-                (KeyKind::ORSet, m)
-            }
-            ViewKind::Latest => {
-                let text = keys::latest_record(time_ms, &ev.source, ev.seq, value(field)?);
-                if text.len() > limits.value_bytes_max {
+        if name.len() > self.limits.key_bytes_max {
+            let f = d.group_by.first().map_or("group_by", String::as_str);
+            return Err(bad(
+                index,
+                f,
+                format!(
+                    "the group values of view {:?} are too long for a key ({} bytes, limit {})",
+                    d.name,
+                    name.len(),
+                    self.limits.key_bytes_max
+                ),
+            ));
+        }
+        let c = u32::try_from(self.out.cells.len()).unwrap_or(u32::MAX);
+        self.out.cells.push(Key::new(kind, name));
+        self.cell_at.insert((p, group, start), c);
+        Ok(c)
+    }
+
+    /// Folds event `index` of the batch into candidate view mutations.
+    ///
+    /// # Errors
+    /// [`Error::InvalidEvent`] naming the event and the field: a missing group or value
+    /// field, a non-integer `sum` field, a non-scalar `distinct`/`members` element, a value or
+    /// group over its size limit, a malformed, ambiguous or too-far-future `time` (see
+    /// [`event_time`]).
+    pub fn fold(&mut self, ev: &Event, index: usize) -> Result<(), Error> {
+        let time_ms = event_time(ev, index, self.now_ms, self.max_future_ms)?;
+        let mut ops = Vec::with_capacity(self.views.len());
+        self.event_groups.iter_mut().for_each(|g| *g = None);
+        let limits = self.limits;
+        for p in 0..self.views.len() {
+            let (vi, view) = self.views[p];
+            let d = &view.def;
+            let fail = |field: &str, msg: String| bad(index, field, msg);
+            let group = self.group(ev, index, p)?;
+            let value = |field: &str| {
+                ev.fields.get(field).ok_or_else(|| {
+                    fail(
+                        field,
+                        format!("missing value field {field:?} of view {:?}", d.name),
+                    )
+                })
+            };
+            let field = d.field.as_deref().unwrap_or_default();
+            let element = |v: &serde_json::Value| -> Result<String, Error> {
+                if !scalar(v) {
+                    return Err(fail(
+                        field,
+                        format!("view {:?} needs a string, number or boolean", d.name),
+                    ));
+                }
+                let text = v.to_string();
+                if text.len() > limits.element_bytes_max {
                     return Err(fail(
                         field,
                         format!(
-                            "{} bytes, over value_bytes_max {}",
+                            "{} bytes, over element_bytes_max {}",
                             text.len(),
-                            limits.value_bytes_max
+                            limits.element_bytes_max
                         ),
                     ));
                 }
-                (KeyKind::Lww, Some(Mutation::Set(text)))
-            }
-        };
-        let Some(mutation) = mutation else { continue };
-        let windows: Vec<(Option<u64>, Option<u64>)> = match &view.window {
-            None => vec![(None, None)],
-            Some(w) => w
-                .starts(time_ms)
-                .into_iter()
-                .map(|s| (Some(s), Some(w.deadline(s))))
-                .collect(),
-        };
-        let session = view.window.is_some_and(|w| w.session_gap_ms.is_some());
-        for (start, deadline) in windows {
-            let name = match start {
-                // A session view: one cell per group and event time, group first.
-                Some(t) if session => keys::session_key(&d.name, &view.digest, &group, t),
-                _ => keys::view_key(&d.name, &view.digest, start, &group),
+                Ok(text)
             };
-            if name.len() > limits.key_bytes_max {
-                let f = d.group_by.first().map_or("group_by", String::as_str);
-                return Err(fail(
-                    f,
-                    format!(
-                        "the group values of view {:?} are too long for a key ({} bytes, limit {})",
-                        d.name,
-                        name.len(),
-                        limits.key_bytes_max
-                    ),
-                ));
+            let mut stamp = None;
+            let (kind, mutation) = match d.kind {
+                ViewKind::Count => (KeyKind::GCounter, Some(Mutation::Inc(1))),
+                ViewKind::Sum => {
+                    let v = value(field)?;
+                    let n = v.as_i64().ok_or_else(|| {
+                        fail(field, format!("view {:?} sums integers; got {v}", d.name))
+                    })?;
+                    let m = match n {
+                        0 => None,
+                        n if n > 0 => Some(Mutation::Inc(n.unsigned_abs())),
+                        n => Some(Mutation::Dec(n.unsigned_abs())),
+                    };
+                    (KeyKind::PNCounter, m)
+                }
+                ViewKind::Distinct => {
+                    (KeyKind::ORSet, Some(Mutation::Add(element(value(field)?)?)))
+                }
+                ViewKind::Members => {
+                    let matches = |c: &Option<super::def::FieldEquals>| {
+                        c.as_ref()
+                            .is_some_and(|c| ev.fields.get(&c.field) == Some(&c.equals))
+                    };
+                    let m = if matches(&d.add_when) {
+                        Some(Mutation::Add(element(value(field)?)?))
+                    } else if matches(&d.remove_when) {
+                        Some(Mutation::Remove(element(value(field)?)?))
+                    } else {
+                        None
+                    };
+                    (KeyKind::ORSet, m)
+                }
+                ViewKind::Latest => {
+                    let text = keys::latest_record(time_ms, &ev.source, ev.seq, value(field)?);
+                    if text.len() > limits.value_bytes_max {
+                        return Err(fail(
+                            field,
+                            format!(
+                                "{} bytes, over value_bytes_max {}",
+                                text.len(),
+                                limits.value_bytes_max
+                            ),
+                        ));
+                    }
+                    stamp = Some(keys::stamp(time_ms, &ev.source, ev.seq));
+                    (KeyKind::Lww, Some(Mutation::Set(text)))
+                }
+            };
+            let Some(mutation) = mutation else { continue };
+            match &view.window {
+                None => {
+                    let cell = self.cell(index, p, kind, group, None)?;
+                    ops.push(ViewOp {
+                        view: vi,
+                        cell,
+                        start: None,
+                        mutation,
+                        deadline: None,
+                        stamp,
+                    });
+                }
+                Some(w) if w.every_ms >= w.size_ms => {
+                    // Tumbling (and session cells): one window at most, no list built.
+                    let s = time_ms - time_ms % w.every_ms;
+                    if time_ms - s < w.size_ms {
+                        let cell = self.cell(index, p, kind, group, Some(s))?;
+                        ops.push(ViewOp {
+                            view: vi,
+                            cell,
+                            start: Some(s),
+                            mutation,
+                            deadline: Some(w.deadline(s)),
+                            stamp,
+                        });
+                    }
+                }
+                Some(w) => {
+                    for s in w.starts(time_ms) {
+                        let cell = self.cell(index, p, kind, group, Some(s))?;
+                        ops.push(ViewOp {
+                            view: vi,
+                            cell,
+                            start: Some(s),
+                            mutation: mutation.clone(),
+                            deadline: Some(w.deadline(s)),
+                            stamp,
+                        });
+                    }
+                }
             }
-            ops.push(ViewOp {
-                view: vi,
-                key: Key::new(kind, name),
-                start,
-                mutation: mutation.clone(),
-                deadline,
-            });
         }
+        self.out.events.push(FoldedEvent { time_ms, ops });
+        Ok(())
     }
-    Ok(FoldedEvent { time_ms, ops })
 }
 
 #[cfg(test)]

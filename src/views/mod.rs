@@ -73,7 +73,7 @@ pub mod session;
 pub use crate::ops::Event;
 pub use def::{CompiledView, FieldEquals, Hopping, ViewDef, ViewKind, Window, WindowDef};
 pub use final_feed::{FinalCursor, FinalCursorError, FinalPage, FinalWindow};
-pub use fold::{FoldedEvent, ViewOp};
+pub use fold::{FoldedBatch, FoldedEvent, ViewOp};
 pub use late::{LateEvent, LateEvents};
 pub use read::{ViewCounters, ViewPage, ViewQuery, ViewRow, ViewSummary};
 
@@ -199,7 +199,8 @@ pub(crate) struct StreamSeals {
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
     begun: Vec<((String, String), usize)>,
-    queued: Vec<((String, String), u64)>,
+    /// Per `(stream, source)` pair: the seqs registered as queued.
+    queued: Vec<((String, String), Vec<u64>)>,
 }
 
 /// A batch for [`Views::admit`]: the stream, the folded view ops of each event and the
@@ -207,8 +208,8 @@ pub(crate) struct InFlight {
 pub(crate) struct AdmitBatch<'a> {
     /// The stream the batch was ingested into.
     pub(crate) stream: &'a str,
-    /// The view ops of each event ([`Views::fold`]).
-    pub(crate) folded: Vec<FoldedEvent>,
+    /// The view cells and the view ops of each event ([`Views::fold`]).
+    pub(crate) folded: FoldedBatch,
     /// The events, one per write.
     pub(crate) events: &'a [Event],
     /// Per event: a duplicate already ([`BatchStart::known_dup`]).
@@ -659,17 +660,17 @@ impl Views {
         events: &[Event],
         now_ms: u64,
         limits: &Limits,
-    ) -> Result<Vec<FoldedEvent>, Error> {
+    ) -> Result<FoldedBatch, Error> {
         let Some(idx) = self.by_stream.get(stream) else {
-            return Ok(Vec::new());
+            return Ok(FoldedBatch::default());
         };
         let views: Vec<(usize, &CompiledView)> = idx.iter().map(|&i| (i, &self.views[i])).collect();
         let max_future = self.max_future(stream);
-        events
-            .iter()
-            .enumerate()
-            .map(|(i, ev)| fold::fold_event(ev, i, &views, now_ms, max_future, limits))
-            .collect()
+        let mut folder = fold::Folder::new(&views, now_ms, max_future, limits);
+        for (i, ev) in events.iter().enumerate() {
+            folder.fold(ev, i)?;
+        }
+        Ok(folder.finish())
     }
 
     /// Counts a refused batch of `events` events of `stream` as rejected for every view of
@@ -700,6 +701,8 @@ impl Views {
         reader: &crate::store::Reader,
         ranges_max: usize,
     ) -> Result<BatchStart, Error> {
+        // One read transaction for every source's marks.
+        let reader = &reader.snapshot()?;
         let mut inflight = self.inflight.lock().map_err(|_| Error::Closed)?;
         let mut per_source: BTreeMap<&str, Vec<(usize, u64)>> = BTreeMap::new();
         for (i, e) in events.iter().enumerate() {
@@ -763,12 +766,14 @@ impl Views {
             }
         }
         if let Ok(mut queued) = self.queued.lock() {
-            for (k, seq) in &batch.queued {
+            for (k, list) in &batch.queued {
                 if let Some(seqs) = queued.get_mut(k) {
-                    if let Some(c) = seqs.get_mut(seq) {
-                        *c = c.saturating_sub(1);
-                        if *c == 0 {
-                            seqs.remove(seq);
+                    for seq in list {
+                        if let Some(c) = seqs.get_mut(seq) {
+                            *c = c.saturating_sub(1);
+                            if *c == 0 {
+                                seqs.remove(seq);
+                            }
                         }
                     }
                     if seqs.is_empty() {
@@ -786,14 +791,25 @@ impl Views {
         let Ok(mut queued) = self.queued.lock() else {
             return vec![true; events.len()];
         };
-        let mut out = Vec::with_capacity(events.len());
-        for e in events {
-            let k = (stream.to_owned(), e.source.clone());
+        // Per source (one key built per source, not per event), each source's events in
+        // batch order: a pair repeated in the batch is seen by its later events.
+        let mut by_source: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for (i, e) in events.iter().enumerate() {
+            by_source.entry(&e.source).or_default().push(i);
+        }
+        let mut out = vec![false; events.len()];
+        for (source, idx) in by_source {
+            let k = (stream.to_owned(), source.to_owned());
             let seqs = queued.entry(k.clone()).or_default();
-            let c = seqs.entry(e.seq).or_default();
-            out.push(*c > 0);
-            *c += 1;
-            batch.queued.push((k, e.seq));
+            let mut list = Vec::with_capacity(idx.len());
+            for i in idx {
+                let seq = events[i].seq;
+                let c = seqs.entry(seq).or_default();
+                out[i] = *c > 0;
+                *c += 1;
+                list.push(seq);
+            }
+            batch.queued.push((k, list));
         }
         out
     }
@@ -883,7 +899,6 @@ impl Views {
         // refused event must change nothing.
         let uncertain = self.register_queued(stream, events, inflight);
         let mut owners: Option<Owners> = None;
-        let mut merged = Vec::new();
         let wm = marks.wm;
         let horizon = self.horizon(stream);
         let ooo = self.ooo.get(stream).copied().unwrap_or(0);
@@ -898,6 +913,12 @@ impl Views {
             .ok()
             .and_then(|s| s.get(stream).map(|x| x.excluded_to))
             .unwrap_or(0);
+        let FoldedBatch {
+            cells,
+            events: folded,
+        } = folded;
+        // Cells of `distinct` views (their adds of elements already held are skipped).
+        let mut distinct_cell = vec![false; if coalesce { cells.len() } else { 0 }];
         for (i, ((w, f), event)) in writes.iter_mut().zip(folded).zip(events).enumerate() {
             if known_dup.get(i).copied().unwrap_or(false) {
                 // A duplicate changes nothing: the writer skips its write, and its time
@@ -929,7 +950,8 @@ impl Views {
                         Some(o) => o,
                         None => owners.insert(Self::owners(reader, stream, me)?),
                     };
-                    if !Self::remove_counted(reader, owners, &op.key, elem, d, me, peer_of)? {
+                    let key = cells.get(op.cell as usize).ok_or(Error::Closed)?;
+                    if !Self::remove_counted(reader, owners, key, elem, d, me, peer_of)? {
                         outside = true;
                         is_late = true;
                     }
@@ -943,10 +965,18 @@ impl Views {
                 if !is_late {
                     applied_window |= op.deadline.is_some();
                     if coalesce {
-                        own.push((op.key.clone(), op.mutation.clone()));
-                        merged.push((op.key, op.mutation));
-                    } else {
-                        w.ops.push((op.key, op.mutation));
+                        if self
+                            .views
+                            .get(op.view)
+                            .is_some_and(|v| v.def.kind == ViewKind::Distinct)
+                        {
+                            if let Some(d) = distinct_cell.get_mut(op.cell as usize) {
+                                *d = true;
+                            }
+                        }
+                        own.push((op.cell, op.mutation, op.stamp));
+                    } else if let Some(key) = cells.get(op.cell as usize) {
+                        w.ops.push((key.clone(), op.mutation));
                     }
                 }
             }
@@ -974,28 +1004,53 @@ impl Views {
                 max_wm = Some(max_wm.map_or(t, |m| m.max(t)));
             }
         }
-        if !merged.is_empty() {
-            let mut ops = coalesce::coalesce(merged);
-            self.skip_present(&mut ops, reader, me);
+        if coalesce && per_event.iter().any(|ops| !ops.is_empty()) {
+            let merged: Vec<(Key, Mutation, Option<tidemark_crdts::Timestamp>)> =
+                match coalesce::coalesce_cells(&cells, &per_event) {
+                    Some(ops) => {
+                        let ops = self.skip_present(ops, &cells, &distinct_cell, reader, me);
+                        ops.into_iter()
+                            .filter_map(|(c, m, s)| {
+                                cells.get(c as usize).map(|k| (k.clone(), m, s))
+                            })
+                            .collect()
+                    }
+                    // Mixed mutation shapes in a cell (no view makes them): the rule over
+                    // keys, every add kept.
+                    None => {
+                        let ops = per_event.iter().flatten().filter_map(|(c, m, _)| {
+                            cells.get(*c as usize).map(|k| (k.clone(), m.clone()))
+                        });
+                        coalesce::coalesce(ops.collect())
+                            .into_iter()
+                            .map(|(k, m)| {
+                                let stamp = keys::event_stamp(&k, &m);
+                                (k, m, stamp)
+                            })
+                            .collect()
+                    }
+                };
+            let mut ops = Vec::with_capacity(merged.len());
+            let mut stamps = Vec::new();
+            for (k, m, stamp) in merged {
+                if stamp.is_some() && stamps.is_empty() {
+                    stamps.resize(ops.len(), None);
+                }
+                if !stamps.is_empty() {
+                    stamps.push(stamp);
+                }
+                ops.push((k, m));
+            }
             if !ops.is_empty() {
                 out.fallback = Some(crate::store::BatchFallback {
                     merged: writes.len(),
-                    per_event: per_event
-                        .into_iter()
-                        .map(|ops| {
-                            ops.into_iter()
-                                .map(|(k, m)| {
-                                    let stamp = keys::event_stamp(&k, &m);
-                                    (k, m, stamp)
-                                })
-                                .collect()
-                        })
-                        .collect(),
+                    cells,
+                    per_event,
                 });
                 writes.push(LocalWrite {
                     ops,
                     event: None,
-                    stamps: Vec::new(),
+                    stamps,
                     late: None,
                     own_dots: true,
                 });
@@ -1110,28 +1165,43 @@ impl Views {
         }
     }
 
-    /// Drops the adds of `distinct` views whose element the committed cell already holds under
-    /// this node's own dot: a `distinct` set never removes, so re-adding changes no value (it would only take a dot
-    /// and rewrite the row). Reads one element row per add (sets are stored per element), never
-    /// the whole cell. Cells that cannot be read are left alone.
+    /// Drops the adds of `distinct` views (cells `distinct_cell` marks) whose element the
+    /// committed cell already holds under this node's own dot: a `distinct` set never removes,
+    /// so re-adding changes no value (it would only take a dot and rewrite the row). Reads one
+    /// element row per add (sets are stored per element), never the whole cell, all in one
+    /// read transaction. When the rows cannot be read, every add is kept.
     fn skip_present(
         &self,
-        ops: &mut Vec<(Key, Mutation)>,
+        ops: Vec<coalesce::CellOp>,
+        cells: &[Key],
+        distinct_cell: &[bool],
         reader: &crate::store::Reader,
         me: ReplicaId,
-    ) {
-        ops.retain(|(key, m)| {
-            let Mutation::Add(elem) = m else { return true };
-            let distinct = keys::cell_of(&key.name).is_some_and(|(name, digest, _)| {
-                self.find(name)
-                    .is_some_and(|(_, v)| v.digest == digest && v.def.kind == ViewKind::Distinct)
-            });
-            if !distinct {
-                return true;
-            }
-            // Only this node's own add counts: contributions stay separable by replica.
-            !reader.set_holds_own(key, elem, me).unwrap_or(false)
-        });
+    ) -> Vec<coalesce::CellOp> {
+        let check = |(c, m, _): &coalesce::CellOp| {
+            matches!(m, Mutation::Add(_))
+                && distinct_cell.get(*c as usize).copied().unwrap_or(false)
+        };
+        let items: Vec<(&Key, &str)> = ops
+            .iter()
+            .filter(|op| check(op))
+            .filter_map(|(c, m, _)| match (cells.get(*c as usize), m) {
+                (Some(k), Mutation::Add(e)) => Some((k, e.as_str())),
+                _ => None,
+            })
+            .collect();
+        if items.is_empty() {
+            return ops;
+        }
+        // Only this node's own add counts: contributions stay separable by replica.
+        let Ok(held) = reader.sets_hold_own(&items, me) else {
+            return ops;
+        };
+        drop(items);
+        let mut held = held.into_iter();
+        ops.into_iter()
+            .filter(|op| !check(op) || !held.next().unwrap_or(false))
+            .collect()
     }
 
     /// Counts a committed batch: `effective[i]` is true for event writes that were applied
