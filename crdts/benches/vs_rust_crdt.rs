@@ -137,6 +137,87 @@ fn set_remove(c: &mut Criterion) {
     g.finish();
 }
 
+/// `0..N` in a seeded scrambled order (elements arrive in no key order, as real ones do).
+fn scrambled() -> Vec<u64> {
+    let mut v: Vec<u64> = (0..N).collect();
+    let mut z = 0x5EED_u64;
+    for i in (1..v.len()).rev() {
+        z = z
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let j = usize::try_from((z >> 33) % (i as u64 + 1)).unwrap_or(0);
+        v.swap(i, j);
+    }
+    v
+}
+
+/// Set adds and removes with the elements in scrambled order (the ascending rows above favour
+/// a map that appends at its end).
+fn set_scrambled(c: &mut Criterion) {
+    let order = scrambled();
+    let mut g = c.benchmark_group("set_add_100k_scrambled");
+    g.throughput(Throughput::Elements(N));
+    g.bench_function("tidemark", |b| {
+        b.iter_batched(
+            ORSet::<u64>::new,
+            |mut s| {
+                for e in &order {
+                    black_box(s.add(ReplicaId(A), *e).expect("dots left"));
+                }
+                s
+            },
+            BatchSize::PerIteration,
+        );
+    });
+    g.bench_function("rust-crdt", |b| {
+        b.iter_batched(
+            Theirs::new,
+            |mut s| {
+                for e in &order {
+                    let ctx = s.read_ctx().derive_add_ctx(A);
+                    let op = s.add(*e, ctx);
+                    s.apply(op);
+                }
+                s
+            },
+            BatchSize::PerIteration,
+        );
+    });
+    g.finish();
+    let ours = ours_add(A, 0..N);
+    let theirs = theirs_add(A, 0..N);
+    let half: Vec<u64> = order.iter().copied().filter(|e| e % 2 == 0).collect();
+    let mut g = c.benchmark_group("set_remove_50k_of_100k_scrambled");
+    g.throughput(Throughput::Elements(N / 2));
+    g.bench_function("tidemark", |b| {
+        b.iter_batched(
+            || ours.clone(),
+            |mut s| {
+                for e in &half {
+                    black_box(s.remove(e));
+                }
+                s
+            },
+            BatchSize::PerIteration,
+        );
+    });
+    g.bench_function("rust-crdt", |b| {
+        b.iter_batched(
+            || theirs.clone(),
+            |mut s| {
+                for e in &half {
+                    let ctx = s.contains(e).derive_rm_ctx();
+                    let op = s.rm(*e, ctx);
+                    s.apply(op);
+                }
+                s
+            },
+            BatchSize::PerIteration,
+        );
+    });
+    g.finish();
+}
+
 fn set_merge(c: &mut Criterion) {
     let (oa, ob) = (ours_add(A, 0..N), ours_add(B, N / 2..N + N / 2));
     let (ta, tb) = (theirs_add(A, 0..N), theirs_add(B, N / 2..N + N / 2));
@@ -570,7 +651,7 @@ criterion_group! {
         .sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = encoded_sizes, set_add, set_add_at_100k, set_remove, set_merge, counter_inc,
+    targets = encoded_sizes, set_add, set_add_at_100k, set_remove, set_scrambled, set_merge, counter_inc,
         pncounter_inc_dec, counter_merge,
         lww_write, mv_write, set_codec
 }
