@@ -114,7 +114,7 @@ impl Views {
                 .unwrap_or_default();
             sealed.insert(stream, s);
         }
-        let (dirty, mut cursors) = {
+        let (dirty, mut cursors, mut new_pass) = {
             let mut a = self.audit.lock().map_err(|_| Error::Closed)?;
             if std::mem::take(&mut a.overflow) {
                 a.cursors.clear();
@@ -127,12 +127,19 @@ impl Views {
                 }
                 a.seen.insert(stream.clone(), now.clone());
             }
-            (std::mem::take(&mut a.dirty), a.cursors.clone())
+            (
+                std::mem::take(&mut a.dirty),
+                a.cursors.clone(),
+                std::mem::take(&mut a.new_pass),
+            )
         };
-        let mut notes = Vec::new();
+        let mut round = Round {
+            reader,
+            me,
+            now_ms,
+            notes: Vec::new(),
+        };
         let mut audited: BTreeSet<Key> = BTreeSet::new();
-        let mut new_pass =
-            std::mem::take(&mut self.audit.lock().map_err(|_| Error::Closed)?.new_pass);
         for (vi, view) in self.views.iter().enumerate() {
             let Some(window) = view.window else {
                 continue;
@@ -149,10 +156,9 @@ impl Views {
             }
             let kind = super::read::key_kind(view.def.kind);
             let prefix = keys::view_prefix(&view.def.name, &view.digest);
-            let horizon = self.horizon(&view.def.stream);
             let mut after = cursors.get(&vi).cloned();
             let mut scanned = 0;
-            'scan: while scanned < SCAN_BATCH && notes.len() < NOTES_MAX {
+            'scan: while scanned < SCAN_BATCH && round.notes.len() < NOTES_MAX {
                 let page = reader.list(kind, &prefix, after.as_deref(), 256)?;
                 let done = page.len() < 256;
                 for (key, _) in page {
@@ -164,21 +170,12 @@ impl Views {
                     if deadline >= top && !session {
                         break 'scan; // not sealed yet: the scan waits here
                     }
-                    let expired = horizon.is_some_and(|h| self.expired(vi, start, h));
-                    if let (false, Some(members)) = (expired, seal::sealed_members(seals, deadline))
-                    {
-                        let cell = Cell {
-                            view,
-                            start,
-                            group,
-                            members,
-                        };
-                        self.audit_cell(reader, &key, &cell, me, now_ms, &mut notes)?;
+                    if self.audit_if_sealed(&mut round, vi, &key, start, group, seals)? {
                         audited.insert(key.clone());
                     }
                     after = Some(key.name);
                     scanned += 1;
-                    if scanned >= SCAN_BATCH || notes.len() >= NOTES_MAX {
+                    if scanned >= SCAN_BATCH || round.notes.len() >= NOTES_MAX {
                         break 'scan;
                     }
                 }
@@ -196,7 +193,7 @@ impl Views {
         }
         let mut left = Vec::new();
         for key in dirty.difference(&audited) {
-            if notes.len() >= NOTES_MAX {
+            if round.notes.len() >= NOTES_MAX {
                 left.push(key.clone());
                 continue;
             }
@@ -206,28 +203,13 @@ impl Views {
             let Some((vi, view)) = self.find(name) else {
                 continue;
             };
-            let (Some(window), Some(seals)) = (view.window, sealed.get(&view.def.stream)) else {
+            let (Some(seals), Some((_, group))) =
+                (sealed.get(&view.def.stream), cell_parts(view, &key.name))
+            else {
                 continue;
             };
-            let Some(members) = seal::sealed_members(seals, window.deadline(start)) else {
-                continue; // not sealed: the scan reaches it once it is
-            };
-            if self
-                .horizon(&view.def.stream)
-                .is_some_and(|h| self.expired(vi, start, h))
-            {
-                continue;
-            }
-            let Some((_, group)) = cell_parts(view, &key.name) else {
-                continue;
-            };
-            let cell = Cell {
-                view,
-                start,
-                group,
-                members,
-            };
-            self.audit_cell(reader, key, &cell, me, now_ms, &mut notes)?;
+            // Not sealed: the scan reaches it once it is.
+            self.audit_if_sealed(&mut round, vi, key, start, group, seals)?;
         }
         // Rounds run one at a time (`Views::auditing`): only an overflow can have come
         // since this round began, and it clears the cursors at the next one.
@@ -242,7 +224,8 @@ impl Views {
             a.dirty.insert(key);
         }
         drop(a);
-        Ok(notes
+        Ok(round
+            .notes
             .into_iter()
             .map(|late| LocalWrite {
                 late: Some(late),
@@ -288,78 +271,116 @@ impl Views {
         }
     }
 
-    /// Records of the contributions to `key` (a cell of a sealed window) from replicas
-    /// outside the seal that no record covers yet.
-    fn audit_cell(
+    /// Audits `key`, a cell of view `vi` at `start` (its window's start, or a session cell's
+    /// event time) with `group`, when `seals` seal its window and retention has not removed
+    /// it; whether it did.
+    fn audit_if_sealed(
         &self,
-        reader: &Reader,
+        round: &mut Round<'_>,
+        vi: usize,
         key: &Key,
-        cell: &Cell<'_>,
-        me: ReplicaId,
-        now_ms: u64,
-        out: &mut Vec<LateNote>,
-    ) -> Result<(), Error> {
-        let Some(entry) = reader.entry(key)? else {
-            return Ok(());
+        start: u64,
+        group: Vec<serde_json::Value>,
+        seals: &[Sealed],
+    ) -> Result<bool, Error> {
+        let Some(view) = self.views.get(vi) else {
+            return Ok(false);
         };
-        let mut outside: BTreeMap<ReplicaId, u64> = BTreeMap::new();
-        entry.for_each_dot(&mut |d| {
-            if cell.members.binary_search(&d.replica).is_err() {
-                let top = outside.entry(d.replica).or_default();
-                *top = (*top).max(d.seq);
-            }
-        });
-        for (replica, seq) in outside {
-            if reader
-                .late_mark(&key.name, replica)?
-                .is_some_and(|m| m >= seq)
-            {
-                continue;
-            }
-            let part = entry.retain_replicas(|r| r == replica);
-            let d = &cell.view.def;
-            // A session view's cell is one event time: no window of its own.
-            let window_end = cell
-                .view
-                .window
-                .filter(|w| w.session_gap_ms.is_none())
-                .map(|w| cell.start.saturating_add(w.size_ms));
-            let group: serde_json::Map<String, serde_json::Value> =
-                d.group_by.iter().cloned().zip(cell.group.clone()).collect();
-            let mut contribution = serde_json::json!({
-                "view": d.name,
-                "group": group,
-                "window_start": cell.start,
-                "window_end": window_end,
-                "seq": seq,
-            });
-            let (value, cut) = bounded_value(to_json(d.kind, &part.value()));
-            if let Some(c) = contribution.as_object_mut() {
-                c.insert("value".into(), value);
-                c.extend(cut);
-            }
-            let record = serde_json::json!({
-                "contribution": contribution,
-                "views": [d.name],
-                "reason": "outside_seal",
-                "sealed_members": cell.members.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                "node": replica.to_string(),
-                "recorded_by": me.to_string(),
-                "watermark": serde_json::Value::Null,
-                "received_ms": now_ms,
-            });
-            out.push(LateNote {
-                stream: d.stream.clone(),
-                record: record.to_string(),
-                mark: Some(LateMark {
-                    key: key.name.clone(),
-                    replica,
-                    seq,
-                }),
-            });
+        let Some(window) = view.window else {
+            return Ok(false);
+        };
+        let Some(members) = seal::sealed_members(seals, window.deadline(start)) else {
+            return Ok(false);
+        };
+        if self
+            .horizon(&view.def.stream)
+            .is_some_and(|h| self.expired(vi, start, h))
+        {
+            return Ok(false);
         }
-        Ok(())
+        let cell = Cell {
+            view,
+            start,
+            group,
+            members,
+        };
+        record_outside(round, key, &cell)?;
+        Ok(true)
     }
+}
+
+/// What one audit round reads from and records.
+struct Round<'r> {
+    reader: &'r Reader,
+    me: ReplicaId,
+    now_ms: u64,
+    notes: Vec<LateNote>,
+}
+
+/// Records of the contributions to `key` (a cell of a sealed window) from replicas outside
+/// the seal that no record covers yet.
+fn record_outside(round: &mut Round<'_>, key: &Key, cell: &Cell<'_>) -> Result<(), Error> {
+    let (reader, me, now_ms) = (round.reader, round.me, round.now_ms);
+    let Some(entry) = reader.entry(key)? else {
+        return Ok(());
+    };
+    let mut outside: BTreeMap<ReplicaId, u64> = BTreeMap::new();
+    entry.for_each_dot(&mut |d| {
+        if cell.members.binary_search(&d.replica).is_err() {
+            let top = outside.entry(d.replica).or_default();
+            *top = (*top).max(d.seq);
+        }
+    });
+    for (replica, seq) in outside {
+        if reader
+            .late_mark(&key.name, replica)?
+            .is_some_and(|m| m >= seq)
+        {
+            continue;
+        }
+        let part = entry.retain_replicas(|r| r == replica);
+        let d = &cell.view.def;
+        // A session view's cell is one event time: no window of its own.
+        let window_end = cell
+            .view
+            .window
+            .filter(|w| w.session_gap_ms.is_none())
+            .map(|w| cell.start.saturating_add(w.size_ms));
+        let group: serde_json::Map<String, serde_json::Value> =
+            d.group_by.iter().cloned().zip(cell.group.clone()).collect();
+        let mut contribution = serde_json::json!({
+            "view": d.name,
+            "group": group,
+            "window_start": cell.start,
+            "window_end": window_end,
+            "seq": seq,
+        });
+        let (value, cut) = bounded_value(to_json(d.kind, &part.value()));
+        if let Some(c) = contribution.as_object_mut() {
+            c.insert("value".into(), value);
+            c.extend(cut);
+        }
+        let record = serde_json::json!({
+            "contribution": contribution,
+            "views": [d.name],
+            "reason": "outside_seal",
+            "sealed_members": cell.members.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "node": replica.to_string(),
+            "recorded_by": me.to_string(),
+            "watermark": serde_json::Value::Null,
+            "received_ms": now_ms,
+        });
+        round.notes.push(LateNote {
+            stream: d.stream.clone(),
+            record: record.to_string(),
+            mark: Some(LateMark {
+                key: key.name.clone(),
+                replica,
+                seq,
+            }),
+        });
+    }
+    Ok(())
 }
 
 /// Most bytes of JSON a contribution record keeps of the value.
