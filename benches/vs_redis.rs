@@ -435,27 +435,14 @@ fn main() {
             continue;
         }
         for clients in [1usize, 8] {
-            let (rps, cpu) = match redis.bench(kind.redis_test(), clients, BATCH, redis_n) {
-                Ok(r) => r,
-                Err(e) => {
-                    println!("| {} | error: {e} |", kind.label());
-                    continue;
-                }
-            };
-            let run = rt.block_on(tidemark(kind, clients, BATCH, secs, Durability::Immediate));
-            let how = format!("{clients} client(s), -P {BATCH}");
-            let fig = RedisFig {
-                how: &how,
-                rps,
-                cpu,
-                n: redis_n,
-            };
-            row(
-                kind.label(),
-                &fig,
-                &format!("{clients} writer(s), calls of {BATCH}"),
-                &run,
-                1.0,
+            pipelined_row(
+                &rt,
+                &redis,
+                kind,
+                clients,
+                secs,
+                redis_n,
+                Durability::Immediate,
             );
         }
     }
@@ -536,28 +523,57 @@ fn relaxed_rows(
         Workload::Set,
     ] {
         for clients in [1usize, 8] {
-            let (rps, cpu) = match redis.bench(kind.redis_test(), clients, BATCH, redis_n) {
-                Ok(r) => r,
-                Err(e) => {
-                    println!("| {} | error: {e} |", kind.label());
-                    continue;
-                }
-            };
-            let run = rt.block_on(tidemark(kind, clients, BATCH, secs, Durability::Relaxed));
-            let how = format!("{clients} client(s), -P {BATCH}, everysec");
-            let fig = RedisFig {
-                how: &how,
-                rps,
-                cpu,
-                n: redis_n,
-            };
-            row(
-                kind.label(),
-                &fig,
-                &format!("{clients} writer(s), calls of {BATCH}, relaxed"),
-                &run,
-                1.0,
+            pipelined_row(
+                rt,
+                &redis,
+                kind,
+                clients,
+                secs,
+                redis_n,
+                Durability::Relaxed,
             );
         }
     }
+}
+
+/// One pipelined row: `redis` with `clients` clients at `-P BATCH` against Tidemark with as
+/// many writers in calls of `BATCH` at `durability` (goal ≥ 1.0×).
+fn pipelined_row(
+    rt: &tokio::runtime::Runtime,
+    redis: &Redis,
+    kind: Workload,
+    clients: usize,
+    secs: f64,
+    redis_n: u64,
+    durability: Durability,
+) {
+    let (rps, cpu) = match redis.bench(kind.redis_test(), clients, BATCH, redis_n) {
+        Ok(r) => r,
+        Err(e) => {
+            println!("| {} | error: {e} |", kind.label());
+            return;
+        }
+    };
+    let run = rt.block_on(tidemark(kind, clients, BATCH, secs, durability));
+    let relaxed = durability == Durability::Relaxed;
+    let how = format!(
+        "{clients} client(s), -P {BATCH}{}",
+        if relaxed { ", everysec" } else { "" }
+    );
+    let fig = RedisFig {
+        how: &how,
+        rps,
+        cpu,
+        n: redis_n,
+    };
+    row(
+        kind.label(),
+        &fig,
+        &format!(
+            "{clients} writer(s), calls of {BATCH}{}",
+            if relaxed { ", relaxed" } else { "" }
+        ),
+        &run,
+        1.0,
+    );
 }
