@@ -13,6 +13,8 @@
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+pub mod wal;
+
 /// The format version written first in every frame and record.
 pub const FORMAT_VERSION: u8 = 1;
 

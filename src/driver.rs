@@ -120,6 +120,8 @@ pub(crate) struct Driver {
     pub(crate) tick: Duration,
     /// What is durable: the only state peers are served (relaxed durability).
     pub(crate) durable: DurablePoint,
+    /// When the write-ahead log next gets a checkpoint of its own ([`Checkpoints`]).
+    pub(crate) checkpoints: Checkpoints,
     /// The sans-IO replication core this writer drives.
     pub(crate) replica: Replica,
     /// Start of monotonic time for the protocol.
@@ -388,6 +390,13 @@ impl Driver {
         self.metrics.sample_writes(wall_ms());
         if let Err(e) = self.durable.sync(&mut self.store) {
             tracing::error!(error = %e, "periodic durable commit failed; writes halted");
+        }
+        if self
+            .checkpoints
+            .due(self.store.wal_pending_bytes(), Instant::now())
+            && let Err(e) = self.store.checkpoint()
+        {
+            tracing::error!(error = %e, "checkpoint failed; writes halted");
         }
     }
 
@@ -847,6 +856,47 @@ impl Driver {
     }
 }
 
+/// When the writer checkpoints the write-ahead log besides the size trigger of local commits
+/// (`store::CHECKPOINT_BYTES`): once the log has been still for [`Checkpoints::IDLE`] (a quiet
+/// moment, so no acknowledgement waits behind it), and at the latest [`Checkpoints::MAX_AGE`]
+/// after it started growing — which bounds the replay of a restart after a crash in time too.
+#[derive(Debug, Default)]
+pub(crate) struct Checkpoints {
+    /// The log's size at the last look, and since when it has been that size.
+    still: Option<(u64, Instant)>,
+    /// Since when the log has held records.
+    growing: Option<Instant>,
+}
+
+impl Checkpoints {
+    /// How long the log must be still before an idle checkpoint.
+    pub(crate) const IDLE: Duration = Duration::from_secs(1);
+    /// The longest the log holds records before a checkpoint, busy or not.
+    pub(crate) const MAX_AGE: Duration = Duration::from_secs(60);
+
+    /// Whether to checkpoint now, the log holding `pending` bytes.
+    pub(crate) fn due(&mut self, pending: u64, now: Instant) -> bool {
+        if pending == 0 {
+            *self = Self::default();
+            return false;
+        }
+        let growing = *self.growing.get_or_insert(now);
+        let since = match self.still {
+            Some((size, since)) if size == pending => since,
+            _ => {
+                self.still = Some((pending, now));
+                now
+            }
+        };
+        let due =
+            now.duration_since(since) >= Self::IDLE || now.duration_since(growing) >= Self::MAX_AGE;
+        if due {
+            *self = Self::default();
+        }
+        due
+    }
+}
+
 /// The last durable commit: in `Durability::Relaxed` the replication core is shown the store
 /// as of this point only (ARCHITECTURE invariant 7). In `Immediate` mode every commit is durable
 /// and the point is not tracked.
@@ -1027,5 +1077,32 @@ impl StateStore for Served<'_> {
 
     fn truncate_log(&mut self, below: u64) -> Result<u64, StoreError> {
         self.store.truncate_log(below.min(self.log_bounds().1))
+    }
+}
+
+#[cfg(test)]
+mod checkpoint_tests {
+    use super::Checkpoints;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn an_idle_or_old_log_is_checkpointed_and_an_empty_one_never() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut c = Checkpoints::default();
+        assert!(!c.due(0, ms(5_000)), "nothing to checkpoint");
+        assert!(!c.due(100, ms(0)));
+        assert!(!c.due(100, ms(900)), "still, but not for a second yet");
+        assert!(c.due(100, ms(1_000)), "still for a second");
+        // A busy log: growing at every look, checkpointed at its maximum age only.
+        let mut c = Checkpoints::default();
+        let mut due_at = None;
+        for i in 0..=700u64 {
+            if c.due(i + 1, ms(i * 100)) {
+                due_at = Some(i * 100);
+                break;
+            }
+        }
+        assert_eq!(due_at, Some(60_000));
     }
 }

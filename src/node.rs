@@ -224,6 +224,7 @@ impl Node {
                 crate::limits::Durability::Immediate => Duration::from_millis(100),
             },
             durable,
+            checkpoints: crate::driver::Checkpoints::default(),
             replica: core,
             started: std::time::Instant::now(),
             log_retain_entries: config.log_retain_entries,

@@ -11,7 +11,9 @@
 
 use super::error::StoreError;
 use super::tables::{LATE, LATE_MARKS, LATE_TOTALS, late_key, late_mark_key, parse_late_id};
+use super::wal::Redo;
 use crate::codec;
+use crate::codec::wal::RedoTable;
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 use tidemark_crdts::ReplicaId;
 
@@ -96,6 +98,7 @@ pub(crate) fn append(
     notes: &[&LateNote],
     bytes_max: usize,
     record_max: usize,
+    redo: &mut Redo,
 ) -> Result<(), StoreError> {
     if notes.is_empty() {
         return Ok(());
@@ -105,12 +108,11 @@ pub(crate) fn append(
     if notes.iter().any(|n| n.mark.is_some()) {
         let mut marks = txn.open_table(LATE_MARKS).map_err(StoreError::redb)?;
         for m in notes.iter().filter_map(|n| n.mark.as_ref()) {
+            let (k, v) = (late_mark_key(&m.key, m.replica), m.seq.to_be_bytes());
             marks
-                .insert(
-                    late_mark_key(&m.key, m.replica).as_slice(),
-                    m.seq.to_be_bytes().as_slice(),
-                )
+                .insert(k.as_slice(), v.as_slice())
                 .map_err(StoreError::redb)?;
+            redo.put(RedoTable::LateMarks, &k, &v);
         }
     }
     let bytes_max = u64::try_from(bytes_max).unwrap_or(u64::MAX);
@@ -129,9 +131,11 @@ pub(crate) fn append(
             } else {
                 (stream, &mut totals)
             };
+            let k = late_key(lane, id);
             lane_t
-                .insert(late_key(lane, id).as_slice(), note.record.as_bytes())
+                .insert(k.as_slice(), note.record.as_bytes())
                 .map_err(StoreError::redb)?;
+            redo.put(RedoTable::Late, &k, note.record.as_bytes());
             t.bytes = t.bytes.saturating_add(note.record.len() as u64);
         }
         for (lane, t) in [(stream, &mut totals), (c_lane.as_str(), &mut c_totals)] {
@@ -148,6 +152,7 @@ pub(crate) fn append(
                     break;
                 };
                 lane_t.remove(k.as_slice()).map_err(StoreError::redb)?;
+                redo.del(RedoTable::Late, &k);
                 t.bytes = t.bytes.saturating_sub(len);
                 t.dropped = t.dropped.saturating_add(1);
             }
@@ -162,6 +167,7 @@ pub(crate) fn append(
             totals_t
                 .insert(lane.as_bytes(), enc.as_slice())
                 .map_err(StoreError::redb)?;
+            redo.put(RedoTable::LateTotals, lane.as_bytes(), &enc);
         }
     }
     Ok(())
@@ -292,7 +298,7 @@ mod tests {
         let write = |notes: Vec<LateNote>| {
             let txn = db.begin_write().expect("txn");
             let refs: Vec<&LateNote> = notes.iter().collect();
-            append(&txn, &refs, bytes_max, 1 << 20).expect("append");
+            append(&txn, &refs, bytes_max, 1 << 20, &mut Redo::default()).expect("append");
             txn.commit().expect("commit");
         };
         write(vec![note("s", "event-0", None)]);

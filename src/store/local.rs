@@ -11,8 +11,10 @@ use super::tables::{
     DEDUP, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, dedup_key, dot_bytes, elem_key,
     key_bytes,
 };
-use super::{RedbStore, meta_put};
+use super::wal::Redo;
+use super::{RedbStore, meta_put_logged};
 use crate::codec;
+use crate::codec::wal::RedoTable;
 use crate::model::Delta;
 use redb::ReadableTable;
 use std::borrow::Cow;
@@ -255,6 +257,7 @@ pub(crate) fn append_log(
     deltas: Vec<Delta>,
     mut log_end: u64,
     record_bytes_max: usize,
+    redo: &mut Redo,
 ) -> Result<u64, StoreError> {
     let mut log_t = txn.open_table(LOG).map_err(StoreError::redb)?;
     let last = deltas.len().saturating_sub(1);
@@ -268,6 +271,7 @@ pub(crate) fn append_log(
         log_t
             .insert(log_end, bytes.as_slice())
             .map_err(StoreError::redb)?;
+        redo.put(RedoTable::Log, &log_end.to_be_bytes(), &bytes);
         log_end += 1;
     }
     Ok(log_end)
@@ -362,7 +366,17 @@ impl RedbStore {
         let me = self.replica;
         // Taken out before `begin` (which drops it) and put back only after the commit.
         let row_cache = self.row_cache.take().unwrap_or_default();
+        // A log past its checkpoint size is checkpointed first (so a failure there fails this
+        // group, before anything of it is written).
+        if self
+            .wal
+            .as_ref()
+            .is_some_and(|w| w.pending_bytes() >= super::CHECKPOINT_BYTES)
+        {
+            self.checkpoint_now()?;
+        }
         let txn = self.begin()?;
+        let recording = self.wal.is_some();
         let mut ctx = self.ctx.clone();
         let mut hlc = self.hlc.clone();
         let mut records: Vec<Delta> = Vec::new();
@@ -371,7 +385,7 @@ impl RedbStore {
         let changed: Vec<Arc<Key>>;
         let mut marks: GroupMap<(&str, &str), IntervalSet> = GroupMap::default();
         let mut values = Vec::new();
-        let row_cache =
+        let (row_cache, mut redo) =
             {
                 let (mut rows_t, mut elems_t, mut dots_t) = open_state_tables(&txn)?;
                 let mut dedup_t = txn.open_table(DEDUP).map_err(StoreError::redb)?;
@@ -381,6 +395,7 @@ impl RedbStore {
                         elems: &mut elems_t,
                         dots: &mut dots_t,
                         record_bytes_max: max,
+                        redo: if recording { Redo::on() } else { Redo::default() },
                     },
                     row_cache,
                 );
@@ -532,11 +547,14 @@ impl RedbStore {
                             table: "dedup",
                             source,
                         })?;
+                    let key = dedup_key(stream, source);
                     dedup_t
-                        .insert(dedup_key(stream, source).as_slice(), bytes.as_slice())
+                        .insert(key.as_slice(), bytes.as_slice())
                         .map_err(StoreError::redb)?;
+                    rows.inner.redo.put(RedoTable::Dedup, &key, &bytes);
                 }
-                rows.into_cache()
+                let redo = std::mem::take(&mut rows.inner.redo);
+                (rows.into_cache(), redo)
             };
         // Late events of applied writes go to their streams' late lanes, in this transaction.
         let late: Vec<&super::late::LateNote> = writes
@@ -549,15 +567,21 @@ impl RedbStore {
                 (!kept_out).then_some(note)
             })
             .collect();
-        super::late::append(&txn, &late, self.options.limits.late_bytes_max, max)?;
+        super::late::append(
+            &txn,
+            &late,
+            self.options.limits.late_bytes_max,
+            max,
+            &mut redo,
+        )?;
         let log_seq = (!records.is_empty()).then_some(self.log_end);
-        let log_end = append_log(&txn, None, records, self.log_end, max)?;
+        let log_end = append_log(&txn, None, records, self.log_end, max, &mut redo)?;
         if log_seq.is_some() {
-            meta_put(&txn, META_CONTEXT, &ctx)?;
-            meta_put(&txn, META_HLC, &hlc.mark())?;
-            meta_put(&txn, META_LOG_BOUNDS, &(self.log_start, log_end))?;
+            meta_put_logged(&txn, META_CONTEXT, &ctx, &mut redo)?;
+            meta_put_logged(&txn, META_HLC, &hlc.mark(), &mut redo)?;
+            meta_put_logged(&txn, META_LOG_BOUNDS, &(self.log_start, log_end), &mut redo)?;
         }
-        txn.commit().map_err(StoreError::redb)?;
+        self.commit_group(txn, redo)?;
         // Only now, after the durable commit, does the in-memory mirror move.
         let skipped = duplicate.iter().filter(|d| **d).count() as u64;
         let mut applied_ops = 0u64;
@@ -692,13 +716,10 @@ fn write_cached(
     match &c.entry {
         Some(e) => {
             let bytes = encode_bounded("state row", "rows", e, inner.record_bytes_max)?;
-            inner
-                .rows
-                .insert(kb.as_slice(), bytes.as_slice())
-                .map_err(StoreError::redb)?;
+            inner.insert(RedoTable::Rows, kb.as_slice(), bytes.as_slice())?;
         }
         None => {
-            inner.rows.remove(kb.as_slice()).map_err(StoreError::redb)?;
+            inner.remove(RedoTable::Rows, kb.as_slice())?;
         }
     }
     c.dirty = false;
@@ -869,6 +890,7 @@ impl<'r, 't> GroupRows<'r, 't> {
                         .insert(ek.as_slice(), bytes.as_slice())
                         .map_err(StoreError::redb)?;
                     let prev = prev.map(|g| decode_elem(g.value(), max)).transpose()?;
+                    self.inner.redo.put(RedoTable::Elems, &ek, &bytes);
                     // An own add leaves the other replicas' dots of the element in its row.
                     match prev {
                         Some(old) if own && old.iter().any(|d| d.replica != dot.replica) => {
@@ -882,9 +904,7 @@ impl<'r, 't> GroupRows<'r, 't> {
                                     source,
                                 })?;
                             self.inner
-                                .elems
-                                .insert(ek.as_slice(), row.as_slice())
-                                .map_err(StoreError::redb)?;
+                                .insert(RedoTable::Elems, ek.as_slice(), row.as_slice())?;
                             Some(DotSet::from_dots(mine))
                         }
                         other => other,
@@ -895,7 +915,9 @@ impl<'r, 't> GroupRows<'r, 't> {
                         .elems
                         .remove(ek.as_slice())
                         .map_err(StoreError::redb)?;
-                    prev.map(|g| decode_elem(g.value(), max)).transpose()?
+                    let prev = prev.map(|g| decode_elem(g.value(), max)).transpose()?;
+                    self.inner.redo.del(RedoTable::Elems, &ek);
+                    prev
                 };
                 if let Some(old) = &old {
                     for d in old.iter() {
@@ -918,9 +940,7 @@ impl<'r, 't> GroupRows<'r, 't> {
                                 .is_none();
                         if absent {
                             self.inner
-                                .rows
-                                .insert(kb.as_slice(), [].as_slice())
-                                .map_err(StoreError::redb)?;
+                                .insert(RedoTable::Rows, kb.as_slice(), [].as_slice())?;
                         }
                     }
                     self.set_header(key, true);
@@ -929,9 +949,7 @@ impl<'r, 't> GroupRows<'r, 't> {
                     let left = set_has_elements(&*self.inner.elems, key)?;
                     if !left {
                         self.inner
-                            .rows
-                            .remove(key_bytes(key).as_slice())
-                            .map_err(StoreError::redb)?;
+                            .remove(RedoTable::Rows, key_bytes(key).as_slice())?;
                     }
                     self.set_header(key, left);
                     true
@@ -995,15 +1013,11 @@ impl<'r, 't> GroupRows<'r, 't> {
             match value {
                 Some(v) => {
                     self.inner
-                        .dots
-                        .insert(dot_bytes(d).as_slice(), v.as_slice())
-                        .map_err(StoreError::redb)?;
+                        .insert(RedoTable::Dots, dot_bytes(d).as_slice(), v.as_slice())?;
                 }
                 None => {
                     self.inner
-                        .dots
-                        .remove(dot_bytes(d).as_slice())
-                        .map_err(StoreError::redb)?;
+                        .remove(RedoTable::Dots, dot_bytes(d).as_slice())?;
                 }
             }
         }

@@ -29,6 +29,9 @@ pub mod snapshot;
 mod split;
 mod stream_snapshot;
 pub(crate) mod tables;
+mod wal;
+#[cfg(test)]
+mod wal_tests;
 #[cfg(test)]
 mod test_rng;
 
@@ -50,6 +53,7 @@ pub use stream_snapshot::{
     check_snapshot_room, data_file_identity, remove_stream_leftovers, stream_snapshot_path,
 };
 pub use tables::LogRecord;
+pub use wal::{WAL_FILE, WalScan};
 
 use crate::codec;
 use crate::limits::{Durability, Limits};
@@ -61,12 +65,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tables::{
     CURSORS, DEDUP, DOTS, ELEMS, LOG, META, META_CONTEXT, META_EPOCH, META_FORMAT, META_HLC,
-    META_LOG_BOUNDS, META_REPLICA, META_TRUNCATED, META_WATCH_END, ROWS, STORE_FORMAT,
+    META_LOG_BOUNDS, META_REPLICA, META_TRUNCATED, META_WAL_COVERED, META_WAL_ID, META_WATCH_END,
+    ROWS, STORE_FORMAT,
 };
 use tidemark_crdts::{CausalContext, Hlc, ReplicaId};
 
 /// The database file inside the data directory.
 pub const DB_FILE: &str = "tidemark.redb";
+
+/// Bytes of write-ahead log after which the next local commit group first checkpoints: a
+/// durable redb commit of everything so far, after which the log starts over. Bounds the
+/// replay at open and the memory redb holds for commits not yet durable in it.
+pub const CHECKPOINT_BYTES: u64 = 16 << 20;
 
 /// The identity of the file at `path` as `device:inode` (Unix), so two processes can tell they
 /// mean the same database file whatever paths (links, mounts, relative names) they use; `None`
@@ -157,6 +167,12 @@ pub struct RedbStore {
     /// same validity rule as `row_cache`: dropped by [`RedbStore::begin`] and `reidentify`,
     /// and after the row's last part).
     big_row: Option<big_row::BigRow>,
+    /// The write-ahead log local commit groups are made durable through (stores opened on a
+    /// data directory); `None` on a custom backend, where every commit is a redb commit of the
+    /// store's durability.
+    wal: Option<wal::Wal>,
+    /// What the open found in the log.
+    wal_scan: WalScan,
 }
 
 impl std::fmt::Debug for RedbStore {
@@ -185,6 +201,25 @@ fn meta_get<T: serde::de::DeserializeOwned + serde::Serialize>(
             table: "meta",
             source,
         })
+}
+
+/// [`meta_put`], recorded in a local group's redo.
+pub(crate) fn meta_put_logged<T: serde::Serialize>(
+    txn: &WriteTransaction,
+    name: &str,
+    value: &T,
+    redo: &mut wal::Redo,
+) -> Result<(), StoreError> {
+    let bytes = codec::encode("meta record", value).map_err(|source| StoreError::Codec {
+        table: "meta",
+        source,
+    })?;
+    let mut table = txn.open_table(META).map_err(StoreError::redb)?;
+    table
+        .insert(name, bytes.as_slice())
+        .map_err(StoreError::redb)?;
+    redo.put(crate::codec::wal::RedoTable::Meta, name.as_bytes(), &bytes);
+    Ok(())
 }
 
 pub(crate) fn meta_put<T: serde::Serialize>(
@@ -305,7 +340,34 @@ impl RedbStore {
                 other => StoreError::redb(other),
             })?;
         private_file(&path).map_err(io)?;
-        Self::init(db, Some(path), options)
+        let wal_path = dir.join(WAL_FILE);
+        create_private(&wal_path).map_err(io)?;
+        let wal_file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&wal_path)
+            .map_err(io)?;
+        let wal_backend = redb::backends::FileBackend::new(wal_file).map_err(|e| {
+            StoreError::Corrupt(format!("{}: {e}", wal_path.display()))
+        })?;
+        Self::init(db, Some(path), options, Some(Box::new(wal_backend)))
+    }
+
+    /// Opens (or creates) the store on custom redb backends for the database and for its
+    /// write-ahead log (crash and fault tests: the log's writes and syncs go through `wal`).
+    ///
+    /// # Errors
+    /// As [`RedbStore::open`].
+    pub fn open_with_backends(
+        backend: impl StorageBackend,
+        wal: impl StorageBackend,
+        options: OpenOptions,
+    ) -> Result<Self, StoreError> {
+        let db = redb::Builder::new()
+            .set_cache_size(options.limits.cache_bytes)
+            .create_with_backend(backend)
+            .map_err(StoreError::redb)?;
+        Self::init(db, None, options, Some(Box::new(wal)))
     }
 
     /// Opens (or creates) the store on a custom redb backend (in-memory, fault-injecting).
@@ -320,11 +382,60 @@ impl RedbStore {
             .set_cache_size(options.limits.cache_bytes)
             .create_with_backend(backend)
             .map_err(StoreError::redb)?;
-        Self::init(db, None, options)
+        Self::init(db, None, options, None)
     }
 
-    fn init(db: Database, path: Option<PathBuf>, options: OpenOptions) -> Result<Self, StoreError> {
+    /// Replays the write-ahead log in `file` from the durable state's `wal_covered` on, in one
+    /// durable commit that records the new covered seq.
+    fn recover(
+        db: &Database,
+        file: Box<dyn StorageBackend>,
+        max: usize,
+    ) -> Result<(wal::Wal, WalScan), StoreError> {
+        let mut txn = db.begin_write().map_err(StoreError::redb)?;
+        txn.set_durability(redb::Durability::Immediate)
+            .map_err(StoreError::redb)?;
+        let id = match meta_get::<u64>(&txn, META_WAL_ID, max)? {
+            Some(id) => id,
+            None => rand::random::<u64>() | 1,
+        };
+        let covered: u64 = meta_get(&txn, META_WAL_COVERED, max)?.unwrap_or(0);
+        let (mut log, scan) = wal::Wal::open(file, id, covered, |seq, payload| {
+            wal::apply_redo(&txn, seq, payload)
+        })?;
+        meta_put(&txn, META_WAL_ID, &id)?;
+        meta_put(&txn, META_WAL_COVERED, &log.next_seq())?;
+        txn.commit().map_err(StoreError::redb)?;
+        log.restart();
+        if scan.replayed > 0 {
+            tracing::info!(
+                records = scan.replayed,
+                bytes = scan.replayed_bytes,
+                "replayed the write-ahead log"
+            );
+        }
+        if let Some((at, end @ (crate::codec::wal::FrameEnd::Checksum | crate::codec::wal::FrameEnd::Length(_)))) =
+            &scan.stopped_at
+        {
+            tracing::warn!(offset = at, why = ?end, "the write-ahead log ends in a torn or damaged record; the log is cut there (an unacknowledged write at a crash)");
+        }
+        Ok((log, scan))
+    }
+
+    fn init(
+        db: Database,
+        path: Option<PathBuf>,
+        options: OpenOptions,
+        wal_file: Option<Box<dyn StorageBackend>>,
+    ) -> Result<Self, StoreError> {
         let max = options.limits.record_bytes_max;
+        let (wal, wal_scan) = match wal_file {
+            Some(file) => {
+                let (log, scan) = Self::recover(&db, file, max)?;
+                (Some(log), scan)
+            }
+            None => (None, WalScan::default()),
+        };
         let txn = db.begin_write().map_err(StoreError::redb)?;
         for t in [ROWS, ELEMS, DOTS, DEDUP] {
             txn.open_table(t).map_err(StoreError::redb)?;
@@ -415,7 +526,14 @@ impl RedbStore {
             change_values: true,
             row_cache: None,
             big_row: None,
+            wal,
+            wal_scan,
         })
+    }
+
+    /// What opening found in the write-ahead log (records replayed; where it ended).
+    pub fn wal_scan(&self) -> &WalScan {
+        &self.wal_scan
     }
 
     /// This replica's id.
@@ -500,6 +618,8 @@ impl RedbStore {
         self.big_row = None;
         let mut txn = self.db.begin_write().map_err(StoreError::redb)?;
         let durability = match self.options.durability {
+            // With a log, every commit but a local group's is durable (`commit_group`).
+            _ if self.wal.is_some() => redb::Durability::Immediate,
             Durability::Immediate => redb::Durability::Immediate,
             Durability::Relaxed => {
                 self.unsynced.store(true, Ordering::Release);
@@ -510,11 +630,102 @@ impl RedbStore {
         Ok(txn)
     }
 
+    /// Commits a transaction begun by [`RedbStore::begin`] (durable when the store has a log:
+    /// it then records that every log record so far is in the database, and the log starts
+    /// over).
+    fn commit(&mut self, txn: WriteTransaction) -> Result<(), StoreError> {
+        match &mut self.wal {
+            Some(log) => {
+                meta_put(&txn, META_WAL_COVERED, &log.next_seq())?;
+                txn.commit().map_err(StoreError::redb)?;
+                log.restart();
+                self.unsynced.store(false, Ordering::Release);
+            }
+            None => txn.commit().map_err(StoreError::redb)?,
+        }
+        Ok(())
+    }
+
+    /// Commits a local group's transaction: with a log, its redo record is appended (and
+    /// synced, in `Immediate` durability) first, then the transaction commits with
+    /// `Durability::None` — so no reader sees a write before it is durable. A redo over the
+    /// frame limit commits durably instead.
+    fn commit_group(
+        &mut self,
+        mut txn: WriteTransaction,
+        redo: wal::Redo,
+    ) -> Result<(), StoreError> {
+        let immediate = self.options.durability == Durability::Immediate;
+        match (&mut self.wal, redo.into_payload()) {
+            (Some(log), Some(payload)) if payload.len() <= crate::codec::wal::PAYLOAD_MAX => {
+                if !payload.is_empty() {
+                    log.append(&payload)?;
+                    if immediate {
+                        log.sync()?;
+                    } else {
+                        self.unsynced.store(true, Ordering::Release);
+                    }
+                }
+                txn.set_durability(redb::Durability::None)
+                    .map_err(StoreError::redb)?;
+                txn.commit().map_err(StoreError::redb)
+            }
+            _ => self.commit(txn),
+        }
+    }
+
+    /// A durable commit of everything so far when the log holds records (the log then starts
+    /// over); nothing otherwise. Keeps the local commits' row cache.
+    fn checkpoint_now(&mut self) -> Result<(), StoreError> {
+        let Some(log) = &mut self.wal else {
+            return Ok(());
+        };
+        if log.pending_bytes() == 0 {
+            return Ok(());
+        }
+        let mut txn = self.db.begin_write().map_err(StoreError::redb)?;
+        txn.set_durability(redb::Durability::Immediate)
+            .map_err(StoreError::redb)?;
+        meta_put(&txn, META_WAL_COVERED, &log.next_seq())?;
+        txn.commit().map_err(StoreError::redb)?;
+        log.restart();
+        self.unsynced.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// Checkpoints: makes the database hold every commit durably so the write-ahead log can
+    /// start over (nothing to do without a log or with an empty one). Run at a quiet moment
+    /// to keep the next open's replay short; local commits do it on their own past
+    /// [`CHECKPOINT_BYTES`] of log.
+    ///
+    /// # Errors
+    /// Storage failures (the store halts).
+    pub fn checkpoint(&mut self) -> Result<(), StoreError> {
+        self.guarded(Self::checkpoint_now)
+    }
+
+    /// Bytes of write-ahead log since the last checkpoint (0 without a log).
+    pub fn wal_pending_bytes(&self) -> u64 {
+        self.wal.as_ref().map_or(0, wal::Wal::pending_bytes)
+    }
+
     /// Forces a durable commit of everything committed so far (meaningful in relaxed mode).
+    /// With a log this is one `fdatasync` of the log.
     ///
     /// # Errors
     /// Storage failures (the store halts).
     pub fn sync(&mut self) -> Result<(), StoreError> {
+        if self.wal.is_some() {
+            self.check_halted()?;
+            let r = self.wal.as_mut().map_or(Ok(()), wal::Wal::sync);
+            if let Err(e) = &r {
+                tracing::error!(error = %e, "write-ahead log sync failed; halting writes");
+                self.halted = Some(e.to_string());
+            } else {
+                self.unsynced.store(false, Ordering::Release);
+            }
+            return r;
+        }
         self.guarded(|s| {
             let mut txn = s.db.begin_write().map_err(StoreError::redb)?;
             txn.set_durability(redb::Durability::Immediate)
@@ -543,7 +754,7 @@ impl RedbStore {
                 let mut table = txn.open_table(META).map_err(StoreError::redb)?;
                 table.remove(META_WATCH_END).map_err(StoreError::redb)?;
             }
-            txn.commit().map_err(StoreError::redb)?;
+            s.commit(txn)?;
             Ok(end)
         })
     }
@@ -559,7 +770,7 @@ impl RedbStore {
             txn.set_durability(redb::Durability::Immediate)
                 .map_err(StoreError::redb)?;
             meta_put(&txn, META_WATCH_END, &end)?;
-            txn.commit().map_err(StoreError::redb)
+            s.commit(txn)
         })
     }
 
@@ -592,5 +803,17 @@ impl RedbStore {
     /// [`StoreError::Corrupt`] naming the first violation; storage failures.
     pub fn verify(&self) -> Result<(), StoreError> {
         self.reader().verify(&self.ctx)
+    }
+}
+
+impl Drop for RedbStore {
+    /// A clean close checkpoints, so the next open has no log to replay (best effort: a
+    /// failure here leaves the log, which the next open replays).
+    fn drop(&mut self) {
+        if self.halted.is_none() {
+            if let Err(e) = self.checkpoint_now() {
+                tracing::warn!(error = %e, "checkpoint at close failed; the next open replays the log");
+            }
+        }
     }
 }

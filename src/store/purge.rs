@@ -83,7 +83,7 @@ impl RedbStore {
             if removed == 0 {
                 txn.abort().map_err(StoreError::redb)?;
             } else {
-                txn.commit().map_err(StoreError::redb)?;
+                s.commit(txn)?;
                 s.stats.commits += 1;
             }
             Ok(removed)

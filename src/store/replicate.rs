@@ -180,6 +180,7 @@ impl RedbStore {
                 pieces,
                 log_end,
                 self.options.limits.record_bytes_max,
+                &mut super::wal::Redo::default(),
             )?;
             meta_put(&txn, META_CONTEXT, &ctx)?;
             meta_put(&txn, META_LOG_BOUNDS, &(self.log_start, log_end))?;
@@ -195,7 +196,7 @@ impl RedbStore {
             meta_put(&txn, META_HLC, &hlc.mark())?;
         }
         if inflated || cursor_changed || hlc != self.hlc {
-            txn.commit().map_err(StoreError::redb)?;
+            self.commit(txn)?;
             self.stats.commits += 1;
         } else {
             txn.abort().map_err(StoreError::redb)?;
@@ -307,7 +308,7 @@ impl RedbStore {
             }
             meta_put(&txn, META_TRUNCATED, &truncated)?;
             meta_put(&txn, META_LOG_BOUNDS, &(below, s.log_end))?;
-            txn.commit().map_err(StoreError::redb)?;
+            s.commit(txn)?;
             // The log start moves forward only, after its commit, never past the end.
             debug_assert!(
                 below > s.log_start && below <= s.log_end,

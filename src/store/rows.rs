@@ -15,6 +15,7 @@ use super::tables::{
 };
 use crate::admission::KeyRange;
 use crate::codec;
+use crate::codec::wal::RedoTable;
 use redb::{ReadableTable, Table};
 use std::ops::Bound;
 use tidemark_crdts::{CausalContext, Dot, DotMap, DotSet, DotStore, Entry, Key, KeyKind, Rows};
@@ -85,6 +86,7 @@ pub(crate) fn with_txn_rows<T>(
         elems: &mut elems_t,
         dots: &mut dots_t,
         record_bytes_max,
+        redo: super::wal::Redo::default(),
     })
 }
 
@@ -94,6 +96,32 @@ pub(crate) struct TxnRows<'a, 't> {
     pub(crate) elems: &'a mut Table<'t, &'static [u8], &'static [u8]>,
     pub(crate) dots: &'a mut Table<'t, &'static [u8], &'static [u8]>,
     pub(crate) record_bytes_max: usize,
+    /// What the writes did, for the write-ahead log (off outside local commit groups).
+    pub(crate) redo: super::wal::Redo,
+}
+
+impl<'t> TxnRows<'_, 't> {
+    fn table(&mut self, t: RedoTable) -> &mut Table<'t, &'static [u8], &'static [u8]> {
+        match t {
+            RedoTable::Elems => self.elems,
+            RedoTable::Dots => self.dots,
+            _ => self.rows,
+        }
+    }
+
+    /// Sets `key` to `value` in `t` (`rows`, `elems` or `dots`), recorded in the redo.
+    pub(crate) fn insert(&mut self, t: RedoTable, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        self.table(t).insert(key, value).map_err(StoreError::redb)?;
+        self.redo.put(t, key, value);
+        Ok(())
+    }
+
+    /// Removes `key` from `t` (`rows`, `elems` or `dots`), recorded in the redo.
+    pub(crate) fn remove(&mut self, t: RedoTable, key: &[u8]) -> Result<(), StoreError> {
+        self.table(t).remove(key).map_err(StoreError::redb)?;
+        self.redo.del(t, key);
+        Ok(())
+    }
 }
 
 pub(crate) fn decode_entry(bytes: &[u8], max: usize) -> Result<Entry, StoreError> {
@@ -309,9 +337,7 @@ pub(crate) fn put_set(
         let now = n.get(e);
         for d in ds.iter() {
             if !now.is_some_and(|s| s.contains(d)) {
-                t.dots
-                    .remove(dot_bytes(*d).as_slice())
-                    .map_err(StoreError::redb)?;
+                t.remove(RedoTable::Dots, dot_bytes(*d).as_slice())?;
                 change.removed.push(*d);
             }
         }
@@ -325,24 +351,22 @@ pub(crate) fn put_set(
         }
     }
     for (d, e) in &added {
-        t.dots
-            .insert(dot_bytes(*d).as_slice(), elem_key(key, e).as_slice())
-            .map_err(StoreError::redb)?;
+        t.insert(
+            RedoTable::Dots,
+            dot_bytes(*d).as_slice(),
+            elem_key(key, e).as_slice(),
+        )?;
         change.added.push(*d);
     }
     for (e, _) in o.iter() {
         if n.get(e).is_none() {
-            t.elems
-                .remove(elem_key(key, e).as_slice())
-                .map_err(StoreError::redb)?;
+            t.remove(RedoTable::Elems, elem_key(key, e).as_slice())?;
         }
     }
     for (e, ds) in n.iter() {
         if o.get(e) != Some(ds) {
             let bytes = encode_bounded("set element", "elems", ds, t.record_bytes_max)?;
-            t.elems
-                .insert(elem_key(key, e).as_slice(), bytes.as_slice())
-                .map_err(StoreError::redb)?;
+            t.insert(RedoTable::Elems, elem_key(key, e).as_slice(), bytes.as_slice())?;
         }
     }
     let kb = key_bytes(key);
@@ -354,12 +378,10 @@ pub(crate) fn put_set(
                 .map_err(StoreError::redb)?
                 .is_none()
         {
-            t.rows
-                .insert(kb.as_slice(), [].as_slice())
-                .map_err(StoreError::redb)?;
+            t.insert(RedoTable::Rows, kb.as_slice(), [].as_slice())?;
         }
     } else if !o.is_empty() && !set_has_elements(&*t.elems, key)? {
-        t.rows.remove(kb.as_slice()).map_err(StoreError::redb)?;
+        t.remove(RedoTable::Rows, kb.as_slice())?;
     }
     Ok(change)
 }
@@ -459,16 +481,12 @@ impl Rows for TxnRows<'_, '_> {
         };
         for d in &before {
             if after.binary_search(d).is_err() {
-                self.dots
-                    .remove(dot_bytes(*d).as_slice())
-                    .map_err(StoreError::redb)?;
+                self.remove(RedoTable::Dots, dot_bytes(*d).as_slice())?;
             }
         }
         for d in &after {
             if before.binary_search(d).is_err() {
-                self.dots
-                    .insert(dot_bytes(*d).as_slice(), kb.as_slice())
-                    .map_err(StoreError::redb)?;
+                self.insert(RedoTable::Dots, dot_bytes(*d).as_slice(), kb.as_slice())?;
             }
         }
         match new {
@@ -477,12 +495,10 @@ impl Rows for TxnRows<'_, '_> {
                     table: "rows",
                     source,
                 })?;
-                self.rows
-                    .insert(kb.as_slice(), bytes.as_slice())
-                    .map_err(StoreError::redb)?;
+                self.insert(RedoTable::Rows, kb.as_slice(), bytes.as_slice())?;
             }
             None => {
-                self.rows.remove(kb.as_slice()).map_err(StoreError::redb)?;
+                self.remove(RedoTable::Rows, kb.as_slice())?;
             }
         }
         Ok(())

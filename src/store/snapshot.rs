@@ -710,7 +710,7 @@ impl RedbStore {
             }
             txn.delete_table(CURSORS).map_err(StoreError::redb)?;
             txn.open_table(CURSORS).map_err(StoreError::redb)?;
-            txn.commit().map_err(StoreError::redb)?;
+            s.commit(txn)?;
             s.cursors.clear();
             s.seed = None;
             s.unsynced

@@ -45,6 +45,11 @@ pub(crate) const META_CONTEXT: &str = "context";
 pub(crate) const META_LOG_BOUNDS: &str = "log_bounds";
 pub(crate) const META_TRUNCATED: &str = "truncated_context";
 pub(crate) const META_FORMAT: &str = "store_format";
+/// The store's id in its write-ahead log's frames (a random non-zero u64).
+pub(crate) const META_WAL_ID: &str = "wal_id";
+/// The first write-ahead log seq the durable state does not hold (every record before it is
+/// in the database; replay starts here).
+pub(crate) const META_WAL_COVERED: &str = "wal_covered";
 /// The watch feed's end position left by a clean shutdown (run id, change number).
 pub(crate) const META_WATCH_END: &str = "watch_end";
 

@@ -41,7 +41,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tidemark::store::{DB_FILE, OpenOptions, RedbStore};
+use tidemark::store::{DB_FILE, OpenOptions, RedbStore, WAL_FILE};
 use tidemark::{Durability, Error, Event, Key, KeyKind, Node, NodeConfig, Op, ReplicaId, Value};
 
 const CHILD_DIR: &str = "TIDEMARK_CHILD_DIR";
@@ -353,10 +353,17 @@ fn check(
 fn copy_db(from: &Path, to: &Path) -> bool {
     let _ = std::fs::remove_dir_all(to);
     std::fs::create_dir_all(to).expect("mkdir");
+    // The database and its write-ahead log: the log holds the acknowledged commits the
+    // database has not made durable yet.
     match std::fs::copy(from.join(DB_FILE), to.join(DB_FILE)) {
-        Ok(_) => true,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return false,
         Err(e) => panic!("copy: {e}"),
+    }
+    match std::fs::copy(from.join(WAL_FILE), to.join(WAL_FILE)) {
+        Ok(_) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => panic!("copy log: {e}"),
     }
 }
 

@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tidemark::crdts::Entry;
-use tidemark::store::{DB_FILE, OpenOptions, RedbStore};
+use tidemark::store::{DB_FILE, OpenOptions, RedbStore, WAL_FILE};
 use tidemark::{Durability, Key, KeyKind, Node, NodeConfig, Op, ReplicaId, Value};
 
 const CHILD_ROOT: &str = "TIDEMARK_RK_ROOT";
@@ -338,11 +338,10 @@ fn copy_images(root: &Path, copy: &Path) {
     let _ = std::fs::remove_dir_all(copy);
     for i in 0..NODES {
         std::fs::create_dir_all(node_dir(copy, i)).expect("mkdir");
-        std::fs::copy(
-            node_dir(root, i).join(DB_FILE),
-            node_dir(copy, i).join(DB_FILE),
-        )
-        .expect("copy");
+        for file in [DB_FILE, WAL_FILE] {
+            std::fs::copy(node_dir(root, i).join(file), node_dir(copy, i).join(file))
+                .expect("copy");
+        }
     }
 }
 

@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use tidemark::store::DB_FILE;
+use tidemark::store::{DB_FILE, WAL_FILE};
 use tidemark::{Durability, Key, KeyKind, Node, NodeConfig, Op, Value};
 
 /// A node config for fast in-process replication; relaxed nodes never sync on their own
@@ -82,10 +82,12 @@ async fn converge(nodes: &[&Node], within: Duration) {
     }
 }
 
-/// Copies `from`'s database into a fresh directory: the crash image of a quiescent node.
+/// Copies `from`'s database and write-ahead log into a fresh directory: the crash image of a
+/// quiescent node.
 fn crash_image(from: &Path, to: &Path) -> PathBuf {
     std::fs::create_dir_all(to).expect("mkdir");
     std::fs::copy(from.join(DB_FILE), to.join(DB_FILE)).expect("copy");
+    std::fs::copy(from.join(WAL_FILE), to.join(WAL_FILE)).expect("copy log");
     to.to_path_buf()
 }
 
@@ -139,9 +141,14 @@ async fn a_relaxed_node_restarted_from_a_crash_never_reissues_a_dot_its_peers_ho
         .await
         .expect("reopen the crash image");
     assert_eq!(a2.replica_id(), me, "the crash image keeps the replica id");
-    // Relaxed mode stays relaxed: a write nobody was served is not forced to disk, so this
-    // crash lost it (the documented window); what a peer was served survived.
-    assert_eq!(set(&a2), elems(&["x1"]), "the crash image");
+    // Relaxed mode stays relaxed: a write nobody was served is not forced to disk, so a crash
+    // may lose it (the documented window; this image of the page cache still holds its
+    // write-ahead log record, a power loss would not); what a peer was served survived.
+    let survived = set(&a2);
+    assert!(
+        survived == elems(&["x1"]) || survived == elems(&["x1", "z-unserved"]),
+        "the crash image holds {survived:?}"
+    );
     let held = b.context().expect("ctx").max_seq(me);
     assert!(
         a2.context().expect("ctx").max_seq(me) >= held,
@@ -155,9 +162,14 @@ async fn a_relaxed_node_restarted_from_a_crash_never_reissues_a_dot_its_peers_ho
     converge(&[&a2, &b, &c], Duration::from_secs(10)).await;
     a2.apply(Op::add("s", "y1")).await.expect("write y1");
     converge(&[&a2, &b, &c], Duration::from_secs(10)).await;
+    let expected = if survived == elems(&["x1"]) {
+        elems(&["x1", "y1"])
+    } else {
+        elems(&["x1", "y1", "z-unserved"])
+    };
     assert_eq!(
         set(&b),
-        elems(&["x1", "y1"]),
+        expected,
         "the converged set must hold exactly the writes that survived"
     );
     assert_eq!(
