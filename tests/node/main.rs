@@ -1,6 +1,6 @@
 //! Test binary `node`: the embedded node and its storage: durability and crash images, kill -9 loops, fsync
-//! failure, limits, idempotent ingest, snapshots, in-process sync, hostile decoders, and the
-//! layering of `src/` read from its imports.
+//! failure, limits, idempotent ingest, snapshots, upgrades (format 5 fixtures), in-process sync,
+//! hostile decoders, and the layering of `src/` read from its imports.
 //!
 //! One binary per area (each file is a module): one link and one copy of the dependencies
 //! instead of one per file. Tests that measure this process (`memory_soak`, `http_abuse`) or
@@ -22,3 +22,4 @@ mod node_ops;
 mod relaxed_kill9;
 mod relaxed_replication;
 mod snapshot;
+mod upgrade;
