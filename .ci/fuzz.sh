@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of every decoder of untrusted bytes (fuzz/, cargo-fuzz layout):
-# frames, deltas, state chunks, causal contexts, dedup marks, JSON ops, HTTP request parsers. Each target checks
+# frames, deltas, state chunks, causal contexts, dedup marks, JSON ops, HTTP request parsers,
+# write-ahead log frames and redo records. Each target checks
 # "decode(b) = v implies encode(v) = b", never panics, and the lattice laws on what it admits.
 #
 # Runs on the stable toolchain: `--sanitizer none` needs no nightly-only flag (the coverage
@@ -29,7 +30,7 @@ else
 fi
 targets=("$@")
 if [ "${#targets[@]}" -eq 0 ]; then
-  targets=(frame delta chunk context marks json_ops http_requests)
+  targets=(frame delta chunk context marks json_ops http_requests wal)
 fi
 
 host="$(rustc -vV | sed -n 's/^host: //p')"
