@@ -122,8 +122,11 @@ pub enum Error {
     /// The configuration is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
-    /// Storage failed. A write that returns this was **not** acknowledged; after a write
-    /// failure the node accepts no more writes until reopened.
+    /// Storage failed. A write that returns this was **not** acknowledged, and its outcome is
+    /// unknown: a failed sync may still have put its log record on disk, so it can be present
+    /// after the reopen (as after a timeout; retry events with their `(source, seq)`, which
+    /// dedup makes exactly-once). After a write failure the node accepts no more writes until
+    /// reopened.
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The peer network could not start or be configured (writes are unaffected).

@@ -58,7 +58,16 @@ fn dump(store: &RedbStore) -> Dump {
 
 fn write(rng: &mut Rng, seq: &mut BTreeMap<u64, u64>) -> LocalWrite {
     let hot = rng.below(4);
-    let (key, m) = match rng.below(8) {
+    let (key, m) = match rng.below(11) {
+        8 => (
+            Key::new(KeyKind::ORSet, format!("s{hot}")),
+            Mutation::Delete,
+        ),
+        9 => (Key::new(KeyKind::Lww, format!("l{hot}")), Mutation::Delete),
+        10 => (
+            Key::new(KeyKind::PNCounter, format!("p{hot}")),
+            Mutation::Inc(1 + rng.below(5)),
+        ),
         0 | 1 => (
             Key::new(KeyKind::GCounter, format!("g{hot}")),
             Mutation::Inc(1 + rng.below(5)),
