@@ -386,6 +386,7 @@ impl Driver {
 
     fn on_tick(&mut self) {
         Metrics::set(&self.metrics.log_entries, self.store.log_len());
+        Metrics::set(&self.metrics.wal_bytes, self.store.wal_pending_bytes());
         self.note_caught_up();
         self.metrics.sample_writes(wall_ms());
         if let Err(e) = self.durable.sync(&mut self.store) {
@@ -394,10 +395,13 @@ impl Driver {
         if self
             .checkpoints
             .due(self.store.wal_pending_bytes(), Instant::now())
-            && let Err(e) = self.store.checkpoint()
         {
-            tracing::error!(error = %e, "checkpoint failed; writes halted");
+            match self.store.checkpoint() {
+                Ok(()) => Metrics::set(&self.metrics.wal_bytes, 0),
+                Err(e) => tracing::error!(error = %e, "checkpoint failed; writes halted"),
+            }
         }
+        Metrics::set(&self.metrics.checkpoints, self.store.stats().checkpoints);
     }
 
     /// Notes, for every peer linked since open (connected now or not), whether it has

@@ -17,6 +17,8 @@ pub struct Metrics {
     pub(crate) rejected_ops: AtomicU64,
     pub(crate) backpressure: AtomicU64,
     pub(crate) log_entries: AtomicU64,
+    pub(crate) wal_bytes: AtomicU64,
+    pub(crate) checkpoints: AtomicU64,
     pub(crate) compaction_reclaimed_bytes: AtomicU64,
     pub(crate) remote_rejected: AtomicU64,
     pub(crate) hlc_rejected: AtomicU64,
@@ -103,6 +105,11 @@ pub struct MetricsSnapshot {
     pub backpressure: u64,
     /// Retained delta-log entries.
     pub log_entries: u64,
+    /// Bytes of write-ahead log since the last checkpoint (what a restart after a crash would
+    /// replay; sampled every writer tick).
+    pub wal_bytes: u64,
+    /// Checkpoints of the write-ahead log since open (durable redb commits of their own).
+    pub checkpoints: u64,
     /// Bytes of log entries reclaimed by compaction.
     pub compaction_reclaimed_bytes: u64,
     /// Remote deltas rejected by validation.
@@ -194,6 +201,8 @@ impl Metrics {
             rejected_ops: g(&self.rejected_ops),
             backpressure: g(&self.backpressure),
             log_entries: g(&self.log_entries),
+            wal_bytes: g(&self.wal_bytes),
+            checkpoints: g(&self.checkpoints),
             compaction_reclaimed_bytes: g(&self.compaction_reclaimed_bytes),
             remote_rejected: g(&self.remote_rejected),
             hlc_rejected: g(&self.hlc_rejected),

@@ -474,6 +474,17 @@ pub(crate) fn render(s: &Scrape<'_>, format: Format) -> Result<String, std::fmt:
         ConstGauge::new(n.log_entries as i64),
     );
     r.register_with_unit(
+        "wal",
+        "Write-ahead log bytes since the last checkpoint (replayed by a restart after a crash)",
+        Unit::Bytes,
+        ConstGauge::new(i64::try_from(n.wal_bytes).unwrap_or(i64::MAX)),
+    );
+    r.register(
+        "checkpoints",
+        "Checkpoints of the write-ahead log since the node started",
+        ConstCounter::new(n.checkpoints),
+    );
+    r.register_with_unit(
         "compaction_reclaimed",
         "Log bytes reclaimed by compaction",
         Unit::Bytes,

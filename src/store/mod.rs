@@ -115,6 +115,9 @@ pub struct StoreStats {
     pub hlc_rejected: u64,
     /// Bytes of log entries dropped by compaction.
     pub compaction_reclaimed_bytes: u64,
+    /// Checkpoints of the write-ahead log (durable commits of their own: by size, when idle,
+    /// by age, at close).
+    pub checkpoints: u64,
 }
 
 /// Options for opening a store.
@@ -690,6 +693,7 @@ impl RedbStore {
         txn.commit().map_err(StoreError::redb)?;
         log.restart();
         self.unsynced.store(false, Ordering::Release);
+        self.stats.checkpoints += 1;
         Ok(())
     }
 

@@ -105,17 +105,21 @@ impl Wal {
             pos += (FRAME_HEADER + payload.len()) as u64;
             seq += 1;
         }
-        Ok((
-            Self {
-                file,
-                store_id,
-                next_seq: seq,
-                pos,
-                len,
-                unsynced: false,
-            },
-            scan,
-        ))
+        let mut wal = Self {
+            file,
+            store_id,
+            next_seq: seq,
+            pos,
+            len,
+            unsynced: false,
+        };
+        // A new (or short) file is zero-filled to its first size now, so the first groups'
+        // syncs do not pay for allocating its blocks.
+        if wal.len < GROW_BYTES {
+            wal.grow(GROW_BYTES)?;
+            wal.file.sync_data().map_err(io)?;
+        }
+        Ok((wal, scan))
     }
 
     /// The seq the next record gets: a durable commit covers every record before it.
