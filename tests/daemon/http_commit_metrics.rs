@@ -89,3 +89,32 @@ fn relaxed_commits_are_not_counted_as_fsyncs() {
     assert_eq!(sample(&m, "tidemark_commit_seconds_count"), 5.0);
     assert_eq!(sample(&m, "tidemark_fsync_seconds_count"), 0.0);
 }
+
+/// The write-ahead log's metrics: writes grow `tidemark_wal_bytes`; once the log has been
+/// still for a second the writer checkpoints it (`tidemark_checkpoints_total` counts it) and
+/// the log is empty again — what a restart after a crash would replay is then nothing.
+#[test]
+fn an_idle_log_is_checkpointed_and_the_metrics_say_so() {
+    let s = Served::start();
+    for _ in 0..5 {
+        inc(&s, 3);
+    }
+    let m = metrics(&s);
+    let before = sample(&m, "tidemark_checkpoints_total");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let m = metrics(&s);
+        let (wal, checkpoints) = (
+            sample(&m, "tidemark_wal_bytes"),
+            sample(&m, "tidemark_checkpoints_total"),
+        );
+        if wal == 0.0 && checkpoints > before {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no idle checkpoint within 20 s (wal {wal} bytes, checkpoints {checkpoints})"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
