@@ -58,7 +58,7 @@ pub use wal::{WAL_FILE, WalScan};
 use crate::codec;
 use crate::limits::{Durability, Limits};
 use crate::proto::PeerId;
-use redb::{Database, ReadableTable, StorageBackend, WriteTransaction};
+use redb::{Database, ReadableDatabase, ReadableTable, StorageBackend, WriteTransaction};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -344,6 +344,17 @@ impl RedbStore {
             })?;
         private_file(&path).map_err(io)?;
         let wal_path = dir.join(WAL_FILE);
+        // The store has written through a log, and the log file is gone: after a crash it held
+        // acknowledged writes the database does not have. Refuse (and create nothing) rather
+        // than start without them.
+        if !wal_path.exists() && Self::used_a_log(&db)? {
+            return Err(StoreError::Corrupt(format!(
+                "{} is missing, but this store writes through it: acknowledged writes may be \
+                 lost. Restore the file if you can; if the node was stopped cleanly (a clean \
+                 stop leaves nothing in it), create an empty file of that name to start",
+                wal_path.display()
+            )));
+        }
         create_private(&wal_path).map_err(io)?;
         let wal_file = std::fs::OpenOptions::new()
             .read(true)
@@ -354,6 +365,16 @@ impl RedbStore {
             StoreError::Corrupt(format!("{}: {e}", wal_path.display()))
         })?;
         Self::init(db, Some(path), options, Some(Box::new(wal_backend)))
+    }
+
+    /// Whether the store's meta names a write-ahead log (it has written through one).
+    fn used_a_log(db: &Database) -> Result<bool, StoreError> {
+        let rtxn = db.begin_read().map_err(StoreError::redb)?;
+        match rtxn.open_table(META) {
+            Ok(t) => Ok(t.get(META_WAL_ID).map_err(StoreError::redb)?.is_some()),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(false),
+            Err(e) => Err(StoreError::redb(e)),
+        }
     }
 
     /// Opens (or creates) the store on custom redb backends for the database and for its

@@ -237,3 +237,28 @@ fn every_crash_copy_reopens_to_exactly_the_acknowledged_state() {
     assert_eq!(reopened.wal_scan().replayed, 0, "a clean close checkpoints");
     assert_eq!(dump(&reopened), final_dump);
 }
+
+/// A store that has written through its log refuses to open without the log file (after a
+/// crash it held acknowledged writes), creating nothing; an empty file put back opens it. A
+/// data directory from before the log (no log id in its meta) opens and gets a log.
+#[test]
+fn a_missing_log_is_refused_not_recreated() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opts = || options(crate::Durability::Immediate);
+    {
+        let mut store = RedbStore::open(dir.path(), opts()).expect("open");
+        let mut seqs = BTreeMap::new();
+        store
+            .commit_local(&[write(&mut Rng(1), &mut seqs)], 1_000)
+            .expect("commit");
+    }
+    std::fs::remove_file(dir.path().join(WAL_FILE)).expect("remove the log");
+    let err = RedbStore::open(dir.path(), opts()).expect_err("must refuse");
+    assert!(err.to_string().contains("missing"), "{err}");
+    assert!(
+        !dir.path().join(WAL_FILE).exists(),
+        "the refusal must not create the file (the next open would then pass)"
+    );
+    std::fs::File::create(dir.path().join(WAL_FILE)).expect("an empty log");
+    RedbStore::open(dir.path(), opts()).expect("opens with an empty log put back");
+}
