@@ -33,6 +33,8 @@ mod wal;
 #[cfg(test)]
 mod wal_tests;
 #[cfg(test)]
+mod wal_review_tests;
+#[cfg(test)]
 mod test_rng;
 
 pub use counters::Overflow;
