@@ -1,8 +1,14 @@
 //! Byte formats of the write-ahead log (`store/wal.rs`): the frame each log record is written
 //! in, and the redo operations a local commit group's record carries.
 //!
-//! Frame, little-endian: `len` u32 (payload bytes) · `crc` u32 (CRC32C over the 20 bytes after
-//! it and the payload) · `store_id` u64 · `seq` u64 · payload. A frame is valid only when its
+//! File header ([`FILE_HEADER`] bytes): magic `TIDEWAL1` · `store_id` u64 · 12 zero bytes ·
+//! CRC32C of the 28 bytes before it. It names the store the log belongs to, so a zeroed,
+//! damaged or foreign file is told apart from an empty log.
+//!
+//! Frame, little-endian: `len` u32 (payload bytes; the top bit set when the record was written
+//! in relaxed durability, i.e. not synced before its acknowledgement) · `crc` u32 (CRC32C over
+//! the `len` field, the 16 bytes after the CRC and the payload) · `store_id` u64 · `seq` u64 ·
+//! payload. A frame is valid only when its
 //! length is within [`PAYLOAD_MAX`] and the bytes present, its checksum matches, its store id is
 //! the store's and its seq is the one expected next: the first frame that is not marks the end
 //! of the log (a torn tail, or a record of an earlier pass over the file).
@@ -17,6 +23,33 @@ use super::CodecError;
 
 /// Bytes of a frame's header.
 pub const FRAME_HEADER: usize = 24;
+
+/// Bytes of the file header; frames start after it.
+pub const FILE_HEADER: usize = 32;
+
+const MAGIC: &[u8; 8] = b"TIDEWAL1";
+
+/// The top bit of a frame's `len` field: written in relaxed durability.
+const RELAXED_BIT: u32 = 1 << 31;
+
+/// The file header of `store_id`'s log.
+pub fn file_header(store_id: u64) -> [u8; FILE_HEADER] {
+    let mut h = [0u8; FILE_HEADER];
+    h[..8].copy_from_slice(MAGIC);
+    h[8..16].copy_from_slice(&store_id.to_le_bytes());
+    let crc = crc32c::crc32c(&h[..28]);
+    h[28..].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// The store id a file header names; `None` when the bytes are not a file header.
+pub fn read_file_header(bytes: &[u8]) -> Option<u64> {
+    let h = bytes.get(..FILE_HEADER)?;
+    if &h[..8] != MAGIC || h[16..28].iter().any(|b| *b != 0) {
+        return None;
+    }
+    (crc32c::crc32c(&h[..28]) == le_u32(&h[28..32])).then(|| le_u64(&h[8..16]))
+}
 
 /// Largest payload a frame may carry (64 MiB): a commit group whose redo is larger commits
 /// durably in redb instead of through the log.
@@ -145,11 +178,16 @@ pub fn redo_ops(payload: &[u8]) -> Result<Vec<RedoOp<'_>>, CodecError> {
     Ok(ops)
 }
 
-/// The frame of one log record.
+/// The frame of one log record (`relaxed`: written in relaxed durability).
 ///
 /// # Errors
 /// [`CodecError::TooLarge`] when the payload exceeds [`PAYLOAD_MAX`].
-pub fn frame(store_id: u64, seq: u64, payload: &[u8]) -> Result<Vec<u8>, CodecError> {
+pub fn frame(
+    store_id: u64,
+    seq: u64,
+    relaxed: bool,
+    payload: &[u8],
+) -> Result<Vec<u8>, CodecError> {
     let len = u32::try_from(payload.len())
         .ok()
         .filter(|_| payload.len() <= PAYLOAD_MAX)
@@ -158,13 +196,14 @@ pub fn frame(store_id: u64, seq: u64, payload: &[u8]) -> Result<Vec<u8>, CodecEr
             len: payload.len(),
             limit: PAYLOAD_MAX,
         })?;
+    let field = if relaxed { len | RELAXED_BIT } else { len };
     let mut out = Vec::with_capacity(FRAME_HEADER + payload.len());
-    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&field.to_le_bytes());
     out.extend_from_slice(&[0; 4]);
     out.extend_from_slice(&store_id.to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
     out.extend_from_slice(payload);
-    let crc = crc32c::crc32c(&out[8..]);
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&out[..4]), &out[8..]);
     out[4..8].copy_from_slice(&crc.to_le_bytes());
     Ok(out)
 }
@@ -189,8 +228,13 @@ pub enum FrameEnd {
 pub struct FrameHeader {
     /// Payload bytes.
     pub len: usize,
+    /// Written in relaxed durability (not synced before its acknowledgement).
+    pub relaxed: bool,
+    /// The record's seq.
+    pub seq: u64,
     crc: u32,
-    header_tail: [u8; 16],
+    /// The `len` field and the 16 bytes after the CRC: what the CRC covers before the payload.
+    covered: [u8; 20],
 }
 
 fn le_u32(b: &[u8]) -> u32 {
@@ -216,8 +260,25 @@ pub fn read_header(
     seq: u64,
     available: u64,
 ) -> Result<FrameHeader, FrameEnd> {
+    let h = read_any_header(bytes, store_id, available)?;
+    if h.seq != seq {
+        return Err(FrameEnd::Seq(h.seq));
+    }
+    Ok(h)
+}
+
+/// [`read_header`] whatever the seq (the look-ahead past a damaged frame).
+///
+/// # Errors
+/// Why these bytes are no frame of this store.
+pub fn read_any_header(
+    bytes: &[u8],
+    store_id: u64,
+    available: u64,
+) -> Result<FrameHeader, FrameEnd> {
     let h = bytes.get(..FRAME_HEADER).ok_or(FrameEnd::Short)?;
-    let len = le_u32(&h[0..4]);
+    let field = le_u32(&h[0..4]);
+    let len = field & !RELAXED_BIT;
     if usize::try_from(len).map_or(true, |l| l > PAYLOAD_MAX) {
         return Err(FrameEnd::Length(u64::from(len)));
     }
@@ -228,16 +289,15 @@ pub fn read_header(
     if id != store_id {
         return Err(FrameEnd::Store(id));
     }
-    let found = le_u64(&h[16..24]);
-    if found != seq {
-        return Err(FrameEnd::Seq(found));
-    }
-    let mut header_tail = [0u8; 16];
-    header_tail.copy_from_slice(&h[8..24]);
+    let mut covered = [0u8; 20];
+    covered[..4].copy_from_slice(&h[0..4]);
+    covered[4..].copy_from_slice(&h[8..24]);
     Ok(FrameHeader {
         len: usize::try_from(len).unwrap_or(usize::MAX),
+        relaxed: field & RELAXED_BIT != 0,
+        seq: le_u64(&h[16..24]),
         crc: le_u32(&h[4..8]),
-        header_tail,
+        covered,
     })
 }
 
@@ -249,7 +309,7 @@ pub fn check_payload(header: &FrameHeader, payload: &[u8]) -> Result<(), FrameEn
     if payload.len() != header.len {
         return Err(FrameEnd::Short);
     }
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&header.header_tail), payload);
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&header.covered), payload);
     if crc == header.crc {
         Ok(())
     } else {
@@ -296,12 +356,30 @@ mod tests {
                 "prefix {cut}: {r:?}"
             );
         }
-        let f = frame(7, 42, &p).expect("frames");
+        let f = frame(7, 42, false, &p).expect("frames");
         let h = read_header(&f, 7, 42, (f.len() - FRAME_HEADER) as u64).expect("header");
         assert_eq!(check_payload(&h, &f[FRAME_HEADER..]), Ok(()));
         assert_eq!(read_header(&f, 8, 42, 1 << 20), Err(FrameEnd::Store(7)));
         assert_eq!(read_header(&f, 7, 43, 1 << 20), Err(FrameEnd::Seq(42)));
         assert_eq!(read_header(&f, 7, 42, 3), Err(FrameEnd::Short));
+        assert!(!h.relaxed);
+        let r = frame(7, 42, true, &p).expect("frames");
+        let rh = read_header(&r, 7, 42, 1 << 20).expect("header");
+        assert!(rh.relaxed && rh.len == p.len());
+        assert_eq!(check_payload(&rh, &r[FRAME_HEADER..]), Ok(()));
+        // The length field is covered: a changed flag fails the checksum.
+        let mut flipped = r.clone();
+        flipped[3] ^= 0x80;
+        let fh = read_header(&flipped, 7, 42, 1 << 20).expect("header");
+        assert_eq!(
+            check_payload(&fh, &flipped[FRAME_HEADER..]),
+            Err(FrameEnd::Checksum)
+        );
+        assert_eq!(read_file_header(&file_header(9)), Some(9));
+        let mut bad = file_header(9);
+        bad[10] ^= 1;
+        assert_eq!(read_file_header(&bad), None);
+        assert_eq!(read_file_header(&[0u8; FILE_HEADER]), None);
         for i in FRAME_HEADER..f.len() {
             let mut bad = f.clone();
             bad[i] ^= 0x20;

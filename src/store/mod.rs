@@ -346,10 +346,11 @@ impl RedbStore {
             })?;
         private_file(&path).map_err(io)?;
         let wal_path = dir.join(WAL_FILE);
+        let created = !wal_path.exists();
         // The store has written through a log, and the log file is gone: after a crash it held
         // acknowledged writes the database does not have. Refuse (and create nothing) rather
         // than start without them.
-        if !wal_path.exists() && Self::used_a_log(&db)? {
+        if created && Self::used_a_log(&db)? {
             return Err(StoreError::Corrupt(format!(
                 "{} is missing, but this store writes through it: acknowledged writes may be \
                  lost. Restore the file if you can; if the node was stopped cleanly (a clean \
@@ -357,16 +358,28 @@ impl RedbStore {
                 wal_path.display()
             )));
         }
-        create_private(&wal_path).map_err(io)?;
+        let wal_io = |error| StoreError::Io {
+            path: wal_path.display().to_string(),
+            error,
+        };
+        create_private(&wal_path).map_err(wal_io)?;
         let wal_file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(&wal_path)
-            .map_err(io)?;
+            .map_err(wal_io)?;
         let wal_backend = redb::backends::FileBackend::new(wal_file).map_err(|e| {
             StoreError::Corrupt(format!("{}: {e}", wal_path.display()))
         })?;
-        Self::init(db, Some(path), options, Some(Box::new(wal_backend)))
+        let name = wal_path.display().to_string();
+        let store = Self::init(db, Some(path), options, Some((Box::new(wal_backend), name)))?;
+        if created {
+            // The new file's directory entry must survive a power loss too.
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io)?;
+        }
+        Ok(store)
     }
 
     /// Whether the store's meta names a write-ahead log (it has written through one).
@@ -393,7 +406,7 @@ impl RedbStore {
             .set_cache_size(options.limits.cache_bytes)
             .create_with_backend(backend)
             .map_err(StoreError::redb)?;
-        Self::init(db, None, options, Some(Box::new(wal)))
+        Self::init(db, None, options, Some((Box::new(wal), WAL_FILE.to_owned())))
     }
 
     /// Opens (or creates) the store on a custom redb backend (in-memory, fault-injecting).
@@ -416,19 +429,19 @@ impl RedbStore {
     fn recover(
         db: &Database,
         file: Box<dyn StorageBackend>,
+        name: &str,
         max: usize,
     ) -> Result<(wal::Wal, WalScan), StoreError> {
         let mut txn = db.begin_write().map_err(StoreError::redb)?;
         txn.set_durability(redb::Durability::Immediate)
             .map_err(StoreError::redb)?;
-        let id = match meta_get::<u64>(&txn, META_WAL_ID, max)? {
-            Some(id) => id,
-            None => rand::random::<u64>() | 1,
-        };
+        let known: Option<u64> = meta_get(&txn, META_WAL_ID, max)?;
+        let id = known.unwrap_or_else(|| rand::random::<u64>() | 1);
         let covered: u64 = meta_get(&txn, META_WAL_COVERED, max)?.unwrap_or(0);
-        let (mut log, scan) = wal::Wal::open(file, id, covered, |seq, payload| {
-            wal::apply_redo(&txn, seq, payload)
-        })?;
+        let (mut log, scan) =
+            wal::Wal::open(file, name, id, known.is_some(), covered, |seq, payload| {
+                wal::apply_redo(&txn, seq, payload)
+            })?;
         meta_put(&txn, META_WAL_ID, &id)?;
         meta_put(&txn, META_WAL_COVERED, &log.next_seq())?;
         txn.commit().map_err(StoreError::redb)?;
@@ -452,12 +465,12 @@ impl RedbStore {
         db: Database,
         path: Option<PathBuf>,
         options: OpenOptions,
-        wal_file: Option<Box<dyn StorageBackend>>,
+        wal_file: Option<(Box<dyn StorageBackend>, String)>,
     ) -> Result<Self, StoreError> {
         let max = options.limits.record_bytes_max;
         let (wal, wal_scan) = match wal_file {
-            Some(file) => {
-                let (log, scan) = Self::recover(&db, file, max)?;
+            Some((file, name)) => {
+                let (log, scan) = Self::recover(&db, file, &name, max)?;
                 (Some(log), scan)
             }
             None => (None, WalScan::default()),
@@ -685,7 +698,7 @@ impl RedbStore {
         match (&mut self.wal, redo.into_payload()) {
             (Some(log), Some(payload)) if payload.len() <= crate::codec::wal::PAYLOAD_MAX => {
                 if !payload.is_empty() {
-                    log.append(&payload)?;
+                    log.append(&payload, !immediate)?;
                     if immediate {
                         log.sync()?;
                     } else {

@@ -622,6 +622,15 @@ pub fn restore_snapshot(
         // Open adds one: the restored store's first epoch is above the source's.
         meta_put(&wtxn, META_EPOCH, &info.source_epoch)?;
         meta_put(&wtxn, META_LOG_BOUNDS, &(0u64, 0u64))?;
+        {
+            // The restored store writes a log of its own: a new log id at its first open.
+            let mut meta = wtxn
+                .open_table(super::tables::META)
+                .map_err(StoreError::redb)?;
+            for name in [super::tables::META_WAL_ID, super::tables::META_WAL_COVERED] {
+                meta.remove(name).map_err(StoreError::redb)?;
+            }
+        }
         // Nothing of the state is in the (empty) log: a peer lacking any of it gets a transfer.
         meta_put(&wtxn, META_TRUNCATED, &info.context)?;
         meta_put(

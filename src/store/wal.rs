@@ -16,7 +16,7 @@
 
 use super::StoreError;
 use super::tables::{DEDUP, DOTS, ELEMS, LATE, LATE_MARKS, LATE_TOTALS, LOG, META, ROWS};
-use crate::codec::wal::{self as format, FRAME_HEADER, RedoTable};
+use crate::codec::wal::{self as format, FILE_HEADER, FRAME_HEADER, RedoTable};
 use redb::{StorageBackend, WriteTransaction};
 
 /// The log file inside the data directory.
@@ -29,8 +29,11 @@ const GROW_BYTES: u64 = 4 << 20;
 /// Zeros written per call when the file grows.
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
-fn io(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(format!("write-ahead log I/O: {e}"))
+fn io(name: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Io {
+        path: name.to_owned(),
+        error: std::io::Error::other(e.to_string()),
+    }
 }
 
 /// What opening the log found.
@@ -42,11 +45,16 @@ pub struct WalScan {
     pub replayed_bytes: u64,
     /// Why the scan stopped, when it stopped at a frame (not at the end of the file).
     pub stopped_at: Option<(u64, format::FrameEnd)>,
+    /// Relaxed-durability records found intact past a damaged one and dropped (a power loss
+    /// inside the sync interval).
+    pub dropped_relaxed: u64,
 }
 
 /// The open log (single writer: owned by the store).
 pub(crate) struct Wal {
     file: Box<dyn StorageBackend>,
+    /// The file's name in errors.
+    name: String,
     store_id: u64,
     next_seq: u64,
     /// Where the next frame goes (bytes appended since the last durable commit).
@@ -67,23 +75,69 @@ impl std::fmt::Debug for Wal {
 }
 
 impl Wal {
-    /// Opens the log in `file` for the store `store_id` whose durable state covers the records
-    /// before `covered`, and calls `replay` with each record from `covered` on, in order.
+    /// Opens the log in `file` (named `name` in errors) for the store `store_id` whose durable
+    /// state covers the records before `covered`, and calls `replay` with each record from
+    /// `covered` on, in order. `known`: the store has written through a log with this id
+    /// before (its meta names it), so the file must be that log; otherwise the file is started
+    /// over as a new log.
     ///
     /// # Errors
-    /// I/O errors; whatever `replay` returns (the open must then fail: the state is not whole).
+    /// [`StoreError::Corrupt`] for a file that is not this store's log (zeroed, damaged,
+    /// another store's) and for a damaged record followed by intact acknowledged ones (not a
+    /// torn tail: acknowledged writes would be lost); I/O errors; whatever `replay` returns
+    /// (the open must then fail: the state is not whole).
     pub(crate) fn open(
         file: Box<dyn StorageBackend>,
+        name: &str,
         store_id: u64,
+        known: bool,
         covered: u64,
         mut replay: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
     ) -> Result<(Self, WalScan), StoreError> {
-        let len = file.len().map_err(io)?;
+        let len = file.len().map_err(|e| io(name, e))?;
+        let mut wal = Self {
+            file,
+            name: name.to_owned(),
+            store_id,
+            next_seq: covered,
+            pos: FILE_HEADER as u64,
+            len,
+            unsynced: false,
+        };
         let mut scan = WalScan::default();
-        let (mut pos, mut seq) = (0u64, covered);
+        let header_ok = if len >= FILE_HEADER as u64 {
+            let mut h = [0u8; FILE_HEADER];
+            wal.file.read(0, &mut h).map_err(|e| io(name, e))?;
+            format::read_file_header(&h) == Some(store_id)
+        } else {
+            false
+        };
+        if !header_ok {
+            if known && len > 0 {
+                return Err(StoreError::Corrupt(format!(
+                    "{name} is not this store's write-ahead log (zeroed, damaged or another \
+                     store's): acknowledged writes may be lost. Restore the file if you can; if \
+                     the node was stopped cleanly (a clean stop leaves nothing in it), replace \
+                     it with an empty file to start"
+                )));
+            }
+            if known {
+                tracing::warn!(file = name, "the write-ahead log is empty: starting a new one");
+            }
+            wal.len = 0;
+            wal.file.set_len(0).map_err(|e| io(name, e))?;
+            wal.file
+                .write(0, &format::file_header(store_id))
+                .map_err(|e| io(name, e))?;
+            wal.len = FILE_HEADER as u64;
+            wal.grow(GROW_BYTES)?;
+            wal.file.sync_data().map_err(|e| io(name, e))?;
+            return Ok((wal, scan));
+        }
+        let (mut pos, mut seq) = (FILE_HEADER as u64, covered);
         let mut header = [0u8; FRAME_HEADER];
         while pos.saturating_add(FRAME_HEADER as u64) <= len {
-            file.read(pos, &mut header).map_err(io)?;
+            wal.file.read(pos, &mut header).map_err(|e| io(name, e))?;
             let available = len - pos - FRAME_HEADER as u64;
             let h = match format::read_header(&header, store_id, seq, available) {
                 Ok(h) => h,
@@ -93,8 +147,9 @@ impl Wal {
                 }
             };
             let mut payload = vec![0u8; h.len];
-            file.read(pos + FRAME_HEADER as u64, &mut payload)
-                .map_err(io)?;
+            wal.file
+                .read(pos + FRAME_HEADER as u64, &mut payload)
+                .map_err(|e| io(name, e))?;
             if let Err(end) = format::check_payload(&h, &payload) {
                 scan.stopped_at = Some((pos, end));
                 break;
@@ -105,21 +160,76 @@ impl Wal {
             pos += (FRAME_HEADER + payload.len()) as u64;
             seq += 1;
         }
-        let mut wal = Self {
-            file,
-            store_id,
-            next_seq: seq,
-            pos,
-            len,
-            unsynced: false,
-        };
-        // A new (or short) file is zero-filled to its first size now, so the first groups'
-        // syncs do not pay for allocating its blocks.
+        // Past where the log ends: intact frames of this store with a later seq mean the end
+        // is damage, not a torn tail. If one was synced before its acknowledgement, refuse;
+        // relaxed ones (a power loss may persist a later unsynced record without an earlier
+        // one) are dropped, and the next seq goes above them so they are never replayed.
+        if let Some((at, _)) = &scan.stopped_at {
+            let (later, acknowledged) = wal.look_ahead(*at + 1, len, seq)?;
+            if let Some(last) = acknowledged {
+                return Err(StoreError::Corrupt(format!(
+                    "{name}: the record at byte {at} is damaged but intact records follow it up \
+                     to seq {last}, written in immediate durability: acknowledged writes would \
+                     be lost. The log is damaged (not a torn tail at a crash); restore the data \
+                     directory from a snapshot or copy"
+                )));
+            }
+            if let Some(last) = later {
+                tracing::warn!(
+                    file = name,
+                    offset = at,
+                    dropped_up_to = last,
+                    "relaxed-durability records after a damaged one are dropped (a power loss \
+                     inside the sync interval)"
+                );
+                scan.dropped_relaxed = last + 1 - seq;
+                seq = last + 1;
+            }
+        }
+        wal.next_seq = seq;
+        wal.pos = pos;
         if wal.len < GROW_BYTES {
             wal.grow(GROW_BYTES)?;
-            wal.file.sync_data().map_err(io)?;
+            wal.file.sync_data().map_err(|e| io(name, e))?;
         }
         Ok((wal, scan))
+    }
+
+    /// Looks through `from..len` for intact frames of this store with a seq at or above
+    /// `seq`: the greatest such seq, and the greatest of those written in immediate durability.
+    fn look_ahead(
+        &self,
+        from: u64,
+        len: u64,
+        seq: u64,
+    ) -> Result<(Option<u64>, Option<u64>), StoreError> {
+        let n = usize::try_from(len.saturating_sub(from)).unwrap_or(0);
+        let mut bytes = vec![0u8; n];
+        self.file
+            .read(from, &mut bytes)
+            .map_err(|e| io(&self.name, e))?;
+        let id = self.store_id.to_le_bytes();
+        let (mut later, mut acknowledged) = (None::<u64>, None::<u64>);
+        let mut i = 0usize;
+        while i + FRAME_HEADER <= bytes.len() {
+            if bytes[i + 8..i + 16] != id {
+                i += 1;
+                continue;
+            }
+            let available = (bytes.len() - i - FRAME_HEADER) as u64;
+            if let Ok(h) = format::read_any_header(&bytes[i..], self.store_id, available)
+                && h.seq >= seq
+                && let Some(payload) = bytes.get(i + FRAME_HEADER..i + FRAME_HEADER + h.len)
+                && format::check_payload(&h, payload).is_ok()
+            {
+                later = later.max(Some(h.seq));
+                if !h.relaxed {
+                    acknowledged = acknowledged.max(Some(h.seq));
+                }
+            }
+            i += 1;
+        }
+        Ok((later, acknowledged))
     }
 
     /// The seq the next record gets: a durable commit covers every record before it.
@@ -129,15 +239,16 @@ impl Wal {
 
     /// Bytes appended since the last durable commit.
     pub(crate) fn pending_bytes(&self) -> u64 {
-        self.pos
+        self.pos - FILE_HEADER as u64
     }
 
-    /// Appends one record (not synced: see [`Wal::sync`]); returns its seq.
+    /// Appends one record (not synced: see [`Wal::sync`]; `relaxed`: it will be acknowledged
+    /// before a sync); returns its seq.
     ///
     /// # Errors
     /// The payload is over the frame limit ([`StoreError::TooLarge`]); I/O errors.
-    pub(crate) fn append(&mut self, payload: &[u8]) -> Result<u64, StoreError> {
-        let frame = format::frame(self.store_id, self.next_seq, payload).map_err(|e| {
+    pub(crate) fn append(&mut self, payload: &[u8], relaxed: bool) -> Result<u64, StoreError> {
+        let frame = format::frame(self.store_id, self.next_seq, relaxed, payload).map_err(|e| {
             StoreError::TooLarge {
                 what: "log record",
                 len: payload.len(),
@@ -151,7 +262,9 @@ impl Wal {
         if end > self.len {
             self.grow(end)?;
         }
-        self.file.write(self.pos, &frame).map_err(io)?;
+        self.file
+            .write(self.pos, &frame)
+            .map_err(|e| io(&self.name, e))?;
         self.pos = end;
         self.unsynced = true;
         let seq = self.next_seq;
@@ -165,7 +278,9 @@ impl Wal {
         let mut at = self.len;
         while at < target {
             let n = usize::try_from(target - at).map_or(ZEROS.len(), |n| n.min(ZEROS.len()));
-            self.file.write(at, &ZEROS[..n]).map_err(io)?;
+            self.file
+                .write(at, &ZEROS[..n])
+                .map_err(|e| io(&self.name, e))?;
             at += n as u64;
         }
         self.len = target;
@@ -178,7 +293,7 @@ impl Wal {
     /// I/O errors (the caller halts the store: a failed sync leaves the log's state unknown).
     pub(crate) fn sync(&mut self) -> Result<(), StoreError> {
         if self.unsynced {
-            self.file.sync_data().map_err(io)?;
+            self.file.sync_data().map_err(|e| io(&self.name, e))?;
             self.unsynced = false;
         }
         Ok(())
@@ -187,7 +302,7 @@ impl Wal {
     /// Starts the log over: called after a durable commit that wrote `wal_covered` =
     /// [`Wal::next_seq`], which holds every record appended so far.
     pub(crate) fn restart(&mut self) {
-        self.pos = 0;
+        self.pos = FILE_HEADER as u64;
         self.unsynced = false;
     }
 }

@@ -217,7 +217,11 @@ fn every_crash_copy_reopens_to_exactly_the_acknowledged_state() {
             let end = store.wal_pending_bytes();
             let cut = start + rng.below(end - start);
             let torn = scratch.path().join(format!("t{step}"));
-            crash_copy(live.path(), &torn, Some(cut));
+            crash_copy(
+                live.path(),
+                &torn,
+                Some(cut + crate::codec::wal::FILE_HEADER as u64),
+            );
             let reopened = RedbStore::open(&torn, options(crate::Durability::Immediate))
                 .expect("a torn copy opens");
             assert_eq!(
