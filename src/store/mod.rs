@@ -461,6 +461,36 @@ impl RedbStore {
         Ok((log, scan))
     }
 
+    /// Refuses a store of a format this build does not read (before anything is written).
+    fn check_format(db: &Database, max: usize) -> Result<(), StoreError> {
+        let rtxn = db.begin_read().map_err(StoreError::redb)?;
+        let meta = match rtxn.open_table(META) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
+            Err(e) => return Err(StoreError::redb(e)),
+        };
+        let get = |name: &str| meta.get(name).map_err(StoreError::redb);
+        if get(META_REPLICA)?.is_none() {
+            return Ok(()); // a new store
+        }
+        let format: Option<u32> = get(META_FORMAT)?
+            .map(|g| codec::decode("meta record", g.value(), max))
+            .transpose()
+            .map_err(|source| StoreError::Codec {
+                table: "meta",
+                source,
+            })?;
+        match format {
+            Some(f) if tables::READABLE_FORMATS.contains(&f) => Ok(()),
+            found => Err(StoreError::Corrupt(format!(
+                "store format {} (this build reads formats {:?}; no migration: start from an \
+                 empty data directory)",
+                found.unwrap_or(1),
+                tables::READABLE_FORMATS
+            ))),
+        }
+    }
+
     fn init(
         db: Database,
         path: Option<PathBuf>,
@@ -468,6 +498,7 @@ impl RedbStore {
         wal_file: Option<(Box<dyn StorageBackend>, String)>,
     ) -> Result<Self, StoreError> {
         let max = options.limits.record_bytes_max;
+        Self::check_format(&db, max)?;
         let (wal, wal_scan) = match wal_file {
             Some((file, name)) => {
                 let (log, scan) = Self::recover(&db, file, &name, max)?;
@@ -485,18 +516,6 @@ impl RedbStore {
         txn.open_table(tables::LATE_TOTALS)
             .map_err(StoreError::redb)?;
         let existing: Option<ReplicaId> = meta_get(&txn, META_REPLICA, max)?;
-        let format: Option<u32> = meta_get(&txn, META_FORMAT, max)?;
-        match (existing, format) {
-            (None, _) => {}
-            (Some(_), Some(STORE_FORMAT)) => {}
-            (Some(_), found) => {
-                return Err(StoreError::Corrupt(format!(
-                    "store format {} (this build reads format {STORE_FORMAT}; no migration: \
-                     start from an empty data directory)",
-                    found.unwrap_or(1)
-                )));
-            }
-        }
         let ctx: CausalContext = meta_get(&txn, META_CONTEXT, max)?.unwrap_or_default();
         let mut replica = match existing {
             Some(r) => r,

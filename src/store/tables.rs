@@ -56,10 +56,15 @@ pub(crate) const META_WATCH_END: &str = "watch_end";
 /// The layout of the tables this build writes and reads, stored under `meta/store_format`.
 /// 2: counter dots have no dot-index rows (`rows::indexed`). 3: an orset is a header row plus
 /// one `elems` row per element, its dots indexed to their element rows. 5: a log record says
-/// whether the next record belongs to the same append (`LogRecord::continues`). A store without
-/// the marker was written by format 1 (no deployed data: older formats are refused, not
-/// migrated).
-pub(crate) const STORE_FORMAT: u32 = 5;
+/// whether the next record belongs to the same append (`LogRecord::continues`). 6: the
+/// database alone may lack acknowledged writes — they can be in the write-ahead log
+/// (`tidemark.wal`) — so a build that does not read the log must refuse the directory (the
+/// tables are those of format 5, which this build opens and marks 6). A store without the
+/// marker was written by format 1 (no deployed data: older formats are refused, not migrated).
+pub(crate) const STORE_FORMAT: u32 = 6;
+
+/// The formats this build opens: format 5 needs no change but the marker.
+pub(crate) const READABLE_FORMATS: [u32; 2] = [5, STORE_FORMAT];
 
 /// One delta-log entry: where the delta came from (`None`: a local commit) and the delta.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
