@@ -152,6 +152,17 @@ impl SharedRecorder {
         b
     }
 
+    /// A file holding `image` (recorded here as one durable write: the base of later cuts),
+    /// whose every later call is recorded here too, tagged `file`.
+    pub fn backend_with(&self, file: File, image: &[u8]) -> FaultBackend {
+        let b = self.backend(file);
+        if !image.is_empty() {
+            b.write(0, image).expect("in memory");
+        }
+        b.sync_data().expect("in memory");
+        b
+    }
+
     /// The records so far.
     pub fn len(&self) -> usize {
         self.lock().len()
@@ -160,6 +171,11 @@ impl SharedRecorder {
     /// A copy of the records.
     pub fn log(&self) -> Vec<(File, Rec)> {
         self.lock().clone()
+    }
+
+    /// The records, leaving the recording empty (no copy).
+    pub fn take(&self) -> Vec<(File, Rec)> {
+        std::mem::take(&mut *self.lock())
     }
 }
 

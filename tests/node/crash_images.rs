@@ -15,7 +15,12 @@
 //! keeps of its later writes, chosen per file). The workload checkpoints at random steps, and
 //! crash points are aimed at: the log synced but redb not yet committed, inside durable commits
 //! (checkpoints, compactions, remote joins), frames written over an earlier pass of the log after
-//! it restarted at offset 0 (torn there too), and torn log tails (at 8 B, 512 B, 4 KiB).
+//! it restarted at offset 0 (torn there too), and torn log tails (at 8 B, 512 B, 4 KiB). 30 %
+//! of the workloads run in `Durability::Relaxed` (then any state from the last sync or durable
+//! commit on passes), and one image in twenty crashes again during or right after its recovery
+//! (both files recorded again, cut, reopened: the recovered state, or it plus the checks'
+//! commits). `crash_images_relaxed_log_never_replays_a_frame_of_a_lost_pass` is a targeted
+//! double crash that FAILS: a bug of the log (see its comment).
 //!
 //! `IMAGES=<n>` sets the image count of each of the two tests (CI default 5,000 each: 10,000 in
 //! all, as before the log existed; `SOAK=1` ×100); `SEED=<n>` replays.
@@ -156,7 +161,17 @@ fn check_image(
         candidates,
         rng,
     )
-    .map(|(which, _)| which)
+    .map(|o| o.which)
+}
+
+/// What a reopened store held.
+struct Opened {
+    /// The candidate it matched.
+    which: usize,
+    /// What the open found in the log.
+    scan: WalScan,
+    /// Values and context right after the open, and after the checks' commits.
+    states: [(BTreeMap<tidemark::Key, tidemark::Value>, CausalContext); 2],
 }
 
 /// Checks a reopened store against the candidates (as [`check_image`]); returns which one it
@@ -165,7 +180,7 @@ fn check_opened(
     opened: Result<RedbStore, StoreError>,
     candidates: &[&Step],
     rng: &mut ChaCha8Rng,
-) -> Result<(usize, WalScan), String> {
+) -> Result<Opened, String> {
     let mut store = opened.map_err(|e| e.to_string())?;
     let scan = store.wal_scan().clone();
     assert_eq!(store.replica(), ME, "the replica id changed");
@@ -233,7 +248,12 @@ fn check_opened(
         .expect("commit after recovery");
     assert_eq!(store.ctx().max_seq(ME), before + 1);
     store.verify().expect("verify after a new commit");
-    Ok((which, scan))
+    let after = (values_of(&store), store.ctx().clone());
+    Ok(Opened {
+        which,
+        scan,
+        states: [(values, step.ctx.clone()), after],
+    })
 }
 
 fn pick_crash_point(log: &[Rec], rng: &mut ChaCha8Rng) -> usize {
@@ -346,13 +366,25 @@ struct RecordedWal {
     log: Vec<(File, Rec)>,
     steps: Vec<Step>,
     options: OpenOptions,
+    /// `Durability::Relaxed`: a local group is durable only once a later step syncs the log or
+    /// commits durably.
+    relaxed: bool,
+}
+
+/// Steps after which everything before is durable in `Durability::Relaxed` too.
+fn durable_step(what: &str) -> bool {
+    matches!(what, "open" | "sync" | "checkpoint" | "compact" | "remote")
 }
 
 /// Runs a random workload, with checkpoints, on a store with a log, both files recorded in one
 /// ordered log.
 fn record_workload_wal(rng: &mut ChaCha8Rng, steps: usize) -> RecordedWal {
     let recorder = SharedRecorder::new();
-    let options = options(rng);
+    let mut options = options(rng);
+    let relaxed = rng.random_bool(0.3);
+    if relaxed {
+        options.durability = tidemark::Durability::Relaxed;
+    }
     let mut store = RedbStore::open_with_backends(
         recorder.backend(File::Db),
         recorder.backend(File::Wal),
@@ -367,6 +399,7 @@ fn record_workload_wal(rng: &mut ChaCha8Rng, steps: usize) -> RecordedWal {
         log,
         steps,
         options,
+        relaxed,
     }
 }
 
@@ -465,6 +498,9 @@ struct WalTally {
     replayed: u64,
     replayed_records: u64,
     stopped: BTreeMap<String, u64>,
+    relaxed: u64,
+    relaxed_lost_unsynced: u64,
+    second_crashes: u64,
 }
 
 #[test]
@@ -498,38 +534,96 @@ fn crash_images_with_a_log_recover_every_acknowledged_commit() {
             let wal_image = files.pop().expect("two files");
             let db_image = files.pop().expect("two files");
             let acked = rec.steps.iter().filter(|s| s.end <= upto).count();
-            let mut candidates = vec![&rec.steps[acked.saturating_sub(1)]];
-            if let Some(flight) = rec.steps.get(acked).filter(|s| s.start < upto) {
-                candidates.push(flight);
-            }
+            let last = acked.saturating_sub(1);
+            // Relaxed: any state from the last durable step on (the log replays a prefix).
+            let first = if rec.relaxed {
+                rec.steps[..=last]
+                    .iter()
+                    .rposition(|s| durable_step(s.what))
+                    .unwrap_or(0)
+            } else {
+                last
+            };
+            let mut candidates: Vec<&Step> = rec.steps[first..=last].iter().collect();
+            let in_flight = rec.steps.get(acked).filter(|s| s.start < upto);
+            candidates.extend(in_flight);
             let ctx = format!(
-                "seed {seed}, workload {workload} (seed {wseed}), image {i}: {aim}: db \
+                "seed {seed}, workload {workload} (seed {wseed}{}), image {i}: {aim}: db \
                  {db_kind:?}, log {wal_kind:?} at record {upto}/{} ({} steps acked, last {:?}, \
-                 in flight: {:?})",
+                 {} candidates, in flight: {:?})",
+                if rec.relaxed { ", relaxed" } else { "" },
                 rec.log.len(),
                 acked,
-                candidates[0].what,
-                candidates.get(1).map(|s| s.what)
+                rec.steps[last].what,
+                candidates.len(),
+                in_flight.map(|s| s.what)
             );
             let mut irng = common::rng(wrng.random());
+            // One image in twenty crashes again while it recovers or right after (the checks'
+            // commits, the checkpoint of the close): recorded, cut, and reopened once more.
+            let again = wrng.random_range(0..20) == 0;
+            let recorder = SharedRecorder::new();
             let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                check_opened(
-                    RedbStore::open_with_backends(
+                let (db, wal) = if again {
+                    (
+                        recorder.backend_with(File::Db, &db_image),
+                        recorder.backend_with(File::Wal, &wal_image),
+                    )
+                } else {
+                    (
                         FaultBackend::from_image(db_image),
                         FaultBackend::from_image(wal_image),
-                        rec.options.clone(),
-                    ),
+                    )
+                };
+                // The images themselves are on disk: cuts come after.
+                let base = recorder.len();
+                let opened = check_opened(
+                    RedbStore::open_with_backends(db, wal, rec.options.clone()),
                     &candidates,
                     &mut irng,
-                )
+                )?;
+                if again {
+                    let log = recorder.take();
+                    let upto = irng.random_range(base..=log.len());
+                    let kinds = [
+                        (File::Db, ImageKind::pick(&mut irng)),
+                        (File::Wal, ImageKind::pick(&mut irng)),
+                    ];
+                    let mut files = crash_images_at(&log, upto, &kinds, &mut irng);
+                    let (wal2, db2) = (files.pop().expect("wal"), files.pop().expect("db"));
+                    let mut store = RedbStore::open_with_backends(
+                        FaultBackend::from_image(db2),
+                        FaultBackend::from_image(wal2),
+                        rec.options.clone(),
+                    )
+                    .unwrap_or_else(|e| panic!("second crash at {upto} {kinds:?}: refused: {e}"));
+                    store.verify().expect("verify after the second crash");
+                    assert!(store.check_integrity().expect("integrity check runs"));
+                    let state = (values_of(&store), store.ctx().clone());
+                    assert!(
+                        opened.states.contains(&state),
+                        "second crash at record {upto}/{} {kinds:?}: the state is neither the \
+                         recovered one nor it plus the checks' commits: {} keys, context {:?}; \
+                         expected {} keys, context {:?}",
+                        log.len(),
+                        state.0.len(),
+                        state.1,
+                        opened.states[0].0.len(),
+                        opened.states[0].1,
+                    );
+                }
+                Ok::<Opened, String>(opened)
             }));
+            if again {
+                wal_tally.second_crashes += 1;
+            }
             *wal_tally.aims.entry(aim).or_default() += 1;
             *wal_tally
                 .kinds
                 .entry(format!("{db_kind:?}/{wal_kind:?}"))
                 .or_default() += 1;
             match r {
-                Ok(Ok((which, scan))) => {
+                Ok(Ok(Opened { which, scan, .. })) => {
                     *tally.opened.entry(aim.to_owned()).or_default() += 1;
                     if scan.replayed > 0 {
                         wal_tally.replayed += 1;
@@ -540,11 +634,17 @@ fn crash_images_with_a_log_recover_every_acknowledged_commit() {
                         let end = end.split('(').next().unwrap_or_default().to_owned();
                         *wal_tally.stopped.entry(end).or_default() += 1;
                     }
-                    if candidates.len() == 2 {
-                        if which == 1 {
+                    if in_flight.is_some() {
+                        if which == candidates.len() - 1 {
                             tally.in_flight_applied += 1;
                         } else {
                             tally.in_flight_dropped += 1;
+                        }
+                    }
+                    if rec.relaxed {
+                        wal_tally.relaxed += 1;
+                        if which + 1 < candidates.len() - usize::from(in_flight.is_some()) {
+                            wal_tally.relaxed_lost_unsynced += 1;
                         }
                     }
                 }
@@ -574,7 +674,8 @@ fn crash_images_with_a_log_recover_every_acknowledged_commit() {
     println!(
         "crash_images_wal: {done} images from {workload} workloads in {:.1?}: opened {:?}, \
          refused {:?}, commit in flight applied {} / dropped {}; aims {:?}; log replayed in {} \
-         images ({} records), scan ended at {:?}",
+         images ({} records), scan ended at {:?}; relaxed images {} (unsynced groups lost in \
+         {}); crashed again after recovery: {}",
         started.elapsed(),
         tally.opened,
         tally.refused,
@@ -584,6 +685,9 @@ fn crash_images_with_a_log_recover_every_acknowledged_commit() {
         wal_tally.replayed,
         wal_tally.replayed_records,
         wal_tally.stopped,
+        wal_tally.relaxed,
+        wal_tally.relaxed_lost_unsynced,
+        wal_tally.second_crashes,
     );
     println!("  image kinds (db/log): {:?}", wal_tally.kinds);
     for r in &tally.refusals {
