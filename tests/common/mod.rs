@@ -95,6 +95,109 @@ struct State {
     /// After the first injected failure, every later sync fails too.
     sticky: bool,
     failures: u64,
+    /// A recording shared with other backends (one ordered log of every file's calls).
+    shared: Option<(SharedRecorder, File)>,
+}
+
+impl State {
+    fn record(&mut self, rec: Rec) {
+        if let Some((shared, file)) = &self.shared {
+            shared.push(*file, rec.clone());
+        }
+        if self.recording {
+            self.log.push(rec);
+        }
+    }
+}
+
+/// Which file of a store a shared record is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum File {
+    /// The redb database.
+    Db,
+    /// The write-ahead log.
+    Wal,
+}
+
+/// One ordered record of the calls to several backends (the files of one store), so a crash
+/// image is a consistent cut across them: a power loss at record `i` keeps, per file, what
+/// that file's last sync before `i` made durable, plus whatever the image kind keeps of its
+/// later writes ([`crash_images_at`]).
+#[derive(Clone, Default)]
+pub struct SharedRecorder {
+    log: Arc<Mutex<Vec<(File, Rec)>>>,
+}
+
+impl SharedRecorder {
+    /// An empty recording.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<(File, Rec)>> {
+        self.log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn push(&self, file: File, rec: Rec) {
+        self.lock().push((file, rec));
+    }
+
+    /// An empty file whose every call is recorded here, tagged `file` (not in the backend's
+    /// own log).
+    pub fn backend(&self, file: File) -> FaultBackend {
+        let b = FaultBackend::default();
+        b.lock().shared = Some((self.clone(), file));
+        b
+    }
+
+    /// A file holding `image` (recorded here as one durable write: the base of later cuts),
+    /// whose every later call is recorded here too, tagged `file`.
+    pub fn backend_with(&self, file: File, image: &[u8]) -> FaultBackend {
+        let b = self.backend(file);
+        if !image.is_empty() {
+            b.write(0, image).expect("in memory");
+        }
+        b.sync_data().expect("in memory");
+        b
+    }
+
+    /// The records so far.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// A copy of the records.
+    pub fn log(&self) -> Vec<(File, Rec)> {
+        self.lock().clone()
+    }
+
+    /// The records, leaving the recording empty (no copy).
+    pub fn take(&self) -> Vec<(File, Rec)> {
+        std::mem::take(&mut *self.lock())
+    }
+}
+
+/// The files a crash at `log[..upto]` of a shared recording leaves behind: for each
+/// `(file, kind)`, that file's records cut as [`crash_image`] cuts a single file's.
+pub fn crash_images_at(
+    log: &[(File, Rec)],
+    upto: usize,
+    kinds: &[(File, ImageKind)],
+    rng: &mut ChaCha8Rng,
+) -> Vec<Vec<u8>> {
+    kinds
+        .iter()
+        .map(|(file, kind)| {
+            let recs: Vec<&Rec> = log[..upto]
+                .iter()
+                .filter(|(f, _)| f == file)
+                .map(|(_, r)| r)
+                .collect();
+            cut_image(&recs, *kind, rng)
+        })
+        .collect()
 }
 
 /// An in-memory redb backend that can record every call and fail a chosen `sync_data` with EIO.
@@ -203,9 +306,7 @@ impl StorageBackend for FaultBackend {
         let mut s = self.lock();
         let rec = Rec::SetLen(len);
         apply(&mut s.live, &rec);
-        if s.recording {
-            s.log.push(rec);
-        }
+        s.record(rec);
         Ok(())
     }
 
@@ -218,14 +319,10 @@ impl StorageBackend for FaultBackend {
         };
         if fail {
             s.failures += 1;
-            if s.recording {
-                s.log.push(Rec::SyncFailed);
-            }
+            s.record(Rec::SyncFailed);
             return Err(eio());
         }
-        if s.recording {
-            s.log.push(Rec::Sync);
-        }
+        s.record(Rec::Sync);
         Ok(())
     }
 
@@ -236,9 +333,7 @@ impl StorageBackend for FaultBackend {
             data: data.to_vec(),
         };
         apply(&mut s.live, &rec);
-        if s.recording {
-            s.log.push(rec);
-        }
+        s.record(rec);
         Ok(())
     }
 }
@@ -283,12 +378,21 @@ pub fn durable_prefix(log: &[Rec], upto: usize) -> usize {
 
 /// The file a crash at `log[..upto]` leaves behind, as `kind` says.
 pub fn crash_image(log: &[Rec], upto: usize, kind: ImageKind, rng: &mut ChaCha8Rng) -> Vec<u8> {
-    let durable = durable_prefix(log, upto);
+    let recs: Vec<&Rec> = log[..upto].iter().collect();
+    cut_image(&recs, kind, rng)
+}
+
+/// The file a crash after the calls `log` leaves behind, as `kind` says.
+fn cut_image(log: &[&Rec], kind: ImageKind, rng: &mut ChaCha8Rng) -> Vec<u8> {
+    let durable = log
+        .iter()
+        .rposition(|r| **r == Rec::Sync)
+        .map_or(0, |i| i + 1);
     let mut image = Vec::new();
     for rec in &log[..durable] {
         apply(&mut image, rec);
     }
-    let tail = &log[durable..upto];
+    let tail = &log[durable..];
     match kind {
         ImageKind::DurableOnly => {}
         ImageKind::Everything => {
@@ -312,7 +416,7 @@ pub fn crash_image(log: &[Rec], upto: usize, kind: ImageKind, rng: &mut ChaCha8R
             for rec in &tail[..last] {
                 apply(&mut image, rec);
             }
-            if let Some(Rec::Write { offset, data }) = tail.get(last) {
+            if let Some(Rec::Write { offset, data }) = tail.get(last).copied() {
                 let start = usize::try_from(*offset).expect("offset fits");
                 // Cut points inside the write where the file offset is on a boundary.
                 let first = (start / boundary + 1) * boundary - start;

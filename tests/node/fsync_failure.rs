@@ -9,6 +9,11 @@
 //!    retry), and after a restart from the durable image — or from the image where everything
 //!    written reached the disk — every acknowledged write is intact. `INJECTIONS=<n>` (default
 //!    150, `SOAK=1` ×10); `SEED=<n>` replays.
+//!    The same with a write-ahead log (`RedbStore::open_with_backends`): the LOG's `sync_data`
+//!    fails with EIO on a local commit group. The commit returns `Err`, the store halts, readers
+//!    see nothing of the group, and a restart from the durable images of both files holds
+//!    exactly the groups acknowledged before it (from other images: those, or those plus the
+//!    failed group, whole).
 //! 2. Through the `Node` API with real files: a child process runs with a file-size limit
 //!    (`ulimit -f`, SIGXFSZ ignored), so redb's writes fail with EFBIG once the file reaches it.
 //!    The failing ingest is not acknowledged, every later write is refused, and a restart
@@ -39,7 +44,20 @@ fn options() -> OpenOptions {
 /// Reopens `image` and checks it holds exactly one of `candidates` (model + context), is
 /// consistent, and accepts new writes with fresh dots.
 fn reopen_and_check(image: Vec<u8>, candidates: &[(&Model, &CausalContext)], what: &str) {
-    let mut store = match RedbStore::open_with_backend(FaultBackend::from_image(image), options()) {
+    check_reopened(
+        RedbStore::open_with_backend(FaultBackend::from_image(image), options()),
+        candidates,
+        what,
+    );
+}
+
+/// Checks a restarted store as [`reopen_and_check`] does.
+fn check_reopened(
+    opened: Result<RedbStore, StoreError>,
+    candidates: &[(&Model, &CausalContext)],
+    what: &str,
+) {
+    let mut store = match opened {
         Ok(s) => s,
         Err(e) => {
             // Only acceptable when nothing was ever committed (the file was being created).
@@ -230,6 +248,176 @@ fn a_failed_fsync_is_never_acknowledged_and_halts_the_store() {
         }
     }
     println!("fsync_failure: {fired} injected EIO in {run} runs; failed steps: {by_step:?}");
+}
+
+#[test]
+fn a_failed_log_fsync_is_never_acknowledged_and_halts_the_store() {
+    let seed = common::seed("wal_fsync_failure");
+    let mut rng = common::rng(seed);
+    let injections = common::env_usize("INJECTIONS", 150) * if common::soak() { 10 } else { 1 };
+    let mut fired = 0;
+    let mut run = 0;
+    while fired < injections {
+        run += 1;
+        assert!(run < injections * 10, "the injections do not fire");
+        let wseed: u64 = rng.random();
+        let mut wrng = common::rng(wseed);
+        let plan: Vec<Action> = (0..wrng.random_range(5..40))
+            .map(|_| Action::random(&mut wrng))
+            .collect();
+        // Probe without faults: the log syncs the run makes (one per local group), and the
+        // state after every step.
+        let probe_wal = FaultBackend::default();
+        let mut states = vec![(Model::default(), CausalContext::new())];
+        let total = {
+            let mut store = RedbStore::open_with_backends(
+                FaultBackend::default(),
+                probe_wal.clone(),
+                options(),
+            )
+            .expect("open");
+            let mut peer = Peer::new();
+            let mut model = Model::default();
+            for (i, a) in plan.iter().enumerate() {
+                a.execute(&mut store, &mut peer, WALL0 + i as u64)
+                    .expect("probe step");
+                a.apply(&mut model, &peer);
+                states.push((model.clone(), store.ctx().clone()));
+            }
+            probe_wal.syncs()
+        };
+        if total == 0 {
+            continue;
+        }
+        let n = rng.random_range(1..=total);
+        let sticky = rng.random_bool(0.5);
+        let ctx = format!(
+            "seed {seed}, run {run} (workload seed {wseed}): log sync {n}/{total} fails{}",
+            if sticky { " (sticky)" } else { " (once)" }
+        );
+        let db = FaultBackend::recording();
+        let wal = FaultBackend::recording();
+        wal.fail_sync_at(n, sticky);
+        let failed_step = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let mut store = RedbStore::open_with_backends(db.clone(), wal.clone(), options())
+                .unwrap_or_else(|e| panic!("{ctx}: open: {e}"));
+            let mut peer = Peer::new();
+            for (i, action) in plan.iter().enumerate() {
+                let (acked_model, acked_ctx) = &states[i];
+                assert_eq!(
+                    store.ctx(),
+                    acked_ctx,
+                    "{ctx}: the run is not deterministic"
+                );
+                let reader = store.reader();
+                match action.execute(&mut store, &mut peer, WALL0 + i as u64) {
+                    Ok(()) => assert_eq!(
+                        wal.failures(),
+                        0,
+                        "{ctx}: step {i} ({}) acknowledged although its log sync failed",
+                        action.name()
+                    ),
+                    Err(e) => {
+                        assert_eq!(
+                            wal.failures(),
+                            1,
+                            "{ctx}: step {i} ({}) failed without an injected fault: {e}",
+                            action.name()
+                        );
+                        assert!(
+                            matches!(action, Action::Commit(_)),
+                            "{ctx}: step {i} ({}) synced the log",
+                            action.name()
+                        );
+                        assert!(!matches!(e, StoreError::InvalidOp(_)), "{ctx}: {e}");
+                        assert!(store.halted().is_some(), "{ctx}: the store did not halt");
+                        assert_eq!(store.ctx(), acked_ctx, "{ctx}: a failed commit moved ctx");
+                        // Readers see nothing of the group: neither a new reader nor one
+                        // taken before it.
+                        assert_eq!(
+                            &values_of(&store),
+                            &acked_model.values,
+                            "{ctx}: the failed group is visible to readers"
+                        );
+                        let before: std::collections::BTreeMap<_, _> = reader
+                            .entries()
+                            .expect("entries")
+                            .into_iter()
+                            .map(|(k, e)| (k, e.value()))
+                            .filter(|(k, v)| *v != Value::empty(k.kind))
+                            .collect();
+                        assert_eq!(&before, &acked_model.values, "{ctx}: an older reader");
+                        // No retry-and-continue, even when the log would now accept it.
+                        let retry =
+                            Action::Commit(vec![Part::Ops(vec![Op::inc_gcounter("retry", 1)])]);
+                        for attempt in [retry, Action::Compact, Action::Sync] {
+                            match attempt.execute(&mut store, &mut peer, WALL0 + 1_000) {
+                                Err(StoreError::Halted(why)) => assert!(!why.is_empty()),
+                                other => panic!(
+                                    "{ctx}: {} after a failed log sync: {other:?}",
+                                    attempt.name()
+                                ),
+                            }
+                        }
+                        match store.checkpoint() {
+                            Err(StoreError::Halted(_)) => {}
+                            other => panic!("{ctx}: checkpoint after a failed log sync: {other:?}"),
+                        }
+                        assert_eq!(store.ctx(), acked_ctx, "{ctx}");
+                        assert_eq!(&values_of(&store), &acked_model.values, "{ctx}");
+                        return Some(i);
+                    }
+                }
+            }
+            None
+        }))
+        .unwrap_or_else(|p| panic!("{ctx}: {}", panic_text(&*p)));
+        let Some(failed) = failed_step else {
+            assert_eq!(wal.failures(), 0, "{ctx}: a log sync failed unnoticed");
+            continue;
+        };
+        fired += 1;
+        // Restart from what the disks hold. The durable images: exactly the acknowledged
+        // groups. Others (the failed frame may have reached the disk): those, or those plus
+        // the failed group whole.
+        let (db_log, wal_log) = (db.log(), wal.log());
+        let failed_syncs = wal_log.iter().filter(|r| **r == Rec::SyncFailed).count();
+        assert_eq!(
+            failed_syncs, 1,
+            "{ctx}: the halted store synced the log again"
+        );
+        let acked = (&states[failed].0, &states[failed].1);
+        let with_failed = (&states[failed + 1].0, &states[failed + 1].1);
+        let mut kinds = vec![
+            (ImageKind::DurableOnly, ImageKind::DurableOnly),
+            (ImageKind::Everything, ImageKind::Everything),
+        ];
+        kinds.extend((0..3).map(|_| (ImageKind::pick(&mut rng), ImageKind::pick(&mut rng))));
+        for (db_kind, wal_kind) in kinds {
+            let db_image = crash_image(&db_log, db_log.len(), db_kind, &mut rng);
+            let wal_image = crash_image(&wal_log, wal_log.len(), wal_kind, &mut rng);
+            let what = format!("{ctx}: restart from db {db_kind:?}, log {wal_kind:?}");
+            let candidates =
+                if (db_kind, wal_kind) == (ImageKind::DurableOnly, ImageKind::DurableOnly) {
+                    vec![acked]
+                } else {
+                    vec![acked, with_failed]
+                };
+            std::panic::catch_unwind(AssertUnwindSafe(|| {
+                check_reopened(
+                    RedbStore::open_with_backends(
+                        FaultBackend::from_image(db_image),
+                        FaultBackend::from_image(wal_image),
+                        options(),
+                    ),
+                    &candidates,
+                    &what,
+                );
+            }))
+            .unwrap_or_else(|p| panic!("{what}: {}", panic_text(&*p)));
+        }
+    }
+    println!("wal_fsync_failure: {fired} injected log EIO in {run} runs");
 }
 
 fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
