@@ -86,13 +86,17 @@ async fn snapshot_under_concurrent_writes_equals_the_state_at_its_read_transacti
     let tmp = tempfile::tempdir().expect("tempdir");
     let node = open(&tmp.path().join("a")).await;
     let me = node.replica_id();
-    // Writes continue, in batches of 1..=40 ops, while the snapshots are taken.
+    // Writes continue, in batches of 1..=40 ops, while the snapshots are taken: until told to
+    // stop after the last snapshot (a fixed count could all land before it on a fast disk),
+    // with at most 30,000 ops.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
         let node = node.clone();
+        let stop = std::sync::Arc::clone(&stop);
         tokio::spawn(async move {
             let mut i = 0u64;
             let mut rng = common::rng(7);
-            while i < 6_000 {
+            while i < 30_000 && (i < 2_000 || !stop.load(std::sync::atomic::Ordering::Acquire)) {
                 let n = rng.random_range(1..=40u64);
                 let batch: Vec<Op> = (i + 1..=i + n).map(op).collect();
                 node.apply_batch(batch).await.expect("write");
@@ -113,6 +117,12 @@ async fn snapshot_under_concurrent_writes_equals_the_state_at_its_read_transacti
         assert_eq!(info.source_replica, me);
         snaps.push((path, info));
     }
+    // A few more batches after the last snapshot, then stop.
+    let last = node.context().expect("ctx").max_seq(me);
+    while node.context().expect("ctx").max_seq(me) < last + 50 && !writer.is_finished() {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
     let total = writer.await.expect("writer");
     let at: Vec<u64> = snaps.iter().map(|(_, i)| i.context.max_seq(me)).collect();
     assert!(
