@@ -26,6 +26,10 @@ pub const WAL_FILE: &str = "tidemark.wal";
 /// appends overwrite allocated blocks and a sync flushes data only).
 const GROW_BYTES: u64 = 4 << 20;
 
+/// Bytes a new log file is zero-filled to at open (its first groups' syncs then flush data
+/// only).
+const INITIAL_BYTES: u64 = 1 << 20;
+
 /// Zeros written per call when the file grows.
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
@@ -130,7 +134,7 @@ impl Wal {
                 .write(0, &format::file_header(store_id))
                 .map_err(|e| io(name, e))?;
             wal.len = FILE_HEADER as u64;
-            wal.grow(GROW_BYTES)?;
+            wal.fill_to(INITIAL_BYTES)?;
             wal.file.sync_data().map_err(|e| io(name, e))?;
             return Ok((wal, scan));
         }
@@ -188,8 +192,8 @@ impl Wal {
         }
         wal.next_seq = seq;
         wal.pos = pos;
-        if wal.len < GROW_BYTES {
-            wal.grow(GROW_BYTES)?;
+        if wal.len < INITIAL_BYTES {
+            wal.fill_to(INITIAL_BYTES)?;
             wal.file.sync_data().map_err(|e| io(name, e))?;
         }
         Ok((wal, scan))
@@ -274,7 +278,11 @@ impl Wal {
 
     /// Extends the file with zeros to at least `end` (and by at least [`GROW_BYTES`]).
     fn grow(&mut self, end: u64) -> Result<(), StoreError> {
-        let target = end.max(self.len.saturating_add(GROW_BYTES));
+        self.fill_to(end.max(self.len.saturating_add(GROW_BYTES)))
+    }
+
+    /// Extends the file with zeros to `target` (nothing if it is that long already).
+    fn fill_to(&mut self, target: u64) -> Result<(), StoreError> {
         let mut at = self.len;
         while at < target {
             let n = usize::try_from(target - at).map_or(ZEROS.len(), |n| n.min(ZEROS.len()));
@@ -283,7 +291,7 @@ impl Wal {
                 .map_err(|e| io(&self.name, e))?;
             at += n as u64;
         }
-        self.len = target;
+        self.len = self.len.max(target);
         Ok(())
     }
 
