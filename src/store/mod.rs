@@ -456,7 +456,7 @@ impl RedbStore {
         if let Some((at, end @ (crate::codec::wal::FrameEnd::Checksum | crate::codec::wal::FrameEnd::Length(_)))) =
             &scan.stopped_at
         {
-            tracing::warn!(offset = at, why = ?end, "the write-ahead log ends in a torn or damaged record; the log is cut there (an unacknowledged write at a crash)");
+            tracing::warn!(offset = at, why = ?end, "the write-ahead log ends in a torn record; the log is cut there (the write in flight at a crash, never acknowledged in immediate durability; in relaxed durability, writes of the last sync interval)");
         }
         Ok((log, scan))
     }
