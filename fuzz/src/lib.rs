@@ -240,7 +240,10 @@ pub fn wal(data: &[u8]) {
             assert_eq!(again, payload, "redo ops do not re-encode to their payload");
         }
         pos = start + h.len;
-        seq += 1;
+        let Some(next) = seq.checked_add(1) else {
+            break;
+        };
+        seq = next;
     }
     // A payload on its own, whatever its frame.
     let _ = redo_ops(data);

@@ -162,7 +162,9 @@ impl Wal {
             scan.replayed += 1;
             scan.replayed_bytes += payload.len() as u64;
             pos += (FRAME_HEADER + payload.len()) as u64;
-            seq += 1;
+            seq = seq.checked_add(1).ok_or_else(|| {
+                StoreError::Corrupt(format!("{name}: the log's seq is exhausted"))
+            })?;
         }
         // Past where the log ends: intact frames of this store with a later seq mean the end
         // is damage, not a torn tail. If one was synced before its acknowledgement, refuse;
@@ -179,6 +181,11 @@ impl Wal {
                 )));
             }
             if let Some(last) = later {
+                let next = last.checked_add(1).ok_or_else(|| {
+                    StoreError::Corrupt(format!(
+                        "{name}: a record past the damaged one at byte {at} claims the last seq"
+                    ))
+                })?;
                 tracing::warn!(
                     file = name,
                     offset = at,
@@ -186,8 +193,8 @@ impl Wal {
                     "relaxed-durability records after a damaged one are dropped (a power loss \
                      inside the sync interval)"
                 );
-                scan.dropped_relaxed = last + 1 - seq;
-                seq = last + 1;
+                scan.dropped_relaxed = next - seq;
+                seq = next;
             }
         }
         wal.next_seq = seq;
@@ -272,7 +279,9 @@ impl Wal {
         self.pos = end;
         self.unsynced = true;
         let seq = self.next_seq;
-        self.next_seq += 1;
+        self.next_seq = seq
+            .checked_add(1)
+            .ok_or_else(|| StoreError::Exhausted(format!("{}: log seqs", self.name)))?;
         Ok(seq)
     }
 
