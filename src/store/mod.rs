@@ -232,15 +232,7 @@ pub(crate) fn meta_put<T: serde::Serialize>(
     name: &str,
     value: &T,
 ) -> Result<(), StoreError> {
-    let bytes = codec::encode("meta record", value).map_err(|source| StoreError::Codec {
-        table: "meta",
-        source,
-    })?;
-    let mut table = txn.open_table(META).map_err(StoreError::redb)?;
-    table
-        .insert(name, bytes.as_slice())
-        .map_err(StoreError::redb)?;
-    Ok(())
+    meta_put_logged(txn, name, value, &mut wal::Redo::default())
 }
 
 /// True when the database file exists but its header magic was never written (all zeros).
@@ -735,19 +727,14 @@ impl RedbStore {
     /// A durable commit of everything so far when the log holds records (the log then starts
     /// over); nothing otherwise. Keeps the local commits' row cache.
     fn checkpoint_now(&mut self) -> Result<(), StoreError> {
-        let Some(log) = &mut self.wal else {
-            return Ok(());
-        };
-        if log.pending_bytes() == 0 {
-            return Ok(());
+        if self.wal_pending_bytes() == 0 {
+            return Ok(()); // no log, or nothing in it
         }
+        // Not `begin`: a checkpoint changes no row, so the local commits' row cache stays.
         let mut txn = self.db.begin_write().map_err(StoreError::redb)?;
         txn.set_durability(redb::Durability::Immediate)
             .map_err(StoreError::redb)?;
-        meta_put(&txn, META_WAL_COVERED, &log.next_seq())?;
-        txn.commit().map_err(StoreError::redb)?;
-        log.restart();
-        self.unsynced.store(false, Ordering::Release);
+        self.commit(txn)?;
         self.stats.checkpoints += 1;
         Ok(())
     }
