@@ -46,7 +46,7 @@ fn main() {
         let (mut after, mut resume, mut chunks, mut bytes) = (None, None, 0usize, 0usize);
         loop {
             let read = store
-                .read_chunk_from(after.as_ref(), resume.as_ref(), bytes_max)
+                .read_chunk_from(None, after.as_ref(), resume.as_ref(), bytes_max)
                 .expect("read chunk");
             chunks += 1;
             for (_, e) in &read.entries {

@@ -1048,23 +1048,44 @@ impl StateStore for Served<'_> {
         self.store.read_chunk(after, bytes_max)
     }
 
+    fn pin_transfer_snapshot(&mut self, peer: PeerId) -> Result<(), StoreError> {
+        // The snapshot holds durable state only (and is what `transfer_context` described).
+        self.sync()?;
+        self.store.pin_transfer_snapshot(peer)
+    }
+
+    fn has_transfer_snapshot(&self, peer: PeerId) -> bool {
+        self.store.has_transfer_snapshot(peer)
+    }
+
+    fn release_transfer_snapshots(&mut self, keep: &dyn Fn(PeerId) -> bool) {
+        self.store.release_transfer_snapshots(keep);
+    }
+
     fn read_chunk_from(
         &mut self,
+        at: Option<PeerId>,
         after: Option<&Key>,
         resume: Option<&(Key, tidemark_crdts::Dot)>,
         bytes_max: usize,
     ) -> Result<ChunkRead, StoreError> {
-        self.sync()?;
-        self.store.read_chunk_from(after, resume, bytes_max)
+        // A pinned snapshot was durable when it was pinned.
+        if at.is_none() {
+            self.sync()?;
+        }
+        self.store.read_chunk_from(at, after, resume, bytes_max)
     }
 
     fn read_marks(
         &mut self,
+        at: Option<PeerId>,
         after: Option<&(String, String)>,
         bytes_max: usize,
     ) -> Result<crate::proto::MarksRead, StoreError> {
-        self.sync()?;
-        self.store.read_marks(after, bytes_max)
+        if at.is_none() {
+            self.sync()?;
+        }
+        self.store.read_marks(at, after, bytes_max)
     }
 
     fn apply_chunk(

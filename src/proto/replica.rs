@@ -650,6 +650,11 @@ impl Replica {
         for id in expired {
             self.retransmit(t, id, store)?;
         }
+        // Snapshots of transfers that ended any other way (a link reset, a new core).
+        let peers = &self.peers;
+        store.release_transfer_snapshots(&|peer| {
+            peers.get(&peer).is_some_and(|p| p.transfer.is_some())
+        });
         if self.next_tick.is_some_and(|n| n <= t) {
             let jitter = self
                 .rng
@@ -918,53 +923,59 @@ impl Replica {
     ) -> Result<(), S::Error> {
         let transfer = self.next_transfer;
         self.next_transfer += 1;
+        // The context and a snapshot of the state it describes are taken together (nothing
+        // commits in between): every chunk is read from that snapshot when it is sent, so the
+        // transfer is one consistent state (docs/design/principles.md, "State transfer")
+        // whatever this node joins while it is under way, and only the chunk in flight is held.
+        // Each chunk is within the message target (large rows in dot slices, marks in pages).
+        // Every chunk carries the transfer's context: the rows and marks get what is left of the
+        // target (at least a quarter of it, so a transfer always progresses).
         let ctx = store.transfer_context()?;
+        store.pin_transfer_snapshot(id)?;
         let (_, end) = store.log_bounds();
-        // Every chunk is read now, with the context and marks: the transfer is one consistent
-        // state (docs/design/principles.md, "State transfer"), whatever this node joins while it is
-        // under way. Each chunk is within the message target (large rows in dot slices, marks in
-        // pages). Every chunk carries the transfer's context: the rows and marks get what is left
-        // of the target (at least a quarter of it, so a transfer always progresses).
         let ctx_bytes = crate::codec::encoded_len("transfer context", &ctx).unwrap_or(0);
         let target = self
             .config
             .message_bytes_target
             .saturating_sub(ctx_bytes)
             .max(self.config.message_bytes_target / 4);
-        let log = store.replica_id();
-        let mut t = OutTransfer::new(transfer, ctx, end);
-        loop {
-            let (rows, marks) = read_piece(store, &t.pos, target)?;
-            let sent = t.chunk(self.epoch, log, rows, marks);
-            t.pos = sent.next.clone();
-            t.index = t.index.saturating_add(1);
-            let last = sent.last;
-            t.queue.push_back(sent);
-            if last {
-                break;
-            }
-        }
-        self.peer_mut(id).transfer = Some(t);
+        self.peer_mut(id).transfer = Some(OutTransfer::new(transfer, ctx, end, target));
         self.stats.transfers_started += 1;
         self.events
             .push_back(ReplicaEvent::TransferStarted { to: id, transfer });
         self.send_chunk(now, id, store)
     }
 
+    /// Reads the transfer's next chunk from its snapshot and sends it (nothing once the last
+    /// chunk was sent).
     fn send_chunk<S: StateStore>(
         &mut self,
         now: u64,
         id: PeerId,
-        _store: &mut S,
+        store: &mut S,
     ) -> Result<(), S::Error> {
         let rto = self.rto(self.peers.get(&id).map_or(0, |p| p.timeouts_in_row));
-        let p = self.peer_mut(id);
+        let epoch = self.epoch;
+        let log = store.replica_id();
+        let Some(p) = self.peers.get_mut(&id) else {
+            return Ok(());
+        };
         let Some(t) = p.transfer.as_mut() else {
             return Ok(());
         };
-        let Some(sent) = t.queue.pop_front() else {
+        if t.built_last {
             return Ok(());
-        };
+        }
+        if !store.has_transfer_snapshot(id) {
+            // The store dropped the snapshot: the transfer starts over from a new one.
+            p.transfer = None;
+            return self.pump(now, id, store);
+        }
+        let (rows, marks) = read_piece(store, id, &t.pos, t.target)?;
+        let sent = t.chunk(epoch, log, rows, marks);
+        t.pos = sent.next.clone();
+        t.index = t.index.saturating_add(1);
+        t.built_last = sent.last;
         let msg = sent.msg.clone();
         p.inflight = Some((
             Inflight::Chunk {
@@ -1434,6 +1445,7 @@ impl Replica {
         if sent.last {
             let end = t.end;
             p.transfer = None;
+            store.release_transfer_snapshots(&|peer| peer != from);
             // A completed transfer is authoritative (the receiver recorded exactly `end`), which
             // also repairs a cursor that was ever reported beyond our log.
             // A late cursorless Hello during the transfer may have set a bootstrap deferral:
@@ -1474,6 +1486,7 @@ impl Replica {
                 .is_some_and(|s| s.index == 0);
             p.transfer = None;
             p.inflight = None;
+            store.release_transfer_snapshots(&|peer| peer != from);
             if first {
                 p.serve_after = Some(now.mono_ms.saturating_add(stagger));
                 p.bootstrap_rank = p.bootstrap_rank.max(1);
@@ -1813,19 +1826,21 @@ mod origin_tag_tests {
 /// target (ARCHITECTURE.md, "size invariants").
 fn read_piece<S: StateStore>(
     store: &mut S,
+    peer: PeerId,
     pos: &crate::proto::transfer::Position,
     target: usize,
 ) -> Result<(Option<ChunkRead>, Option<MarksRead>), S::Error> {
+    let at = Some(peer);
     let (rows, used) = if pos.rows_done {
         (None, 0)
     } else {
-        let read = store.read_chunk_from(pos.after.as_ref(), pos.resume.as_ref(), target)?;
+        let read = store.read_chunk_from(at, pos.after.as_ref(), pos.resume.as_ref(), target)?;
         let used = crate::codec::encoded_len("chunk entries", &read.entries).unwrap_or(target);
         (Some(read), used)
     };
     let rows_done = rows.as_ref().is_none_or(OutTransfer::rows_finished);
     let marks = if rows_done {
-        Some(store.read_marks(pos.marks_after.as_ref(), target.saturating_sub(used))?)
+        Some(store.read_marks(at, pos.marks_after.as_ref(), target.saturating_sub(used))?)
     } else {
         None
     };

@@ -175,17 +175,38 @@ pub trait StateStore {
         bytes_max: usize,
     ) -> Result<ChunkRead, Self::Error>;
 
+    /// Pins a read snapshot of the rows and dedup marks as they are now (the state
+    /// [`StateStore::transfer_context`] just described) for a state transfer to `peer`,
+    /// replacing any snapshot pinned for `peer` before. Reads `at = Some(peer)` see exactly
+    /// that state, whatever is committed after it, until it is released: a transfer reads its
+    /// chunks one at a time, as they are sent, instead of all at its start.
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn pin_transfer_snapshot(&mut self, peer: PeerId) -> Result<(), Self::Error>;
+
+    /// True while a transfer snapshot is pinned for `peer` (the store may drop snapshots on its
+    /// own, e.g. for a check that needs exclusive access: the transfer then starts over).
+    fn has_transfer_snapshot(&self, peer: PeerId) -> bool;
+
+    /// Releases the transfer snapshot of every peer for which `keep` is false (a snapshot holds
+    /// the store's pages of that moment until it is released).
+    fn release_transfer_snapshots(&mut self, keep: &dyn Fn(PeerId) -> bool);
+
     /// Reads the next chunk of a transfer: as [`StateStore::read_chunk`] when `resume` is
     /// `None`; a row too large for `bytes_max` is returned in parts ([`ChunkRead::part`]), and
     /// `resume = (key, last dot sent)` continues such a row. Every part's slice starts where the
     /// previous one ended, and the last is open, so the parts cover all of dot space for the
     /// key even if the row changed or vanished in between. (Required, not defaulted: a wrapper
-    /// that dropped `resume` would restart the row forever.)
+    /// that dropped `resume` would restart the row forever.) `at = Some(peer)` reads the
+    /// snapshot pinned for `peer` ([`StateStore::pin_transfer_snapshot`]); `None`, the state
+    /// as it is now.
     ///
     /// # Errors
-    /// Storage failures.
+    /// Storage failures; `at` names a peer with no pinned snapshot.
     fn read_chunk_from(
         &mut self,
+        at: Option<PeerId>,
         after: Option<&Key>,
         resume: Option<&(Key, tidemark_crdts::Dot)>,
         bytes_max: usize,
@@ -193,12 +214,13 @@ pub trait StateStore {
 
     /// A page of dedup marks after `after`, of about `bytes_max` encoded bytes (at least one
     /// source when any remains); pages follow the implementation's own order of sources and
-    /// resume after the last source returned.
+    /// resume after the last source returned. `at` as for [`StateStore::read_chunk_from`].
     ///
     /// # Errors
-    /// Storage failures.
+    /// Storage failures; `at` names a peer with no pinned snapshot.
     fn read_marks(
         &mut self,
+        at: Option<PeerId>,
         after: Option<&(String, String)>,
         bytes_max: usize,
     ) -> Result<MarksRead, Self::Error>;

@@ -562,6 +562,84 @@ fn chunked_transfer_survives_loss_and_receiver_restart() {
     );
 }
 
+/// A transfer's chunks are read one at a time from the snapshot pinned when it started: the
+/// sender keeps writing (overwrites, element adds and removes inside a row sent in parts, a
+/// deleted key, new keys) while it is under way, and the receiver still ends with exactly the
+/// state the transfer started from, context and entries alike; the snapshot is released once
+/// the transfer completes.
+#[test]
+fn a_transfer_sends_the_state_of_its_start_while_the_sender_keeps_writing() {
+    let cfg = ReplicaConfig {
+        message_bytes_target: 600,
+        ..config()
+    };
+    let mut a = Node::new(0, &[1], cfg.clone());
+    let mut b = Node::new(1, &[0], cfg);
+    let set = Key::new(KeyKind::ORSet, "big");
+    let gone = Key::new(KeyKind::ORSet, "gone");
+    for i in 0..40 {
+        a.write(0, &format!("key{i:03}"), &format!("before{i}"));
+    }
+    let adds: Vec<(Key, Mutation)> = (0..200)
+        .map(|i| (set.clone(), Mutation::Add(format!("\"e{i:04}\""))))
+        .chain([(gone.clone(), Mutation::Add("\"x\"".into()))])
+        .collect();
+    a.store.apply_local(&adds, WALL).expect("store");
+    a.replica.handle_local_commit(now(0));
+    let start = a.store.state();
+    a.up(0, 1);
+    b.up(0, 0);
+    let (mut t, mut chunks, mut wrote, mut done) = (0, 0, false, false);
+    while !done && t < 60_000 {
+        t += 10;
+        for tx in a.out() {
+            match &tx.msg {
+                Message::Chunk { chunk, .. } => {
+                    chunks += 1;
+                    done = chunk.last;
+                    b.recv(t, a.id, tx.msg);
+                }
+                // Deltas would bring the writes made after the start: held back.
+                Message::Delta { .. } => {}
+                _ => b.recv(t, a.id, tx.msg),
+            }
+        }
+        for tx in b.out() {
+            a.recv(t, b.id, tx.msg);
+        }
+        if chunks >= 1 && !wrote {
+            wrote = true;
+            for i in 0..40 {
+                a.write(t, &format!("key{i:03}"), &format!("after{i}"));
+            }
+            a.write(t, "aaa-new", "new");
+            let mut ops: Vec<(Key, Mutation)> = (0..200)
+                .step_by(2)
+                .map(|i| (set.clone(), Mutation::Remove(format!("\"e{i:04}\""))))
+                .collect();
+            ops.extend((0..100).map(|i| (set.clone(), Mutation::Add(format!("\"n{i:04}\"")))));
+            ops.push((gone.clone(), Mutation::Delete));
+            a.store.apply_local(&ops, WALL + t).expect("store");
+            a.replica.handle_local_commit(now(t));
+        }
+        a.tick(t);
+        b.tick(t);
+    }
+    assert!(done && wrote, "the transfer completed after the writes");
+    assert!(chunks >= 5, "a transfer of several chunks: {chunks}");
+    // The receiver holds exactly the state of the start (its own context included).
+    assert_eq!(b.store.state(), start);
+    // Acknowledging the last chunk released the snapshot.
+    for tx in b.out() {
+        a.recv(t, b.id, tx.msg);
+    }
+    assert_eq!(a.store.transfer_snapshots_pinned(), 0);
+    // The rest arrives as deltas.
+    run(&mut [&mut a, &mut b], t, t + 4_000);
+    assert_eq!(a.store.state(), b.store.state());
+    assert_ne!(a.store.state(), start);
+}
+
 /// The context filter (`Have`) never changes what a join produces: for random stores and
 /// deltas, joining the filtered delta gives the same state, context and inflation.
 #[test]

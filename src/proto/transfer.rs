@@ -5,12 +5,11 @@
 //! out) and the transfer restarts.
 //!
 //! A transfer is ONE consistent state `(entries, context)` split into messages: the sender
-//! reads every chunk when the transfer starts (so no chunk reflects an op its context lacks),
-//! and the receiver joins the chunks only when the last one arrived, in one durable join (so no
+//! pins a read snapshot of its store when the transfer starts, with the context, and reads
+//! each chunk from that snapshot when it is about to be sent (so no chunk reflects an op its
+//! context lacks, and the sender holds one chunk, not the whole state), and the receiver joins the chunks only when the last one arrived, in one durable join (so no
 //! entry is ever held, or logged for forwarding, without the dots it retired and
 //! without the dots that justify the removals next to it).
-
-use std::collections::VecDeque;
 
 use crate::model::StateChunk;
 use crate::proto::{ChunkRead, MarksRead, Message};
@@ -40,7 +39,8 @@ pub(crate) struct SentChunk {
     pub msg: Message,
 }
 
-/// An outgoing transfer: the context and log end taken when it started, and where it is.
+/// An outgoing transfer: the context and log end taken when it started (with the store's
+/// snapshot pinned for it), and where it is.
 #[derive(Clone, Debug)]
 pub(crate) struct OutTransfer {
     pub id: u64,
@@ -54,8 +54,11 @@ pub(crate) struct OutTransfer {
     pub index: u32,
     /// The chunk in flight, if any.
     pub sent: Option<SentChunk>,
-    /// The chunks not yet sent, all read together with `ctx` when the transfer started.
-    pub queue: VecDeque<SentChunk>,
+    /// The bytes of rows and marks a chunk holds at most (the message target less the context
+    /// every chunk carries).
+    pub target: usize,
+    /// The last chunk was built: nothing more is read.
+    pub built_last: bool,
 }
 
 /// The bound of the empty key range `(k, k]` of chunks that carry only dedup marks: such a
@@ -65,7 +68,7 @@ fn marks_only_key() -> Key {
 }
 
 impl OutTransfer {
-    pub fn new(id: u64, ctx: CausalContext, end: u64) -> Self {
+    pub fn new(id: u64, ctx: CausalContext, end: u64, target: usize) -> Self {
         Self {
             id,
             ctx,
@@ -73,7 +76,8 @@ impl OutTransfer {
             pos: Position::default(),
             index: 0,
             sent: None,
-            queue: VecDeque::new(),
+            target,
+            built_last: false,
         }
     }
 

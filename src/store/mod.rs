@@ -168,10 +168,15 @@ pub struct RedbStore {
     /// commit: [`RedbStore::begin`] drops it, and a local commit takes it out first and puts it
     /// back only once it has committed.
     row_cache: Option<local::RowCache>,
-    /// The large row a state transfer is sending in parts, read once for all its parts (the
-    /// same validity rule as `row_cache`: dropped by [`RedbStore::begin`] and `reidentify`,
-    /// and after the row's last part).
-    big_row: Option<big_row::BigRow>,
+    /// The large row a state transfer is sending in parts, read once for all its parts, with
+    /// the transfer snapshot it was read from (`None`: the current state). The same validity
+    /// rule as `row_cache` for the current state: dropped by [`RedbStore::begin`] and
+    /// `reidentify`, and after the row's last part.
+    big_row: Option<(Option<crate::proto::PeerId>, big_row::BigRow)>,
+    /// The read snapshots pinned for state transfers, one per peer at most
+    /// ([`crate::proto::StateStore::pin_transfer_snapshot`]); dropped by `reidentify` (the
+    /// replication core starts over under the new id).
+    transfer_snapshots: std::collections::BTreeMap<crate::proto::PeerId, redb::ReadTransaction>,
     /// The write-ahead log local commit groups are made durable through (stores opened on a
     /// data directory); `None` on a custom backend, where every commit is a redb commit of the
     /// store's durability.
@@ -576,6 +581,7 @@ impl RedbStore {
             change_values: true,
             row_cache: None,
             big_row: None,
+            transfer_snapshots: std::collections::BTreeMap::new(),
             wal,
             wal_scan,
         })
@@ -827,11 +833,14 @@ impl RedbStore {
         self.unsynced.load(Ordering::Acquire)
     }
 
-    /// Runs redb's integrity check (used by crash tests; needs exclusive access).
+    /// Runs redb's integrity check (used by crash tests; needs exclusive access: it releases
+    /// the state-transfer snapshots, and a transfer under way starts over).
     ///
     /// # Errors
     /// Storage failures.
     pub fn check_integrity(&mut self) -> Result<bool, StoreError> {
+        self.transfer_snapshots.clear();
+        self.big_row = None;
         match Arc::get_mut(&mut self.db) {
             Some(db) => db.check_integrity().map_err(StoreError::redb),
             None => Err(StoreError::Corrupt(

@@ -425,110 +425,58 @@ impl StateStore for RedbStore {
         after: Option<&Key>,
         bytes_max: usize,
     ) -> Result<ChunkRead, StoreError> {
-        self.read_chunk_from(after, None, bytes_max)
+        self.read_chunk_from(None, after, None, bytes_max)
+    }
+
+    fn pin_transfer_snapshot(&mut self, peer: PeerId) -> Result<(), StoreError> {
+        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
+        self.transfer_snapshots.insert(peer, rtxn);
+        if self.big_row.as_ref().is_some_and(|(at, _)| *at == Some(peer)) {
+            self.big_row = None;
+        }
+        Ok(())
+    }
+
+    fn has_transfer_snapshot(&self, peer: PeerId) -> bool {
+        self.transfer_snapshots.contains_key(&peer)
+    }
+
+    fn release_transfer_snapshots(&mut self, keep: &dyn Fn(PeerId) -> bool) {
+        self.transfer_snapshots.retain(|&peer, _| keep(peer));
+        let held = |at: &Option<PeerId>| at.is_none_or(|p| self.transfer_snapshots.contains_key(&p));
+        if self.big_row.as_ref().is_some_and(|(at, _)| !held(at)) {
+            self.big_row = None;
+        }
     }
 
     fn read_chunk_from(
         &mut self,
+        at: Option<PeerId>,
         after: Option<&Key>,
         resume: Option<&(Key, Dot)>,
         bytes_max: usize,
     ) -> Result<ChunkRead, StoreError> {
-        use std::ops::Bound;
-        let max = self.options.limits.record_bytes_max;
-        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
-        let (rows, elems) = super::rows::open_read_tables(&rtxn)?;
-        if let Some((key, from)) = resume {
-            // Continue a large row (or cover the rest of its dot space if it vanished): read
-            // once per transfer, unless a write transaction came in between.
-            if self.big_row.as_ref().is_none_or(|b| b.key() != key) {
-                let entry = super::rows::read_entry(&rows, &elems, key, max)?
-                    .unwrap_or_else(|| Entry::bottom(key.kind));
-                self.big_row = Some(BigRow::new(key.clone(), entry)?);
-            }
-            return self.next_big_part(Some(*from), bytes_max);
+        // The snapshot is taken out while it is read (the read may replace `big_row`).
+        let rtxn = self.transfer_read(at)?;
+        let read = self.read_chunk_in(&rtxn, at, after, resume, bytes_max);
+        if let Some(peer) = at {
+            self.transfer_snapshots.insert(peer, rtxn);
         }
-        let lo = after.map(super::tables::key_bytes);
-        let lo_b: Bound<&[u8]> = lo.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
-        let mut entries = Vec::new();
-        let mut bytes = 0usize;
-        let mut done = true;
-        for item in rows
-            .range::<&[u8]>((lo_b, Bound::Unbounded))
-            .map_err(StoreError::redb)?
-        {
-            let (k, v) = item.map_err(StoreError::redb)?;
-            let key = super::tables::parse_key(k.value())
-                .ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
-            // A set is assembled from its element rows (a read) and sized as one row.
-            let entry = super::rows::row_entry(&elems, &key, v.value(), max)?;
-            let size = k.value().len()
-                + if super::rows::per_element(key.kind) {
-                    codec::encoded_len("state row", &entry).map_err(codec_err("rows"))?
-                } else {
-                    v.value().len()
-                };
-            if !entries.is_empty() && bytes.saturating_add(size) > bytes_max {
-                done = false;
-                break;
-            }
-            if entries.is_empty() && size > bytes_max {
-                // A row too large for one message goes in parts (`store::big_row`).
-                self.big_row = Some(BigRow::new(key, entry)?);
-                return self.next_big_part(None, bytes_max);
-            }
-            bytes += size;
-            entries.push((key, entry));
-        }
-        let last_key = entries.last().map(|(k, _)| k.clone());
-        Ok(ChunkRead {
-            entries,
-            last_key,
-            done,
-            part: None,
-        })
+        read
     }
 
     fn read_marks(
         &mut self,
+        at: Option<PeerId>,
         after: Option<&(String, String)>,
         bytes_max: usize,
     ) -> Result<MarksRead, StoreError> {
-        use std::ops::Bound;
-        let max = self.options.limits.record_bytes_max;
-        let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
-        let table = rtxn.open_table(DEDUP).map_err(StoreError::redb)?;
-        let lo = after.map(|(stream, source)| dedup_key(stream, source));
-        let lo_b: Bound<&[u8]> = lo.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
-        let mut sources = Vec::new();
-        let mut bytes = 0usize;
-        let mut more = false;
-        for item in table
-            .range::<&[u8]>((lo_b, Bound::Unbounded))
-            .map_err(StoreError::redb)?
-        {
-            let (k, v) = item.map_err(StoreError::redb)?;
-            if !sources.is_empty() && bytes >= bytes_max {
-                more = true;
-                break;
-            }
-            let (stream, source) = super::tables::parse_dedup_key(k.value())
-                .ok_or_else(|| StoreError::Corrupt("unreadable dedup key".into()))?;
-            let seqs: IntervalSet =
-                codec::decode("dedup marks", v.value(), max).map_err(codec_err("dedup"))?;
-            bytes = bytes.saturating_add(marks_bytes(&stream, &source, &seqs));
-            sources.push(((stream, source), seqs));
+        let rtxn = self.transfer_read(at)?;
+        let read = self.read_marks_in(&rtxn, after, bytes_max);
+        if let Some(peer) = at {
+            self.transfer_snapshots.insert(peer, rtxn);
         }
-        // Pages follow the table's key order and resume by table key (`dedup_key`).
-        let mut page = MarksRead {
-            done: !more,
-            ..MarksRead::default()
-        };
-        for ((stream, source), seqs) in sources {
-            page.last = Some((stream.clone(), source.clone()));
-            page.marks.set(stream, source, seqs);
-        }
-        Ok(page)
+        read
     }
 
     fn apply_chunk(
@@ -579,6 +527,133 @@ impl StateStore for RedbStore {
 }
 
 impl RedbStore {
+    /// How many state-transfer snapshots are pinned (one per peer a transfer is under way to).
+    pub fn transfer_snapshots_pinned(&self) -> usize {
+        self.transfer_snapshots.len()
+    }
+
+    /// The read transaction a transfer read uses: the snapshot pinned for `at` (taken out of
+    /// the map: the caller puts it back), or a new one on the current state.
+    fn transfer_read(&mut self, at: Option<PeerId>) -> Result<redb::ReadTransaction, StoreError> {
+        match at {
+            Some(peer) => self.transfer_snapshots.remove(&peer).ok_or_else(|| {
+                StoreError::Corrupt(format!("no transfer snapshot is pinned for peer {}", peer.0))
+            }),
+            None => self.db.begin_read().map_err(StoreError::redb),
+        }
+    }
+
+    /// [`StateStore::read_chunk_from`] on `rtxn` (the snapshot `at` names, or the current
+    /// state).
+    fn read_chunk_in(
+        &mut self,
+        rtxn: &redb::ReadTransaction,
+        at: Option<PeerId>,
+        after: Option<&Key>,
+        resume: Option<&(Key, Dot)>,
+        bytes_max: usize,
+    ) -> Result<ChunkRead, StoreError> {
+        use std::ops::Bound;
+        let max = self.options.limits.record_bytes_max;
+        let (rows, elems) = super::rows::open_read_tables(rtxn)?;
+        if let Some((key, from)) = resume {
+            // Continue a large row (or cover the rest of its dot space if it vanished): read
+            // once per transfer, unless a write transaction came in between.
+            if self
+                .big_row
+                .as_ref()
+                .is_none_or(|(from, b)| *from != at || b.key() != key)
+            {
+                let entry = super::rows::read_entry(&rows, &elems, key, max)?
+                    .unwrap_or_else(|| Entry::bottom(key.kind));
+                self.big_row = Some((at, BigRow::new(key.clone(), entry)?));
+            }
+            return self.next_big_part(Some(*from), bytes_max);
+        }
+        let lo = after.map(super::tables::key_bytes);
+        let lo_b: Bound<&[u8]> = lo.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+        let mut entries = Vec::new();
+        let mut bytes = 0usize;
+        let mut done = true;
+        for item in rows
+            .range::<&[u8]>((lo_b, Bound::Unbounded))
+            .map_err(StoreError::redb)?
+        {
+            let (k, v) = item.map_err(StoreError::redb)?;
+            let key = super::tables::parse_key(k.value())
+                .ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
+            // A set is assembled from its element rows (a read) and sized as one row.
+            let entry = super::rows::row_entry(&elems, &key, v.value(), max)?;
+            let size = k.value().len()
+                + if super::rows::per_element(key.kind) {
+                    codec::encoded_len("state row", &entry).map_err(codec_err("rows"))?
+                } else {
+                    v.value().len()
+                };
+            if !entries.is_empty() && bytes.saturating_add(size) > bytes_max {
+                done = false;
+                break;
+            }
+            if entries.is_empty() && size > bytes_max {
+                // A row too large for one message goes in parts (`store::big_row`).
+                self.big_row = Some((at, BigRow::new(key, entry)?));
+                return self.next_big_part(None, bytes_max);
+            }
+            bytes += size;
+            entries.push((key, entry));
+        }
+        let last_key = entries.last().map(|(k, _)| k.clone());
+        Ok(ChunkRead {
+            entries,
+            last_key,
+            done,
+            part: None,
+        })
+    }
+
+    /// [`StateStore::read_marks`] on `rtxn`.
+    fn read_marks_in(
+        &self,
+        rtxn: &redb::ReadTransaction,
+        after: Option<&(String, String)>,
+        bytes_max: usize,
+    ) -> Result<MarksRead, StoreError> {
+        use std::ops::Bound;
+        let max = self.options.limits.record_bytes_max;
+        let table = rtxn.open_table(DEDUP).map_err(StoreError::redb)?;
+        let lo = after.map(|(stream, source)| dedup_key(stream, source));
+        let lo_b: Bound<&[u8]> = lo.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+        let mut sources = Vec::new();
+        let mut bytes = 0usize;
+        let mut more = false;
+        for item in table
+            .range::<&[u8]>((lo_b, Bound::Unbounded))
+            .map_err(StoreError::redb)?
+        {
+            let (k, v) = item.map_err(StoreError::redb)?;
+            if !sources.is_empty() && bytes >= bytes_max {
+                more = true;
+                break;
+            }
+            let (stream, source) = super::tables::parse_dedup_key(k.value())
+                .ok_or_else(|| StoreError::Corrupt("unreadable dedup key".into()))?;
+            let seqs: IntervalSet =
+                codec::decode("dedup marks", v.value(), max).map_err(codec_err("dedup"))?;
+            bytes = bytes.saturating_add(marks_bytes(&stream, &source, &seqs));
+            sources.push(((stream, source), seqs));
+        }
+        // Pages follow the table's key order and resume by table key (`dedup_key`).
+        let mut page = MarksRead {
+            done: !more,
+            ..MarksRead::default()
+        };
+        for ((stream, source), seqs) in sources {
+            page.last = Some((stream.clone(), source.clone()));
+            page.marks.set(stream, source, seqs);
+        }
+        Ok(page)
+    }
+
     /// The next part of the large row being sent ([`RedbStore::big_row`]), which is dropped
     /// after its last part.
     fn next_big_part(
@@ -586,7 +661,7 @@ impl RedbStore {
         from: Option<Dot>,
         bytes_max: usize,
     ) -> Result<ChunkRead, StoreError> {
-        let big = self
+        let (_, big) = self
             .big_row
             .as_ref()
             .ok_or_else(|| StoreError::Corrupt("no large row in transfer".into()))?;

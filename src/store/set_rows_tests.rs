@@ -138,7 +138,7 @@ pub(super) fn transfer_chunks(from: &mut RedbStore, bytes_max: usize) -> (Vec<St
     let mut parts = 0;
     loop {
         let read = from
-            .read_chunk_from(after.as_ref(), resume.as_ref(), bytes_max)
+            .read_chunk_from(None, after.as_ref(), resume.as_ref(), bytes_max)
             .expect("read chunk");
         let finished = read.part.is_none() && (read.done || read.last_key.is_none());
         let chunk_after = after.clone();

@@ -707,6 +707,7 @@ impl RedbStore {
             let epoch = s.epoch.saturating_add(1);
             s.row_cache = None;
             s.big_row = None;
+            s.transfer_snapshots.clear();
             let mut txn = s.db.begin_write().map_err(StoreError::redb)?;
             txn.set_durability(redb::Durability::Immediate)
                 .map_err(StoreError::redb)?;
