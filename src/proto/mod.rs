@@ -9,6 +9,8 @@ pub mod replica;
 pub mod state_store;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod transfer_review_tests;
 mod transfer;
 
 pub use message::Message;
