@@ -316,6 +316,60 @@ fn alternating_parts_of_two_transfers_do_not_reread_the_large_row_each_time() {
     );
 }
 
+/// The same with ONE transfer: any write transaction between two parts (a local commit of an
+/// unrelated key, a remote join: every `RedbStore::begin`) drops `big_row`, although a row
+/// read from a pinned snapshot cannot change; the next part re-reads and re-sorts the whole
+/// row. A sender under steady writes (one per chunk round trip is enough) re-reads a large
+/// set for every part: quadratic, on the store's single writer. Expected: a write between
+/// parts costs about the write, not a re-read of the row.
+#[test]
+fn writes_between_parts_do_not_make_a_snapshot_transfer_reread_the_large_row() {
+    let key = Key::new(KeyKind::ORSet, "big");
+    let other = Key::new(KeyKind::MvReg, "other");
+    let mut store = TestStore::new(ReplicaId(8), Limits::default());
+    big_set(&mut store, &key, 4_000);
+    let target = 600;
+    let pa = PeerId(1);
+    let write = |store: &mut TestStore, i: u32| {
+        store
+            .apply_local(&[(other.clone(), Mutation::Set(format!("\"{i}\"")))], WALL)
+            .expect("write");
+    };
+
+    // Parts alone, then the same writes without a transfer: the baseline.
+    store.pin_transfer_snapshot(pa).expect("pin");
+    let started = std::time::Instant::now();
+    let (mut r, mut parts) = (None, 0u32);
+    while !next_part(&mut store, pa, &mut r, target) {
+        parts += 1;
+    }
+    for i in 0..parts {
+        write(&mut store, i);
+    }
+    let separate = started.elapsed();
+    store.release_transfer_snapshots(&|_| false);
+
+    // The same parts with one write between each two.
+    store.pin_transfer_snapshot(pa).expect("pin");
+    let started = std::time::Instant::now();
+    let (mut r, mut i) = (None, 0u32);
+    while !next_part(&mut store, pa, &mut r, target) {
+        write(&mut store, i);
+        i += 1;
+    }
+    let interleaved = started.elapsed();
+    eprintln!(
+        "{parts} parts; parts then writes: {separate:?}; a write between each two parts: \
+         {interleaved:?}"
+    );
+    assert!(parts > 50, "a row in many parts: {parts}");
+    assert!(
+        interleaved <= separate * 4,
+        "a write between parts made the transfer take {interleaved:?} against {separate:?} \
+         ({parts} parts): every part after a write re-reads the whole row"
+    );
+}
+
 // ---- Checked sound ------------------------------------------------------------------------
 
 /// Two transfers to two peers started at different moments (writes in between, including
