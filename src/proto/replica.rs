@@ -142,6 +142,9 @@ pub struct ReplicaStats {
     pub transfers_avoided: u64,
     /// Outgoing state transfers completed (final chunk acknowledged).
     pub transfers_completed: u64,
+    /// Outgoing state transfers given up: no chunk acknowledged for `peer_evict_after_ms`
+    /// while the peer was still heard (started over later from a new snapshot).
+    pub transfers_abandoned: u64,
     /// Incoming state transfers completed (final chunk applied).
     pub transfers_received: u64,
     /// Transfer chunks sent (retransmissions included).
@@ -939,7 +942,7 @@ impl Replica {
             .message_bytes_target
             .saturating_sub(ctx_bytes)
             .max(self.config.message_bytes_target / 4);
-        self.peer_mut(id).transfer = Some(OutTransfer::new(transfer, ctx, end, target));
+        self.peer_mut(id).transfer = Some(OutTransfer::new(transfer, ctx, end, target, now));
         self.stats.transfers_started += 1;
         self.events
             .push_back(ReplicaEvent::TransferStarted { to: id, transfer });
@@ -997,6 +1000,7 @@ impl Replica {
         store: &mut S,
     ) -> Result<(), S::Error> {
         self.stats.retransmits += 1;
+        let stall = self.config.peer_evict_after_ms;
         let p = self.peer_mut(id);
         p.timeouts_in_row = p.timeouts_in_row.saturating_add(1);
         let Some((what, _)) = p.inflight.take() else {
@@ -1006,6 +1010,19 @@ impl Replica {
             // Rebuild from A[j]: the interval widens with whatever was logged since.
             Inflight::Delta { .. } => self.pump(now, id, store),
             Inflight::Chunk { .. } => {
+                if p
+                    .transfer
+                    .as_ref()
+                    .is_some_and(|t| now >= t.progress_at.saturating_add(stall))
+                {
+                    // No chunk acknowledged for that long while the peer is still heard: give
+                    // the transfer (and its snapshot) up, and start over after as long again.
+                    p.transfer = None;
+                    p.serve_after = Some(now.saturating_add(stall));
+                    self.stats.transfers_abandoned += 1;
+                    store.release_transfer_snapshots(&|peer| peer != id);
+                    return Ok(());
+                }
                 let timeouts = p.timeouts_in_row;
                 let Some(msg) = p
                     .transfer
@@ -1457,6 +1474,7 @@ impl Replica {
                 .push_back(ReplicaEvent::TransferCompleted { to: from, transfer });
         } else {
             t.sent = None;
+            t.progress_at = now.mono_ms;
         }
         self.pump(now.mono_ms, from, store)
     }

@@ -59,6 +59,10 @@ pub(crate) struct OutTransfer {
     pub target: usize,
     /// The last chunk was built: nothing more is read.
     pub built_last: bool,
+    /// When the transfer last made progress (started, or a chunk was acknowledged), in the
+    /// core's monotonic ms: a transfer still without progress `peer_evict_after_ms` later is
+    /// given up, so its snapshot is not pinned for ever by a peer that never acknowledges.
+    pub progress_at: u64,
 }
 
 /// The bound of the empty key range `(k, k]` of chunks that carry only dedup marks: such a
@@ -68,7 +72,7 @@ fn marks_only_key() -> Key {
 }
 
 impl OutTransfer {
-    pub fn new(id: u64, ctx: CausalContext, end: u64, target: usize) -> Self {
+    pub fn new(id: u64, ctx: CausalContext, end: u64, target: usize, now: u64) -> Self {
         Self {
             id,
             ctx,
@@ -78,6 +82,7 @@ impl OutTransfer {
             sent: None,
             target,
             built_last: false,
+            progress_at: now,
         }
     }
 

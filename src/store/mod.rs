@@ -120,6 +120,9 @@ pub struct StoreStats {
     /// Checkpoints of the write-ahead log (durable commits of their own: by size, when idle,
     /// by age, at close).
     pub checkpoints: u64,
+    /// Whole reads of a row too large for one transfer message (once per row per transfer
+    /// unless the row is read from the current state and a write came in between).
+    pub big_row_reads: u64,
 }
 
 /// Options for opening a store.
@@ -168,11 +171,11 @@ pub struct RedbStore {
     /// commit: [`RedbStore::begin`] drops it, and a local commit takes it out first and puts it
     /// back only once it has committed.
     row_cache: Option<local::RowCache>,
-    /// The large row a state transfer is sending in parts, read once for all its parts, with
-    /// the transfer snapshot it was read from (`None`: the current state). The same validity
-    /// rule as `row_cache` for the current state: dropped by [`RedbStore::begin`] and
-    /// `reidentify`, and after the row's last part.
-    big_row: Option<(Option<crate::proto::PeerId>, big_row::BigRow)>,
+    /// The large rows state transfers are sending in parts, each read once for all its parts,
+    /// by the snapshot it was read from (`None`: the current state, which follows the same
+    /// validity rule as `row_cache`: dropped by [`RedbStore::begin`]; a row read from a pinned
+    /// snapshot cannot change and stays until its last part or its snapshot's release).
+    big_rows: std::collections::BTreeMap<Option<crate::proto::PeerId>, big_row::BigRow>,
     /// The read snapshots pinned for state transfers, one per peer at most
     /// ([`crate::proto::StateStore::pin_transfer_snapshot`]); dropped by `reidentify` (the
     /// replication core starts over under the new id).
@@ -580,7 +583,7 @@ impl RedbStore {
             dedup_cache: std::collections::HashMap::new(),
             change_values: true,
             row_cache: None,
-            big_row: None,
+            big_rows: std::collections::BTreeMap::new(),
             transfer_snapshots: std::collections::BTreeMap::new(),
             wal,
             wal_scan,
@@ -671,7 +674,7 @@ impl RedbStore {
     /// caller may change rows behind it (a local commit takes the cache out before).
     fn begin(&mut self) -> Result<WriteTransaction, StoreError> {
         self.row_cache = None;
-        self.big_row = None;
+        self.big_rows.remove(&None);
         let mut txn = self.db.begin_write().map_err(StoreError::redb)?;
         let durability = match self.options.durability {
             // With a log, every commit but a local group's is durable (`commit_group`).
@@ -840,7 +843,7 @@ impl RedbStore {
     /// Storage failures.
     pub fn check_integrity(&mut self) -> Result<bool, StoreError> {
         self.transfer_snapshots.clear();
-        self.big_row = None;
+        self.big_rows.clear();
         match Arc::get_mut(&mut self.db) {
             Some(db) => db.check_integrity().map_err(StoreError::redb),
             None => Err(StoreError::Corrupt(

@@ -431,9 +431,7 @@ impl StateStore for RedbStore {
     fn pin_transfer_snapshot(&mut self, peer: PeerId) -> Result<(), StoreError> {
         let rtxn = self.db.begin_read().map_err(StoreError::redb)?;
         self.transfer_snapshots.insert(peer, rtxn);
-        if self.big_row.as_ref().is_some_and(|(at, _)| *at == Some(peer)) {
-            self.big_row = None;
-        }
+        self.big_rows.remove(&Some(peer));
         Ok(())
     }
 
@@ -443,10 +441,9 @@ impl StateStore for RedbStore {
 
     fn release_transfer_snapshots(&mut self, keep: &dyn Fn(PeerId) -> bool) {
         self.transfer_snapshots.retain(|&peer, _| keep(peer));
-        let held = |at: &Option<PeerId>| at.is_none_or(|p| self.transfer_snapshots.contains_key(&p));
-        if self.big_row.as_ref().is_some_and(|(at, _)| !held(at)) {
-            self.big_row = None;
-        }
+        let snapshots = &self.transfer_snapshots;
+        self.big_rows
+            .retain(|at, _| at.is_none_or(|p| snapshots.contains_key(&p)));
     }
 
     fn read_chunk_from(
@@ -456,7 +453,7 @@ impl StateStore for RedbStore {
         resume: Option<&(Key, Dot)>,
         bytes_max: usize,
     ) -> Result<ChunkRead, StoreError> {
-        // The snapshot is taken out while it is read (the read may replace `big_row`).
+        // The snapshot is taken out while it is read (the read may replace a `big_rows` entry).
         let rtxn = self.transfer_read(at)?;
         let read = self.read_chunk_in(&rtxn, at, after, resume, bytes_max);
         if let Some(peer) = at {
@@ -559,16 +556,13 @@ impl RedbStore {
         if let Some((key, from)) = resume {
             // Continue a large row (or cover the rest of its dot space if it vanished): read
             // once per transfer, unless a write transaction came in between.
-            if self
-                .big_row
-                .as_ref()
-                .is_none_or(|(from, b)| *from != at || b.key() != key)
-            {
+            if self.big_rows.get(&at).is_none_or(|b| b.key() != key) {
                 let entry = super::rows::read_entry(&rows, &elems, key, max)?
                     .unwrap_or_else(|| Entry::bottom(key.kind));
-                self.big_row = Some((at, BigRow::new(key.clone(), entry)?));
+                self.stats.big_row_reads += 1;
+                self.big_rows.insert(at, BigRow::new(key.clone(), entry)?);
             }
-            return self.next_big_part(Some(*from), bytes_max);
+            return self.next_big_part(at, Some(*from), bytes_max);
         }
         let lo = after.map(super::tables::key_bytes);
         let lo_b: Bound<&[u8]> = lo.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
@@ -596,8 +590,9 @@ impl RedbStore {
             }
             if entries.is_empty() && size > bytes_max {
                 // A row too large for one message goes in parts (`store::big_row`).
-                self.big_row = Some((at, BigRow::new(key, entry)?));
-                return self.next_big_part(None, bytes_max);
+                self.stats.big_row_reads += 1;
+                self.big_rows.insert(at, BigRow::new(key, entry)?);
+                return self.next_big_part(at, None, bytes_max);
             }
             bytes += size;
             entries.push((key, entry));
@@ -654,20 +649,21 @@ impl RedbStore {
         Ok(page)
     }
 
-    /// The next part of the large row being sent ([`RedbStore::big_row`]), which is dropped
-    /// after its last part.
+    /// The next part of the large row being sent from `at` ([`RedbStore::big_rows`]), which is
+    /// dropped after its last part.
     fn next_big_part(
         &mut self,
+        at: Option<PeerId>,
         from: Option<Dot>,
         bytes_max: usize,
     ) -> Result<ChunkRead, StoreError> {
-        let (_, big) = self
-            .big_row
-            .as_ref()
+        let big = self
+            .big_rows
+            .get(&at)
             .ok_or_else(|| StoreError::Corrupt("no large row in transfer".into()))?;
         let (read, finished) = big.next_part(from, bytes_max)?;
         if finished {
-            self.big_row = None;
+            self.big_rows.remove(&at);
         }
         Ok(read)
     }

@@ -706,7 +706,7 @@ impl RedbStore {
             let replica = random_replica_id();
             let epoch = s.epoch.saturating_add(1);
             s.row_cache = None;
-            s.big_row = None;
+            s.big_rows.clear();
             s.transfer_snapshots.clear();
             let mut txn = s.db.begin_write().map_err(StoreError::redb)?;
             txn.set_durability(redb::Durability::Immediate)
