@@ -108,6 +108,91 @@ fn ops_agree_with_an_ordered_map() {
     );
 }
 
+/// One phase of operations on a large map.
+#[derive(Clone, Debug)]
+enum BigOp {
+    /// `set` of each key in this order (random order: chunk and group splits in the middle).
+    Insert(Vec<u16>),
+    /// `take` of each key in this order.
+    Remove(Vec<u16>),
+    /// `take` of every key in `lo..hi` (empties whole chunks and groups).
+    RemoveRange(u16, u16),
+    /// `remove_dots` of the dots of every key `≡ 0 (mod m)` (the retain path).
+    RemoveDotsMod(u16),
+}
+
+fn big_op() -> impl Strategy<Value = BigOp> {
+    prop_oneof![
+        4 => proptest::collection::vec(0u16..8000, 0..3000).prop_map(BigOp::Insert),
+        2 => proptest::collection::vec(0u16..8000, 0..3000).prop_map(BigOp::Remove),
+        1 => (0u16..8000, 0u16..4000).prop_map(|(lo, n)| BigOp::RemoveRange(lo, lo.saturating_add(n))),
+        1 => (1u16..5).prop_map(BigOp::RemoveDotsMod),
+    ]
+}
+
+/// Maps of thousands of keys inserted and removed in random order (so that chunks and groups of
+/// chunks split, empty out and go, and separators go stale) agree with a `BTreeMap` model and
+/// keep their layout invariants after every phase; decoded and cloned copies agree too.
+#[test]
+fn big_random_maps_agree_with_an_ordered_map() {
+    check(
+        "chunked_map_big",
+        cases(40),
+        proptest::collection::vec(big_op(), 1..8),
+        |ops| {
+            let mut m = Map::default();
+            let mut model: BTreeMap<u16, DotSet> = BTreeMap::new();
+            for (n, op) in ops.into_iter().enumerate() {
+                let s = 1 + n as u64;
+                match op {
+                    BigOp::Insert(keys) => {
+                        for k in keys {
+                            let old = m.get(&k).cloned();
+                            m.set(k, dotset(k, s));
+                            prop_assert_eq!(old, model.insert(k, dotset(k, s)));
+                        }
+                    }
+                    BigOp::Remove(keys) => {
+                        for k in keys {
+                            prop_assert_eq!(m.take(&k), model.remove(&k));
+                        }
+                    }
+                    BigOp::RemoveRange(lo, hi) => {
+                        for k in lo..hi {
+                            prop_assert_eq!(m.take(&k), model.remove(&k));
+                        }
+                    }
+                    BigOp::RemoveDotsMod(md) => {
+                        let mut ctx = CausalContext::new();
+                        for (k, d) in &model {
+                            if k % md == 0 {
+                                d.for_each_dot(&mut |dot| {
+                                    ctx.insert(dot);
+                                });
+                            }
+                        }
+                        let before = model.len();
+                        model.retain(|k, _| k % md != 0);
+                        prop_assert_eq!(m.remove_dots(&ctx), before - model.len());
+                    }
+                }
+                agrees(&m, &model)?;
+                for probe in [0u16, 1, 2999, 4000, 7999, 8000] {
+                    prop_assert_eq!(m.get(&probe), model.get(&probe));
+                }
+            }
+            let ctx = m.dots();
+            let built = Causal::new(m.clone(), ctx);
+            let decoded: Causal<Map> = roundtrip(&built);
+            agrees(&decoded.store, &model)?;
+            prop_assert_eq!(&decoded, &built);
+            prop_assert_eq!(encode(&decoded), encode(&built));
+            agrees(&m.clone(), &model)?;
+            Ok(())
+        },
+    );
+}
+
 /// A side of a join: key → one dot (unique per key, from one of 3 replicas), and a context
 /// holding the store's dots plus removals (dots of the same universe held by no key).
 /// `(key, replica, variant)` of one dot.
