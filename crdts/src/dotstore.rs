@@ -341,11 +341,15 @@ pub(crate) const CHUNK: usize = 32;
 /// Chunks per group of a [`DotMap`] at most (see its doc).
 pub(crate) const GROUP: usize = 32;
 
-/// One sorted run of a [`DotMap`]'s entries, keys and children in two parallel vectors of the
-/// same length: a key search reads only keys (a few adjacent cache lines), never the children.
+/// One sorted run of a [`DotMap`]'s entries. The keys are ascending in their own vector, so a
+/// key search reads only keys (a few adjacent cache lines), never the children; the children
+/// are in a second vector in the order they arrived, `slot[i]` naming the one of `keys[i]`, so
+/// an insert or remove in the middle moves keys and one-byte slots, not children.
 #[derive(Clone)]
 struct Chunk<K, S> {
     keys: Vec<K>,
+    /// `slot[..keys.len()]` is a permutation of `0..keys.len()`; the rest is unused.
+    slot: [u8; CHUNK],
     vals: Vec<S>,
 }
 
@@ -353,6 +357,7 @@ impl<K: Ord, S> Chunk<K, S> {
     fn with_capacity(cap: usize) -> Self {
         Self {
             keys: Vec::with_capacity(cap),
+            slot: [0; CHUNK],
             vals: Vec::with_capacity(cap),
         }
     }
@@ -360,33 +365,122 @@ impl<K: Ord, S> Chunk<K, S> {
     fn len(&self) -> usize {
         self.keys.len()
     }
+    /// The child of `keys[i]`.
+    #[inline]
+    fn val(&self, i: usize) -> Option<&S> {
+        self.vals.get(usize::from(*self.slot.get(i)?))
+    }
+    /// The child of `keys[i]`, mutably.
+    #[inline]
+    fn val_mut(&mut self, i: usize) -> Option<&mut S> {
+        self.vals.get_mut(usize::from(*self.slot.get(i)?))
+    }
+    /// Appends an entry above every key (`len < CHUNK`).
     #[inline]
     fn push(&mut self, key: K, child: S) {
-        self.keys.push(key);
-        self.vals.push(child);
+        self.insert(self.keys.len(), key, child);
     }
+    /// Inserts an entry at key position `i` (`i ≤ len < CHUNK`).
     #[inline]
     fn insert(&mut self, i: usize, key: K, child: S) {
+        let len = self.keys.len();
+        debug_assert!(i <= len && len < CHUNK);
+        self.slot.copy_within(i..len, i + 1);
+        // `len < CHUNK ≤ 256`.
+        self.slot[i] = len as u8;
         self.keys.insert(i, key);
-        self.vals.insert(i, child);
+        self.vals.push(child);
     }
     /// Removes entry `i` (`i < len`); gives memory back when a quarter full.
     fn remove(&mut self, i: usize) -> S {
-        self.keys.remove(i);
-        let child = self.vals.remove(i);
         let len = self.keys.len();
-        if len * 4 <= self.keys.capacity() && self.keys.capacity() > 4 {
-            self.keys.shrink_to(len * 2);
-            self.vals.shrink_to(len * 2);
+        let s = self.slot[i];
+        self.keys.remove(i);
+        self.slot.copy_within(i + 1..len, i);
+        let last = len - 1;
+        if usize::from(s) != last {
+            // The last child moves to the freed place: repoint its key.
+            if let Some(p) = self.slot[..last]
+                .iter_mut()
+                .find(|p| usize::from(**p) == last)
+            {
+                *p = s;
+            }
+        }
+        let child = self.vals.swap_remove(usize::from(s));
+        if last * 4 <= self.keys.capacity() && self.keys.capacity() > 4 {
+            self.keys.shrink_to(last * 2);
+            self.vals.shrink_to(last * 2);
         }
         child
     }
+    /// Puts the children in key order (`slot` becomes the identity).
+    fn sort_vals(&mut self) {
+        let len = self.keys.len();
+        for i in 0..len {
+            // Follow the cycle through `i`: position `cur` receives the child at `slot[cur]`.
+            let mut cur = i;
+            loop {
+                let src = usize::from(self.slot[cur]);
+                self.slot[cur] = cur as u8;
+                if src == i {
+                    break;
+                }
+                self.vals.swap(cur, src);
+                cur = src;
+            }
+        }
+    }
     /// Moves the entries from `CHUNK / 2` on into a new chunk of capacity [`CHUNK`].
     fn split_upper(&mut self) -> Self {
+        self.sort_vals();
         let mut upper = Self::with_capacity(CHUNK);
         upper.keys.extend(self.keys.drain(CHUNK / 2..));
         upper.vals.extend(self.vals.drain(CHUNK / 2..));
+        upper.set_identity();
         upper
+    }
+    /// `slot[i] = i` for every entry (the children are in key order).
+    fn set_identity(&mut self) {
+        for (i, s) in self.slot.iter_mut().enumerate().take(self.keys.len()) {
+            *s = i as u8;
+        }
+    }
+    /// The entries in key order.
+    fn iter(&self) -> impl Iterator<Item = (&K, &S)> {
+        self.keys
+            .iter()
+            .enumerate()
+            .filter_map(|(i, k)| Some((k, self.val(i)?)))
+    }
+    /// The entries by value, in key order.
+    fn into_sorted(mut self) -> impl Iterator<Item = (K, S)> {
+        self.sort_vals();
+        self.keys.into_iter().zip(self.vals)
+    }
+    /// Keeps the entries for which `keep` returns true (it may change the child); returns how
+    /// many went.
+    fn retain(&mut self, keep: impl FnMut(&mut K, &mut S) -> bool) -> usize {
+        self.sort_vals();
+        let removed = retain_pairs(&mut self.keys, &mut self.vals, keep);
+        self.set_identity();
+        removed
+    }
+    /// True when the keys are at most [`CHUNK`], as many as the children, and `slot` maps them
+    /// one to one onto the children.
+    fn slots_valid(&self) -> bool {
+        let len = self.keys.len();
+        if len > CHUNK || self.vals.len() != len {
+            return false;
+        }
+        let mut seen = [false; CHUNK];
+        for s in &self.slot[..len] {
+            match seen.get_mut(usize::from(*s)) {
+                Some(x) if !*x && usize::from(*s) < len => *x = true,
+                _ => return false,
+            }
+        }
+        true
     }
 }
 
@@ -484,7 +578,7 @@ impl<K: Ord, S> DotMap<K, S> {
                 self.groups
                     .iter()
                     .flat_map(|g| g.chunks.iter())
-                    .flat_map(|c| c.keys.iter().zip(c.vals.iter())),
+                    .flat_map(Chunk::iter),
             ),
             left: self.count(),
         }
@@ -514,7 +608,7 @@ impl<K: Ord, S> DotMap<K, S> {
         let (g, c) = self.locate(key)?;
         let chunk = self.groups.get(g)?.chunks.get(c)?;
         let i = chunk.keys.binary_search(key).ok()?;
-        chunk.vals.get(i)
+        chunk.val(i)
     }
 
     /// The chunked form's child under `key`, mutably.
@@ -522,7 +616,7 @@ impl<K: Ord, S> DotMap<K, S> {
         let (g, c) = self.locate(key)?;
         let chunk = self.groups.get_mut(g)?.chunks.get_mut(c)?;
         let i = chunk.keys.binary_search(key).ok()?;
-        chunk.vals.get_mut(i)
+        chunk.val_mut(i)
     }
 
     /// Removes and returns the chunked form's child under `key`. An emptied chunk (group) is
@@ -614,7 +708,7 @@ impl<K: Ord, S> DotMap<K, S> {
         };
         let chunk = group.chunks.get_mut(c)?;
         match chunk.keys.binary_search(&key) {
-            Ok(i) => chunk.vals.get_mut(i).map(|v| core::mem::replace(v, child)),
+            Ok(i) => chunk.val_mut(i).map(|v| core::mem::replace(v, child)),
             Err(i) => {
                 self.len += 1;
                 if chunk.len() < CHUNK {
@@ -828,8 +922,7 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
             }
             for (sep, chunk) in group.seps.iter().zip(&group.chunks) {
                 if chunk.keys.is_empty()
-                    || chunk.len() > CHUNK
-                    || chunk.keys.len() != chunk.vals.len()
+                    || !chunk.slots_valid()
                     || sep < gsep
                     || prev.is_some_and(|p| p >= sep)
                 {
@@ -852,7 +945,7 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
             self.groups
                 .into_iter()
                 .flat_map(|g| g.chunks)
-                .flat_map(|c| c.keys.into_iter().zip(c.vals)),
+                .flat_map(Chunk::into_sorted),
         )
     }
     /// Keeps the children for which `keep` returns true (it may change them).
@@ -867,7 +960,7 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
             let mut removed = 0;
             for group in &mut self.groups {
                 for chunk in &mut group.chunks {
-                    removed += retain_pairs(&mut chunk.keys, &mut chunk.vals, |k, s| keep(k, s));
+                    removed += chunk.retain(|k, s| keep(k, s));
                 }
                 retain_pairs(&mut group.seps, &mut group.chunks, |_, c| {
                     !c.keys.is_empty()
