@@ -1,8 +1,11 @@
-//! The chunked form of `DotMap` (sorted chunks of at most `CHUNK` entries under a B-tree of
-//! separator keys, with an append fast path) always agrees with a plain ordered map:
+//! The chunked form of `DotMap` (sorted chunks of at most `CHUNK` entries, children in arrival
+//! order behind one-byte slots, under a two-level vector index of groups of chunks, with an
+//! append fast path) always agrees with a plain ordered map:
 //! * after any sequence of sets, removals and ascending runs (the append path), chunk splits
 //!   and emptied chunks included, the entries, `len`, `get` and iteration order equal a
 //!   `BTreeMap` model and the layout invariants hold (`DotMap::layout_is_valid`);
+//! * so do maps of thousands of keys inserted and removed in random order (group splits,
+//!   emptied groups, stale separators, `remove_dots`), decoded and cloned;
 //! * a decoded map (full chunks) equals, hashes and encodes like the same map built op by op
 //!   (any layout), so equality and encodings never depend on the layout;
 //! * the causal join of maps of hundreds of keys, whatever their layouts, equals the reference
