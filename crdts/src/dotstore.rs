@@ -523,16 +523,17 @@ struct Group<K, S> {
 /// encoding depend only on the entries, never on which form holds them.
 ///
 /// Larger maps keep their entries in sorted chunks of at most 32 entries (`CHUNK`), each a vector
-/// of keys beside a vector of children (a key search reads keys only), under a fixed two-level
-/// index: groups of at most 32 chunks (`GROUP`) with a vector of chunk separators each, and a
-/// vector of group separators. A separator is a lower bound: every key of a chunk (group) is
-/// `≥` its separator and `<` the next chunk's (group's) separator, and no chunk or group is
-/// empty. A key above every key (the append-heavy case: element ids, timestamps, counters) goes
-/// to the end of the last chunk without any key search; any other key costs three binary
-/// searches in contiguous vectors (group separators, one group's chunk separators, one chunk's
-/// keys), and an insert moves at most one chunk's entries, one group's chunks, or (one split in
-/// about `CHUNK × GROUP / 4` random inserts) the groups. Iteration walks the chunks in order, so
-/// it is ascending by key.
+/// of ascending keys beside a vector of children in arrival order with a one-byte slot per key
+/// naming its child (a key search reads keys only; an insert or remove in the middle moves keys and
+/// slots, never a child), under a fixed two-level index: groups of at most 32 chunks (`GROUP`) with
+/// a vector of chunk separators each, and a vector of group separators. A separator is a lower
+/// bound: every key of a chunk (group) is `≥` its separator and `<` the next chunk's (group's)
+/// separator, and no chunk or group is empty. A key above every key (the append-heavy case: element
+/// ids, timestamps, counters) goes to the end of the last chunk without any key search; any other
+/// key costs three binary searches in contiguous vectors (group separators, one group's chunk
+/// separators, one chunk's keys), and an insert moves at most one chunk's keys and slots, one
+/// group's chunks, or (one split in about `CHUNK × GROUP / 4` random inserts) the groups. Iteration
+/// walks the chunks in order, so it is ascending by key.
 // serde: hand-written in `serde_impls` below (canonical-form checks) / `crate::compact`.
 pub struct DotMap<K: Ord, S> {
     /// The only entry of a one-key map built by `set`/`replace` on an empty map; when it is
