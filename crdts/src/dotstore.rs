@@ -652,6 +652,17 @@ impl<K: Ord, S> DotMap<K, S> {
             group.chunks.push(chunk);
             return;
         }
+        if self.groups.is_empty() {
+            // A small map: one group of one chunk, every vector at its length (they grow on
+            // demand, up to `GROUP`), so that a map of a few keys stays a few hundred bytes.
+            self.seps = vec![sep.clone()];
+            self.groups = vec![Group {
+                seps: vec![sep],
+                chunks: vec![chunk],
+            }];
+            return;
+        }
+        // The last group is full, so the map is large: the next group starts at full size.
         self.seps.push(sep.clone());
         let mut seps = Vec::with_capacity(GROUP);
         let mut chunks = Vec::with_capacity(GROUP);
@@ -724,18 +735,28 @@ impl<K: Ord, S> DotMap<K, S> {
                     upper.insert(i - CHUNK / 2, key, child);
                 }
                 let sep = upper.keys[0].clone();
-                group.seps.insert(c + 1, sep);
-                group.chunks.insert(c + 1, upper);
-                if group.chunks.len() > GROUP {
-                    // Too many chunks: the upper half becomes a group after it.
-                    let mut seps = Vec::with_capacity(GROUP);
-                    let mut chunks = Vec::with_capacity(GROUP);
-                    seps.extend(group.seps.drain(GROUP / 2..));
-                    chunks.extend(group.chunks.drain(GROUP / 2..));
-                    let sep = seps[0].clone();
-                    self.seps.insert(g + 1, sep);
-                    self.groups.insert(g + 1, Group { seps, chunks });
+                let at = c + 1;
+                if group.chunks.len() < GROUP {
+                    group.seps.insert(at, sep);
+                    group.chunks.insert(at, upper);
+                    return None;
                 }
+                // Full group: its upper half becomes a group after it (before the insert, so no
+                // group vector ever grows past `GROUP`), and the new chunk goes into its half.
+                let mut seps = Vec::with_capacity(GROUP);
+                let mut chunks = Vec::with_capacity(GROUP);
+                seps.extend(group.seps.drain(GROUP / 2..));
+                chunks.extend(group.chunks.drain(GROUP / 2..));
+                if at <= GROUP / 2 {
+                    group.seps.insert(at, sep);
+                    group.chunks.insert(at, upper);
+                } else {
+                    seps.insert(at - GROUP / 2, sep);
+                    chunks.insert(at - GROUP / 2, upper);
+                }
+                let gsep = seps[0].clone();
+                self.seps.insert(g + 1, gsep);
+                self.groups.insert(g + 1, Group { seps, chunks });
                 None
             }
         }
