@@ -1263,3 +1263,47 @@ mod serde_impls {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{CHUNK, DotMap, DotSet, GROUP};
+    use crate::dot::{Dot, ReplicaId};
+
+    fn dots(k: u64) -> DotSet {
+        DotSet::single(Dot::new(ReplicaId(1), k + 1))
+    }
+
+    /// A map of a few keys holds one group of one chunk with every vector a few entries wide,
+    /// and no vector of a large map built in scrambled order outgrows its bound (`GROUP`
+    /// chunks per group, `CHUNK` entries per chunk): the memory of small sets, and of groups
+    /// that split, stays what the layout doc says.
+    #[test]
+    fn small_maps_stay_small_and_no_vector_outgrows_its_bound() {
+        let mut m: DotMap<u64, DotSet> = DotMap::default();
+        m.set(5, dots(5));
+        m.set(3, dots(3));
+        assert_eq!(m.groups.len(), 1);
+        assert!(m.seps.capacity() <= 4 && m.groups.capacity() <= 4);
+        assert!(
+            m.groups
+                .iter()
+                .all(|g| g.seps.capacity() <= 4 && g.chunks.capacity() <= 4)
+        );
+        let mut z = 1u64;
+        for _ in 0..20_000 {
+            z = z
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let k = z >> 44;
+            m.set(k, dots(k));
+        }
+        assert!(m.layout_is_valid());
+        assert!(m.groups.len() > 1);
+        for g in &m.groups {
+            assert!(g.seps.capacity() <= GROUP && g.chunks.capacity() <= GROUP);
+            for c in &g.chunks {
+                assert!(c.keys.capacity() <= CHUNK && c.vals.capacity() <= CHUNK);
+            }
+        }
+    }
+}
