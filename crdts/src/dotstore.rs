@@ -10,7 +10,6 @@ use crate::context::CausalContext;
 use crate::dot::Dot;
 use core::fmt::Debug;
 use smallvec::SmallVec;
-use std::collections::BTreeMap;
 
 /// A store of dots (possibly carrying values) that joins causally against contexts.
 ///
@@ -339,6 +338,182 @@ impl<K, K2: Ord, S> AdmitsChild<DotMap<K2, S>> for K {
 
 /// Entries per chunk of a [`DotMap`] at most (see its doc).
 pub(crate) const CHUNK: usize = 32;
+/// Chunks per group of a [`DotMap`] at most (see its doc).
+pub(crate) const GROUP: usize = 32;
+
+/// One sorted run of a [`DotMap`]'s entries. The keys are ascending in their own vector, so a
+/// key search reads only keys (a few adjacent cache lines), never the children; the children
+/// are in a second vector in the order they arrived, `slot[i]` naming the one of `keys[i]`, so
+/// an insert or remove in the middle moves keys and one-byte slots, not children.
+#[derive(Clone)]
+struct Chunk<K, S> {
+    keys: Vec<K>,
+    /// `slot[..keys.len()]` is a permutation of `0..keys.len()`; the rest is unused.
+    slot: [u8; CHUNK],
+    vals: Vec<S>,
+}
+
+impl<K: Ord, S> Chunk<K, S> {
+    fn with_capacity(cap: usize) -> Self {
+        Self {
+            keys: Vec::with_capacity(cap),
+            slot: [0; CHUNK],
+            vals: Vec::with_capacity(cap),
+        }
+    }
+    #[inline]
+    fn len(&self) -> usize {
+        self.keys.len()
+    }
+    /// The child of `keys[i]`.
+    #[inline]
+    fn val(&self, i: usize) -> Option<&S> {
+        self.vals.get(usize::from(*self.slot.get(i)?))
+    }
+    /// The child of `keys[i]`, mutably.
+    #[inline]
+    fn val_mut(&mut self, i: usize) -> Option<&mut S> {
+        self.vals.get_mut(usize::from(*self.slot.get(i)?))
+    }
+    /// Appends an entry above every key (`len < CHUNK`).
+    #[inline]
+    fn push(&mut self, key: K, child: S) {
+        self.insert(self.keys.len(), key, child);
+    }
+    /// Inserts an entry at key position `i` (`i ≤ len < CHUNK`).
+    #[inline]
+    fn insert(&mut self, i: usize, key: K, child: S) {
+        let len = self.keys.len();
+        debug_assert!(i <= len && len < CHUNK);
+        self.slot.copy_within(i..len, i + 1);
+        // `len < CHUNK ≤ 256`.
+        self.slot[i] = len as u8;
+        self.keys.insert(i, key);
+        self.vals.push(child);
+    }
+    /// Removes entry `i` (`i < len`); gives memory back when a quarter full.
+    fn remove(&mut self, i: usize) -> S {
+        let len = self.keys.len();
+        let s = self.slot[i];
+        self.keys.remove(i);
+        self.slot.copy_within(i + 1..len, i);
+        let last = len - 1;
+        if usize::from(s) != last {
+            // The last child moves to the freed place: repoint its key.
+            if let Some(p) = self.slot[..last]
+                .iter_mut()
+                .find(|p| usize::from(**p) == last)
+            {
+                *p = s;
+            }
+        }
+        let child = self.vals.swap_remove(usize::from(s));
+        if last * 4 <= self.keys.capacity() && self.keys.capacity() > 4 {
+            self.keys.shrink_to(last * 2);
+            self.vals.shrink_to(last * 2);
+        }
+        child
+    }
+    /// Puts the children in key order (`slot` becomes the identity).
+    fn sort_vals(&mut self) {
+        let len = self.keys.len();
+        for i in 0..len {
+            // Follow the cycle through `i`: position `cur` receives the child at `slot[cur]`.
+            let mut cur = i;
+            loop {
+                let src = usize::from(self.slot[cur]);
+                self.slot[cur] = cur as u8;
+                if src == i {
+                    break;
+                }
+                self.vals.swap(cur, src);
+                cur = src;
+            }
+        }
+    }
+    /// Moves the entries from `CHUNK / 2` on into a new chunk of capacity [`CHUNK`].
+    fn split_upper(&mut self) -> Self {
+        self.sort_vals();
+        let mut upper = Self::with_capacity(CHUNK);
+        upper.keys.extend(self.keys.drain(CHUNK / 2..));
+        upper.vals.extend(self.vals.drain(CHUNK / 2..));
+        upper.set_identity();
+        upper
+    }
+    /// `slot[i] = i` for every entry (the children are in key order).
+    fn set_identity(&mut self) {
+        for (i, s) in self.slot.iter_mut().enumerate().take(self.keys.len()) {
+            *s = i as u8;
+        }
+    }
+    /// The entries in key order.
+    fn iter(&self) -> impl Iterator<Item = (&K, &S)> {
+        self.keys
+            .iter()
+            .enumerate()
+            .filter_map(|(i, k)| Some((k, self.val(i)?)))
+    }
+    /// The entries by value, in key order.
+    fn into_sorted(mut self) -> impl Iterator<Item = (K, S)> {
+        self.sort_vals();
+        self.keys.into_iter().zip(self.vals)
+    }
+    /// Keeps the entries for which `keep` returns true (it may change the child); returns how
+    /// many went.
+    fn retain(&mut self, keep: impl FnMut(&mut K, &mut S) -> bool) -> usize {
+        self.sort_vals();
+        let removed = retain_pairs(&mut self.keys, &mut self.vals, keep);
+        self.set_identity();
+        removed
+    }
+    /// True when the keys are at most [`CHUNK`], as many as the children, and `slot` maps them
+    /// one to one onto the children.
+    fn slots_valid(&self) -> bool {
+        let len = self.keys.len();
+        if len > CHUNK || self.vals.len() != len {
+            return false;
+        }
+        let mut seen = [false; CHUNK];
+        for s in &self.slot[..len] {
+            match seen.get_mut(usize::from(*s)) {
+                Some(x) if !*x && usize::from(*s) < len => *x = true,
+                _ => return false,
+            }
+        }
+        true
+    }
+}
+
+/// Keeps the pairs `(a[i], b[i])` for which `keep` returns true, in order (`a` and `b` have the
+/// same length); returns how many went.
+fn retain_pairs<A, B>(
+    a: &mut Vec<A>,
+    b: &mut Vec<B>,
+    mut keep: impl FnMut(&mut A, &mut B) -> bool,
+) -> usize {
+    let n = a.len().min(b.len());
+    let mut kept = 0;
+    for i in 0..n {
+        if keep(&mut a[i], &mut b[i]) {
+            if kept != i {
+                a.swap(kept, i);
+                b.swap(kept, i);
+            }
+            kept += 1;
+        }
+    }
+    a.truncate(kept);
+    b.truncate(kept);
+    n - kept
+}
+
+/// Up to [`GROUP`] consecutive chunks of a [`DotMap`] under their separators (`seps[c] ≤` every
+/// key of `chunks[c]`, `<` every key of the chunks after it).
+#[derive(Clone)]
+struct Group<K, S> {
+    seps: Vec<K>,
+    chunks: Vec<Chunk<K, S>>,
+}
 
 /// A map from keys to nested dot stores sharing one context. Empty children are dropped.
 ///
@@ -347,26 +522,28 @@ pub(crate) const CHUNK: usize = 32;
 /// `DotMap`, hence every delta, a few words wide); equality, hashing, ordering of iteration and
 /// encoding depend only on the entries, never on which form holds them.
 ///
-/// Larger maps keep their entries in sorted chunks of at most 32 entries (`CHUNK`; plain vectors)
-/// indexed by a B-tree of separator keys: every key of a chunk is `≥` its separator and `<` the
-/// next chunk's separator, and no chunk is empty. A key above every key (the append-heavy case:
-/// element ids, timestamps, counters) goes to the end of the last chunk, which is kept outside
-/// the tree, without any key search; any other key costs one search among `n / 32` separators
-/// and a binary search in one chunk. Iteration walks the chunks in order, so it is ascending by
-/// key exactly as before.
+/// Larger maps keep their entries in sorted chunks of at most 32 entries (`CHUNK`), each a vector
+/// of ascending keys beside a vector of children in arrival order with a one-byte slot per key
+/// naming its child (a key search reads keys only; an insert or remove in the middle moves keys and
+/// slots, never a child), under a fixed two-level index: groups of at most 32 chunks (`GROUP`) with
+/// a vector of chunk separators each, and a vector of group separators. A separator is a lower
+/// bound: every key of a chunk (group) is `≥` its separator and `<` the next chunk's (group's)
+/// separator, and no chunk or group is empty. A key above every key (the append-heavy case: element
+/// ids, timestamps, counters) goes to the end of the last chunk without any key search; any other
+/// key costs three binary searches in contiguous vectors (group separators, one group's chunk
+/// separators, one chunk's keys), and an insert moves at most one chunk's keys and slots, one
+/// group's chunks, or (one split in about `CHUNK × GROUP / 4` random inserts) the groups. Iteration
+/// walks the chunks in order, so it is ascending by key.
 // serde: hand-written in `serde_impls` below (canonical-form checks) / `crate::compact`.
 pub struct DotMap<K: Ord, S> {
     /// The only entry of a one-key map built by `set`/`replace` on an empty map; when it is
-    /// `Some`, `many` is empty.
+    /// `Some`, `groups` is empty.
     one: Option<Box<(K, S)>>,
-    /// Every entry otherwise (any number, also 0 or 1), in chunks under their separators,
-    /// except the last chunk:
-    many: BTreeMap<K, Vec<(K, S)>>,
-    /// The last chunk (at most [`CHUNK`] entries, every key above every key of `many`), kept
-    /// out of the tree so that appends touch no tree node; empty when nothing was appended
-    /// since the tree was built or the tail was emptied.
-    tail: Vec<(K, S)>,
-    /// Number of entries in `many` and `tail`.
+    /// The groups' separators, ascending (one per group).
+    seps: Vec<K>,
+    /// Every entry otherwise (any number, also 0 or 1), in groups of chunks.
+    groups: Vec<Group<K, S>>,
+    /// Number of entries in `groups`.
     len: usize,
 }
 
@@ -374,8 +551,8 @@ impl<K: Ord, S> Default for DotMap<K, S> {
     fn default() -> Self {
         Self {
             one: None,
-            many: BTreeMap::new(),
-            tail: Vec::new(),
+            seps: Vec::new(),
+            groups: Vec::new(),
             len: 0,
         }
     }
@@ -385,8 +562,8 @@ impl<K: Ord + Clone, S: Clone> Clone for DotMap<K, S> {
     fn clone(&self) -> Self {
         Self {
             one: self.one.clone(),
-            many: self.many.clone(),
-            tail: self.tail.clone(),
+            seps: self.seps.clone(),
+            groups: self.groups.clone(),
             len: self.len,
         }
     }
@@ -398,16 +575,12 @@ impl<K: Ord, S> DotMap<K, S> {
     /// `size_hint`).
     fn entries(&self) -> impl ExactSizeIterator<Item = (&K, &S)> {
         Counted {
-            inner: self
-                .one
-                .iter()
-                .map(|b| (&b.0, &b.1))
-                .chain(
-                    self.many
-                        .values()
-                        .flat_map(|chunk| chunk.iter().map(|(k, s)| (k, s))),
-                )
-                .chain(self.tail.iter().map(|(k, s)| (k, s))),
+            inner: self.one.iter().map(|b| (&b.0, &b.1)).chain(
+                self.groups
+                    .iter()
+                    .flat_map(|g| g.chunks.iter())
+                    .flat_map(Chunk::iter),
+            ),
             left: self.count(),
         }
     }
@@ -417,64 +590,85 @@ impl<K: Ord, S> DotMap<K, S> {
         usize::from(self.one.is_some()) + self.len
     }
 
-    /// The chunk that holds `key` if any entry does (the last chunk whose separator is `≤ key`).
-    fn chunk_of(&self, key: &K) -> Option<&Vec<(K, S)>> {
-        self.many.range(..=key).next_back().map(|(_, c)| c)
-    }
-
-    /// True when `key` belongs to the tail (not empty, and `key ≥` its first key).
+    /// `(group, chunk)` of the chunk whose key range holds `key`; `None` when `key` is below
+    /// every separator of the group whose range holds it (no entry has that key).
     #[inline]
-    fn in_tail(&self, key: &K) -> bool {
-        self.tail.first().is_some_and(|(first, _)| key >= first)
+    fn locate(&self, key: &K) -> Option<(usize, usize)> {
+        let g = self.seps.partition_point(|s| s <= key).checked_sub(1)?;
+        let c = self
+            .groups
+            .get(g)?
+            .seps
+            .partition_point(|s| s <= key)
+            .checked_sub(1)?;
+        Some((g, c))
     }
 
     /// The chunked form's child under `key`.
     fn chunked_get(&self, key: &K) -> Option<&S> {
-        let chunk = if self.in_tail(key) {
-            &self.tail
-        } else {
-            self.chunk_of(key)?
-        };
-        chunk
-            .binary_search_by(|(k, _)| k.cmp(key))
-            .ok()
-            .map(|i| &chunk[i].1)
+        let (g, c) = self.locate(key)?;
+        let chunk = self.groups.get(g)?.chunks.get(c)?;
+        let i = chunk.keys.binary_search(key).ok()?;
+        chunk.val(i)
     }
 
     /// The chunked form's child under `key`, mutably.
     fn chunked_get_mut(&mut self, key: &K) -> Option<&mut S> {
-        let chunk = if self.in_tail(key) {
-            &mut self.tail
-        } else {
-            self.many.range_mut(..=key).next_back()?.1
-        };
-        let i = chunk.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
-        Some(&mut chunk[i].1)
+        let (g, c) = self.locate(key)?;
+        let chunk = self.groups.get_mut(g)?.chunks.get_mut(c)?;
+        let i = chunk.keys.binary_search(key).ok()?;
+        chunk.val_mut(i)
     }
 
-    /// Removes and returns the chunked form's child under `key`. An emptied chunk is dropped;
-    /// a chunk left at a quarter of its capacity gives memory back.
-    fn chunked_remove(&mut self, key: &K) -> Option<S>
+    /// Removes and returns the chunked form's child under `key`. An emptied chunk (group) is
+    /// dropped; a chunk left at a quarter of its capacity gives memory back.
+    fn chunked_remove(&mut self, key: &K) -> Option<S> {
+        let (g, c) = self.locate(key)?;
+        let group = self.groups.get_mut(g)?;
+        let chunk = group.chunks.get_mut(c)?;
+        let i = chunk.keys.binary_search(key).ok()?;
+        let child = chunk.remove(i);
+        self.len -= 1;
+        if chunk.keys.is_empty() {
+            group.seps.remove(c);
+            group.chunks.remove(c);
+            if group.chunks.is_empty() {
+                self.seps.remove(g);
+                self.groups.remove(g);
+            }
+        }
+        Some(child)
+    }
+
+    /// Appends a chunk whose keys are above every key (to the last group, or a new one).
+    fn push_chunk(&mut self, sep: K, chunk: Chunk<K, S>)
     where
         K: Clone,
     {
-        if self.in_tail(key) {
-            let i = self.tail.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
-            let (_, child) = self.tail.remove(i);
-            self.len -= 1;
-            return Some(child);
+        if let Some(group) = self.groups.last_mut()
+            && group.chunks.len() < GROUP
+        {
+            group.seps.push(sep);
+            group.chunks.push(chunk);
+            return;
         }
-        let (sep, chunk) = self.many.range_mut(..=key).next_back()?;
-        let i = chunk.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
-        let (_, child) = chunk.remove(i);
-        self.len -= 1;
-        if chunk.is_empty() {
-            let sep = sep.clone();
-            self.many.remove(&sep);
-        } else if chunk.len() * 4 <= chunk.capacity() && chunk.capacity() > 4 {
-            chunk.shrink_to(chunk.len() * 2);
+        if self.groups.is_empty() {
+            // A small map: one group of one chunk, every vector at its length (they grow on
+            // demand, up to `GROUP`), so that a map of a few keys stays a few hundred bytes.
+            self.seps = vec![sep.clone()];
+            self.groups = vec![Group {
+                seps: vec![sep],
+                chunks: vec![chunk],
+            }];
+            return;
         }
-        Some(child)
+        // The last group is full, so the map is large: the next group starts at full size.
+        self.seps.push(sep.clone());
+        let mut seps = Vec::with_capacity(GROUP);
+        let mut chunks = Vec::with_capacity(GROUP);
+        seps.push(sep);
+        chunks.push(chunk);
+        self.groups.push(Group { seps, chunks });
     }
 
     /// Inserts into the chunked form, returning the previous child under `key`.
@@ -482,135 +676,90 @@ impl<K: Ord, S> DotMap<K, S> {
     where
         K: Clone,
     {
-        let Some((last, _)) = self.tail.last() else {
-            // No tail: a key above every key of the tree starts one.
-            let above = match self.many.last_key_value() {
-                None => true,
-                Some((_, chunk)) => chunk.last().is_some_and(|(k, _)| *k < key),
-            };
-            if above {
-                self.tail.push((key, child));
-                self.len += 1;
-                return None;
-            }
-            return self.tree_insert(key, child);
+        // Past the last key (or no entry): append to the last chunk, or start a chunk.
+        let last = self.groups.last_mut().and_then(|g| g.chunks.last_mut());
+        let above = match &last {
+            None => true,
+            Some(chunk) => chunk.keys.last().is_none_or(|k| *k < key),
         };
-        if *last < key {
-            // Past the last key: append, no search.
-            if self.tail.len() == CHUNK {
-                let full = core::mem::replace(&mut self.tail, Vec::with_capacity(CHUNK));
-                let sep = full[0].0.clone();
-                self.many.insert(sep, full);
-            }
-            self.tail.push((key, child));
+        if above {
             self.len += 1;
+            match last {
+                Some(chunk) if chunk.len() < CHUNK => chunk.push(key, child),
+                _ => {
+                    // A map just leaving its box starts small; past a full chunk, appends go on.
+                    let cap = if self.groups.is_empty() { 4 } else { CHUNK };
+                    let mut chunk = Chunk::with_capacity(cap);
+                    let sep = key.clone();
+                    chunk.push(key, child);
+                    self.push_chunk(sep, chunk);
+                }
+            }
             return None;
         }
-        if !self.in_tail(&key) {
-            // Below the tail: the tree's keys and `key` stay below the tail's first key.
-            return self.tree_insert(key, child);
-        }
-        match self.tail.binary_search_by(|(k, _)| k.cmp(&key)) {
-            Ok(i) => Some(core::mem::replace(&mut self.tail[i].1, child)),
-            Err(i) => {
-                self.len += 1;
-                if self.tail.len() < CHUNK {
-                    self.tail.insert(i, (key, child));
-                    return None;
+        // Some key is above `key`, so there is a group. Below a separator: that group's first
+        // chunk takes `key`, which becomes the separator (lower bounds stay lower bounds).
+        let g = match self.seps.partition_point(|s| *s <= key).checked_sub(1) {
+            Some(g) => g,
+            None => {
+                if let Some(s) = self.seps.first_mut() {
+                    *s = key.clone();
                 }
-                // Full: the lower half joins the tree, the upper half stays the tail.
-                let mut upper = Vec::with_capacity(CHUNK);
-                upper.extend(self.tail.drain(CHUNK / 2..));
-                let mut lower = core::mem::replace(&mut self.tail, upper);
-                if i <= CHUNK / 2 {
-                    lower.insert(i, (key, child));
-                } else {
-                    self.tail.insert(i - CHUNK / 2, (key, child));
-                }
-                let sep = lower[0].0.clone();
-                self.many.insert(sep, lower);
-                None
+                0
             }
-        }
-    }
-
-    /// Inserts into the tree part (for a key below the tail, or with no tail).
-    fn tree_insert(&mut self, key: K, child: S) -> Option<S>
-    where
-        K: Clone,
-    {
-        // Past the last key: append to the last chunk (or start a new one), no key search.
-        let mut full = false;
-        if let Some(mut last) = self.many.last_entry() {
-            let chunk = last.get_mut();
-            if chunk.last().is_some_and(|(k, _)| *k < key) {
-                if chunk.len() < CHUNK {
-                    chunk.push((key, child));
-                    self.len += 1;
-                    return None;
-                }
-                full = true;
-            }
-        } else {
-            full = true;
-        }
-        if full {
-            // A map just leaving its box starts small; past a full chunk, appends go on.
-            let cap = if self.many.is_empty() { 4 } else { CHUNK };
-            let mut chunk = Vec::with_capacity(cap);
-            let sep = key.clone();
-            chunk.push((key, child));
-            self.many.insert(sep, chunk);
-            self.len += 1;
-            return None;
-        }
-        let Some((_, chunk)) = self.many.range_mut(..=&key).next_back() else {
-            // Below every separator: the first chunk takes it and `key` becomes its separator.
-            let mut chunk = self
-                .many
-                .pop_first()
-                .map(|(_, c)| c)
-                .unwrap_or_else(|| Vec::with_capacity(CHUNK));
-            chunk.insert(0, (key.clone(), child));
-            self.len += 1;
-            self.insert_chunk(key, chunk);
-            return None;
         };
-        match chunk.binary_search_by(|(k, _)| k.cmp(&key)) {
-            Ok(i) => Some(core::mem::replace(&mut chunk[i].1, child)),
+        let group = self.groups.get_mut(g)?;
+        let c = match group.seps.partition_point(|s| *s <= key).checked_sub(1) {
+            Some(c) => c,
+            None => {
+                if let Some(s) = group.seps.first_mut() {
+                    *s = key.clone();
+                }
+                0
+            }
+        };
+        let chunk = group.chunks.get_mut(c)?;
+        match chunk.keys.binary_search(&key) {
+            Ok(i) => chunk.val_mut(i).map(|v| core::mem::replace(v, child)),
             Err(i) => {
                 self.len += 1;
                 if chunk.len() < CHUNK {
-                    chunk.insert(i, (key, child));
+                    chunk.insert(i, key, child);
                     return None;
                 }
                 // Full: split in halves, the upper half under its first key.
-                let mut upper = Vec::with_capacity(CHUNK);
-                upper.extend(chunk.drain(CHUNK / 2..));
+                let mut upper = chunk.split_upper();
                 if i <= CHUNK / 2 {
-                    chunk.insert(i, (key, child));
+                    chunk.insert(i, key, child);
                 } else {
-                    upper.insert(i - CHUNK / 2, (key, child));
+                    upper.insert(i - CHUNK / 2, key, child);
                 }
-                let upper_sep = upper[0].0.clone();
-                self.many.insert(upper_sep, upper);
+                let sep = upper.keys[0].clone();
+                let at = c + 1;
+                if group.chunks.len() < GROUP {
+                    group.seps.insert(at, sep);
+                    group.chunks.insert(at, upper);
+                    return None;
+                }
+                // Full group: its upper half becomes a group after it (before the insert, so no
+                // group vector ever grows past `GROUP`), and the new chunk goes into its half.
+                let mut seps = Vec::with_capacity(GROUP);
+                let mut chunks = Vec::with_capacity(GROUP);
+                seps.extend(group.seps.drain(GROUP / 2..));
+                chunks.extend(group.chunks.drain(GROUP / 2..));
+                if at <= GROUP / 2 {
+                    group.seps.insert(at, sep);
+                    group.chunks.insert(at, upper);
+                } else {
+                    seps.insert(at - GROUP / 2, sep);
+                    chunks.insert(at - GROUP / 2, upper);
+                }
+                let gsep = seps[0].clone();
+                self.seps.insert(g + 1, gsep);
+                self.groups.insert(g + 1, Group { seps, chunks });
                 None
             }
         }
-    }
-
-    /// Puts a chunk under `sep`, splitting it if it is over [`CHUNK`] entries.
-    fn insert_chunk(&mut self, sep: K, mut chunk: Vec<(K, S)>)
-    where
-        K: Clone,
-    {
-        if chunk.len() > CHUNK {
-            let mut upper = Vec::with_capacity(CHUNK);
-            upper.extend(chunk.drain(CHUNK / 2..));
-            let upper_sep = upper[0].0.clone();
-            self.many.insert(upper_sep, upper);
-        }
-        self.many.insert(sep, chunk);
     }
 
     /// The chunked form of entries ascending by key (full chunks).
@@ -618,30 +767,23 @@ impl<K: Ord, S> DotMap<K, S> {
     where
         K: Clone,
     {
-        let mut len = 0;
-        let mut chunks: Vec<(K, Vec<(K, S)>)> = Vec::new();
+        let mut map = Self::default();
         let mut entries = entries.into_iter();
         while let Some((k, s)) = entries.next() {
-            len += 1;
-            match chunks.last_mut() {
-                Some((_, c)) if c.len() < CHUNK => c.push((k, s)),
+            map.len += 1;
+            match map.groups.last_mut().and_then(|g| g.chunks.last_mut()) {
+                Some(c) if c.len() < CHUNK => c.push(k, s),
                 _ => {
                     // Exact when the length is known (decoding), else grown on demand.
                     let cap = CHUNK.min(entries.size_hint().0 + 1);
-                    let mut c = Vec::with_capacity(cap);
+                    let mut c = Chunk::with_capacity(cap);
                     let sep = k.clone();
-                    c.push((k, s));
-                    chunks.push((sep, c));
+                    c.push(k, s);
+                    map.push_chunk(sep, c);
                 }
             }
         }
-        Self {
-            one: None,
-            // Sorted input: `collect` builds the tree in bulk.
-            many: chunks.into_iter().collect(),
-            tail: Vec::new(),
-            len,
-        }
+        map
     }
 }
 
@@ -753,8 +895,8 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
         debug_assert!(!child.is_bottom());
         Self {
             one: Some(Box::new((key, child))),
-            many: BTreeMap::new(),
-            tail: Vec::new(),
+            seps: Vec::new(),
+            groups: Vec::new(),
             len: 0,
         }
     }
@@ -777,49 +919,56 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
     pub fn is_canonical(&self) -> bool {
         self.entries().all(|(_, c)| !c.is_bottom())
     }
-    /// True when the chunked form keeps its own invariants: tree chunks non-empty, every chunk
-    /// (the tail too) at most 32 (`CHUNK`) entries and strictly ascending, every key `≥` its
-    /// separator and `<` the next separator, the tail above every tree key, and the entry count
-    /// right (property tests check this after every operation).
+    /// True when the chunked form keeps its own invariants: one separator per group and per
+    /// chunk, no empty group or chunk, at most 32 (`GROUP`) chunks per group and 32 (`CHUNK`)
+    /// entries per chunk, keys and children of a chunk equally many, keys strictly ascending
+    /// across the whole map, every key `≥` its chunk's separator, which is `≥` its group's, and
+    /// every separator `>` every key before it; and the entry count right (property tests check
+    /// this after every operation).
     pub fn layout_is_valid(&self) -> bool {
-        if self.one.is_some() && !(self.many.is_empty() && self.tail.is_empty()) {
+        if self.one.is_some() && !(self.groups.is_empty() && self.len == 0) {
+            return false;
+        }
+        if self.seps.len() != self.groups.len() {
             return false;
         }
         let mut count = 0;
         let mut prev: Option<&K> = None;
-        for (sep, chunk) in &self.many {
-            if chunk.is_empty() || chunk.len() > CHUNK {
+        for (gsep, group) in self.seps.iter().zip(&self.groups) {
+            if group.chunks.is_empty()
+                || group.chunks.len() > GROUP
+                || group.seps.len() != group.chunks.len()
+                || prev.is_some_and(|p| p >= gsep)
+            {
                 return false;
             }
-            if prev.is_some_and(|p| p >= sep) {
-                return false;
-            }
-            for (k, _) in chunk {
-                if k < sep || prev.is_some_and(|p| p >= k) {
+            for (sep, chunk) in group.seps.iter().zip(&group.chunks) {
+                if chunk.keys.is_empty()
+                    || !chunk.slots_valid()
+                    || sep < gsep
+                    || prev.is_some_and(|p| p >= sep)
+                {
                     return false;
                 }
-                prev = Some(k);
+                for k in &chunk.keys {
+                    if k < sep || prev.is_some_and(|p| p >= k) {
+                        return false;
+                    }
+                    prev = Some(k);
+                }
+                count += chunk.len();
             }
-            count += chunk.len();
         }
-        if self.tail.len() > CHUNK {
-            return false;
-        }
-        for (k, _) in &self.tail {
-            if prev.is_some_and(|p| p >= k) {
-                return false;
-            }
-            prev = Some(k);
-        }
-        count + self.tail.len() == self.len
+        count == self.len
     }
     /// The entries by value, ascending by key.
     fn into_entries(self) -> impl Iterator<Item = (K, S)> {
-        self.one
-            .map(|b| *b)
-            .into_iter()
-            .chain(self.many.into_values().flatten())
-            .chain(self.tail)
+        self.one.map(|b| *b).into_iter().chain(
+            self.groups
+                .into_iter()
+                .flat_map(|g| g.chunks)
+                .flat_map(Chunk::into_sorted),
+        )
     }
     /// Keeps the children for which `keep` returns true (it may change them).
     fn retain(&mut self, mut keep: impl FnMut(&K, &mut S) -> bool) {
@@ -829,17 +978,19 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
                 self.one = None;
             }
         } else {
-            // Separators stay valid bounds when entries or whole chunks go.
+            // Separators stay valid lower bounds when entries, chunks or groups go.
             let mut removed = 0;
-            self.many.retain(|_, chunk| {
-                let before = chunk.len();
-                chunk.retain_mut(|(k, s)| keep(k, s));
-                removed += before - chunk.len();
-                !chunk.is_empty()
+            for group in &mut self.groups {
+                for chunk in &mut group.chunks {
+                    removed += chunk.retain(|k, s| keep(k, s));
+                }
+                retain_pairs(&mut group.seps, &mut group.chunks, |_, c| {
+                    !c.keys.is_empty()
+                });
+            }
+            retain_pairs(&mut self.seps, &mut self.groups, |_, g| {
+                !g.chunks.is_empty()
             });
-            let before = self.tail.len();
-            self.tail.retain_mut(|(k, s)| keep(k, s));
-            removed += before - self.tail.len();
             self.len -= removed;
         }
     }
@@ -1109,6 +1260,50 @@ mod serde_impls {
                 }
             }
             Ok(DotMap::from_sorted(entries))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CHUNK, DotMap, DotSet, GROUP};
+    use crate::dot::{Dot, ReplicaId};
+
+    fn dots(k: u64) -> DotSet {
+        DotSet::single(Dot::new(ReplicaId(1), k + 1))
+    }
+
+    /// A map of a few keys holds one group of one chunk with every vector a few entries wide,
+    /// and no vector of a large map built in scrambled order outgrows its bound (`GROUP`
+    /// chunks per group, `CHUNK` entries per chunk): the memory of small sets, and of groups
+    /// that split, stays what the layout doc says.
+    #[test]
+    fn small_maps_stay_small_and_no_vector_outgrows_its_bound() {
+        let mut m: DotMap<u64, DotSet> = DotMap::default();
+        m.set(5, dots(5));
+        m.set(3, dots(3));
+        assert_eq!(m.groups.len(), 1);
+        assert!(m.seps.capacity() <= 4 && m.groups.capacity() <= 4);
+        assert!(
+            m.groups
+                .iter()
+                .all(|g| g.seps.capacity() <= 4 && g.chunks.capacity() <= 4)
+        );
+        let mut z = 1u64;
+        for _ in 0..20_000 {
+            z = z
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let k = z >> 44;
+            m.set(k, dots(k));
+        }
+        assert!(m.layout_is_valid());
+        assert!(m.groups.len() > 1);
+        for g in &m.groups {
+            assert!(g.seps.capacity() <= GROUP && g.chunks.capacity() <= GROUP);
+            for c in &g.chunks {
+                assert!(c.keys.capacity() <= CHUNK && c.vals.capacity() <= CHUNK);
+            }
         }
     }
 }

@@ -1,8 +1,11 @@
-//! The chunked form of `DotMap` (sorted chunks of at most `CHUNK` entries under a B-tree of
-//! separator keys, with an append fast path) always agrees with a plain ordered map:
+//! The chunked form of `DotMap` (sorted chunks of at most `CHUNK` entries, children in arrival
+//! order behind one-byte slots, under a two-level vector index of groups of chunks, with an
+//! append fast path) always agrees with a plain ordered map:
 //! * after any sequence of sets, removals and ascending runs (the append path), chunk splits
 //!   and emptied chunks included, the entries, `len`, `get` and iteration order equal a
 //!   `BTreeMap` model and the layout invariants hold (`DotMap::layout_is_valid`);
+//! * so do maps of thousands of keys inserted and removed in random order (group splits,
+//!   emptied groups, stale separators, `remove_dots`), decoded and cloned;
 //! * a decoded map (full chunks) equals, hashes and encodes like the same map built op by op
 //!   (any layout), so equality and encodings never depend on the layout;
 //! * the causal join of maps of hundreds of keys, whatever their layouts, equals the reference
@@ -103,6 +106,91 @@ fn ops_agree_with_an_ordered_map() {
             prop_assert_eq!(encode(&decoded), encode(&built));
             let cloned = m.clone();
             agrees(&cloned, &model)?;
+            Ok(())
+        },
+    );
+}
+
+/// One phase of operations on a large map.
+#[derive(Clone, Debug)]
+enum BigOp {
+    /// `set` of each key in this order (random order: chunk and group splits in the middle).
+    Insert(Vec<u16>),
+    /// `take` of each key in this order.
+    Remove(Vec<u16>),
+    /// `take` of every key in `lo..hi` (empties whole chunks and groups).
+    RemoveRange(u16, u16),
+    /// `remove_dots` of the dots of every key `≡ 0 (mod m)` (the retain path).
+    RemoveDotsMod(u16),
+}
+
+fn big_op() -> impl Strategy<Value = BigOp> {
+    prop_oneof![
+        4 => proptest::collection::vec(0u16..8000, 0..3000).prop_map(BigOp::Insert),
+        2 => proptest::collection::vec(0u16..8000, 0..3000).prop_map(BigOp::Remove),
+        1 => (0u16..8000, 0u16..4000).prop_map(|(lo, n)| BigOp::RemoveRange(lo, lo.saturating_add(n))),
+        1 => (1u16..5).prop_map(BigOp::RemoveDotsMod),
+    ]
+}
+
+/// Maps of thousands of keys inserted and removed in random order (so that chunks and groups of
+/// chunks split, empty out and go, and separators go stale) agree with a `BTreeMap` model and
+/// keep their layout invariants after every phase; decoded and cloned copies agree too.
+#[test]
+fn big_random_maps_agree_with_an_ordered_map() {
+    check(
+        "chunked_map_big",
+        cases(40),
+        proptest::collection::vec(big_op(), 1..8),
+        |ops| {
+            let mut m = Map::default();
+            let mut model: BTreeMap<u16, DotSet> = BTreeMap::new();
+            for (n, op) in ops.into_iter().enumerate() {
+                let s = 1 + n as u64;
+                match op {
+                    BigOp::Insert(keys) => {
+                        for k in keys {
+                            let old = m.get(&k).cloned();
+                            m.set(k, dotset(k, s));
+                            prop_assert_eq!(old, model.insert(k, dotset(k, s)));
+                        }
+                    }
+                    BigOp::Remove(keys) => {
+                        for k in keys {
+                            prop_assert_eq!(m.take(&k), model.remove(&k));
+                        }
+                    }
+                    BigOp::RemoveRange(lo, hi) => {
+                        for k in lo..hi {
+                            prop_assert_eq!(m.take(&k), model.remove(&k));
+                        }
+                    }
+                    BigOp::RemoveDotsMod(md) => {
+                        let mut ctx = CausalContext::new();
+                        for (k, d) in &model {
+                            if k % md == 0 {
+                                d.for_each_dot(&mut |dot| {
+                                    ctx.insert(dot);
+                                });
+                            }
+                        }
+                        let before = model.len();
+                        model.retain(|k, _| k % md != 0);
+                        prop_assert_eq!(m.remove_dots(&ctx), before - model.len());
+                    }
+                }
+                agrees(&m, &model)?;
+                for probe in [0u16, 1, 2999, 4000, 7999, 8000] {
+                    prop_assert_eq!(m.get(&probe), model.get(&probe));
+                }
+            }
+            let ctx = m.dots();
+            let built = Causal::new(m.clone(), ctx);
+            let decoded: Causal<Map> = roundtrip(&built);
+            agrees(&decoded.store, &model)?;
+            prop_assert_eq!(&decoded, &built);
+            prop_assert_eq!(encode(&decoded), encode(&built));
+            agrees(&m.clone(), &model)?;
             Ok(())
         },
     );
