@@ -1,5 +1,6 @@
 //! Test binary `daemon`: the daemon as its users meet it: `tidemark serve` processes, the HTTP API, the CLI, the web
-//! console, watch and final feeds, the late lane, rejoin after restarts, the deployment kit.
+//! console, watch and final feeds, the late lane, rejoin after restarts, the deployment kit, a
+//! rolling upgrade from an earlier build (opt-in: `TIDEMARK_OLD_BIN`, `scripts/rolling-upgrade.sh`).
 //!
 //! One binary per area (each file is a module): one link and one copy of the dependencies
 //! instead of one per file. Tests that measure this process (`memory_soak`, `http_abuse`) or
@@ -26,5 +27,6 @@ mod http_safety;
 mod http_views;
 mod late_lane;
 mod rejoin;
+mod rolling_upgrade;
 mod snapshot_cli;
 mod watch_resume;

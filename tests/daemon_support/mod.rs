@@ -27,8 +27,31 @@ pub fn spawn_serve_logged<S: AsRef<OsStr>>(args: &[S], log: &Path) -> (Child, St
     spawn_serve_to(args, Stdio::from(file))
 }
 
+/// [`spawn_serve_logged`] with another `tidemark` binary than the one under test (an earlier
+/// build, for upgrade tests).
+pub fn spawn_serve_bin_logged<S: AsRef<OsStr>>(
+    bin: &Path,
+    args: &[S],
+    log: &Path,
+) -> (Child, String, String) {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log file");
+    spawn_serve_with(bin.as_os_str(), args, Stdio::from(file))
+}
+
 fn spawn_serve_to<S: AsRef<OsStr>>(args: &[S], stderr: Stdio) -> (Child, String, String) {
-    let mut child = Command::new(BIN)
+    spawn_serve_with(BIN.as_ref(), args, stderr)
+}
+
+fn spawn_serve_with<S: AsRef<OsStr>>(
+    bin: &OsStr,
+    args: &[S],
+    stderr: Stdio,
+) -> (Child, String, String) {
+    let mut child = Command::new(bin)
         .arg("serve")
         .args(args)
         .stdout(Stdio::piped())
