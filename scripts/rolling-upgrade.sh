@@ -8,8 +8,9 @@
 # every acknowledged write is on every node, the values converged, every node kept its replica
 # id and its data, and every data directory is store format 6.
 #
-# The old build takes about 5 minutes the first time (it is cached afterwards), which is why
-# CI does not run this; the test skips itself without TIDEMARK_OLD_BIN.
+# The old build takes several minutes the first time (15 on a loaded 2-core machine; it is
+# cached afterwards), which is why CI does not run this; the test skips itself without
+# TIDEMARK_OLD_BIN.
 #
 # Usage: scripts/rolling-upgrade.sh          (from anywhere inside the repository)
 # Environment: OLD_COMMIT (default 0c81513), OLD_CACHE (default target/old-<commit>),
@@ -30,7 +31,7 @@ if [[ ! -x "${bin}" ]]; then
   src="${cache}/src"
   rm -rf "${src}"
   mkdir -p "${src}"
-  echo "rolling-upgrade: building tidemark at ${commit} into ${cache} (once; about 5 minutes)" >&2
+  echo "rolling-upgrade: building tidemark at ${commit} into ${cache} (once; several minutes)" >&2
   git archive "${commit}" | tar -x -C "${src}"
   (cd "${src}" && CARGO_TARGET_DIR="${cache}/target" cargo build --locked --release --bin tidemark)
   cp "${cache}/target/release/tidemark" "${bin}.tmp"
