@@ -204,6 +204,22 @@ impl Views {
             return Ok(None);
         };
         let Some(wm) = m.wm else {
+            // No watermark yet (no event applied, none adopted): nothing to vouch for or
+            // seal. But the peers it met are kept only in its announcement: one met and not
+            // yet announced is written now, with watermark 0 (it applied nothing; read back
+            // as no watermark at open, `Views::restore`), or a restart before its first event
+            // would forget them and let it vouch alone over windows they hold open. A node
+            // still waiting to sync (joining, or a restored copy waiting for a fresh
+            // announcement) announces nothing before it starts.
+            let waits = self.awaits_sync(&stream)
+                || self
+                    .fresh_from
+                    .lock()
+                    .map_err(|_| Error::Closed)?
+                    .contains_key(&stream);
+            if met_unannounced && !waits {
+                return Ok(Some(self.announcement(&stream, 0, m.horizon, me)));
+            }
             return Ok(None); // an announcer with no watermark would hold every window open
         };
         let mut seals = self.seals.lock().map_err(|_| Error::Closed)?;

@@ -469,6 +469,15 @@ impl Views {
             {
                 met.extend(a.met.iter().map(|&p| crate::proto::PeerId(p)));
             }
+            // An announcement written only to keep the peers met (`Views::seal_stage` before
+            // any watermark: 0, nothing applied, no epoch, seal or horizon) is no watermark.
+            let own = own.filter(|a| {
+                a.wm > 0
+                    || a.applied
+                    || a.horizon.is_some()
+                    || !a.sealed.is_empty()
+                    || a.epochs.as_ref().is_none_or(|e| !e.is_empty())
+            });
             let (wm, horizon) = match own {
                 Some(a) => {
                     if let Ok(mut seals) = self.seals.lock() {
@@ -486,7 +495,7 @@ impl Views {
                     (Some(a.wm), a.horizon)
                 }
                 None => {
-                    let (wm, h, others) = read::largest_announced(reader, stream, None)?;
+                    let (wm, h, others) = read::largest_announced(reader, stream, Some(me))?;
                     if others && (self.joining || restored) {
                         // Restored (or re-identified) into a cluster: sync afresh first.
                         if let Ok(mut f) = self.fresh_from.lock() {

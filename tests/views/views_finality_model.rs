@@ -563,7 +563,52 @@ impl World {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finals_survive_membership_changes_and_equal_the_recount() {
-    let seed = common::seed("views_finality_model");
+    run_model(common::seed("views_finality_model")).await;
+}
+
+/// Seeds of the model that once failed, each replayed on every run with the defect it found
+/// (fixed). The model runs in real time (maintenance ticks, idle steps), so a seed's run is not
+/// exactly reproducible; each failed reproducibly when found.
+const FOUND: [(u64, &str); 1] = [(
+    1_796_618_566_326_469_084,
+    "a node restarted before its first event forgot the peer it had met (peers met were kept \
+     only in its announcement, written only once it had a watermark): alone, it sealed \
+     windows its peer still took on-time events for",
+)];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finality_model_replays_the_seeds_found() {
+    for (seed, found) in FOUND {
+        println!("seed {seed}: {found}");
+        run_model(seed).await;
+    }
+}
+
+/// Seeds that found a defect still open, replayed by hand (`--ignored`).
+const FOUND_OPEN: [(u64, &str); 1] = [(
+    1_796_619_104_462_437_224,
+    "a node restored (step 13) from a snapshot of a joining node taken before it synced (the \
+     snapshot holds no announcement of the stream) starts as a founder: it is not joining, and \
+     `Views::restore` makes a restored store wait for a fresh announcement only when its \
+     snapshot holds one. It applies events on time for windows the cluster sealed without it \
+     (final [u2] by n1 at step 8, u4 applied on n3 at step 13), or vouches over itself alone \
+     and seals a window with only its own events (final [u4] by n3 at step 13). Fails about \
+     one run in three (real time). First reported as \"restart wrote late records\": those \
+     were audit records of n3's contributions (`src/views/audit.rs`), which the restart check \
+     now skips as the ingest check does",
+)];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "open: a restored copy of a joining node that had not synced seals alone (FOUND_OPEN)"]
+async fn finality_model_replays_the_seeds_found_open() {
+    for (seed, found) in FOUND_OPEN {
+        println!("seed {seed}: {found}");
+        run_model(seed).await;
+    }
+}
+
+/// One seeded run of the model (see the module docs).
+async fn run_model(seed: u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let started = Instant::now();
     let root = tempfile::tempdir().expect("tempdir");
@@ -664,7 +709,20 @@ async fn finals_survive_membership_changes_and_equal_the_recount() {
                 slot.inc += 1;
                 slot.seq = 0;
                 let (recs, tail) = lane_since(&slot.node, slot.lane_after);
-                assert!(recs.is_empty(), "restart wrote late records: {recs:?}");
+                // The reopened node's first audit round may already have recorded another
+                // node's contribution a seal leaves out (`src/views/audit.rs`): no event of
+                // this slot's. A late event record is what a restart must never write.
+                let events: Vec<&LateEvent> = recs
+                    .iter()
+                    .filter(|r| {
+                        if r.record.get("contribution").is_some() {
+                            assert_eq!(r.record["reason"].as_str(), Some("outside_seal"), "{r:?}");
+                            return false;
+                        }
+                        true
+                    })
+                    .collect();
+                assert!(events.is_empty(), "restart wrote late records: {events:?}");
                 slot.lane_after = tail;
                 let linked: Vec<usize> = w
                     .links
@@ -936,6 +994,81 @@ async fn a_node_restarted_while_partitioned_never_finalizes_without_its_peer() {
     assert_eq!((out.applied, out.late), (1, 0), "{out:?}");
     let cell = ("clicks".to_owned(), 10 * MIN, "a".to_owned());
     // Every event acknowledged on time for the window: a1, b1, b2.
+    let want = json!(3);
+    a.connect(&b).expect("heal");
+    let started = Instant::now();
+    while a.context().expect("ctx") != b.context().expect("ctx") {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no convergence"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for _ in 0..5 {
+        a.maintain_views().await.expect("maintain");
+        b.maintain_views().await.expect("maintain");
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    for (name, n) in [("A", &a), ("B", &b)] {
+        let r = rows(n).await;
+        if let Some((v, true)) = r.get(&cell) {
+            assert_eq!(
+                v, &want,
+                "{name} reports {cell:?} final without acknowledged on-time events: {r:?}"
+            );
+        }
+    }
+    for n in [a, b] {
+        n.shutdown().await.expect("shutdown");
+    }
+}
+
+/// Regression test of seed 1796618566326469084: as above, but the restarted node had written
+/// nothing before its restart — no event, so no watermark, so no announcement, which was the
+/// only place the peers it met were kept. A met B, was partitioned, restarted and forgot B;
+/// alone it vouched over itself, sealed a window and reported it final without B's on-time
+/// events (B, which never restarted, still counted A and kept the window open).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_before_its_first_event_remembers_the_peers_it_met() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (da, db) = (root.path().join("a"), root.path().join("b"));
+    let a = open(&da, false).await;
+    let b = open(&db, false).await;
+    a.connect(&b).expect("connect");
+    // A maintenance round or two while linked (nothing ingested anywhere yet).
+    for _ in 0..3 {
+        a.maintain_views().await.expect("maintain");
+        b.maintain_views().await.expect("maintain");
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    a.disconnect(&b).expect("disconnect");
+    a.shutdown().await.expect("shutdown");
+    drop(a);
+    let a = open(&da, false).await;
+    let ev = |s: &str, q: u64, t: u64| Event::new(s, q, json!({"page": "a", "user": s})).at(t);
+    let out = b
+        .ingest(STREAM, vec![ev("b", 1, 10 * MIN + 6_000)])
+        .await
+        .expect("b");
+    assert_eq!((out.applied, out.late), (1, 0), "{out:?}");
+    let out = a
+        .ingest(STREAM, vec![ev("a", 1, 10 * MIN + 5_000)])
+        .await
+        .expect("a");
+    assert_eq!((out.applied, out.late), (1, 0), "{out:?}");
+    a.ingest(STREAM, vec![ev("a", 2, 13 * MIN)])
+        .await
+        .expect("a");
+    for _ in 0..3 {
+        a.maintain_views().await.expect("maintain");
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    let out = b
+        .ingest(STREAM, vec![ev("b", 2, 10 * MIN + 30_000)])
+        .await
+        .expect("b");
+    assert_eq!((out.applied, out.late), (1, 0), "{out:?}");
+    let cell = ("clicks".to_owned(), 10 * MIN, "a".to_owned());
     let want = json!(3);
     a.connect(&b).expect("heal");
     let started = Instant::now();
