@@ -1593,6 +1593,10 @@ impl Node {
 #[path = "node_trust_tests.rs"]
 mod trust_tests;
 
+#[cfg(test)]
+#[path = "node_held_tests.rs"]
+mod held_tests;
+
 /// Runs [`Node::maintain_views`] every [`crate::views::maintain::TICK`] while the node is
 /// open (holding it only during a round).
 async fn views_maintenance(shared: std::sync::Weak<Shared>) {

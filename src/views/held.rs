@@ -263,3 +263,108 @@ impl Inner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidemark_crdts::KeyKind;
+
+    fn key(n: &str) -> Key {
+        Key::new(KeyKind::ORSet, n)
+    }
+
+    fn me() -> ReplicaId {
+        ReplicaId(7)
+    }
+
+    #[test]
+    fn learned_elements_are_found_and_others_are_not() {
+        let h = Held::new(1 << 20);
+        let (a, b) = (key("a"), key("b"));
+        h.learn(h.mark(), me(), [(&a, "x"), (&a, "y"), (&b, "x")]);
+        assert_eq!(
+            h.lookup(&[(&a, "x"), (&a, "z"), (&b, "x"), (&b, "y")], me()),
+            [true, false, true, false]
+        );
+        // Another replica id: nothing is known of its dots.
+        assert_eq!(h.lookup(&[(&a, "x")], ReplicaId(8)), [false]);
+    }
+
+    #[test]
+    fn a_forgetting_after_the_mark_voids_what_the_mark_saw() {
+        let h = Held::new(1 << 20);
+        let (a, b) = (key("a"), key("b"));
+        let mark = h.mark();
+        h.forget(&a);
+        h.learn(mark, me(), [(&a, "x"), (&b, "x")]);
+        // `a` was forgotten after the mark; `b` was not.
+        assert_eq!(h.lookup(&[(&a, "x"), (&b, "x")], me()), [false, true]);
+        // A mark taken after the forgetting is good.
+        h.learn(h.mark(), me(), [(&a, "x")]);
+        assert_eq!(h.lookup(&[(&a, "x")], me()), [true]);
+        // Forgetting drops what was recorded.
+        h.forget(&b);
+        assert_eq!(h.lookup(&[(&b, "x")], me()), [false]);
+    }
+
+    #[test]
+    fn forgetting_everything_voids_every_earlier_mark() {
+        let h = Held::new(1 << 20);
+        let a = key("a");
+        h.learn(h.mark(), me(), [(&a, "x")]);
+        let mark = h.mark();
+        h.forget_all();
+        assert_eq!(h.lookup(&[(&a, "x")], me()), [false]);
+        h.learn(mark, me(), [(&a, "y")]);
+        assert_eq!(h.lookup(&[(&a, "y")], me()), [false]);
+    }
+
+    #[test]
+    fn too_many_forgotten_cells_raise_the_floor() {
+        let h = Held::new(1 << 20);
+        let a = key("a");
+        let mark = h.mark();
+        for i in 0..=FORGOTTEN_MAX {
+            h.forget(&key(&format!("k{i}")));
+        }
+        // `a` itself was never forgotten, but the record no longer knows that one by one.
+        h.learn(mark, me(), [(&a, "x")]);
+        assert_eq!(h.lookup(&[(&a, "x")], me()), [false]);
+        h.learn(h.mark(), me(), [(&a, "x")]);
+        assert_eq!(h.lookup(&[(&a, "x")], me()), [true]);
+    }
+
+    #[test]
+    fn the_budget_bounds_the_record_and_drops_least_recently_used_cells() {
+        let h = Held::new(2_000);
+        let keys: Vec<Key> = (0..50).map(|i| key(&format!("cell{i}"))).collect();
+        for k in &keys {
+            let elems: Vec<String> = (0..5).map(|e| format!("e{e}")).collect();
+            h.learn(h.mark(), me(), elems.iter().map(|e| (k, e.as_str())));
+            // The first cell stays in use.
+            assert_eq!(h.lookup(&[(&keys[0], "e0")], me()), [true]);
+            assert!(h.size().0 <= 2_000, "{:?}", h.size());
+        }
+        let (_, cells) = h.size();
+        assert!(cells > 1 && cells < 50, "{cells}");
+        // The most recent cell is kept, an early unused one dropped.
+        assert_eq!(
+            h.lookup(&[(&keys[49], "e4"), (&keys[1], "e0")], me()),
+            [true, false]
+        );
+        // A cell larger than the whole budget is not kept.
+        let big = key("big");
+        let elems: Vec<String> = (0..200).map(|e| format!("element{e}")).collect();
+        h.learn(h.mark(), me(), elems.iter().map(|e| (&big, e.as_str())));
+        assert!(h.size().0 <= 2_000);
+    }
+
+    #[test]
+    fn a_record_without_budget_records_nothing() {
+        let h = Held::new(0);
+        let a = key("a");
+        h.learn(h.mark(), me(), [(&a, "x")]);
+        assert_eq!(h.lookup(&[(&a, "x")], me()), [false]);
+        assert_eq!(h.size(), (0, 0));
+    }
+}

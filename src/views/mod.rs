@@ -1295,6 +1295,12 @@ impl Views {
         }
     }
 
+    /// Bytes and cells in the record of held elements.
+    #[cfg(test)]
+    pub(crate) fn held_size(&self) -> (usize, usize) {
+        self.held.size()
+    }
+
     /// The rows of `keys` were purged (or their purge failed midway): the record of held
     /// elements forgets them.
     pub(crate) fn purged(&self, keys: &[Key]) {
