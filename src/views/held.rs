@@ -189,7 +189,6 @@ impl Held {
                 *bytes += n;
             }
         }
-        drop(current);
         if inner.bytes > self.budget {
             inner.evict(self.budget - self.budget / 4);
         }
