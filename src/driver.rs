@@ -169,7 +169,11 @@ pub(crate) type RemoteChange = Arc<dyn Fn(&Key) + Send + Sync>;
 /// A small group is freed inline: handing it over costs a futex wake of the helper, whose run
 /// then competes on a 2-core machine with the tokio worker sending the group's answers, for
 /// less than the frees themselves (a few allocations per write).
-pub(crate) struct Freer(Option<std::sync::mpsc::SyncSender<Vec<LocalWrite>>>);
+pub(crate) struct Freer(Option<std::sync::mpsc::SyncSender<Garbage>>);
+
+/// A committed group's writes and the un-coalescing data of its view batches (unused once
+/// committed: one heap block per view op of each event, [`Freer`]).
+type Garbage = (Vec<LocalWrite>, Vec<crate::store::BatchFallback>);
 
 /// Groups of fewer writes than this are freed on the writer thread ([`Freer`]).
 const FREE_INLINE_BELOW: usize = 32;
@@ -177,7 +181,7 @@ const FREE_INLINE_BELOW: usize = 32;
 impl Freer {
     /// Starts the helper thread (without one, everything is freed inline).
     pub(crate) fn spawn() -> Self {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<LocalWrite>>(4);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Garbage>(4);
         let started = std::thread::Builder::new()
             .name("tidemark-free".into())
             .spawn(move || rx.into_iter().for_each(drop))
@@ -185,15 +189,15 @@ impl Freer {
         Self(started.then_some(tx))
     }
 
-    /// Frees `writes` on the helper thread, or here when it is busy or gone.
-    fn free(&self, writes: Vec<LocalWrite>) {
+    /// Frees `writes` and `fallbacks` on the helper thread, or here when it is busy or gone.
+    fn free(&self, writes: Vec<LocalWrite>, fallbacks: Vec<crate::store::BatchFallback>) {
         if writes.len() < FREE_INLINE_BELOW {
-            drop(writes);
+            drop((writes, fallbacks));
             return;
         }
         if let Some(tx) = &self.0 {
             // A full or closed channel hands the writes back inside the error: freed here.
-            let _ = tx.try_send(writes);
+            let _ = tx.try_send((writes, fallbacks));
         }
     }
 }
@@ -483,8 +487,11 @@ impl Driver {
         self.settle_view_batches(&mut group);
         let mut all = Vec::with_capacity(sizes.iter().sum());
         let mut replies = Vec::with_capacity(group.len());
-        for (w, _, r) in group {
+        // Fallbacks not applied are freed with the writes, off this thread.
+        let mut fallbacks = Vec::new();
+        for (w, f, r) in group {
             all.extend(w);
+            fallbacks.extend(f);
             replies.push(r);
         }
         let started = Instant::now();
@@ -578,7 +585,7 @@ impl Driver {
                 }
             }
         }
-        self.freer.free(all);
+        self.freer.free(all, fallbacks);
     }
 
     fn handle(&mut self, input: Input) {

@@ -58,6 +58,11 @@ pub struct Limits {
     /// treated as a duplicate, so no acknowledged write is lost and none is counted twice. It
     /// bounds each dedup row (about 20 bytes a range) and so the cost of rewriting it.
     pub dedup_ranges_max: usize,
+    /// Bytes of the in-memory record of the elements this node's `distinct` view cells are
+    /// known to hold under its own dot (default 8 MiB; 0 disables it). Past it the least
+    /// recently used cells are dropped; a cell not recorded costs one element-row read per
+    /// element of an ingest batch, never a wrong value (`views::held`).
+    pub view_held_bytes: usize,
 }
 
 impl Default for Limits {
@@ -80,6 +85,7 @@ impl Default for Limits {
             max_clock_drift_ms: 500,
             sources_per_batch_max: 10_000,
             dedup_ranges_max: 1024,
+            view_held_bytes: 8 * 1024 * 1024,
         }
     }
 }

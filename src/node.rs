@@ -158,7 +158,11 @@ impl Node {
     /// As [`Node::open`].
     pub fn open_blocking(config: NodeConfig) -> Result<Node, Error> {
         config.limits.validate().map_err(Error::Config)?;
-        let views = Arc::new(crate::views::Views::new(&config.views)?.joining(config.joining));
+        let views = Arc::new(
+            crate::views::Views::new(&config.views)?
+                .joining(config.joining)
+                .held_bytes(config.limits.view_held_bytes),
+        );
         let mut store = RedbStore::open(
             &config.data_dir,
             OpenOptions {
@@ -237,9 +241,9 @@ impl Node {
             ever_linked: std::collections::BTreeSet::new(),
             last_acked: std::collections::BTreeMap::new(),
             on_reidentified: Some(reidentified),
-            on_remote_change: views.needs_maintenance().then(|| {
+            on_remote_change: (!views.list().is_empty()).then(|| {
                 let views = Arc::clone(&views);
-                Arc::new(move |key: &Key| views.remote_changed(key)) as crate::driver::RemoteChange
+                Arc::new(move |key: &Key| views.remote_change(key)) as crate::driver::RemoteChange
             }),
         };
         let thread = std::thread::Builder::new()
@@ -791,7 +795,7 @@ impl Node {
         between.await;
         let at = self.sync_now(stream).await?;
         let reader = self.reader()?;
-        let admitted = {
+        let mut admitted = {
             let mut wms = views.watermarks.lock().map_err(|_| Error::Closed)?;
             // A joining node applies nothing to windows before it synced the stream, and
             // then starts from the largest watermark it holds.
@@ -840,6 +844,12 @@ impl Node {
             .collect();
         let duplicates = dup.iter().filter(|d| **d).count();
         let applied = dup.len() - duplicates;
+        // Every event applied: the batch's adds to `distinct` cells are held under our dot.
+        views.committed(
+            admitted.held.take(),
+            effective.len() == n && effective.iter().all(|e| *e),
+            me,
+        );
         self.count_applied(applied);
         Ok(WriteOutcome {
             applied,
@@ -1055,8 +1065,15 @@ impl Node {
             )?;
             if !keys.is_empty() {
                 let (reply, rx) = oneshot::channel();
-                self.send(Input::PurgeRows { keys, reply })?;
-                purged += rx.await.map_err(|_| Error::Closed)??;
+                self.send(Input::PurgeRows {
+                    keys: keys.clone(),
+                    reply,
+                })?;
+                let done = rx.await;
+                // Forgotten after the purge (whatever its outcome), so nothing read before it
+                // is recorded after.
+                views.purged(&keys);
+                purged += done.map_err(|_| Error::Closed)??;
             }
         }
         drop(round);
@@ -1575,6 +1592,10 @@ impl Node {
 #[cfg(test)]
 #[path = "node_trust_tests.rs"]
 mod trust_tests;
+
+#[cfg(test)]
+#[path = "node_held_tests.rs"]
+mod held_tests;
 
 /// Runs [`Node::maintain_views`] every [`crate::views::maintain::TICK`] while the node is
 /// open (holding it only during a round).

@@ -4,7 +4,7 @@
 use super::error::StoreError;
 use super::rows::{for_each_elem, open_read_tables, per_element, read_entry, row_entry};
 use super::tables::{
-    DOTS, ELEMS, LOG, META, META_CONTEXT, dot_bytes, elem_key, key_bytes, kind_prefix, parse_key,
+    DOTS, ELEMS, LOG, META, META_CONTEXT, ROWS, dot_bytes, elem_key, key_bytes, kind_prefix, parse_key,
 };
 use crate::codec;
 use crate::limits::Limits;
@@ -267,6 +267,51 @@ impl Reader {
                 parse_key(kb).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
             let entry = row_entry(&elems, &key, v.value(), self.limits.record_bytes_max)?;
             out.push((key, entry.value()));
+        }
+        Ok(out)
+    }
+
+    /// The keys [`Reader::list`] gives for the same arguments, without their values: no
+    /// element row of a set is read, no row decoded (for scans that look at names only).
+    ///
+    /// # Errors
+    /// Storage failures and unreadable row keys.
+    pub fn list_keys(
+        &self,
+        kind: KeyKind,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Key>, StoreError> {
+        let rtxn = self.rtxn()?;
+        let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
+        let start = match after {
+            Some(a) if a >= prefix => key_bytes(&Key::new(kind, a)),
+            _ => key_bytes(&Key::new(kind, prefix)),
+        };
+        let excl = after.is_some_and(|a| a >= prefix);
+        let lo: Bound<&[u8]> = if excl {
+            Bound::Excluded(start.as_slice())
+        } else {
+            Bound::Included(start.as_slice())
+        };
+        let kp = kind_prefix(kind);
+        let mut out = Vec::new();
+        for item in rows
+            .range::<&[u8]>((lo, Bound::Unbounded))
+            .map_err(StoreError::redb)?
+        {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, _) = item.map_err(StoreError::redb)?;
+            let kb = k.value();
+            if kb.first() != kp.first() || !kb[1..].starts_with(prefix.as_bytes()) {
+                break;
+            }
+            out.push(
+                parse_key(kb).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?,
+            );
         }
         Ok(out)
     }

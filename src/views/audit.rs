@@ -159,9 +159,11 @@ impl Views {
             let mut after = cursors.get(&vi).cloned();
             let mut scanned = 0;
             'scan: while scanned < SCAN_BATCH && round.notes.len() < NOTES_MAX {
-                let page = reader.list(kind, &prefix, after.as_deref(), 256)?;
+                // Names only: a cell's value is read if it is audited, and the scan often
+                // stops at the first cell not sealed.
+                let page = reader.list_keys(kind, &prefix, after.as_deref(), 256)?;
                 let done = page.len() < 256;
-                for (key, _) in page {
+                for key in page {
                     let Some((start, group)) = cell_parts(view, &key.name) else {
                         after = Some(key.name);
                         continue;

@@ -345,9 +345,9 @@ pub(crate) fn expired_keys(
         let prefix = keys::view_prefix(&view.def.name, &view.digest);
         let mut after: Option<String> = None;
         'scan: loop {
-            let page = reader.list(kind, &prefix, after.as_deref(), 256)?;
+            let page = reader.list_keys(kind, &prefix, after.as_deref(), 256)?;
             let done = page.len() < 256;
-            for (key, _) in &page {
+            for key in &page {
                 after = Some(key.name.clone());
                 let start = keys::cell_of(&key.name).and_then(|(_, _, s)| s);
                 match start {

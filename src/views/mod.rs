@@ -62,6 +62,7 @@ pub mod coalesce;
 pub mod def;
 pub mod final_feed;
 pub mod fold;
+mod held;
 pub mod keys;
 pub mod late;
 pub mod maintain;
@@ -176,6 +177,9 @@ pub struct Views {
     /// View index → the end of the deadlines its stream's committed seals covered at the last
     /// audit round: remote changes to cells at or above it are left to the scan.
     audit_tops: Vec<std::sync::atomic::AtomicU64>,
+    /// The elements this node's `distinct` cells are known to hold under its own dot
+    /// ([`held`]): adds of them are skipped without reading their rows.
+    held: held::Held,
 }
 
 /// This node's epochs and seals of one stream.
@@ -271,6 +275,17 @@ pub(crate) struct Admitted {
     /// When the batch's view mutations were coalesced into one write: what the writer uses
     /// instead if some event of the batch turns out a duplicate or is refused at commit.
     pub(crate) fallback: Option<crate::store::BatchFallback>,
+    /// The adds of elements to `distinct` cells the batch's coalesced write makes: held under
+    /// this node's dot once the batch commits with every event applied
+    /// ([`Views::committed`]).
+    pub(crate) held: Option<HeldAdds>,
+}
+
+/// Adds to `distinct` cells a queued batch makes, with the mark taken before it was queued.
+#[derive(Debug)]
+pub(crate) struct HeldAdds {
+    mark: held::Mark,
+    adds: Vec<(Key, String)>,
 }
 
 impl Views {
@@ -335,7 +350,16 @@ impl Views {
             audit: Mutex::new(audit::AuditState::default()),
             auditing: tokio::sync::Mutex::new(()),
             audit_tops,
+            held: held::Held::new(Limits::default().view_held_bytes),
         })
+    }
+
+    /// The same views with at most `bytes` for the record of elements held by `distinct`
+    /// cells (`limits.view_held_bytes`; 0: none, every add of an element reads its row).
+    #[must_use]
+    pub fn held_bytes(mut self, bytes: usize) -> Self {
+        self.held = held::Held::new(bytes);
+        self
     }
 
     /// The same views on a node that joins an existing cluster: until its state holds another
@@ -527,6 +551,8 @@ impl Views {
     /// than what its old id announced since — then starts from the largest marks it holds
     /// ([`Views::first_sync`]), so it refuses what its old id refused.
     pub(crate) fn reidentified(&self, ctx: &tidemark_crdts::CausalContext) {
+        // What the record says is about the old id's dots.
+        self.held.forget_all();
         if let Ok(mut seals) = self.seals.lock() {
             seals.clear();
         }
@@ -1017,7 +1043,9 @@ impl Views {
             let merged: Vec<(Key, Mutation, Option<tidemark_crdts::Timestamp>)> =
                 match coalesce::coalesce_cells(&cells, &per_event) {
                     Some(ops) => {
-                        let ops = self.skip_present(ops, &cells, &distinct_cell, reader, me);
+                        let (ops, adds) =
+                            self.skip_present(ops, &cells, &distinct_cell, reader, me);
+                        out.held = adds;
                         ops.into_iter()
                             .filter_map(|(c, m, s)| {
                                 cells.get(c as usize).map(|k| (k.clone(), m, s))
@@ -1176,9 +1204,12 @@ impl Views {
 
     /// Drops the adds of `distinct` views (cells `distinct_cell` marks) whose element the
     /// committed cell already holds under this node's own dot: a `distinct` set never removes,
-    /// so re-adding changes no value (it would only take a dot and rewrite the row). Reads one
-    /// element row per add (sets are stored per element), never the whole cell, all in one
-    /// read transaction. When the rows cannot be read, every add is kept.
+    /// so re-adding changes no value (it would only take a dot and rewrite the row). What the
+    /// record of held elements ([`held`]) knows is skipped without a read; for the rest one
+    /// element row per add is read (sets are stored per element), never the whole cell, all in
+    /// one read transaction, and what the read finds held is recorded. When the rows cannot be
+    /// read, every add not known held is kept. Returns the ops kept and the adds among them
+    /// (for [`Views::committed`]).
     fn skip_present(
         &self,
         ops: Vec<coalesce::CellOp>,
@@ -1186,7 +1217,7 @@ impl Views {
         distinct_cell: &[bool],
         reader: &crate::store::Reader,
         me: ReplicaId,
-    ) -> Vec<coalesce::CellOp> {
+    ) -> (Vec<coalesce::CellOp>, Option<HeldAdds>) {
         let check = |(c, m, _): &coalesce::CellOp| {
             matches!(m, Mutation::Add(_))
                 && distinct_cell.get(*c as usize).copied().unwrap_or(false)
@@ -1200,17 +1231,91 @@ impl Views {
             })
             .collect();
         if items.is_empty() {
-            return ops;
+            return (ops, None);
         }
-        // Only this node's own add counts: contributions stay separable by replica.
-        let Ok(held) = reader.sets_hold_own(&items, me) else {
-            return ops;
+        // Before the lookup and the read: a forgetting after it voids what they find.
+        let mark = self.held.mark();
+        let mut held = self.held.lookup(&items, me);
+        let misses: Vec<(&Key, &str)> = items
+            .iter()
+            .zip(&held)
+            .filter(|(_, h)| !**h)
+            .map(|(i, _)| *i)
+            .collect();
+        if !misses.is_empty() {
+            // Only this node's own add counts: contributions stay separable by replica.
+            if let Ok(read) = reader.sets_hold_own(&misses, me) {
+                self.held.learn(
+                    mark,
+                    me,
+                    misses
+                        .iter()
+                        .zip(&read)
+                        .filter(|(_, h)| **h)
+                        .map(|(i, _)| *i),
+                );
+                let mut read = read.into_iter();
+                for h in held.iter_mut().filter(|h| !**h) {
+                    *h = read.next().unwrap_or(false);
+                }
+            }
+        }
+        let adds: Vec<(Key, String)> = if self.held.enabled() {
+            items
+                .iter()
+                .zip(&held)
+                .filter(|(_, h)| !**h)
+                .map(|((k, e), _)| ((*k).clone(), (*e).to_owned()))
+                .collect()
+        } else {
+            Vec::new()
         };
+        drop(misses);
         drop(items);
         let mut held = held.into_iter();
-        ops.into_iter()
+        let ops = ops
+            .into_iter()
             .filter(|op| !check(op) || !held.next().unwrap_or(false))
-            .collect()
+            .collect();
+        let adds = (!adds.is_empty()).then_some(HeldAdds { mark, adds });
+        (ops, adds)
+    }
+
+    /// A batch [`Views::admit`] decided committed: when every event of it was applied
+    /// (`all_applied`), the adds of its coalesced write (`adds`) are held under `me`'s dot
+    /// now and are recorded (unless something forgot their cells since they were queued).
+    /// A batch of which some event was a duplicate or refused records nothing.
+    pub(crate) fn committed(&self, adds: Option<HeldAdds>, all_applied: bool, me: ReplicaId) {
+        if let (Some(h), true) = (adds, all_applied) {
+            self.held
+                .learn(h.mark, me, h.adds.iter().map(|(k, e)| (k, e.as_str())));
+        }
+    }
+
+    /// A remote join changed `key` (told by the writer after its commit): what the record of
+    /// held elements says of it is forgotten, then the audit hears of it
+    /// ([`Views::remote_changed`]).
+    pub(crate) fn remote_change(&self, key: &Key) {
+        if key.kind == tidemark_crdts::KeyKind::ORSet && key.name.starts_with(keys::VIEW_PREFIX) {
+            self.held.forget(key);
+        }
+        if self.needs_maintenance() {
+            self.remote_changed(key);
+        }
+    }
+
+    /// Bytes and cells in the record of held elements.
+    #[cfg(test)]
+    pub(crate) fn held_size(&self) -> (usize, usize) {
+        self.held.size()
+    }
+
+    /// The rows of `keys` were purged (or their purge failed midway): the record of held
+    /// elements forgets them.
+    pub(crate) fn purged(&self, keys: &[Key]) {
+        for k in keys {
+            self.held.forget(k);
+        }
     }
 
     /// Counts a committed batch: `effective[i]` is true for event writes that were applied
