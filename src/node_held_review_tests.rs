@@ -1,5 +1,5 @@
-//! Hostile review of `views::held` (branch views-distinct): cases where the record claims an
-//! element held under this node's dot when the committed cell does not hold it.
+//! Hostile review of `views::held` (branch views-distinct): races between the record's mark,
+//! its element-row read and a remote removal of this node's dot.
 
 use super::Node;
 use crate::config::NodeConfig;
@@ -61,13 +61,12 @@ async fn ship(from: &Node, to: &Node) {
         .expect("valid delta");
 }
 
-/// The read `skip_present` makes goes through the reader `ingest` opened BEFORE `admit`, but
-/// the mark is taken inside `skip_present`, later. A remote join that takes A's dot of `x` and
-/// commits (and forgets the cell) between the two: the mark is newer than the forgetting, the
-/// read older than the join, so the stale "held" is recorded and stays until the cell's next
-/// forgetting. Every later add of `x` is skipped: A's event-applied `x` is never held again.
-/// (With the record off — or on main — only the racing batch is affected; the next batch
-/// re-reads and adds `x`.)
+/// Guard (passes): a remote removal of A's dot of `x` that commits — and makes the record
+/// forget the cell — after `ingest` opened its reader and before `skip_present` takes its mark
+/// (forced by holding the watermark lock `ingest` takes in between). Had the read gone through
+/// a snapshot older than the mark, the stale "held" would be recorded and every later add of
+/// `x` skipped. It is not: `Node::reader()` is unsnapshotted, `sets_hold_own` opens its read
+/// transaction after the mark.
 async fn stale_snapshot_race(held_bytes: usize, rounds: usize) -> Option<String> {
     let (da, db) = (
         tempfile::tempdir().expect("a"),
@@ -181,7 +180,7 @@ async fn stale_snapshot_race(held_bytes: usize, rounds: usize) -> Option<String>
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_a_read_through_a_reader_older_than_the_mark_records_a_stale_held() {
+async fn review_a_removal_committed_between_reader_and_mark_is_not_recorded_stale() {
     // Control: the record off never loses `x`.
     assert_eq!(stale_snapshot_race(0, 3).await, None);
     if let Some(what) = stale_snapshot_race(1 << 20, 5).await {
