@@ -1597,6 +1597,10 @@ mod trust_tests;
 #[path = "node_held_tests.rs"]
 mod held_tests;
 
+#[cfg(test)]
+#[path = "node_held_review_tests.rs"]
+mod held_review_tests;
+
 /// Runs [`Node::maintain_views`] every [`crate::views::maintain::TICK`] while the node is
 /// open (holding it only during a round).
 async fn views_maintenance(shared: std::sync::Weak<Shared>) {

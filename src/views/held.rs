@@ -264,6 +264,10 @@ impl Inner {
 }
 
 #[cfg(test)]
+#[path = "held_review_tests.rs"]
+mod review_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use tidemark_crdts::KeyKind;
