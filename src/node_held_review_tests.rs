@@ -151,7 +151,9 @@ async fn stale_snapshot_race(held_bytes: usize, rounds: usize) -> Option<String>
             })
             .expect("send");
         };
-        a.ingest_then("s", batch, between).await.expect("race batch");
+        a.ingest_then("s", batch, between)
+            .await
+            .expect("race batch");
         holder
             .join()
             .expect("holder")

@@ -21,10 +21,10 @@
 //! ([`Held::mark`], taken before the read or the queueing of the write). An entry therefore
 //! never claims what the committed state does not hold; a missing entry only costs the read.
 //!
-//! **Bounded.** Entries count their bytes (names plus a fixed overhead); past the budget
-//! (`limits.view_held_bytes`, 0 disables the record) whole cells are dropped, least recently
-//! used first. The forgotten-cell generations are bounded too: past [`FORGOTTEN_MAX`] they are
-//! replaced by one floor below which every mark is stale.
+//! **Bounded.** Entries count their bytes (names plus a fixed overhead); past three quarters of
+//! the budget (`limits.view_held_bytes`, 0 disables the record) whole cells are dropped, least
+//! recently used first. The forgotten-cell generations take the last quarter: past it (or past
+//! [`FORGOTTEN_MAX`] cells) they are replaced by one floor below which every mark is stale.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -36,6 +36,8 @@ const CELL_OVERHEAD: usize = 96;
 const ELEM_OVERHEAD: usize = 40;
 /// Most cells whose last forgetting is remembered one by one ([`Held::learn`]).
 pub(crate) const FORGOTTEN_MAX: usize = 4_096;
+/// Bytes counted per forgotten cell besides its name (key, generation, map slot).
+const FORGOTTEN_OVERHEAD: usize = std::mem::size_of::<Key>() + 8;
 
 /// A generation observed before a read or a queued write ([`Held::mark`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,8 +59,11 @@ struct Inner {
     generation: u64,
     /// Marks below this are stale for every cell.
     floor: u64,
-    /// Cell → the generation its last forgetting moved to (at most [`FORGOTTEN_MAX`]).
+    /// Cell → the generation its last forgetting moved to (at most [`FORGOTTEN_MAX`], and at
+    /// most a quarter of the budget in bytes).
     forgotten: HashMap<Key, u64, foldhash::fast::RandomState>,
+    /// Bytes counted over `forgotten`.
+    forgotten_bytes: usize,
     cells: HashMap<Key, Cell, foldhash::fast::RandomState>,
     /// Bytes counted over `cells`.
     bytes: usize,
@@ -189,8 +194,10 @@ impl Held {
                 *bytes += n;
             }
         }
-        if inner.bytes > self.budget {
-            inner.evict(self.budget - self.budget / 4);
+        // Cells get three quarters of the budget, the forgotten list the rest.
+        let cells_budget = self.budget - self.budget / 4;
+        if inner.bytes > cells_budget {
+            inner.evict(cells_budget - cells_budget / 4);
         }
     }
 
@@ -208,12 +215,16 @@ impl Held {
         if let Some(c) = inner.cells.remove(key) {
             inner.bytes = inner.bytes.saturating_sub(c.bytes);
         }
-        if inner.forgotten.len() >= FORGOTTEN_MAX && !inner.forgotten.contains_key(key) {
+        let n = key.name.len() + FORGOTTEN_OVERHEAD;
+        let full =
+            inner.forgotten.len() >= FORGOTTEN_MAX || inner.forgotten_bytes + n > self.budget / 4;
+        if full && !inner.forgotten.contains_key(key) {
             // Too many to remember one by one: every mark taken before now is stale.
             inner.forgotten.clear();
+            inner.forgotten_bytes = 0;
             inner.floor = g;
-        } else {
-            inner.forgotten.insert(key.clone(), g);
+        } else if inner.forgotten.insert(key.clone(), g).is_none() {
+            inner.forgotten_bytes += n;
         }
     }
 
@@ -225,6 +236,7 @@ impl Held {
         inner.generation += 1;
         inner.floor = inner.generation;
         inner.forgotten.clear();
+        inner.forgotten_bytes = 0;
         inner.cells.clear();
         inner.bytes = 0;
         inner.me = None;
