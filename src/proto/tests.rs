@@ -17,10 +17,10 @@ use tidemark_crdts::{
     Causal, CausalContext, Dot, DotFun, DotMap, Entry, Key, KeyKind, Mutation, ReplicaId,
 };
 
-const WALL: u64 = 1_700_000_000_000;
+pub(super) const WALL: u64 = 1_700_000_000_000;
 
 /// A [`RedbStore`] on redb's in-memory backend, with the helpers the tests need.
-pub(crate) struct TestStore(RedbStore);
+pub(crate) struct TestStore(pub(super) RedbStore);
 
 impl std::ops::Deref for TestStore {
     type Target = RedbStore;
@@ -70,12 +70,12 @@ impl TestStore {
             .expect("the group's log entry"))
     }
 
-    fn entries(&self) -> Vec<(Key, Entry)> {
+    pub(super) fn entries(&self) -> Vec<(Key, Entry)> {
         self.0.reader().entries().expect("read the rows")
     }
 
     /// The replicated state (entries, context, marks) as one delta.
-    fn state(&mut self) -> Delta {
+    pub(super) fn state(&mut self) -> Delta {
         let mut store = DotMap::default();
         for (k, e) in self.entries() {
             store.set(k, e);
@@ -101,14 +101,14 @@ impl TestStore {
     }
 }
 
-fn now(t: u64) -> Now {
+pub(super) fn now(t: u64) -> Now {
     Now {
         mono_ms: t,
         wall_ms: WALL + t,
     }
 }
 
-fn config() -> ReplicaConfig {
+pub(super) fn config() -> ReplicaConfig {
     ReplicaConfig {
         gossip_interval_ms: 100,
         retransmit_timeout_ms: 1_000,
@@ -119,17 +119,17 @@ fn config() -> ReplicaConfig {
     }
 }
 
-struct Node {
-    id: PeerId,
-    store: TestStore,
-    replica: Replica,
+pub(super) struct Node {
+    pub(super) id: PeerId,
+    pub(super) store: TestStore,
+    pub(super) replica: Replica,
     epoch: u64,
     peers: Vec<PeerId>,
     cfg: ReplicaConfig,
 }
 
 impl Node {
-    fn new(id: u64, peers: &[u64], cfg: ReplicaConfig) -> Self {
+    pub(super) fn new(id: u64, peers: &[u64], cfg: ReplicaConfig) -> Self {
         let peers: Vec<PeerId> = peers.iter().map(|p| PeerId(*p)).collect();
         Self {
             id: PeerId(id),
@@ -151,7 +151,7 @@ impl Node {
         );
     }
 
-    fn write(&mut self, t: u64, key: &str, value: &str) {
+    pub(super) fn write(&mut self, t: u64, key: &str, value: &str) {
         self.store
             .apply_local(
                 &[(
@@ -164,25 +164,25 @@ impl Node {
         self.replica.handle_local_commit(now(t));
     }
 
-    fn up(&mut self, t: u64, peer: u64) {
+    pub(super) fn up(&mut self, t: u64, peer: u64) {
         self.replica
             .peer_up(now(t), PeerId(peer), &mut *self.store)
             .expect("store");
     }
 
-    fn recv(&mut self, t: u64, from: PeerId, msg: Message) {
+    pub(super) fn recv(&mut self, t: u64, from: PeerId, msg: Message) {
         self.replica
             .handle_message(now(t), from, msg, &mut *self.store)
             .expect("store");
     }
 
-    fn tick(&mut self, t: u64) {
+    pub(super) fn tick(&mut self, t: u64) {
         self.replica
             .handle_timeout(now(t), &mut *self.store)
             .expect("store");
     }
 
-    fn out(&mut self) -> Vec<Transmit> {
+    pub(super) fn out(&mut self) -> Vec<Transmit> {
         std::iter::from_fn(|| self.replica.poll_transmit()).collect()
     }
 
@@ -203,7 +203,7 @@ impl Node {
 }
 
 /// Runs nodes with every message delivered (in order, 1 ms later) until `until`.
-fn run(nodes: &mut [&mut Node], from_t: u64, until: u64) {
+pub(super) fn run(nodes: &mut [&mut Node], from_t: u64, until: u64) {
     let mut t = from_t;
     while t <= until {
         loop {

@@ -2,33 +2,15 @@
 //! (`StateStore::pin_transfer_snapshot`) and of the chunks read from them one at a time: a
 //! stalled transfer gives its snapshot up, a large row is read once per transfer whatever is
 //! written or sent to other peers between its parts, each transfer sends its own start, and a
-//! pinned snapshot's cost on disk ends with it. The harness is a copy of `proto::tests` (two or three replicas over
-//! the production store on redb's in-memory backend, messages moved by hand).
+//! pinned snapshot's cost on disk ends with it. The harness is `proto::tests`'s (two or three
+//! replicas over the production store on redb's in-memory backend, messages moved by hand).
 
+use super::tests::{Node, TestStore, WALL, config, run};
 use crate::limits::Limits;
 use crate::model::Delta;
-use crate::proto::{
-    ChunkRead, Message, Now, PeerId, Replica, ReplicaConfig, StateStore, Transmit,
-};
-use crate::store::{LocalWrite, OpenOptions, RedbStore, StoreError};
-use tidemark_crdts::{Causal, DotMap, Key, KeyKind, Mutation, ReplicaId};
-
-const WALL: u64 = 1_700_000_000_000;
-
-struct TestStore(RedbStore);
-
-impl std::ops::Deref for TestStore {
-    type Target = RedbStore;
-    fn deref(&self) -> &RedbStore {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for TestStore {
-    fn deref_mut(&mut self) -> &mut RedbStore {
-        &mut self.0
-    }
-}
+use crate::proto::{ChunkRead, Message, PeerId, ReplicaConfig, StateStore};
+use crate::store::{LocalWrite, OpenOptions, RedbStore};
+use tidemark_crdts::{Key, KeyKind, Mutation, ReplicaId};
 
 fn write_group(ops: &[(Key, Mutation)]) -> LocalWrite {
     LocalWrite {
@@ -37,137 +19,6 @@ fn write_group(ops: &[(Key, Mutation)]) -> LocalWrite {
         stamps: Vec::new(),
         late: None,
         own_dots: false,
-    }
-}
-
-impl TestStore {
-    fn new(replica: ReplicaId, limits: Limits) -> Self {
-        let options = OpenOptions {
-            limits,
-            new_replica_id: Some(replica),
-            ..OpenOptions::default()
-        };
-        Self(
-            RedbStore::open_with_backend(redb::backends::InMemoryBackend::new(), options)
-                .expect("open an in-memory store"),
-        )
-    }
-
-    fn apply_local(&mut self, ops: &[(Key, Mutation)], wall_ms: u64) -> Result<(), StoreError> {
-        self.0.commit_local(&[write_group(ops)], wall_ms)?;
-        Ok(())
-    }
-
-    fn state(&mut self) -> Delta {
-        let mut store = DotMap::default();
-        for (k, e) in self.0.reader().entries().expect("read the rows") {
-            store.set(k, e);
-        }
-        Delta {
-            state: Causal {
-                store,
-                ctx: self.0.ctx().clone(),
-            },
-            marks: self.0.dedup_marks().expect("read the marks"),
-        }
-    }
-}
-
-fn now(t: u64) -> Now {
-    Now {
-        mono_ms: t,
-        wall_ms: WALL + t,
-    }
-}
-
-fn config() -> ReplicaConfig {
-    ReplicaConfig {
-        gossip_interval_ms: 100,
-        retransmit_timeout_ms: 1_000,
-        retransmit_timeout_max_ms: 1_000,
-        peer_evict_after_ms: 5_000,
-        catch_up_stagger_ms: 0,
-        ..ReplicaConfig::default()
-    }
-}
-
-struct Node {
-    id: PeerId,
-    store: TestStore,
-    replica: Replica,
-}
-
-impl Node {
-    fn new(id: u64, peers: &[u64], cfg: ReplicaConfig) -> Self {
-        let peers: Vec<PeerId> = peers.iter().map(|p| PeerId(*p)).collect();
-        Self {
-            id: PeerId(id),
-            store: TestStore::new(ReplicaId(u128::from(id) + 1000), Limits::default()),
-            replica: Replica::new(cfg, 1, id, peers),
-        }
-    }
-
-    fn write(&mut self, t: u64, key: &str, value: &str) {
-        self.store
-            .apply_local(
-                &[(
-                    Key::new(KeyKind::MvReg, key),
-                    Mutation::Set(format!("\"{value}\"")),
-                )],
-                WALL + t,
-            )
-            .expect("store");
-        self.replica.handle_local_commit(now(t));
-    }
-
-    fn up(&mut self, t: u64, peer: u64) {
-        self.replica
-            .peer_up(now(t), PeerId(peer), &mut *self.store)
-            .expect("store");
-    }
-
-    fn recv(&mut self, t: u64, from: PeerId, msg: Message) {
-        self.replica
-            .handle_message(now(t), from, msg, &mut *self.store)
-            .expect("store");
-    }
-
-    fn tick(&mut self, t: u64) {
-        if self.replica.poll_timeout().is_some_and(|d| d <= t) {
-            self.replica
-                .handle_timeout(now(t), &mut *self.store)
-                .expect("store");
-        }
-    }
-
-    fn out(&mut self) -> Vec<Transmit> {
-        std::iter::from_fn(|| self.replica.poll_transmit()).collect()
-    }
-}
-
-/// Runs nodes with every message delivered until `until`.
-fn run(nodes: &mut [&mut Node], from_t: u64, until: u64) {
-    let mut t = from_t;
-    while t <= until {
-        loop {
-            let mut moved = false;
-            for i in 0..nodes.len() {
-                for tx in nodes[i].out() {
-                    let from = nodes[i].id;
-                    if let Some(j) = nodes.iter().position(|n| n.id == tx.to) {
-                        nodes[j].recv(t, from, tx.msg);
-                        moved = true;
-                    }
-                }
-            }
-            if !moved {
-                break;
-            }
-        }
-        for n in nodes.iter_mut() {
-            n.tick(t);
-        }
-        t += 10;
     }
 }
 

@@ -239,36 +239,11 @@ impl Reader {
     ) -> Result<Vec<(Key, Value)>, StoreError> {
         let rtxn = self.rtxn()?;
         let (rows, elems) = open_read_tables(&rtxn)?;
-        let start = match after {
-            Some(a) if a >= prefix => key_bytes(&Key::new(kind, a)),
-            _ => key_bytes(&Key::new(kind, prefix)),
-        };
-        let excl = after.is_some_and(|a| a >= prefix);
-        let lo: Bound<&[u8]> = if excl {
-            Bound::Excluded(start.as_slice())
-        } else {
-            Bound::Included(start.as_slice())
-        };
-        let kp = kind_prefix(kind);
-        let mut out = Vec::new();
-        for item in rows
-            .range::<&[u8]>((lo, Bound::Unbounded))
-            .map_err(StoreError::redb)?
-        {
-            if out.len() >= limit {
-                break;
-            }
-            let (k, v) = item.map_err(StoreError::redb)?;
-            let kb = k.value();
-            if kb.first() != kp.first() || !kb[1..].starts_with(prefix.as_bytes()) {
-                break;
-            }
-            let key =
-                parse_key(kb).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
-            let entry = row_entry(&elems, &key, v.value(), self.limits.record_bytes_max)?;
-            out.push((key, entry.value()));
-        }
-        Ok(out)
+        let max = self.limits.record_bytes_max;
+        scan_prefix(&rows, kind, prefix, after, limit, |key, v| {
+            let value = row_entry(&elems, &key, v, max)?.value();
+            Ok((key, value))
+        })
     }
 
     /// The keys [`Reader::list`] gives for the same arguments, without their values: no
@@ -285,35 +260,7 @@ impl Reader {
     ) -> Result<Vec<Key>, StoreError> {
         let rtxn = self.rtxn()?;
         let rows = rtxn.open_table(ROWS).map_err(StoreError::redb)?;
-        let start = match after {
-            Some(a) if a >= prefix => key_bytes(&Key::new(kind, a)),
-            _ => key_bytes(&Key::new(kind, prefix)),
-        };
-        let excl = after.is_some_and(|a| a >= prefix);
-        let lo: Bound<&[u8]> = if excl {
-            Bound::Excluded(start.as_slice())
-        } else {
-            Bound::Included(start.as_slice())
-        };
-        let kp = kind_prefix(kind);
-        let mut out = Vec::new();
-        for item in rows
-            .range::<&[u8]>((lo, Bound::Unbounded))
-            .map_err(StoreError::redb)?
-        {
-            if out.len() >= limit {
-                break;
-            }
-            let (k, _) = item.map_err(StoreError::redb)?;
-            let kb = k.value();
-            if kb.first() != kp.first() || !kb[1..].starts_with(prefix.as_bytes()) {
-                break;
-            }
-            out.push(
-                parse_key(kb).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?,
-            );
-        }
-        Ok(out)
+        scan_prefix(&rows, kind, prefix, after, limit, |key, _| Ok(key))
     }
 
     /// The committed causal context.
@@ -491,6 +438,46 @@ impl Reader {
         }
         Ok(())
     }
+}
+
+/// The rows of `kind` whose names start with `prefix`, after `after` (when it is not before the
+/// prefix), at most `limit`, in key order: each key and its stored bytes given to `f`.
+fn scan_prefix<T>(
+    rows: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    kind: KeyKind,
+    prefix: &str,
+    after: Option<&str>,
+    limit: usize,
+    mut f: impl FnMut(Key, &[u8]) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
+    let excl = after.is_some_and(|a| a >= prefix);
+    let start = match after {
+        Some(a) if excl => key_bytes(&Key::new(kind, a)),
+        _ => key_bytes(&Key::new(kind, prefix)),
+    };
+    let lo: Bound<&[u8]> = if excl {
+        Bound::Excluded(start.as_slice())
+    } else {
+        Bound::Included(start.as_slice())
+    };
+    let kp = kind_prefix(kind);
+    let mut out = Vec::new();
+    for item in rows
+        .range::<&[u8]>((lo, Bound::Unbounded))
+        .map_err(StoreError::redb)?
+    {
+        if out.len() >= limit {
+            break;
+        }
+        let (k, v) = item.map_err(StoreError::redb)?;
+        let kb = k.value();
+        if kb.first() != kp.first() || !kb[1..].starts_with(prefix.as_bytes()) {
+            break;
+        }
+        let key = parse_key(kb).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
+        out.push(f(key, v.value())?);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
