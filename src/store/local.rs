@@ -660,6 +660,10 @@ struct GroupRows<'r, 't> {
     index: GroupMap<Dot, Option<Vec<u8>>>,
     /// The set keys the group changed.
     sets: GroupMap<Arc<Key>, SetTouch>,
+    /// The keys of `sets` this group gave touched elements (a key may repeat): the only ones
+    /// [`GroupRows::into_cache`] looks at, so handing the cache on costs what the group did,
+    /// not what the cache holds (it can hold ~100,000 sets after a burst of set adds).
+    sets_touched: Vec<Arc<Key>>,
 }
 
 /// The decoded rows a local commit leaves for the next one ([`RedbStore`]'s `row_cache`):
@@ -761,6 +765,7 @@ impl<'r, 't> GroupRows<'r, 't> {
             pending: 0,
             index: GroupMap::default(),
             sets: cache.sets,
+            sets_touched: Vec::new(),
         }
     }
 
@@ -769,8 +774,13 @@ impl<'r, 't> GroupRows<'r, 't> {
     fn into_cache(self) -> RowCache {
         let mut sets = self.sets;
         // Every touched element went into the group's records; a set left with some (only
-        // when a record failed to finish, which fails the group) is forgotten.
-        sets.retain(|_, t| t.touched.is_empty());
+        // when a record failed to finish, which fails the group) is forgotten. Only the sets
+        // this group touched can hold any: the cache it started from held none.
+        for key in &self.sets_touched {
+            if sets.get(key).is_some_and(|t| !t.touched.is_empty()) {
+                sets.remove(key);
+            }
+        }
         RowCache {
             map: self.cache,
             bytes: self.cached_bytes,
@@ -958,6 +968,9 @@ impl<'r, 't> GroupRows<'r, 't> {
                 };
                 if changed && let Some(t) = self.sets.get_mut(key) {
                     let row = matches!(m, Mutation::Add(_)).then_some(dot);
+                    if t.touched.is_empty() {
+                        self.sets_touched.push(Arc::clone(&t.key));
+                    }
                     t.touched.insert(e.clone(), row);
                 }
                 changed
@@ -1192,6 +1205,62 @@ mod tests {
     use tidemark_crdts::{ReplicaId, Store};
 
     use crate::store::test_rng::Rng;
+
+    /// The row cache a local group hands on keeps the sets of earlier groups and none of the
+    /// elements a group touched (they are in its log records): only the sets the group itself
+    /// touched are looked at, so a lone add after a burst over many sets does not pay for the
+    /// whole cache (issue 21: `http_throughput`'s single ops after its batched set adds).
+    #[test]
+    fn the_row_cache_keeps_earlier_sets_and_no_touched_elements() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = RedbStore::open(
+            dir.path(),
+            OpenOptions {
+                new_replica_id: Some(ReplicaId(1)),
+                ..OpenOptions::default()
+            },
+        )
+        .expect("open");
+        let add = |set: usize, e: usize| LocalWrite {
+            ops: vec![(
+                Key::new(KeyKind::ORSet, format!("s{set}")),
+                Mutation::Add(format!("\"e{e}\"")),
+            )],
+            event: None,
+            stamps: Vec::new(),
+            late: None,
+            own_dots: false,
+        };
+        // A burst: 500 sets in one group.
+        let burst: Vec<LocalWrite> = (0..500).map(|i| add(i, 0)).collect();
+        s.commit_local(&burst, 1_000).expect("burst");
+        let cached = |s: &RedbStore| {
+            let c = s.row_cache.as_ref().expect("a local commit leaves its cache");
+            assert!(
+                c.sets.values().all(|t| t.touched.is_empty()),
+                "a touched element outlived its group"
+            );
+            c.sets.len()
+        };
+        assert_eq!(cached(&s), 500);
+        // Lone adds: 40 to sets of the burst, then 10 to new sets.
+        let targets: Vec<usize> = (0..40).map(|i| i * 12).chain(500..510).collect();
+        for (i, set) in targets.iter().enumerate() {
+            s.commit_local(&[add(*set, i + 1)], 1_001 + i as u64)
+                .expect("lone add");
+            assert_eq!(cached(&s), 500 + i.saturating_sub(39));
+        }
+        for (i, set) in targets.iter().enumerate() {
+            let key = Key::new(KeyKind::ORSet, format!("s{set}"));
+            let Some(Value::ORSet(elems)) = s.reader().get(&key).expect("read") else {
+                panic!("{key} is a set with elements");
+            };
+            assert!(
+                elems.contains(&format!("\"e{}\"", i + 1)),
+                "{key}: {elems:?}"
+            );
+        }
+    }
 
     /// The writer keeps decoded rows from one local commit to the next: a group that fails
     /// after mutating cached entries must leave nothing of itself there, and rows another
