@@ -272,9 +272,22 @@ impl ClusterView for SingleNode {
     }
 }
 
-/// Shared state of the handlers.
+/// Shared state of the handlers: one `Arc`, so the clones every request makes (one per
+/// middleware layer and per `State` extractor) cost one atomic increment each rather than one
+/// per field (≈ 17; `perf` put the clones and drops at ≈ 5 µs of CPU per request).
 #[derive(Clone)]
-pub(crate) struct AppState {
+pub(crate) struct AppState(Arc<AppShared>);
+
+impl std::ops::Deref for AppState {
+    type Target = AppShared;
+
+    fn deref(&self) -> &AppShared {
+        &self.0
+    }
+}
+
+/// What [`AppState`] shares.
+pub(crate) struct AppShared {
     pub(crate) node: Node,
     pub(crate) config: Arc<HttpConfig>,
     pub(crate) requests: Arc<Semaphore>,
@@ -363,7 +376,7 @@ impl HttpServer {
         let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);
         let config = Arc::new(config);
         let metrics = metrics::HttpMetrics::default();
-        let state = AppState {
+        let state = AppState(Arc::new(AppShared {
             node,
             requests: Arc::new(Semaphore::new(config.concurrency_max)),
             watchers: Arc::new(Semaphore::new(config.watchers_max)),
@@ -374,7 +387,7 @@ impl HttpServer {
             listen,
             snapshots: Arc::new(Semaphore::new(1)),
             body_budget: Arc::new(Semaphore::new(config.inflight_bytes_max)),
-        };
+        }));
         Ok(Self {
             listener,
             router: routes::router(state),
