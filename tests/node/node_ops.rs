@@ -381,3 +381,45 @@ async fn concurrent_increments_near_the_limit_are_refused_exactly_past_it() {
     assert_eq!(get(KeyKind::GCounter, "other"), Value::GCounter(1 + 10));
     node.shutdown().await.expect("shutdown");
 }
+
+/// A lone write is committed alone and at once (issue 21, the single-op path): an idle writer
+/// never holds a write back waiting for company, so each of 50 sequential applies is a commit
+/// group of its own; writes queued while a commit is in progress still share groups. Counted
+/// with the node's commit metrics, never timed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_write_commits_alone_and_queued_writes_share_groups() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = open(dir.path()).await;
+    let before = node.metrics();
+    for _ in 0..50 {
+        node.apply(Op::inc_gcounter("lone", 1))
+            .await
+            .expect("apply");
+    }
+    let lone = node.metrics();
+    assert_eq!(
+        lone.commits - before.commits,
+        50,
+        "one group per lone write"
+    );
+    assert_eq!(lone.commit_groups_ops - before.commit_groups_ops, 50);
+    // 64 writers at once: the writer commits what is queued whenever it looks, so the writes
+    // that arrive while a group is being made durable wait for the next group, together.
+    let writers: Vec<_> = (0..64)
+        .map(|i| {
+            let node = node.clone();
+            tokio::spawn(async move { node.apply(Op::inc_gcounter(&format!("c{i}"), 1)).await })
+        })
+        .collect();
+    for w in writers {
+        w.await.expect("task").expect("apply");
+    }
+    let queued = node.metrics();
+    assert_eq!(queued.commit_groups_ops - lone.commit_groups_ops, 64);
+    assert!(
+        queued.commits - lone.commits < 64,
+        "64 concurrent writes made {} groups",
+        queued.commits - lone.commits
+    );
+    node.shutdown().await.expect("shutdown");
+}
