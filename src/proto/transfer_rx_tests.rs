@@ -429,3 +429,56 @@ fn a_bootstrap_stages_its_chunks_and_holds_one_in_memory() {
     assert_eq!(b.store.stats().transfer_staged_bytes, 0);
     assert_eq!(a.store.entries(), b.store.entries());
 }
+
+/// What the receiver logs for forwarding, replayed record by record to a third peer that
+/// holds an older state of the sender (an interval may end inside a run of records): every
+/// record that brings a counter's new dot also removes that replica's older dot of it (counter
+/// dots have no index rows: a peer removes an overwritten counter dot only while joining the
+/// counter's entry), so the peer ends with the sender's state, never two live dots of one
+/// replica in a counter. (The simulation found this when the removals went only with the
+/// transfer's context, logged after the rows.)
+#[test]
+fn a_staged_transfer_forwards_counter_removals_with_the_counter() {
+    let (mut s, _) = sender();
+    // The third peer holds the sender's state with the counter's older dot; the sender then
+    // counts on (its new dot supersedes the older one) and writes more rows.
+    let mid = s.state();
+    let counter = Key::new(KeyKind::GCounter, "events");
+    s.apply_local(&[(counter.clone(), Mutation::Inc(5))], WALL)
+        .expect("store");
+    for i in 0..50 {
+        set(&mut s, &format!("later{i:03}"), "v");
+    }
+    let (all, end) = chunks(&mut s, RECEIVER, 700);
+    let cursor = Some((s.replica_id(), end));
+    let id: TransferId = (s.replica_id(), 1, 1);
+    let n = all.len() - 1;
+    // A fresh receiver: it never saw the counter's older dot.
+    let mut r = TestStore::new(ReplicaId(1002), Limits::default());
+    stage_all(&mut r, id, &all[..n]).expect("staged");
+    let index = u32::try_from(n).expect("index");
+    r.apply_staged(SENDER, id, index, all[n].clone(), cursor, WALL)
+        .expect("store")
+        .expect("valid");
+    let mut p = TestStore::new(ReplicaId(1003), Limits::default());
+    p.apply_remote(SENDER, mid, None, WALL)
+        .expect("store")
+        .expect("valid");
+    // Replay the receiver's log one record at a time.
+    let (start, log_end) = r.log_bounds();
+    let mut from = start;
+    let mut records = 0;
+    while from < log_end {
+        let interval = r.log_interval(from, None, 1).expect("log");
+        if let Some(delta) = interval.delta {
+            p.apply_remote(RECEIVER, delta, None, WALL)
+                .expect("store")
+                .expect("valid");
+        }
+        records += 1;
+        from = interval.end;
+    }
+    assert!(records > 3, "{records} records");
+    assert_eq!(p.entries(), s.entries());
+    p.verify().expect("invariants");
+}

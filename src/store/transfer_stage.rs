@@ -9,10 +9,12 @@
 //! transfer (`proto::transfer::merge_chunks`): the key space is joined range by range
 //! ([`admission::RangeJoin`]), each range ending at the last key of a chunk (or of a large
 //! row, once its last part arrived) and the final one open, every range under the transfer's
-//! context, with the same validation the merged chunk would get (per batch, plus the dots
-//! carried so far for distinctness across chunks). The inflation is logged batch by batch as
-//! one run of records (`LogRecord::continues`), the context's rest, then the dedup marks
-//! page by page. Staging is dropped at open, when a new transfer starts, on reject, and by
+//! context, with the same validation the merged chunk would get (per batch; a first pass over
+//! the staged chunks checks the contexts, the parts and that no dot is carried twice in the
+//! whole transfer, and collects the dots carried). The inflation is logged batch by batch as
+//! one run of records (`LogRecord::continues`), each counter entry with the removals it
+//! supersedes ([`counter_removals`]), then the context's rest, then the dedup marks page by
+//! page. Staging is dropped at open, when a new transfer starts, on reject, and by
 //! `reidentify`.
 
 use super::error::StoreError;
@@ -110,8 +112,9 @@ struct Stream {
     tctx: CausalContext,
     /// The upper bound of the ranges joined so far.
     lo: Option<Key>,
-    /// Every dot carried so far (a dot twice in the transfer is refused, as in one chunk).
-    carried: CausalContext,
+    /// Dots of the transfer's context that the local context lacks and no entry of the
+    /// transfer carries: the removals the transfer brings (see [`counter_removals`]).
+    removals: CausalContext,
     max_ts: Option<Timestamp>,
     run: LogRun,
 }
@@ -222,7 +225,7 @@ impl RedbStore {
             ctx: self.ctx.clone(),
             tctx: last.ctx.clone(),
             lo: None,
-            carried: CausalContext::new(),
+            removals: CausalContext::new(),
             max_ts: None,
             run: LogRun::new(self.log_end),
         };
@@ -280,6 +283,12 @@ impl RedbStore {
         last: StateChunk,
         st: &mut Stream,
     ) -> Result<Result<(), Rejected>, StoreError> {
+        let carried = match self.scan_staged(txn, staged, &last, &st.tctx)? {
+            Ok(carried) => carried,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        st.removals = st.tctx.diff(&st.local).diff(&carried);
+        drop(carried);
         let frame_max = self.options.limits.frame_bytes_max;
         let mut check = PartsCheck::default();
         // The entries of the large row whose parts are being put back together.
@@ -406,17 +415,6 @@ impl RedbStore {
             return Ok(Err(reason));
         }
         let mut entries = probe.entries;
-        let mut dup = None;
-        for (k, e) in &entries {
-            e.for_each_dot(&mut |d| {
-                if !st.carried.insert(d) && dup.is_none() {
-                    dup = Some((d, k.to_string()));
-                }
-            });
-        }
-        if let Some((dot, key)) = dup {
-            return Ok(Err(Rejected::DuplicateDot { dot, key }));
-        }
         let hi = entries.last().map(|(k, _)| k.clone());
         if let Some(keep) = &self.remote_filter {
             entries.retain(|(k, _)| keep(k));
@@ -430,10 +428,62 @@ impl RedbStore {
             join.join_range(rows, local, (lo, hi.as_ref()), entries, tctx)
         })?;
         st.lo = hi;
-        if let Some(inflation) = join.take_batch() {
+        if let Some(mut inflation) = join.take_batch() {
+            counter_removals(&mut inflation, &st.removals);
             self.log_inflation(txn, origin, inflation, &mut st.run)?;
         }
         Ok(Ok(()))
+    }
+
+    /// The first pass over the transfer (staged chunks `0..staged`, then `last`): every chunk
+    /// carries the transfer's context, the large rows' parts are sound, and no dot is carried
+    /// twice (as `validate_chunk` checks within one chunk). Returns every dot carried.
+    fn scan_staged(
+        &self,
+        txn: &WriteTransaction,
+        staged: u32,
+        last: &StateChunk,
+        tctx: &CausalContext,
+    ) -> Result<Result<CausalContext, Rejected>, StoreError> {
+        let frame_max = self.options.limits.frame_bytes_max;
+        let mut check = PartsCheck::default();
+        let mut carried = CausalContext::new();
+        let mut scan = |chunk: &StateChunk| -> Result<(), Rejected> {
+            if chunk.ctx != *tctx {
+                return Err(Rejected::BadChunk(
+                    "chunks of one transfer carry different contexts",
+                ));
+            }
+            check.next(chunk)?;
+            let mut dup = None;
+            for (k, e) in &chunk.entries {
+                e.for_each_dot(&mut |d| {
+                    if d.seq != 0 && !carried.insert(d) && dup.is_none() {
+                        dup = Some((d, k.to_string()));
+                    }
+                });
+            }
+            match dup {
+                Some((dot, key)) => Err(Rejected::DuplicateDot { dot, key }),
+                None => Ok(()),
+            }
+        };
+        let t = txn.open_table(TRANSFER_STAGE).map_err(StoreError::redb)?;
+        for i in 0..staged {
+            let g = t
+                .get(u64::from(i))
+                .map_err(StoreError::redb)?
+                .ok_or_else(|| StoreError::Corrupt("a staged transfer chunk is missing".into()))?;
+            let chunk: StateChunk =
+                codec::decode("transfer chunk", g.value(), frame_max).map_err(stage_err)?;
+            if let Err(reason) = scan(&chunk) {
+                return Ok(Err(reason));
+            }
+        }
+        if let Err(reason) = scan(last) {
+            return Ok(Err(reason));
+        }
+        Ok(check.finish().map(|()| carried))
     }
 
     /// Ends the rows: joins the keys after the last batch (local keys the transfer does not
@@ -494,4 +544,36 @@ impl RedbStore {
         let pieces = split_delta(delta, target, &CausalContext::new()).map_err(stage_err)?;
         run.push(txn, origin, pieces, self.options.limits.record_bytes_max)
     }
+}
+
+/// Adds to a batch's inflation the removals its counter entries supersede: for each counter
+/// dot `(r, n)`, the transfer's removals of `r`'s lower dots. Counter dots have no dot-index
+/// rows, so a peer removes an overwritten counter dot only while joining the counter's own
+/// entry: the piece logging the entry must carry them (as `split_delta` places them next to
+/// the entry when it splits one inflation; a batch is logged before the transfer's context).
+/// `removals` holds no dot any entry of the transfer carries, so no piece's context removes a
+/// dot another piece brings.
+fn counter_removals(
+    inflation: &mut tidemark_crdts::causal_map::StoreDelta,
+    removals: &CausalContext,
+) {
+    if removals.is_empty() {
+        return;
+    }
+    let mut extra = CausalContext::new();
+    for (key, entry) in inflation.store.iter() {
+        if key.kind.deletable() {
+            continue;
+        }
+        entry.for_each_dot(&mut |d| {
+            if d.seq > 1 {
+                extra.join(&removals.intersection(&CausalContext::from_range(
+                    d.replica,
+                    1,
+                    d.seq - 1,
+                )));
+            }
+        });
+    }
+    inflation.ctx.join(&extra);
 }
