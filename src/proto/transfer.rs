@@ -1,6 +1,7 @@
 //! Chunked state transfer bookkeeping (docs/design/principles.md,
 //! "State transfer"): the sender's snapshot and
-//! where it is, and the receiver's expected chunk and the chunks it holds. Volatile on both
+//! where it is, and the receiver's expected chunk (the chunks received are staged in the
+//! store, not here). Volatile on both
 //! sides: a restart on either side makes the receiver answer `ChunkNack` (or the sender time
 //! out) and the transfer restarts.
 //!
