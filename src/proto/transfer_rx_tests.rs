@@ -482,3 +482,66 @@ fn a_staged_transfer_forwards_counter_removals_with_the_counter() {
     assert_eq!(p.entries(), s.entries());
     p.verify().expect("invariants");
 }
+
+/// The sender's link drops mid-transfer: the receiver's core forgets the transfer, and its
+/// staged chunks are dropped at the next timer (not kept until some later transfer); the
+/// transfer then starts over when the link is back, and completes.
+#[test]
+fn a_link_lost_mid_transfer_drops_the_staged_chunks() {
+    let cfg = ReplicaConfig {
+        message_bytes_target: 600,
+        ..config()
+    };
+    let mut a = Node::new(0, &[1], cfg.clone());
+    let mut b = Node::new(1, &[0], cfg);
+    for i in 0..120 {
+        a.write(0, &format!("key{i:03}"), &format!("value-{i}-{}", "x".repeat(40)));
+    }
+    a.up(0, 1);
+    b.up(0, 0);
+    let mut t = 0;
+    while t < 20_000 && b.store.stats().transfer_chunks_staged < 4 {
+        t += 10;
+        for tx in a.out() {
+            b.recv(t, a.id, tx.msg);
+        }
+        for tx in b.out() {
+            a.recv(t, b.id, tx.msg);
+        }
+        a.tick(t);
+        b.tick(t);
+    }
+    assert!(b.store.stats().transfer_staged_bytes > 0, "chunks staged");
+    b.replica.peer_down(super::tests::now(t), a.id);
+    a.replica.peer_down(super::tests::now(t), b.id);
+    b.tick(t + 10);
+    assert_eq!(b.store.stats().transfer_staged_bytes, 0, "staging dropped");
+    assert_eq!(b.replica.stats().transfers_received, 0);
+    t += 20;
+    a.up(t, 1);
+    b.up(t, 0);
+    run(&mut [&mut a, &mut b], t, t + 20_000);
+    assert_eq!(b.replica.stats().transfers_received, 1);
+    assert_eq!(a.store.entries(), b.store.entries());
+}
+
+/// Re-identification (the store turned out to be a restored copy) starts replication over:
+/// the chunks staged under the old identity are dropped with it.
+#[test]
+fn reidentify_drops_the_staged_chunks() {
+    let (mut s, _) = sender();
+    let (all, end) = chunks(&mut s, RECEIVER, 700);
+    let id: TransferId = (s.replica_id(), 1, 1);
+    let n = all.len() - 1;
+    let mut r = TestStore::new(ReplicaId(1002), Limits::default());
+    stage_all(&mut r, id, &all[..n]).expect("staged");
+    assert!(r.stats().transfer_staged_bytes > 0);
+    r.reidentify().expect("reidentify");
+    assert_eq!(r.stats().transfer_staged_bytes, 0);
+    let index = u32::try_from(n).expect("index");
+    let refused = r
+        .apply_staged(SENDER, id, index, all[n].clone(), Some((s.replica_id(), end)), WALL)
+        .expect("store");
+    assert!(refused.is_err());
+    assert!(r.entries().is_empty());
+}
