@@ -13,6 +13,8 @@ mod tests;
 mod transfer_review_tests;
 #[cfg(test)]
 mod transfer_rx_tests;
+#[cfg(test)]
+mod transfer_rx_review_tests;
 pub(crate) mod transfer;
 
 pub use message::Message;
