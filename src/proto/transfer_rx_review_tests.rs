@@ -367,3 +367,120 @@ fn a_split_merged_inflation_does_not_forward_another_keys_overwrite_before_its_v
         "the third peer lost register zz after record {lost_at:?} of {record}"
     );
 }
+
+/// Over the replication core, a hostile network: the sender restarts its transfer (a new id)
+/// while the receiver still stages the first one, a retransmission of the FIRST transfer's
+/// chunk 0 then arrives late in the middle of the second, and a second sender (with rows of
+/// its own) tries to bootstrap the receiver meanwhile. The staging never mixes transfers: the
+/// receiver ends with exactly the senders' state, its store passes `verify`, nothing is left
+/// staged.
+#[test]
+fn a_stale_chunk_and_a_second_sender_never_mix_into_the_staging() {
+    use super::tests::{Node, config, run};
+    let cfg = crate::proto::ReplicaConfig {
+        message_bytes_target: 600,
+        ..config()
+    };
+    let mut a = Node::new(0, &[1, 2], cfg.clone());
+    let mut b = Node::new(1, &[0, 2], cfg.clone());
+    let mut c = Node::new(2, &[0, 1], cfg);
+    for i in 0..120 {
+        a.write(0, &format!("key{i:03}"), &format!("value-{i}-{}", "x".repeat(40)));
+    }
+    for i in 0..40 {
+        c.write(0, &format!("cee{i:03}"), &format!("c-{i}-{}", "y".repeat(40)));
+    }
+    // a and c know each other first.
+    a.up(0, 2);
+    c.up(0, 0);
+    run(&mut [&mut a, &mut c], 0, 2_000);
+    assert_eq!(a.store.entries(), c.store.entries());
+    let mut t = 2_000;
+    a.up(t, 1);
+    b.up(t, 0);
+    let mut first_chunk0: Option<Message> = None;
+    let pump = |a: &mut Node, b: &mut Node, t: u64, hold: &mut Option<Message>| {
+        for tx in a.out() {
+            if tx.to != b.id {
+                continue;
+            }
+            if hold.is_none() {
+                if let Message::Chunk { index: 0, .. } = &tx.msg {
+                    *hold = Some(tx.msg.clone());
+                }
+            }
+            b.recv(t, a.id, tx.msg);
+        }
+        for tx in b.out() {
+            if tx.to == a.id {
+                a.recv(t, b.id, tx.msg);
+            }
+        }
+        a.tick(t);
+        b.tick(t);
+    };
+    while t < 30_000 && b.store.stats().transfer_chunks_staged < 4 {
+        t += 10;
+        pump(&mut a, &mut b, t, &mut first_chunk0);
+    }
+    assert!(b.store.stats().transfer_staged_bytes > 0, "first transfer staged");
+    let stale = first_chunk0.expect("the first transfer's chunk 0");
+    // The sender alone sees the link reset: it starts a new transfer.
+    a.replica.peer_down(super::tests::now(t), b.id);
+    a.up(t, 1);
+    let staged_before = b.store.stats().transfer_chunks_staged;
+    let mut dummy = Some(stale.clone());
+    while t < 60_000 && b.store.stats().transfer_chunks_staged < staged_before + 3 {
+        t += 10;
+        pump(&mut a, &mut b, t, &mut dummy);
+    }
+    // The first transfer's chunk 0, late, in the middle of the second; and the second sender.
+    b.recv(t, a.id, stale);
+    c.up(t, 1);
+    b.up(t, 2);
+    run(&mut [&mut a, &mut b, &mut c], t, t + 60_000);
+    assert_eq!(b.store.entries(), a.store.entries());
+    assert_eq!(b.store.entries(), c.store.entries());
+    assert_eq!(b.store.ctx(), a.store.ctx());
+    b.store.verify().expect("receiver invariants");
+    assert_eq!(b.store.stats().transfer_staged_bytes, 0, "nothing left staged");
+    assert!(b.replica.stats().transfers_received >= 1);
+}
+
+/// A transfer of no rows but dedup marks of many sources (the keys they wrote were deleted),
+/// in several pages: the marks land, the removals of the receiver's copies of those keys too.
+#[test]
+fn a_marks_only_transfer_streams_as_the_merged_transfer() {
+    use crate::store::{EventId, LocalWrite};
+    let mut s = TestStore::new(ReplicaId(1001), Limits::default());
+    let key = mv("evt");
+    for src in 0..40 {
+        let write = LocalWrite {
+            ops: vec![(key.clone(), Mutation::Set(format!("\"{src}\"")))],
+            event: Some(EventId {
+                stream: "stream".into(),
+                source: format!("a-rather-long-source-name-{src:03}"),
+                seq: 1,
+            }),
+            stamps: Vec::new(),
+            late: None,
+            own_dots: false,
+        };
+        s.commit_local(&[write], WALL).expect("store");
+    }
+    let early = s.state();
+    s.apply_local(&[(key.clone(), Mutation::Delete)], WALL)
+        .expect("store");
+    assert!(s.entries().is_empty());
+    let receiver = || {
+        let mut r = TestStore::new(ReplicaId(1002), Limits::default());
+        r.apply_remote(SENDER, early.clone(), None, WALL)
+            .expect("store")
+            .expect("valid");
+        r
+    };
+    let all = check_shape(&mut s, &early, &receiver, 400);
+    assert!(all.iter().all(|c| c.entries.is_empty()));
+    let pages = all.iter().filter(|c| !c.marks.is_empty()).count();
+    assert!(pages >= 2, "marks in {pages} pages of {} chunks", all.len());
+}
