@@ -484,3 +484,193 @@ fn a_marks_only_transfer_streams_as_the_merged_transfer() {
     let pages = all.iter().filter(|c| !c.marks.is_empty()).count();
     assert!(pages >= 2, "marks in {pages} pages of {} chunks", all.len());
 }
+
+fn local_write(r: &mut crate::store::RedbStore, name: &str) {
+    let write = crate::store::LocalWrite {
+        ops: vec![(mv(name), Mutation::Set("\"v\"".into()))],
+        event: None,
+        stamps: Vec::new(),
+        late: None,
+        own_dots: false,
+    };
+    r.commit_local(&[write], WALL).expect("local");
+}
+
+/// Staging on a data directory (non-durable commits with no log record, between WAL-covered
+/// local groups): a snapshot taken mid-transfer holds none of the staged chunks (it verifies,
+/// and a store restored from it holds exactly the pre-transfer rows), redb's integrity check
+/// mid-transfer (which promotes pending non-durable commits) leaves the staging usable, a
+/// local write in between is kept, and the transfer then applies as the merged one would.
+#[test]
+fn staging_survives_snapshot_integrity_check_and_local_writes_mid_transfer() {
+    use crate::store::{OpenOptions, RedbStore};
+    let mut s = TestStore::new(ReplicaId(1001), Limits::default());
+    for i in 0..80 {
+        set(&mut s, &format!("k{i:03}"), &"s".repeat(30));
+    }
+    add_set(&mut s, "big", 120);
+    let (all, end) = chunks(&mut s, RECEIVER, 700);
+    let n = all.len() - 1;
+    assert!(n >= 6, "{} chunks", all.len());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let options = || OpenOptions {
+        new_replica_id: Some(ReplicaId(1002)),
+        ..OpenOptions::default()
+    };
+    let mut r = RedbStore::open(&data, options()).expect("open");
+    local_write(&mut r, "mine");
+    let before = r.reader().entries().expect("rows");
+    let id: TransferId = (s.replica_id(), 1, 1);
+    for (i, c) in all[..n / 2].iter().enumerate() {
+        let index = u32::try_from(i).expect("index");
+        r.stage_chunk(SENDER, id, index, c.clone())
+            .expect("store")
+            .expect("staged");
+    }
+    // A local write (WAL-covered group) between staged chunks.
+    local_write(&mut r, "mine2");
+    let snap = dir.path().join("mid.snap");
+    r.snapshot(&snap, WALL).expect("snapshot mid-transfer");
+    crate::store::snapshot::verify_snapshot(&snap, &Limits::default()).expect("verifies");
+    let restored = dir.path().join("restored");
+    crate::store::snapshot::restore_snapshot(
+        &snap,
+        &restored,
+        Some(ReplicaId(1004)),
+        &Limits::default(),
+    )
+    .expect("restore");
+    {
+        let x = RedbStore::open(
+            &restored,
+            OpenOptions {
+                new_replica_id: Some(ReplicaId(1004)),
+                ..OpenOptions::default()
+            },
+        )
+        .expect("open restored");
+        let rows = x.reader().entries().expect("rows");
+        assert_eq!(rows.len(), before.len() + 1, "{rows:?}");
+        assert!(rows.iter().all(|(k, _)| k.name.starts_with("mine")));
+        x.verify().expect("restored invariants");
+    }
+    assert!(r.check_integrity().expect("integrity"), "clean mid-transfer");
+    for (i, c) in all.iter().enumerate().take(n).skip(n / 2) {
+        let index = u32::try_from(i).expect("index");
+        r.stage_chunk(SENDER, id, index, c.clone())
+            .expect("store")
+            .expect("staged after the check");
+    }
+    let index = u32::try_from(n).expect("index");
+    r.apply_staged(
+        SENDER,
+        id,
+        index,
+        all[n].clone(),
+        Some((s.replica_id(), end)),
+        WALL,
+    )
+    .expect("store")
+    .expect("valid");
+    let rows: Vec<_> = r
+        .reader()
+        .entries()
+        .expect("rows")
+        .into_iter()
+        .filter(|(k, _)| !k.name.starts_with("mine"))
+        .collect();
+    assert_eq!(rows, s.entries());
+    r.verify().expect("invariants");
+    assert!(r.check_integrity().expect("integrity"));
+    drop(r);
+    let r = RedbStore::open(&data, options()).expect("reopen");
+    assert_eq!(r.reader().entries().expect("rows").len(), s.entries().len() + 2);
+    r.verify().expect("reopened invariants");
+}
+
+/// A kill -9 mid-transfer (the files as the page cache holds them), in both durabilities:
+/// staged chunks interleaved with WAL-covered local groups and a durable remote join (which
+/// makes the staged commits before it durable too). The reopened store holds every
+/// acknowledged local write, nothing of the transfer, no staging, passes `verify` and redb's
+/// integrity check, and the restarted transfer applies.
+#[test]
+fn a_crash_mid_transfer_keeps_local_writes_and_drops_the_staging() {
+    use crate::store::{DB_FILE, OpenOptions, RedbStore, WAL_FILE};
+    let mut s = TestStore::new(ReplicaId(1001), Limits::default());
+    for i in 0..160 {
+        set(&mut s, &format!("k{i:03}"), &"s".repeat(30));
+    }
+    let (all, end) = chunks(&mut s, RECEIVER, 700);
+    let n = all.len() - 1;
+    assert!(n >= 6, "{} chunks", all.len());
+    let id: TransferId = (s.replica_id(), 1, 1);
+    for durability in [crate::Durability::Immediate, crate::Durability::Relaxed] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = dir.path().join("data");
+        let options = || OpenOptions {
+            new_replica_id: Some(ReplicaId(1002)),
+            durability,
+            ..OpenOptions::default()
+        };
+        let mut r = RedbStore::open(&data, options()).expect("open");
+        let mut other = TestStore::new(ReplicaId(1005), Limits::default());
+        set(&mut other, "from-other", "v");
+        let other_state = other.state();
+        for (i, c) in all[..n].iter().enumerate() {
+            let index = u32::try_from(i).expect("index");
+            r.stage_chunk(SENDER, id, index, c.clone())
+                .expect("store")
+                .expect("staged");
+            match i % 3 {
+                0 => local_write(&mut r, &format!("mine{i:03}")),
+                1 if i == 1 => {
+                    r.apply_remote(PeerId(5), other_state.clone(), None, WALL)
+                        .expect("store")
+                        .expect("valid");
+                }
+                _ => {}
+            }
+        }
+        r.sync().expect("sync");
+        let acknowledged = r.reader().entries().expect("rows");
+        let ctx = r.ctx().clone();
+        let crashed = dir.path().join("crashed");
+        std::fs::create_dir_all(&crashed).expect("mkdir");
+        std::fs::copy(data.join(DB_FILE), crashed.join(DB_FILE)).expect("copy db");
+        if data.join(WAL_FILE).exists() {
+            std::fs::copy(data.join(WAL_FILE), crashed.join(WAL_FILE)).expect("copy log");
+        }
+        drop(r);
+        let mut x = RedbStore::open(&crashed, options()).expect("reopen after the crash");
+        assert_eq!(
+            x.reader().entries().expect("rows"),
+            acknowledged,
+            "{durability:?}"
+        );
+        assert_eq!(x.ctx(), &ctx);
+        assert_eq!(x.stats().transfer_staged_bytes, 0);
+        x.verify().expect("invariants");
+        assert!(x.check_integrity().expect("integrity"), "{durability:?}");
+        let index = u32::try_from(n).expect("index");
+        let cursor = Some((s.replica_id(), end));
+        let refused = x
+            .apply_staged(SENDER, id, index, all[n].clone(), cursor, WALL)
+            .expect("store");
+        assert!(refused.is_err(), "nothing staged survived: {durability:?}");
+        for (i, c) in all[..n].iter().enumerate() {
+            let index = u32::try_from(i).expect("index");
+            x.stage_chunk(SENDER, id, index, c.clone())
+                .expect("store")
+                .expect("staged");
+        }
+        x.apply_staged(SENDER, id, index, all[n].clone(), cursor, WALL)
+            .expect("store")
+            .expect("valid");
+        x.verify().expect("invariants after the transfer");
+        let rows = x.reader().entries().expect("rows");
+        for (k, e) in s.entries() {
+            assert!(rows.contains(&(k, e)));
+        }
+    }
+}
