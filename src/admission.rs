@@ -282,55 +282,122 @@ pub fn join_chunk<R: KeyRange>(
     ctx: &mut CausalContext,
     chunk: StateChunk,
 ) -> Result<JoinOutcome, R::Error> {
-    let local_keys = rows.keys_in_range(chunk.after.as_ref(), chunk.upto.as_ref())?;
     let removal_ctx = chunk.dots.map(|slice| slice.clip(&chunk.ctx));
     let join_ctx = removal_ctx.as_ref().unwrap_or(&chunk.ctx);
-    let mut carried: std::collections::BTreeMap<Key, Entry> = chunk.entries.into_iter().collect();
-    let mut keys: Vec<Key> = local_keys;
-    keys.extend(carried.keys().cloned());
-    keys.sort();
-    keys.dedup();
-    let mut infl_store: DotMap<Key, Entry> = DotMap::default();
-    let mut infl_ctx = CausalContext::new();
-    let mut gained = CausalContext::new();
-    let mut changed = Vec::new();
-    for key in keys {
-        let theirs = carried
-            .remove(&key)
-            .unwrap_or_else(|| Entry::bottom(key.kind));
-        let old = rows.get(&key)?;
-        let mut new = old.clone().unwrap_or_else(|| Entry::bottom(key.kind));
-        let before = new.dots();
-        let mut unseen = theirs.unseen_by(ctx);
-        // Conflicting input only: a value that beats ours under the same dot changes the row,
-        // so redundancy removal must forward it too (with its dots, keeping I3).
-        let overriding = theirs.overriding(&new);
-        if !overriding.is_bottom() {
-            infl_ctx.join(&overriding.dots());
-            let none = CausalContext::new();
-            unseen.join(&none, overriding, &none);
+    let mut join = RangeJoin::default();
+    join.join_range(
+        rows,
+        ctx,
+        (chunk.after.as_ref(), chunk.upto.as_ref()),
+        chunk.entries,
+        join_ctx,
+    )?;
+    Ok(join.finish(ctx, chunk.last.then_some(&chunk.ctx)))
+}
+
+/// [`join_chunk`] in steps: one transfer's key space joined range by range (each key in
+/// exactly one range, every range under the same context) and finished once. Joining the
+/// ranges `(None, k1], (k1, k2], ..., (kn, None]` with the entries of each, then finishing
+/// with the transfer's context, gives exactly the rows, context and inflation of one
+/// [`join_chunk`] of the whole transfer. The local context `ctx` passed to every step must be
+/// the one before the first step (it moves only in [`RangeJoin::finish`]).
+#[derive(Debug, Default)]
+pub struct RangeJoin {
+    infl_store: DotMap<Key, Entry>,
+    infl_ctx: CausalContext,
+    /// Dots carried that the local context lacked, since the last [`RangeJoin::take_batch`].
+    gained: CausalContext,
+    /// Every gained dot taken out by [`RangeJoin::take_batch`].
+    gained_before: CausalContext,
+    changed: Vec<Key>,
+}
+
+impl RangeJoin {
+    /// Joins every key `k` with `after < k <= upto`, local or carried in `entries` (keys
+    /// inside the range), with its carried entry (bottom when none) under `join_ctx`.
+    ///
+    /// # Errors
+    /// Backend failures (the caller discards its transaction).
+    pub fn join_range<R: KeyRange>(
+        &mut self,
+        rows: &mut R,
+        ctx: &CausalContext,
+        (after, upto): (Option<&Key>, Option<&Key>),
+        entries: Vec<(Key, Entry)>,
+        join_ctx: &CausalContext,
+    ) -> Result<(), R::Error> {
+        let local_keys = rows.keys_in_range(after, upto)?;
+        let mut carried: std::collections::BTreeMap<Key, Entry> = entries.into_iter().collect();
+        let mut keys: Vec<Key> = local_keys;
+        keys.extend(carried.keys().cloned());
+        keys.sort();
+        keys.dedup();
+        for key in keys {
+            let theirs = carried
+                .remove(&key)
+                .unwrap_or_else(|| Entry::bottom(key.kind));
+            let old = rows.get(&key)?;
+            let mut new = old.clone().unwrap_or_else(|| Entry::bottom(key.kind));
+            let before = new.dots();
+            let mut unseen = theirs.unseen_by(ctx);
+            // Conflicting input only: a value that beats ours under the same dot changes the
+            // row, so redundancy removal must forward it too (with its dots, keeping I3).
+            let overriding = theirs.overriding(&new);
+            if !overriding.is_bottom() {
+                self.infl_ctx.join(&overriding.dots());
+                let none = CausalContext::new();
+                unseen.join(&none, overriding, &none);
+            }
+            new.join(ctx, theirs, join_ctx);
+            self.infl_ctx.join(&before.diff(&new.dots()));
+            let new_opt = (!new.is_bottom()).then_some(&new);
+            if new_opt != old.as_ref() {
+                rows.put(&key, old.as_ref(), new_opt)?;
+                self.changed.push(key.clone());
+            }
+            if !unseen.is_bottom() {
+                self.gained.join(&unseen.dots());
+                self.infl_store.set(key, unseen);
+            }
         }
-        new.join(ctx, theirs, join_ctx);
-        infl_ctx.join(&before.diff(&new.dots()));
-        let new_opt = (!new.is_bottom()).then_some(&new);
-        if new_opt != old.as_ref() {
-            rows.put(&key, old.as_ref(), new_opt)?;
-            changed.push(key.clone());
-        }
-        if !unseen.is_bottom() {
-            gained.join(&unseen.dots());
-            infl_store.set(key, unseen);
-        }
+        Ok(())
     }
-    infl_ctx.join(&gained);
-    ctx.join(&gained);
-    if chunk.last {
-        infl_ctx.join(&chunk.ctx.diff(ctx));
-        ctx.join(&chunk.ctx);
+
+    /// Takes the inflation of the ranges joined since the last call (`None` when they changed
+    /// nothing), so a long transfer can log it piece by piece instead of holding it whole. The
+    /// pieces taken and the one [`RangeJoin::finish`] returns join to the inflation of one
+    /// whole join.
+    pub fn take_batch(&mut self) -> Option<Causal<DotMap<Key, Entry>>> {
+        let gained = std::mem::take(&mut self.gained);
+        self.gained_before.join(&gained);
+        let mut ctx = std::mem::take(&mut self.infl_ctx);
+        ctx.join(&gained);
+        let store = std::mem::take(&mut self.infl_store);
+        (!store.is_bottom() || !ctx.is_empty()).then_some(Causal { store, ctx })
     }
-    let inflation = (!infl_store.is_bottom() || !infl_ctx.is_empty()).then_some(Causal {
-        store: infl_store,
-        ctx: infl_ctx,
-    });
-    Ok(JoinOutcome { inflation, changed })
+
+    /// Ends the join: the local context gains every dot carried and, for the final chunk
+    /// (`last = Some(transfer's context)`), the transfer's context. Returns the changed keys
+    /// and the inflation not taken by [`RangeJoin::take_batch`].
+    pub fn finish(self, ctx: &mut CausalContext, last: Option<&CausalContext>) -> JoinOutcome {
+        let RangeJoin {
+            infl_store,
+            mut infl_ctx,
+            gained,
+            gained_before,
+            changed,
+        } = self;
+        infl_ctx.join(&gained);
+        ctx.join(&gained_before);
+        ctx.join(&gained);
+        if let Some(transfer_ctx) = last {
+            infl_ctx.join(&transfer_ctx.diff(ctx));
+            ctx.join(transfer_ctx);
+        }
+        let inflation = (!infl_store.is_bottom() || !infl_ctx.is_empty()).then_some(Causal {
+            store: infl_store,
+            ctx: infl_ctx,
+        });
+        JoinOutcome { inflation, changed }
+    }
 }

@@ -1107,6 +1107,37 @@ impl StateStore for Served<'_> {
         Ok(r)
     }
 
+    fn stage_chunk(
+        &mut self,
+        origin: PeerId,
+        transfer: crate::proto::TransferId,
+        index: u32,
+        chunk: StateChunk,
+    ) -> Result<Result<(), Rejected>, StoreError> {
+        // Staged chunks are never visible to peers or readers: nothing to make durable.
+        self.store.stage_chunk(origin, transfer, index, chunk)
+    }
+
+    fn apply_staged(
+        &mut self,
+        origin: PeerId,
+        transfer: crate::proto::TransferId,
+        index: u32,
+        last: StateChunk,
+        cursor: Option<(ReplicaId, u64)>,
+        now_ms: u64,
+    ) -> Result<Result<ApplyOutcome, Rejected>, StoreError> {
+        let r = self
+            .store
+            .apply_staged(origin, transfer, index, last, cursor, now_ms)?;
+        self.sync()?;
+        Ok(r)
+    }
+
+    fn clear_staged(&mut self) -> Result<(), StoreError> {
+        self.store.clear_staged()
+    }
+
     fn truncate_log(&mut self, below: u64) -> Result<u64, StoreError> {
         self.store.truncate_log(below.min(self.log_bounds().1))
     }

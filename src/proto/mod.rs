@@ -11,13 +11,19 @@ pub mod state_store;
 mod tests;
 #[cfg(test)]
 mod transfer_review_tests;
-mod transfer;
+#[cfg(test)]
+mod transfer_rx_tests;
+#[cfg(test)]
+mod transfer_rx_review_tests;
+pub(crate) mod transfer;
 
 pub use message::Message;
 pub use replica::{
     Now, RejectReason, Replica, ReplicaConfig, ReplicaEvent, ReplicaStats, Transmit,
 };
-pub use state_store::{ApplyOutcome, ChunkRead, LogInterval, MarksRead, RowPart, StateStore};
+pub use state_store::{
+    ApplyOutcome, ChunkRead, LogInterval, MarksRead, RowPart, StateStore, TransferId,
+};
 
 /// A peer's identity as the host knows it (e.g. derived from its certificate's node name, or
 /// a simulation's node index). Stable across the peer's restarts and wipes; the peer's replica

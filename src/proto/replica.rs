@@ -296,6 +296,9 @@ pub struct Replica {
     rng: ChaCha8Rng,
     peers: BTreeMap<PeerId, Peer>,
     incoming: BTreeMap<PeerId, InTransfer>,
+    /// An incoming transfer was given up without the store at hand: its staged chunks are
+    /// dropped at the next `handle_timeout` (unless another transfer is under way by then).
+    unstage: bool,
     /// Per sender, the last transfer `(log, epoch, transfer)` we completed: a duplicate of its
     /// chunks is acknowledged again, never re-applied (that would move our cursor back).
     completed_transfer: BTreeMap<PeerId, (ReplicaId, u64, u64)>,
@@ -331,6 +334,7 @@ impl Replica {
             rng: ChaCha8Rng::seed_from_u64(seed),
             peers: peers.into_iter().map(|p| (p, Peer::new())).collect(),
             incoming: BTreeMap::new(),
+            unstage: false,
             completed_transfer: BTreeMap::new(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
@@ -456,8 +460,11 @@ impl Replica {
     pub fn peer_down(&mut self, now: Now, peer: PeerId) {
         self.start(now.mono_ms);
         // Its transfer to us (if any) restarts from scratch when it is back; do not let it
-        // hold back other senders' transfers meanwhile.
-        self.incoming.remove(&peer);
+        // hold back other senders' transfers meanwhile. Its staged chunks are dropped at the
+        // next call that has the store (`handle_timeout`), or when a transfer starts.
+        if self.incoming.remove(&peer).is_some() {
+            self.unstage = true;
+        }
         let p = self.peer_mut(peer);
         p.up = false;
         p.reset_link();
@@ -653,6 +660,10 @@ impl Replica {
         for id in expired {
             self.retransmit(t, id, store)?;
         }
+        if self.unstage && self.incoming.is_empty() {
+            store.clear_staged()?;
+        }
+        self.unstage = false;
         // Snapshots of transfers that ended any other way (a link reset, a new core).
         let peers = &self.peers;
         store.release_transfer_snapshots(&|peer| {
@@ -1368,14 +1379,20 @@ impl Replica {
             return Ok(());
         }
         let last = chunk.last;
-        let mut held = match self.incoming.remove(&from) {
-            Some(s) if same.is_some() => s.held,
-            _ => Vec::new(),
+        let id = (log, epoch, transfer);
+        let failed = match self.incoming.remove(&from) {
+            Some(s) if same.is_some() => s.failed,
+            _ => None,
         };
         if !last {
-            // Held until the last chunk: the chunks are joined together, in one durable join,
-            // so no part of the transfer is applied or forwarded without the rest of its state.
-            held.push(chunk);
+            // Staged in the store until the last chunk: the chunks are joined together, in one
+            // durable join, so no part of the transfer is applied or forwarded without the rest
+            // of its state (and this node holds no chunk in memory meanwhile). A chunk that
+            // cannot be staged fails the transfer, which is rejected at its last chunk.
+            let failed = match failed {
+                Some(reason) => Some(reason),
+                None => store.stage_chunk(from, id, index, chunk)?.err(),
+            };
             self.stats.chunks_applied += 1;
             self.incoming.insert(
                 from,
@@ -1384,16 +1401,19 @@ impl Replica {
                     log,
                     transfer,
                     next: index.saturating_add(1),
-                    held,
+                    failed,
                 },
             );
             self.ack_chunk(from, epoch, transfer, index);
             return Ok(());
         }
         let cursor = last.then_some((log, end));
-        let applied = match crate::proto::transfer::merge_chunks(held, chunk) {
-            Ok(chunk) => store.apply_chunk(from, chunk, cursor, now.wall_ms)?,
-            Err(reason) => Err(reason),
+        let applied = match failed {
+            None => store.apply_staged(from, id, index, chunk, cursor, now.wall_ms)?,
+            Some(reason) => {
+                store.clear_staged()?;
+                Err(reason)
+            }
         };
         match applied {
             Ok(outcome) => {

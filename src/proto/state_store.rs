@@ -21,6 +21,9 @@ pub struct ApplyOutcome {
     pub hlc_rejected: u64,
 }
 
+/// One incoming state transfer: `(sender's log id, sender's epoch, transfer id)`.
+pub type TransferId = (ReplicaId, u64, u64);
+
 /// A bounded slice of the delta log, coalesced into one delta (a delta-interval:
 /// docs/design/principles.md, "Delta intervals and acknowledgements").
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -243,6 +246,55 @@ pub trait StateStore {
         cursor: Option<(ReplicaId, u64)>,
         now_ms: u64,
     ) -> Result<Result<ApplyOutcome, Rejected>, Self::Error>;
+
+    /// Stages chunk `index` (not the last) of the incoming transfer `transfer` from `origin`:
+    /// checked (the parts of large rows follow each other without overlap or gap, every chunk
+    /// carries the first chunk's context) and kept aside, unapplied and invisible to readers,
+    /// until [`StateStore::apply_staged`]. Index 0 starts a new staging (dropping whatever was
+    /// staged before, of any transfer); any other index must follow the chunks staged for the
+    /// same transfer. The staged chunks need not survive a crash (the transfer restarts), and
+    /// the durable store keeps them on disk, not in memory.
+    ///
+    /// Returns `Ok(Err(reason))` for a chunk that cannot be staged: the staging is dropped,
+    /// and the transfer must be rejected.
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn stage_chunk(
+        &mut self,
+        origin: PeerId,
+        transfer: TransferId,
+        index: u32,
+        chunk: StateChunk,
+    ) -> Result<Result<(), Rejected>, Self::Error>;
+
+    /// Applies the chunks staged for `transfer` and its last chunk `last` (number `index`) as
+    /// ONE durable join, exactly as [`StateStore::apply_chunk`] would apply the merged
+    /// transfer (the whole key range joined under the transfer's context, the parts of each
+    /// large row joined back into one entry, every page of marks, the context, `cursor`), then
+    /// drops the staging. Nothing of the transfer is visible, logged or applied before this
+    /// call commits, and all of it is once it returns `Ok(Ok(_))`.
+    ///
+    /// Returns `Ok(Err(reason))` for an invalid transfer (or staged chunks that do not run up
+    /// to `index`): nothing was applied, the staging is dropped.
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn apply_staged(
+        &mut self,
+        origin: PeerId,
+        transfer: TransferId,
+        index: u32,
+        last: StateChunk,
+        cursor: Option<(ReplicaId, u64)>,
+        now_ms: u64,
+    ) -> Result<Result<ApplyOutcome, Rejected>, Self::Error>;
+
+    /// Drops every staged chunk (of any transfer); nothing of them is applied.
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn clear_staged(&mut self) -> Result<(), Self::Error>;
 
     /// Drops log entries below `below` (the stable frontier); returns the bytes reclaimed.
     ///

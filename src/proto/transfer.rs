@@ -1,19 +1,22 @@
 //! Chunked state transfer bookkeeping (docs/design/principles.md,
 //! "State transfer"): the sender's snapshot and
-//! where it is, and the receiver's expected chunk and the chunks it holds. Volatile on both
+//! where it is, and the receiver's expected chunk (the chunks received are staged in the
+//! store, not here). Volatile on both
 //! sides: a restart on either side makes the receiver answer `ChunkNack` (or the sender time
 //! out) and the transfer restarts.
 //!
 //! A transfer is ONE consistent state `(entries, context)` split into messages: the sender
 //! pins a read snapshot of its store when the transfer starts, with the context, and reads
 //! each chunk from that snapshot when it is about to be sent (so no chunk reflects an op its
-//! context lacks, and the sender holds one chunk, not the whole state), and the receiver joins the chunks only when the last one arrived, in one durable join (so no
-//! entry is ever held, or logged for forwarding, without the dots it retired and
-//! without the dots that justify the removals next to it).
+//! context lacks, and the sender holds one chunk, not the whole state). The receiver stages
+//! each chunk in its store (on disk, unapplied) and joins them only when the last one arrived,
+//! streaming them in one durable join (so no entry is ever applied, or logged for forwarding,
+//! without the dots it retired and without the dots that justify the removals next to it, and
+//! the receiver holds about one chunk and one large row, not the whole state).
 
 use crate::model::StateChunk;
 use crate::proto::{ChunkRead, MarksRead, Message};
-use tidemark_crdts::{CausalContext, Dot, Key, ReplicaId};
+use tidemark_crdts::{CausalContext, Dot, DotStore, Key, ReplicaId};
 
 /// Where an outgoing transfer stands: rows first (in key order, large rows in dot slices),
 /// then the dedup marks in pages; the final chunk is the one that completes both.
@@ -166,62 +169,120 @@ impl OutTransfer {
     }
 }
 
-/// An incoming transfer: which chunk we expect next from one sender, and the chunks received
-/// so far (joined together when the last one arrives).
+/// An incoming transfer: which chunk we expect next from one sender. The chunks received so
+/// far are not held here: the store stages them ([`crate::proto::StateStore::stage_chunk`])
+/// and joins them all, in one durable join, when the last one arrives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct InTransfer {
     pub epoch: u64,
     pub log: ReplicaId,
     pub transfer: u64,
     pub next: u32,
-    pub held: Vec<StateChunk>,
+    /// A chunk of this transfer was refused: the rest is acknowledged (not staged) and the
+    /// transfer is rejected, with nothing applied, at its last chunk.
+    pub failed: Option<crate::model::Rejected>,
+}
+
+/// What one chunk of a transfer is, as far as the rows' parts go ([`PartsCheck::next`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ChunkShape {
+    /// Whole rows (or none): no dot slice.
+    Whole,
+    /// One part of a large row: `continuing` when it continues the row of the previous part
+    /// (its entry joins into that row), `closes` when it is the row's last part.
+    Part { continuing: bool, closes: bool },
+}
+
+/// The checks [`merge_chunks`] makes on the parts of large rows, one chunk at a time: the
+/// parts of one row follow each other, each starting where the previous one ended (no overlap,
+/// no gap), the last one open, and every entry of a part is the row's, inside its slice. Holds
+/// only the row in progress and its last dot, so a receiver can check chunk by chunk.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PartsCheck {
+    /// A large row in progress: its key and the last dot of the parts seen so far.
+    open_row: Option<(Key, Dot)>,
+}
+
+impl PartsCheck {
+    /// Checks the next chunk of the transfer.
+    ///
+    /// # Errors
+    /// [`crate::model::Rejected::BadChunk`] for parts that overlap, leave a gap, end before
+    /// the row's last part, or entries outside their row or slice.
+    pub fn next(&mut self, c: &StateChunk) -> Result<ChunkShape, crate::model::Rejected> {
+        let bad = crate::model::Rejected::BadChunk;
+        let Some(slice) = c.dots else {
+            if self.open_row.is_some() {
+                return Err(bad("a large row's parts end before its last part"));
+            }
+            return Ok(ChunkShape::Whole);
+        };
+        // A part of a large row: the chunk's range ends at the row's key.
+        let Some(key) = c.upto.clone() else {
+            return Err(bad("a dot slice without its row's key"));
+        };
+        let continuing = match &self.open_row {
+            Some((k, upto)) if *k == key && slice.after == Some(*upto) => true,
+            None if slice.after.is_none() => false,
+            _ => return Err(bad("a large row's parts overlap or leave a gap")),
+        };
+        for (k, entry) in &c.entries {
+            let mut inside = *k == key;
+            entry.for_each_dot(&mut |d| inside &= slice.contains(&d));
+            if !inside {
+                return Err(bad("entry outside the chunk's row or dot slice"));
+            }
+        }
+        self.open_row = slice.upto.map(|d| (key, d));
+        Ok(ChunkShape::Part {
+            continuing,
+            closes: slice.upto.is_none(),
+        })
+    }
+
+    /// Checks that no row is left open once the last chunk was checked.
+    ///
+    /// # Errors
+    /// [`crate::model::Rejected::BadChunk`] when a large row's last part never came.
+    pub fn finish(&self) -> Result<(), crate::model::Rejected> {
+        match self.open_row {
+            Some(_) => Err(crate::model::Rejected::BadChunk(
+                "a large row's parts end before its last part",
+            )),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Joins the chunks of one transfer, in order, into the one state they split: the sender's
 /// whole key range, every entry (the dot slices of one large row joined back into one entry:
 /// they are disjoint parts of one snapshot entry), every page of dedup marks, and the context
-/// (every chunk carries the same one; the last chunk's is taken).
+/// (every chunk carries the same one; the last chunk's is taken). The receiver does not use it
+/// (it streams the staged chunks instead: `store::transfer_stage`); it is the reference the
+/// streamed join is tested against.
 ///
 /// # Errors
 /// Parts of a row that overlap or are out of order, or entries outside their chunk's slice:
 /// nothing is returned, and the transfer is rejected.
+#[cfg(test)]
 pub(crate) fn merge_chunks(
     held: Vec<StateChunk>,
     last: StateChunk,
 ) -> Result<StateChunk, crate::model::Rejected> {
     use tidemark_crdts::DotStore;
-    let bad = crate::model::Rejected::BadChunk;
     let mut entries: Vec<(Key, tidemark_crdts::Entry)> = Vec::new();
     let mut marks = tidemark_crdts::DedupMarks::new();
-    // A large row in progress: its key and the last dot of the parts seen so far.
-    let mut open_row: Option<(Key, Dot)> = None;
+    let mut check = PartsCheck::default();
     let ctx = last.ctx.clone();
     for c in held.into_iter().chain(std::iter::once(last)) {
         marks.join(&c.marks);
-        let Some(slice) = c.dots else {
-            if open_row.is_some() {
-                return Err(bad("a large row's parts end before its last part"));
-            }
-            entries.extend(c.entries);
-            continue;
-        };
-        // A part of a large row: the chunk's range ends at the row's key.
-        let Some(key) = c.upto else {
-            return Err(bad("a dot slice without its row's key"));
-        };
-        let continuing = match &open_row {
-            Some((k, upto)) if *k == key && slice.after == Some(*upto) => true,
-            None if slice.after.is_none() => false,
-            _ => return Err(bad("a large row's parts overlap or leave a gap")),
-        };
+        let shape = check.next(&c)?;
         for (k, entry) in c.entries {
-            let mut inside = k == key;
-            entry.for_each_dot(&mut |d| inside &= slice.contains(&d));
-            if !inside {
-                return Err(bad("entry outside the chunk's row or dot slice"));
-            }
             match entries.last_mut() {
-                Some((prev, e)) if continuing && *prev == key => {
+                Some((prev, e))
+                    if matches!(shape, ChunkShape::Part { continuing: true, .. })
+                        && *prev == k =>
+                {
                     // Disjoint dots: joining under each side's own dots is their union.
                     let mine = e.dots();
                     let theirs = entry.dots();
@@ -230,11 +291,8 @@ pub(crate) fn merge_chunks(
                 _ => entries.push((k, entry)),
             }
         }
-        open_row = slice.upto.map(|d| (key, d));
     }
-    if open_row.is_some() {
-        return Err(bad("a large row's parts end before its last part"));
-    }
+    check.finish()?;
     Ok(StateChunk {
         after: None,
         upto: None,

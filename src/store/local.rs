@@ -255,9 +255,23 @@ pub(crate) fn append_log(
     txn: &redb::WriteTransaction,
     origin: Option<crate::proto::PeerId>,
     deltas: Vec<Delta>,
+    log_end: u64,
+    record_bytes_max: usize,
+    redo: &mut Redo,
+) -> Result<u64, StoreError> {
+    append_log_run(txn, origin, deltas, log_end, record_bytes_max, redo, false)
+}
+
+/// [`append_log`]; with `more`, the run goes on after these records (the last one too is
+/// marked `continues`: the caller appends the rest of the run in the same transaction).
+pub(crate) fn append_log_run(
+    txn: &redb::WriteTransaction,
+    origin: Option<crate::proto::PeerId>,
+    deltas: Vec<Delta>,
     mut log_end: u64,
     record_bytes_max: usize,
     redo: &mut Redo,
+    more: bool,
 ) -> Result<u64, StoreError> {
     let mut log_t = txn.open_table(LOG).map_err(StoreError::redb)?;
     let last = deltas.len().saturating_sub(1);
@@ -265,7 +279,7 @@ pub(crate) fn append_log(
         let record = LogRecord {
             origin,
             delta,
-            continues: i < last,
+            continues: more || i < last,
         };
         let bytes = encode_bounded("log record", "log", &record, record_bytes_max)?;
         log_t

@@ -28,6 +28,7 @@ mod set_rows_tests;
 pub mod snapshot;
 mod split;
 mod stream_snapshot;
+mod transfer_stage;
 pub(crate) mod tables;
 mod wal;
 #[cfg(test)]
@@ -123,6 +124,14 @@ pub struct StoreStats {
     /// Whole reads of a row too large for one transfer message (once per row per transfer
     /// unless the row is read from the current state and a write came in between).
     pub big_row_reads: u64,
+    /// Chunks of incoming state transfers staged (kept on disk, unapplied, until the last).
+    pub transfer_chunks_staged: u64,
+    /// Encoded bytes of the incoming transfer's chunks staged now (on disk, not in memory).
+    pub transfer_staged_bytes: u64,
+    /// The most encoded bytes of transfer chunks an incoming transfer's join held in memory
+    /// at once (one chunk, or the parts of one large row being put back together), over every
+    /// transfer applied: what bounds the receiver's memory, whatever the state's size.
+    pub transfer_held_bytes_peak: u64,
 }
 
 /// Options for opening a store.
@@ -180,6 +189,8 @@ pub struct RedbStore {
     /// ([`crate::proto::StateStore::pin_transfer_snapshot`]); dropped by `reidentify` (the
     /// replication core starts over under the new id).
     transfer_snapshots: std::collections::BTreeMap<crate::proto::PeerId, redb::ReadTransaction>,
+    /// The incoming state transfer whose chunks are staged in `transfer_stage`, if any.
+    staged: Option<transfer_stage::Staged>,
     /// The write-ahead log local commit groups are made durable through (stores opened on a
     /// data directory); `None` on a custom backend, where every commit is a redb commit of the
     /// store's durability.
@@ -515,6 +526,9 @@ impl RedbStore {
         txn.open_table(tables::LATE).map_err(StoreError::redb)?;
         txn.open_table(tables::LATE_TOTALS)
             .map_err(StoreError::redb)?;
+        // A transfer a crash (or a stop) interrupted starts over: its staged chunks go.
+        txn.delete_table(tables::TRANSFER_STAGE)
+            .map_err(StoreError::redb)?;
         let existing: Option<ReplicaId> = meta_get(&txn, META_REPLICA, max)?;
         let ctx: CausalContext = meta_get(&txn, META_CONTEXT, max)?.unwrap_or_default();
         let mut replica = match existing {
@@ -585,6 +599,7 @@ impl RedbStore {
             row_cache: None,
             big_rows: std::collections::BTreeMap::new(),
             transfer_snapshots: std::collections::BTreeMap::new(),
+            staged: None,
             wal,
             wal_scan,
         })

@@ -6,6 +6,7 @@ use super::error::StoreError;
 use super::local::append_log;
 use super::rows::{TxnRows, with_txn_rows};
 use super::split::split_delta;
+use super::transfer_stage::LogRun;
 use super::tables::{
     CURSORS, DEDUP, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, META_TRUNCATED,
     dedup_key,
@@ -16,7 +17,9 @@ use crate::codec;
 use crate::model::Rejected;
 use crate::model::marks_bytes;
 use crate::model::{Delta, StateChunk};
-use crate::proto::{ApplyOutcome, ChunkRead, LogInterval, MarksRead, PeerId, StateStore};
+use crate::proto::{
+    ApplyOutcome, ChunkRead, LogInterval, MarksRead, PeerId, StateStore, TransferId,
+};
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 use tidemark_crdts::causal_map::{JoinOutcome, join_delta};
 use tidemark_crdts::{CausalContext, DedupMarks, Dot, Entry, IntervalSet, Key, ReplicaId};
@@ -112,7 +115,7 @@ impl RedbStore {
         self.apply_remote(origin, delta, None, now_ms)
     }
 
-    fn write_marks(
+    pub(super) fn write_marks(
         &mut self,
         txn: &WriteTransaction,
         marks: &DedupMarks,
@@ -146,8 +149,10 @@ impl RedbStore {
     }
 
     /// The common tail of a remote join: marks, log entry, cursor, meta, commit, mirrors.
+    /// `run` holds what the join already logged in `txn` (a streamed transfer logs batch by
+    /// batch); its records and this tail's form one run.
     #[allow(clippy::too_many_arguments)]
-    fn finish_remote(
+    pub(super) fn finish_remote(
         &mut self,
         txn: WriteTransaction,
         origin: PeerId,
@@ -155,25 +160,34 @@ impl RedbStore {
         marks: &DedupMarks,
         ctx: CausalContext,
         cursor: Option<(ReplicaId, u64)>,
-        hlc: tidemark_crdts::Hlc,
-        hlc_rejected: u64,
+        (hlc, hlc_rejected): (tidemark_crdts::Hlc, u64),
+        run: LogRun,
     ) -> Result<ApplyOutcome, StoreError> {
         let fresh_marks = self.write_marks(&txn, marks)?;
-        let mut log_end = self.log_end;
-        let inflated = outcome.inflation.is_some() || !fresh_marks.is_empty();
-        if inflated {
+        let LogRun {
+            mut log_end,
+            pending: mut pieces,
+            inflated: logged,
+        } = run;
+        let inflated_now = outcome.inflation.is_some() || !fresh_marks.is_empty();
+        if inflated_now {
             let delta = Delta {
                 state: outcome.inflation.unwrap_or_default(),
                 marks: fresh_marks,
             };
             // Logged in pieces within the message target, so forwarding it never needs a
             // message larger than a frame (ARCHITECTURE.md, "size invariants").
-            let pieces = split_delta(
-                delta,
-                self.options.limits.message_bytes_target,
-                &CausalContext::new(),
-            )
-            .map_err(codec_err("log"))?;
+            pieces.extend(
+                split_delta(
+                    delta,
+                    self.options.limits.message_bytes_target,
+                    &CausalContext::new(),
+                )
+                .map_err(codec_err("log"))?,
+            );
+        }
+        let inflated = inflated_now || logged;
+        if inflated {
             log_end = append_log(
                 &txn,
                 Some(origin),
@@ -258,7 +272,17 @@ impl RedbStore {
         let outcome = with_txn_rows(&txn, self.options.limits.record_bytes_max, |rows| {
             join(rows, &mut ctx)
         })?;
-        self.finish_remote(txn, origin, outcome, marks, ctx, cursor, hlc, hlc_rejected)
+        let run = LogRun::new(self.log_end);
+        self.finish_remote(
+            txn,
+            origin,
+            outcome,
+            marks,
+            ctx,
+            cursor,
+            (hlc, hlc_rejected),
+            run,
+        )
     }
 
     /// Drops log entries below `below` in one transaction; returns the bytes reclaimed.
@@ -500,6 +524,32 @@ impl StateStore for RedbStore {
             })
             .map(Ok)
         })
+    }
+
+    fn stage_chunk(
+        &mut self,
+        origin: PeerId,
+        transfer: TransferId,
+        index: u32,
+        chunk: StateChunk,
+    ) -> Result<Result<(), Rejected>, StoreError> {
+        self.guarded(|s| s.stage(origin, transfer, index, &chunk))
+    }
+
+    fn apply_staged(
+        &mut self,
+        origin: PeerId,
+        transfer: TransferId,
+        index: u32,
+        last: StateChunk,
+        cursor: Option<(ReplicaId, u64)>,
+        now_ms: u64,
+    ) -> Result<Result<ApplyOutcome, Rejected>, StoreError> {
+        self.guarded(|s| s.apply_staged_chunks(origin, transfer, index, last, cursor, now_ms))
+    }
+
+    fn clear_staged(&mut self) -> Result<(), StoreError> {
+        self.guarded(RedbStore::drop_staging)
     }
 
     fn dedup_marks(&mut self) -> Result<DedupMarks, StoreError> {

@@ -367,7 +367,15 @@ pub(crate) fn write_snapshot(
             .create(&tmp)
             .map_err(StoreError::redb)?;
         let wtxn = db.begin_write().map_err(StoreError::redb)?;
-        let tables = copy_tables(rtxn, &wtxn, &[LOG.name(), CURSORS.name()])?;
+        let tables = copy_tables(
+            rtxn,
+            &wtxn,
+            &[
+                LOG.name(),
+                CURSORS.name(),
+                super::tables::TRANSFER_STAGE.name(),
+            ],
+        )?;
         let info = SnapshotInfo {
             format: SNAPSHOT_FORMAT,
             source_replica,
@@ -708,6 +716,9 @@ impl RedbStore {
             s.row_cache = None;
             s.big_rows.clear();
             s.transfer_snapshots.clear();
+            // The replication core starts over: so does an incoming transfer.
+            s.staged = None;
+            s.stats.transfer_staged_bytes = 0;
             let mut txn = s.db.begin_write().map_err(StoreError::redb)?;
             txn.set_durability(redb::Durability::Immediate)
                 .map_err(StoreError::redb)?;
@@ -719,6 +730,8 @@ impl RedbStore {
                 meta.remove(META_SEED_CURSOR).map_err(StoreError::redb)?;
             }
             txn.delete_table(CURSORS).map_err(StoreError::redb)?;
+            txn.delete_table(super::tables::TRANSFER_STAGE)
+                .map_err(StoreError::redb)?;
             txn.open_table(CURSORS).map_err(StoreError::redb)?;
             s.commit(txn)?;
             s.cursors.clear();

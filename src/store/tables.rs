@@ -11,6 +11,7 @@
 //! | `dedup` | encoded `(stream, source)` | encoded `IntervalSet` of seen seqs |
 //! | `late` | stream length (4 B BE) + stream + record id (8 B BE) | a late-lane record (JSON text) |
 //! | `late_totals` | stream | encoded late-lane totals (bytes kept, records dropped, next id) |
+//! | `transfer_stage` | chunk index | an encoded `StateChunk` of the transfer being received (only while one is) |
 //! | `late_marks` | name length (4 B BE) + key name + replica (16 B BE) | greatest seq of the replica's dots the lane recorded for that key (8 B BE) |
 //!
 //! Every value is written through [`crate::codec`] (version byte, size limits on read).
@@ -37,6 +38,14 @@ pub(crate) const LATE_TOTALS: TableDefinition<&[u8], &[u8]> = TableDefinition::n
 /// Per key and replica, how far the late lane recorded that replica's contribution to the key
 /// ([`late_mark_key`] → greatest seq, 8 B BE). Local to the node, removed with the key's row.
 pub(crate) const LATE_MARKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("late_marks");
+
+/// The chunks of the state transfer being received, staged until its last chunk arrives
+/// (chunk index → encoded [`crate::model::StateChunk`]). Exists only while a transfer is being
+/// received: created by its first chunk, deleted with the commit that applies it, on reject,
+/// and at every open (a transfer a crash interrupted starts over), so no older build, store
+/// format or snapshot ever holds it.
+pub(crate) const TRANSFER_STAGE: TableDefinition<u64, &[u8]> =
+    TableDefinition::new("transfer_stage");
 
 pub(crate) const META_REPLICA: &str = "replica_id";
 pub(crate) const META_EPOCH: &str = "epoch";

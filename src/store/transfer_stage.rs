@@ -1,0 +1,579 @@
+//! The receiving side of a state transfer (docs/design/replication.md, "State transfer"):
+//! every chunk but the last is staged in the `transfer_stage` table, encoded and unapplied
+//! (no reader, no log record, no context sees it), and the last chunk streams them back in
+//! order into ONE write transaction that joins the whole transfer and commits durably — so the
+//! receiver holds about one chunk (plus the parts of one large row being put back together) in
+//! memory, not the whole state, and the transfer is still applied all at once or not at all.
+//!
+//! The streamed join gives exactly the state of one [`admission::join_chunk`] of the merged
+//! transfer (`proto::transfer::merge_chunks`): the key space is joined range by range
+//! ([`admission::RangeJoin`]), each range ending at the last key of a chunk (or of a large
+//! row, once its last part arrived) and the final one open, every range under the transfer's
+//! context, with the same validation the merged chunk would get (per batch; a first pass over
+//! the staged chunks checks the contexts, the parts and that no dot is carried twice in the
+//! whole transfer, and collects the dots carried). The inflation is logged batch by batch as
+//! one run of records (`LogRecord::continues`), each counter entry with the removals it
+//! supersedes ([`counter_removals`]), then the context's rest, then the dedup marks page by
+//! page. Staging is dropped at open, when a new transfer starts, on reject, and by
+//! `reidentify`.
+
+use super::error::StoreError;
+use super::local::append_log_run;
+use super::rows::with_txn_rows;
+use super::split::split_delta;
+use super::tables::TRANSFER_STAGE;
+use super::RedbStore;
+use crate::admission::{self, RangeJoin};
+use crate::codec;
+use crate::model::{Delta, Rejected, StateChunk};
+use crate::proto::transfer::{ChunkShape, PartsCheck};
+use crate::proto::{ApplyOutcome, PeerId, TransferId};
+use redb::{ReadableTable, WriteTransaction};
+use tidemark_crdts::causal_map::JoinOutcome;
+use tidemark_crdts::{CausalContext, DedupMarks, DotStore, Entry, Key, ReplicaId, Timestamp};
+
+/// The transfer whose chunks are staged.
+#[derive(Debug)]
+pub(crate) struct Staged {
+    origin: PeerId,
+    id: TransferId,
+    /// Chunks staged (their indexes are `0..next`).
+    next: u32,
+    /// The first chunk's context: every chunk of the transfer carries it.
+    ctx: CausalContext,
+    /// The checks of large rows' parts, chunk by chunk.
+    parts: PartsCheck,
+}
+
+fn stage_err(source: codec::CodecError) -> StoreError {
+    StoreError::Codec {
+        table: "transfer_stage",
+        source,
+    }
+}
+
+/// The remote join's log records of one transaction: written as one run (every record but
+/// the run's last is marked `continues`), the latest batch kept back until the next one comes
+/// (or the end), so the run's last record is known when it is written.
+#[derive(Debug)]
+pub(super) struct LogRun {
+    /// The log end after the records written so far.
+    pub log_end: u64,
+    /// The latest batch's pieces, not yet written.
+    pub pending: Vec<Delta>,
+    /// Some batch inflated the state (the context and log bounds must be written).
+    pub inflated: bool,
+}
+
+impl LogRun {
+    pub fn new(log_end: u64) -> Self {
+        Self {
+            log_end,
+            pending: Vec::new(),
+            inflated: false,
+        }
+    }
+
+    /// Logs the pieces kept back (the run goes on) and keeps `pieces` back instead.
+    fn push(
+        &mut self,
+        txn: &WriteTransaction,
+        origin: PeerId,
+        pieces: Vec<Delta>,
+        record_bytes_max: usize,
+    ) -> Result<(), StoreError> {
+        let prev = std::mem::replace(&mut self.pending, pieces);
+        if !prev.is_empty() {
+            self.log_end = append_log_run(
+                txn,
+                Some(origin),
+                prev,
+                self.log_end,
+                record_bytes_max,
+                &mut super::wal::Redo::default(),
+                true,
+            )?;
+        }
+        self.inflated = true;
+        Ok(())
+    }
+}
+
+/// Where the streamed join of a transfer stands.
+struct Stream {
+    join: Option<RangeJoin>,
+    /// The rows are joined (the context too): only dedup marks may follow.
+    outcome: Option<JoinOutcome>,
+    /// The local context before the transfer (every range joins against it).
+    local: CausalContext,
+    /// The new local context (set when the rows are closed).
+    ctx: CausalContext,
+    /// The transfer's context.
+    tctx: CausalContext,
+    /// The upper bound of the ranges joined so far.
+    lo: Option<Key>,
+    /// Dots of the transfer's context that the local context lacks and no entry of the
+    /// transfer carries: the removals the transfer brings (see [`counter_removals`]).
+    removals: CausalContext,
+    max_ts: Option<Timestamp>,
+    run: LogRun,
+}
+
+impl RedbStore {
+    /// Drops the staged chunks (and the staging table: it exists only while a transfer is
+    /// being received, so a snapshot or an older build never sees it).
+    pub(super) fn drop_staging(&mut self) -> Result<(), StoreError> {
+        if self.staged.take().is_none() {
+            return Ok(());
+        }
+        let mut txn = self.db.begin_write().map_err(StoreError::redb)?;
+        // Staging is never needed after a crash (open drops it): no sync.
+        txn.set_durability(redb::Durability::None)
+            .map_err(StoreError::redb)?;
+        txn.delete_table(TRANSFER_STAGE)
+            .map_err(StoreError::redb)?;
+        txn.commit().map_err(StoreError::redb)?;
+        self.stats.transfer_staged_bytes = 0;
+        Ok(())
+    }
+
+    /// [`crate::proto::StateStore::stage_chunk`].
+    pub(super) fn stage(
+        &mut self,
+        origin: PeerId,
+        id: TransferId,
+        index: u32,
+        chunk: &StateChunk,
+    ) -> Result<Result<(), Rejected>, StoreError> {
+        if index == 0 {
+            self.drop_staging()?;
+            self.staged = Some(Staged {
+                origin,
+                id,
+                next: 0,
+                ctx: chunk.ctx.clone(),
+                parts: PartsCheck::default(),
+            });
+        }
+        let checked = match self.staged.as_mut() {
+            Some(s) if s.origin == origin && s.id == id && s.next == index => {
+                if s.ctx == chunk.ctx {
+                    s.parts.next(chunk).map(drop)
+                } else {
+                    Err(Rejected::BadChunk(
+                        "chunks of one transfer carry different contexts",
+                    ))
+                }
+            }
+            _ => Err(Rejected::BadChunk(
+                "a chunk that does not follow the chunks staged",
+            )),
+        };
+        if let Err(reason) = checked {
+            self.drop_staging()?;
+            return Ok(Err(reason));
+        }
+        let bytes = codec::encode("transfer chunk", chunk).map_err(stage_err)?;
+        let mut txn = self.db.begin_write().map_err(StoreError::redb)?;
+        txn.set_durability(redb::Durability::None)
+            .map_err(StoreError::redb)?;
+        {
+            let mut t = txn.open_table(TRANSFER_STAGE).map_err(StoreError::redb)?;
+            t.insert(u64::from(index), bytes.as_slice())
+                .map_err(StoreError::redb)?;
+        }
+        txn.commit().map_err(StoreError::redb)?;
+        if let Some(s) = self.staged.as_mut() {
+            s.next = index.saturating_add(1);
+        }
+        self.stats.transfer_chunks_staged += 1;
+        self.stats.transfer_staged_bytes += bytes.len() as u64;
+        Ok(Ok(()))
+    }
+
+    /// [`crate::proto::StateStore::apply_staged`].
+    pub(super) fn apply_staged_chunks(
+        &mut self,
+        origin: PeerId,
+        id: TransferId,
+        index: u32,
+        last: StateChunk,
+        cursor: Option<(ReplicaId, u64)>,
+        now_ms: u64,
+    ) -> Result<Result<ApplyOutcome, Rejected>, StoreError> {
+        let staged = match index {
+            0 => 0,
+            _ => match &self.staged {
+                Some(s) if s.origin == origin && s.id == id && s.next == index => index,
+                _ => {
+                    self.drop_staging()?;
+                    self.stats.rejected += 1;
+                    return Ok(Err(Rejected::BadChunk(
+                        "the chunks staged do not run up to the last chunk",
+                    )));
+                }
+            },
+        };
+        if staged == 0 {
+            self.drop_staging()?;
+        }
+        let txn = self.begin()?;
+        let mut stream = Stream {
+            join: Some(RangeJoin::default()),
+            outcome: None,
+            local: self.ctx.clone(),
+            ctx: self.ctx.clone(),
+            tctx: last.ctx.clone(),
+            lo: None,
+            removals: CausalContext::new(),
+            max_ts: None,
+            run: LogRun::new(self.log_end),
+        };
+        match self.stream_staged(&txn, origin, staged, last, &mut stream) {
+            Ok(Ok(())) => {}
+            Ok(Err(reason)) => {
+                txn.abort().map_err(StoreError::redb)?;
+                self.drop_staging()?;
+                self.stats.rejected += 1;
+                return Ok(Err(reason));
+            }
+            Err(e) => return Err(e),
+        }
+        let Stream {
+            outcome,
+            ctx,
+            max_ts,
+            run,
+            ..
+        } = stream;
+        let changed = outcome.map(|o| o.changed).unwrap_or_default();
+        // The staging goes with the commit that applies it.
+        txn.delete_table(TRANSFER_STAGE)
+            .map_err(StoreError::redb)?;
+        let mut hlc = self.hlc.clone();
+        let hlc_rejected = match max_ts {
+            Some(ts) => u64::from(hlc.observe(&ts, now_ms).is_err()),
+            None => 0,
+        };
+        let outcome = JoinOutcome {
+            inflation: None,
+            changed,
+        };
+        let applied = self.finish_remote(
+            txn,
+            origin,
+            outcome,
+            &DedupMarks::new(),
+            ctx,
+            cursor,
+            (hlc, hlc_rejected),
+            run,
+        )?;
+        self.staged = None;
+        self.stats.transfer_staged_bytes = 0;
+        Ok(Ok(applied))
+    }
+
+    /// Joins the staged chunks `0..staged` and then `last` into `txn`, in order.
+    fn stream_staged(
+        &mut self,
+        txn: &WriteTransaction,
+        origin: PeerId,
+        staged: u32,
+        last: StateChunk,
+        st: &mut Stream,
+    ) -> Result<Result<(), Rejected>, StoreError> {
+        let carried = match self.scan_staged(txn, staged, &last, &st.tctx)? {
+            Ok(carried) => carried,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        st.removals = st.tctx.diff(&st.local).diff(&carried);
+        drop(carried);
+        let frame_max = self.options.limits.frame_bytes_max;
+        let mut check = PartsCheck::default();
+        // The entries of the large row whose parts are being put back together.
+        let mut row: Vec<(Key, Entry)> = Vec::new();
+        let mut row_bytes = 0usize;
+        let mut last = Some(last);
+        for i in 0..=staged {
+            let (chunk, bytes) = if i < staged {
+                let t = txn.open_table(TRANSFER_STAGE).map_err(StoreError::redb)?;
+                let g = t
+                    .get(u64::from(i))
+                    .map_err(StoreError::redb)?
+                    .ok_or_else(|| StoreError::Corrupt("a staged transfer chunk is missing".into()))?;
+                let chunk: StateChunk =
+                    codec::decode("transfer chunk", g.value(), frame_max).map_err(stage_err)?;
+                (chunk, g.value().len())
+            } else {
+                let Some(chunk) = last.take() else {
+                    break;
+                };
+                let bytes = codec::encoded_len("transfer chunk", &chunk).map_err(stage_err)?;
+                (chunk, bytes)
+            };
+            if chunk.ctx != st.tctx {
+                return Ok(Err(Rejected::BadChunk(
+                    "chunks of one transfer carry different contexts",
+                )));
+            }
+            let shape = match check.next(&chunk) {
+                Ok(shape) => shape,
+                Err(reason) => return Ok(Err(reason)),
+            };
+            let StateChunk { entries, marks, .. } = chunk;
+            let batch = match shape {
+                ChunkShape::Whole => {
+                    self.note_held(bytes);
+                    entries
+                }
+                ChunkShape::Part { continuing, closes } => {
+                    row_bytes = row_bytes.saturating_add(bytes);
+                    self.note_held(row_bytes);
+                    // As `merge_chunks`: disjoint dots, joined under each side's own dots.
+                    for (k, entry) in entries {
+                        match row.last_mut() {
+                            Some((prev, e)) if continuing && *prev == k => {
+                                let mine = e.dots();
+                                let theirs = entry.dots();
+                                e.join(&mine, entry, &theirs);
+                            }
+                            _ => row.push((k, entry)),
+                        }
+                    }
+                    if closes {
+                        row_bytes = 0;
+                        std::mem::take(&mut row)
+                    } else {
+                        Vec::new()
+                    }
+                }
+            };
+            if !batch.is_empty() {
+                if let Err(reason) = self.join_batch(txn, origin, batch, st)? {
+                    return Ok(Err(reason));
+                }
+            }
+            if !marks.is_empty() {
+                if let Err(reason) = self.close_rows(txn, origin, st)? {
+                    return Ok(Err(reason));
+                }
+                if let Err(reason) = admission::validate_marks(&marks, &self.options.limits) {
+                    return Ok(Err(reason));
+                }
+                let fresh = self.write_marks(txn, &marks)?;
+                if !fresh.is_empty() {
+                    let delta = Delta {
+                        state: tidemark_crdts::Causal::default(),
+                        marks: fresh,
+                    };
+                    let target = self.options.limits.message_bytes_target;
+                    let pieces = split_delta(delta, target, &CausalContext::new())
+                        .map_err(stage_err)?;
+                    let max = self.options.limits.record_bytes_max;
+                    st.run.push(txn, origin, pieces, max)?;
+                }
+            }
+        }
+        if let Err(reason) = check.finish() {
+            return Ok(Err(reason));
+        }
+        self.close_rows(txn, origin, st)
+    }
+
+    /// Records the bytes of transfer chunks held in memory at once by a streamed join.
+    fn note_held(&mut self, bytes: usize) {
+        self.stats.transfer_held_bytes_peak = self.stats.transfer_held_bytes_peak.max(bytes as u64);
+    }
+
+    /// Joins one batch of whole entries (a chunk's, or a large row put back together): the
+    /// keys after the previous batch's last key up to this batch's last.
+    fn join_batch(
+        &mut self,
+        txn: &WriteTransaction,
+        origin: PeerId,
+        batch: Vec<(Key, Entry)>,
+        st: &mut Stream,
+    ) -> Result<Result<(), Rejected>, StoreError> {
+        let bad = |why| Ok(Err(Rejected::BadChunk(why)));
+        let Some(join) = st.join.as_mut() else {
+            return bad("rows after the transfer's dedup marks");
+        };
+        // The checks the merged transfer would get (keys ascending across batches too).
+        let probe = StateChunk {
+            after: st.lo.clone(),
+            upto: None,
+            entries: batch,
+            ctx: st.tctx.clone(),
+            marks: DedupMarks::new(),
+            last: false,
+            dots: None,
+        };
+        if let Err(reason) =
+            admission::validate_chunk(&probe, &self.options.limits, self.replica, &st.local)
+        {
+            return Ok(Err(reason));
+        }
+        let mut entries = probe.entries;
+        let hi = entries.last().map(|(k, _)| k.clone());
+        if let Some(keep) = &self.remote_filter {
+            entries.retain(|(k, _)| keep(k));
+        }
+        st.max_ts = st
+            .max_ts
+            .max(admission::max_timestamp(entries.iter().map(|(_, e)| e)));
+        let max = self.options.limits.record_bytes_max;
+        let (local, tctx, lo) = (&st.local, &st.tctx, st.lo.as_ref());
+        with_txn_rows(txn, max, |rows| {
+            join.join_range(rows, local, (lo, hi.as_ref()), entries, tctx)
+        })?;
+        st.lo = hi;
+        if let Some(mut inflation) = join.take_batch() {
+            counter_removals(&mut inflation, &st.removals);
+            self.log_inflation(txn, origin, inflation, &mut st.run)?;
+        }
+        Ok(Ok(()))
+    }
+
+    /// The first pass over the transfer (staged chunks `0..staged`, then `last`): every chunk
+    /// carries the transfer's context, the large rows' parts are sound, and no dot is carried
+    /// twice (as `validate_chunk` checks within one chunk). Returns every dot carried.
+    fn scan_staged(
+        &self,
+        txn: &WriteTransaction,
+        staged: u32,
+        last: &StateChunk,
+        tctx: &CausalContext,
+    ) -> Result<Result<CausalContext, Rejected>, StoreError> {
+        let frame_max = self.options.limits.frame_bytes_max;
+        let mut check = PartsCheck::default();
+        let mut carried = CausalContext::new();
+        let mut scan = |chunk: &StateChunk| -> Result<(), Rejected> {
+            if chunk.ctx != *tctx {
+                return Err(Rejected::BadChunk(
+                    "chunks of one transfer carry different contexts",
+                ));
+            }
+            check.next(chunk)?;
+            let mut dup = None;
+            for (k, e) in &chunk.entries {
+                e.for_each_dot(&mut |d| {
+                    if d.seq != 0 && !carried.insert(d) && dup.is_none() {
+                        dup = Some((d, k.to_string()));
+                    }
+                });
+            }
+            match dup {
+                Some((dot, key)) => Err(Rejected::DuplicateDot { dot, key }),
+                None => Ok(()),
+            }
+        };
+        let t = txn.open_table(TRANSFER_STAGE).map_err(StoreError::redb)?;
+        for i in 0..staged {
+            let g = t
+                .get(u64::from(i))
+                .map_err(StoreError::redb)?
+                .ok_or_else(|| StoreError::Corrupt("a staged transfer chunk is missing".into()))?;
+            let chunk: StateChunk =
+                codec::decode("transfer chunk", g.value(), frame_max).map_err(stage_err)?;
+            if let Err(reason) = scan(&chunk) {
+                return Ok(Err(reason));
+            }
+        }
+        if let Err(reason) = scan(last) {
+            return Ok(Err(reason));
+        }
+        Ok(check.finish().map(|()| carried))
+    }
+
+    /// Ends the rows: joins the keys after the last batch (local keys the transfer does not
+    /// hold), then the transfer's context. Once only; later calls do nothing.
+    fn close_rows(
+        &mut self,
+        txn: &WriteTransaction,
+        origin: PeerId,
+        st: &mut Stream,
+    ) -> Result<Result<(), Rejected>, StoreError> {
+        let Some(mut join) = st.join.take() else {
+            return Ok(Ok(()));
+        };
+        // The context alone is checked as the merged transfer's would be.
+        let probe = StateChunk {
+            after: None,
+            upto: None,
+            entries: Vec::new(),
+            ctx: st.tctx.clone(),
+            marks: DedupMarks::new(),
+            last: true,
+            dots: None,
+        };
+        if let Err(reason) =
+            admission::validate_chunk(&probe, &self.options.limits, self.replica, &st.local)
+        {
+            return Ok(Err(reason));
+        }
+        let max = self.options.limits.record_bytes_max;
+        let (local, tctx, lo) = (&st.local, &st.tctx, st.lo.as_ref());
+        with_txn_rows(txn, max, |rows| {
+            join.join_range(rows, local, (lo, None), Vec::new(), tctx)
+        })?;
+        if let Some(inflation) = join.take_batch() {
+            self.log_inflation(txn, origin, inflation, &mut st.run)?;
+        }
+        let mut outcome = join.finish(&mut st.ctx, Some(&st.tctx));
+        if let Some(inflation) = outcome.inflation.take() {
+            self.log_inflation(txn, origin, inflation, &mut st.run)?;
+        }
+        st.outcome = Some(outcome);
+        Ok(Ok(()))
+    }
+
+    /// Logs one batch's inflation in pieces within the message target (as `finish_remote`).
+    fn log_inflation(
+        &mut self,
+        txn: &WriteTransaction,
+        origin: PeerId,
+        inflation: tidemark_crdts::causal_map::StoreDelta,
+        run: &mut LogRun,
+    ) -> Result<(), StoreError> {
+        let delta = Delta {
+            state: inflation,
+            marks: DedupMarks::new(),
+        };
+        let target = self.options.limits.message_bytes_target;
+        let pieces = split_delta(delta, target, &CausalContext::new()).map_err(stage_err)?;
+        run.push(txn, origin, pieces, self.options.limits.record_bytes_max)
+    }
+}
+
+/// Adds to a batch's inflation the removals its counter entries supersede: for each counter
+/// dot `(r, n)`, the transfer's removals of `r`'s lower dots. Counter dots have no dot-index
+/// rows, so a peer removes an overwritten counter dot only while joining the counter's own
+/// entry: the piece logging the entry must carry them (as `split_delta` places them next to
+/// the entry when it splits one inflation; a batch is logged before the transfer's context).
+/// `removals` holds no dot any entry of the transfer carries, so no piece's context removes a
+/// dot another piece brings.
+fn counter_removals(
+    inflation: &mut tidemark_crdts::causal_map::StoreDelta,
+    removals: &CausalContext,
+) {
+    if removals.is_empty() {
+        return;
+    }
+    let mut extra = CausalContext::new();
+    for (key, entry) in inflation.store.iter() {
+        if key.kind.deletable() {
+            continue;
+        }
+        entry.for_each_dot(&mut |d| {
+            if d.seq > 1 {
+                extra.join(&removals.intersection(&CausalContext::from_range(
+                    d.replica,
+                    1,
+                    d.seq - 1,
+                )));
+            }
+        });
+    }
+    inflation.ctx.join(&extra);
+}
