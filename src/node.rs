@@ -158,11 +158,7 @@ impl Node {
     /// As [`Node::open`].
     pub fn open_blocking(config: NodeConfig) -> Result<Node, Error> {
         config.limits.validate().map_err(Error::Config)?;
-        let views = Arc::new(
-            crate::views::Views::new(&config.views)?
-                .joining(config.joining)
-                .held_bytes(config.limits.view_held_bytes),
-        );
+        let views = crate::views::Views::new(&config.views)?;
         let mut store = RedbStore::open(
             &config.data_dir,
             OpenOptions {
@@ -171,6 +167,13 @@ impl Node {
                 new_replica_id: None,
             },
         )?;
+        // A copy restored from a snapshot of a joining node joins too: its source belonged to
+        // a cluster that may have sealed windows since, without it.
+        let views = Arc::new(
+            views
+                .joining(config.joining || store.restored_joining())
+                .held_bytes(config.limits.view_held_bytes),
+        );
         let (tx, rx) = std::sync::mpsc::channel();
         let queued_ops = Arc::new(AtomicUsize::new(0));
         let metrics = Arc::new(Metrics::default());
@@ -596,6 +599,13 @@ impl Node {
     /// The configuration the node was opened with.
     pub fn config(&self) -> &NodeConfig {
         &self.shared.config
+    }
+
+    /// True when the node runs as a joining node: [`NodeConfig::joining`], or its store was
+    /// restored from a snapshot of a joining node ([`Node::restore`]). Such a node waits for
+    /// its first sync with the cluster before it applies events to a stream's windows.
+    pub fn is_joining(&self) -> bool {
+        self.shared.views.is_joining()
     }
 
     fn reader(&self) -> Result<Reader, Error> {
@@ -1473,7 +1483,8 @@ impl Node {
     /// commits are made durable first). The copy is written to a temporary file next to `out`,
     /// fsynced, reopened and verified, then renamed to `out` and the directory fsynced: when
     /// this returns `Ok`, `out` is a complete verified snapshot; on any failure or crash
-    /// nothing is left under `out`.
+    /// nothing is left under `out`. A snapshot of a joining node ([`NodeConfig::joining`], or
+    /// a node restored from such a snapshot) records it: the restored copy opens joining too.
     ///
     /// # Errors
     /// [`Error::Store`] ([`crate::store::StoreError::Snapshot`] when `out` exists, storage and
@@ -1487,10 +1498,13 @@ impl Node {
         let rtxn = rx.await.map_err(|_| Error::Closed)??;
         let out = out.as_ref().to_path_buf();
         let limits = self.shared.config.limits.clone();
-        tokio::task::spawn_blocking(move || rtxn.write_to(&out, &limits, crate::clock::wall_ms()))
-            .await
-            .map_err(|_| Error::Closed)?
-            .map_err(Error::from)
+        let joining = self.shared.views.is_joining();
+        tokio::task::spawn_blocking(move || {
+            rtxn.write_to(&out, &limits, crate::clock::wall_ms(), joining)
+        })
+        .await
+        .map_err(|_| Error::Closed)?
+        .map_err(Error::from)
     }
 
     /// Creates the data directory `dir` from a snapshot file, under a NEW replica id (and an
@@ -1499,6 +1513,12 @@ impl Node {
     /// class); then open it with [`Node::open`]. Refuses a non-empty `dir`. A node restored from a
     /// snapshot of X and connected to X catches up by deltas from X's log (no state transfer to
     /// it), as long as X still retains its log from the snapshot's point.
+    ///
+    /// A copy of a joining node (the snapshot says so, see [`Node::snapshot`]) opens as a
+    /// joining node whatever its [`NodeConfig::joining`]: until it syncs a stream with its
+    /// cluster it applies no event to the stream's windows (late, `not_synced`) and seals
+    /// nothing alone, even when the snapshot holds no announcement of the stream. A copy of
+    /// any other node (and of a snapshot written before this was recorded) opens as before.
     ///
     /// # Errors
     /// [`Error::Store`]: an invalid snapshot, a non-empty `dir`, storage and filesystem failures.

@@ -159,6 +159,8 @@ pub struct RedbStore {
     remote_filter: Option<purge::RemoteFilter>,
     /// Restored from a snapshot: `(source log id, source log end)` (see [`snapshot`]).
     seed: Option<(ReplicaId, u64)>,
+    /// Restored from a snapshot of a joining node ([`RedbStore::restored_joining`]).
+    restored_joining: bool,
     /// The committed dedup marks of the sources local commits touched, so a commit group does
     /// not re-read and decode each source's row (bounded by
     /// `local::DEDUP_CACHE_SOURCES_MAX`; a remote join that changes a source's row drops its
@@ -541,6 +543,8 @@ impl RedbStore {
         }
         let truncated: CausalContext = meta_get(&txn, META_TRUNCATED, max)?.unwrap_or_default();
         let seed: Option<(ReplicaId, u64)> = meta_get(&txn, snapshot::META_SEED_CURSOR, max)?;
+        let restored_joining: bool =
+            meta_get(&txn, snapshot::META_RESTORED_JOINING, max)?.unwrap_or(false);
         let mut cursors = BTreeMap::new();
         {
             let table = txn.open_table(CURSORS).map_err(StoreError::redb)?;
@@ -580,6 +584,7 @@ impl RedbStore {
             unsynced: AtomicBool::new(false),
             remote_filter: None,
             seed,
+            restored_joining,
             dedup_cache: std::collections::HashMap::new(),
             change_values: true,
             row_cache: None,

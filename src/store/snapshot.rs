@@ -52,6 +52,14 @@ use tidemark_crdts::{CausalContext, Hlc, ReplicaId};
 /// The table holding the snapshot header (only in snapshot files, never in a data directory).
 const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
 const HEADER: &str = "header";
+/// Snapshot record (in the `snapshot` table, beside the header): `true` when the source ran as
+/// a joining node ([`crate::NodeConfig::joining`]) when the snapshot was taken. Absent (older
+/// snapshots, offline snapshots of a store that was not such a copy): `false`.
+const JOINING: &str = "joining";
+/// Meta record of a restored store: `true` when the snapshot it was restored from was taken of
+/// a joining node (or of a store restored that way: the record is copied with the meta table),
+/// so the node opens as a joining node whatever its configuration says.
+pub(crate) const META_RESTORED_JOINING: &str = "restored_joining";
 /// Meta record of a restored store: `(source log id, source log end)`.
 pub(crate) const META_SEED_CURSOR: &str = "seed_cursor";
 /// The snapshot format this build writes and reads.
@@ -306,7 +314,8 @@ impl Drop for TempFile {
 pub struct SnapshotRead(ReadTransaction);
 
 impl SnapshotRead {
-    /// Writes this point in time to the snapshot file `out` (see [`write_snapshot`]).
+    /// Writes this point in time to the snapshot file `out` (see [`write_snapshot`]);
+    /// `joining`: the node runs as a joining node (recorded for the restored copy).
     ///
     /// # Errors
     /// As [`write_snapshot`].
@@ -315,8 +324,9 @@ impl SnapshotRead {
         out: &Path,
         limits: &Limits,
         wall_ms: u64,
+        joining: bool,
     ) -> Result<SnapshotInfo, StoreError> {
-        write_snapshot(&self.0, out, limits, wall_ms)
+        write_snapshot(&self.0, out, limits, wall_ms, joining)
     }
 }
 
@@ -328,7 +338,9 @@ impl std::fmt::Debug for SnapshotRead {
 
 /// Writes the state seen by `rtxn` (a read transaction of a store) as a snapshot at `out`:
 /// temporary file in the same directory, durable commit, verification, rename, directory
-/// fsync. Returns what the snapshot holds.
+/// fsync. Returns what the snapshot holds. `joining` (the source runs as a joining node) is
+/// recorded beside the header, so a store restored from the file opens joining too
+/// ([`restore_snapshot`]).
 ///
 /// # Errors
 /// [`StoreError::Snapshot`] when `out` exists or the store holds a table it cannot copy;
@@ -339,6 +351,7 @@ pub(crate) fn write_snapshot(
     out: &Path,
     limits: &Limits,
     wall_ms: u64,
+    joining: bool,
 ) -> Result<SnapshotInfo, StoreError> {
     if out.exists() {
         return Err(StoreError::Snapshot(format!(
@@ -387,6 +400,16 @@ pub(crate) fn write_snapshot(
             let mut t = wtxn.open_table(SNAPSHOT).map_err(StoreError::redb)?;
             t.insert(HEADER, bytes.as_slice())
                 .map_err(StoreError::redb)?;
+            if joining {
+                let flag = codec::encode("snapshot record", &true).map_err(|source| {
+                    StoreError::Codec {
+                        table: "snapshot",
+                        source,
+                    }
+                })?;
+                t.insert(JOINING, flag.as_slice())
+                    .map_err(StoreError::redb)?;
+            }
         }
         wtxn.commit().map_err(StoreError::redb)?;
         info
@@ -545,6 +568,18 @@ pub fn verify_snapshot(path: &Path, limits: &Limits) -> Result<SnapshotInfo, Sto
     verify_db(db, limits).map(|(_, info)| info)
 }
 
+/// Whether the snapshot read by `rtxn` was taken of a joining node (its `joining` record).
+fn snapshot_joining(rtxn: &ReadTransaction, max: usize) -> Result<bool, StoreError> {
+    let t = rtxn.open_table(SNAPSHOT).map_err(StoreError::redb)?;
+    let Some(g) = t.get(JOINING).map_err(StoreError::redb)? else {
+        return Ok(false);
+    };
+    codec::decode("snapshot record", g.value(), max).map_err(|source| StoreError::Codec {
+        table: "snapshot",
+        source,
+    })
+}
+
 /// Creates the data directory `dir` from the snapshot at `snapshot` under the replica id
 /// `new_replica` (`None`: a random one), and returns the snapshot's header.
 ///
@@ -552,8 +587,9 @@ pub fn verify_snapshot(path: &Path, limits: &Limits) -> Result<SnapshotInfo, Sto
 /// overwritten); until the restore is complete `dir` holds [`RESTORE_MARKER`], so a restore cut
 /// short is named as such by the next restore or open ([`StoreError::RestoreUnfinished`]); the restored store never reuses the source's replica id (the source's dots are
 /// remote dots to it), has an epoch above the source's, an empty log, and a seed cursor
-/// `(source, source_log_end)`; the database appears under its final name only once complete
-/// and durable.
+/// `(source, source_log_end)`; a snapshot of a joining node (see [`write_snapshot`]) gives a
+/// store that opens as a joining node ([`RedbStore::restored_joining`]); the database appears
+/// under its final name only once complete and durable.
 ///
 /// # Errors
 /// [`StoreError::Snapshot`] for a non-empty `dir`, a `new_replica` equal to the source's, or an
@@ -638,6 +674,11 @@ pub fn restore_snapshot(
             META_SEED_CURSOR,
             &(info.source_replica, info.source_log_end),
         )?;
+        // A copy of a joining node joins too (a copy of such a copy holds the record already:
+        // the meta table is copied).
+        if snapshot_joining(&rtxn, limits.record_bytes_max)? {
+            meta_put(&wtxn, META_RESTORED_JOINING, &true)?;
+        }
         wtxn.commit().map_err(StoreError::redb)?;
     }
     drop(src);
@@ -681,7 +722,15 @@ impl RedbStore {
     /// As [`write_snapshot`].
     pub fn snapshot(&self, out: &Path, wall_ms: u64) -> Result<SnapshotInfo, StoreError> {
         let rtxn = self.begin_snapshot_read()?;
-        rtxn.write_to(out, &self.options.limits, wall_ms)
+        rtxn.write_to(out, &self.options.limits, wall_ms, self.restored_joining)
+    }
+
+    /// True for a store restored from a snapshot of a joining node (or of such a copy): the
+    /// node on it opens as a joining node whatever its configuration says, since the source
+    /// belonged to a cluster that may have sealed windows without it. `false` for every other
+    /// store and for stores restored from snapshots written before this record existed.
+    pub fn restored_joining(&self) -> bool {
+        self.restored_joining
     }
 
     /// The seed cursor of a store restored from a snapshot: `(source log id, source log end)`.

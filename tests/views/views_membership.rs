@@ -370,6 +370,86 @@ async fn a_node_restored_from_a_snapshot_changes_no_final_window() {
     }
 }
 
+/// A copy of a joining node restored from a snapshot taken before the node ever synced (the
+/// snapshot holds no announcement of the stream) is a joining node too, even opened without
+/// `joining`: it applies no event to a window before it syncs (late, `not_synced`), reports
+/// nothing final alone even once it passed a window's deadline, and after it meets the cluster
+/// every node reports the cluster's final value. (It used to open as a founder: it applied the
+/// event and sealed the window over itself alone, final with count 1.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_a_joining_node_that_never_synced_waits_to_sync_like_it() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (a, b) = two_with_a_final_window(root.path()).await;
+    let want = (json!(2), json!(["a", "b"]));
+    let c = open(&root.path().join("c"), true).await;
+    let snap = root.path().join("c.snap");
+    c.snapshot(&snap).await.expect("snapshot");
+    c.shutdown().await.expect("shutdown");
+    drop(c);
+    Node::restore(&snap, root.path().join("r")).expect("restore");
+    let r = open(&root.path().join("r"), false).await;
+    assert!(r.is_joining(), "a copy of a joining node joins");
+    // An event for the window A and B sealed, and one past its deadline: neither is applied
+    // to a window before R synced.
+    let out = r
+        .ingest("s", vec![ev("r", 1, 30_000, "r"), ev("r", 2, 2 * MIN, "r")])
+        .await
+        .expect("r ingests");
+    assert_eq!((out.applied, out.late), (2, 2), "{out:?}");
+    let lane = r.late_events("s", None, 0).expect("late lane");
+    assert_eq!(lane.events.len(), 2, "{lane:?}");
+    for e in &lane.events {
+        assert_eq!(e.record["reason"], json!("not_synced"), "{lane:?}");
+    }
+    r.maintain_views().await.expect("maintain");
+    assert!(rows(&r).await.is_empty(), "R applied nothing to a window");
+    // A snapshot of the copy keeps it: a copy of the copy joins too.
+    let snap2 = root.path().join("r.snap");
+    r.snapshot(&snap2).await.expect("snapshot");
+    Node::restore(&snap2, root.path().join("r2")).expect("restore");
+    let r2 = open(&root.path().join("r2"), false).await;
+    assert!(r2.is_joining(), "a copy of a copy of a joining node joins");
+    r2.shutdown().await.expect("shutdown");
+    drop(r2);
+    // Once it meets the cluster it syncs and holds the cluster's final window.
+    r.connect(&a).expect("connect");
+    r.connect(&b).expect("connect");
+    assert_eq!(final_on(&[&a, &b, &r], 0).await, want);
+    stays_final(&[&a, &b, &r], &[&a, &b, &r], 0, &want).await;
+    // Synced, it starts from the cluster's watermark: the final window stays late on R.
+    let out = r
+        .ingest("s", vec![ev("r", 3, 40_000, "r")])
+        .await
+        .expect("r ingests");
+    assert_eq!(out.late, 1, "{out:?}");
+    stays_final(&[&a, &b, &r], &[&a, &b, &r], 0, &want).await;
+    for n in [a, b, r] {
+        n.shutdown().await.expect("shutdown");
+    }
+}
+
+/// A copy of a node started alone that never met anyone is no joining node: restored, it
+/// applies events and finalizes windows by itself as its source did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_a_lone_node_that_never_ingested_works_alone() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let l = open(&root.path().join("l"), false).await;
+    let snap = root.path().join("l.snap");
+    l.snapshot(&snap).await.expect("snapshot");
+    l.shutdown().await.expect("shutdown");
+    drop(l);
+    Node::restore(&snap, root.path().join("r")).expect("restore");
+    let r = open(&root.path().join("r"), false).await;
+    assert!(!r.is_joining(), "a copy of a lone node does not join");
+    let out = r
+        .ingest("s", vec![ev("r", 1, 30_000, "r"), ev("r", 2, 2 * MIN, "r")])
+        .await
+        .expect("r ingests");
+    assert_eq!((out.applied, out.late), (2, 0), "{out:?}");
+    assert_eq!(final_on(&[&r], 0).await, (json!(1), json!(["r"])));
+    r.shutdown().await.expect("shutdown");
+}
+
 /// A member gone for good holds new windows open until it is decommissioned;
 /// then they become final without it on every node. If it comes back it applies no event to
 /// a window (late, `decommissioned`) and final windows keep their values.
