@@ -26,7 +26,9 @@
 //! store has an empty log whose "truncated" context is the snapshot's context (a peer lacking
 //! part of it is served by state transfer), and a *seed cursor* `(source log id, source log
 //! end)`: the snapshot holds exactly the source's log below that end, so when the restored node
-//! meets its source it asks for deltas from there instead of a full transfer.
+//! meets its source it asks for deltas from there instead of a full transfer. A snapshot of a
+//! joining node carries a `snapshot/joining` record, which the restore turns into
+//! `meta/restored_joining` ([`RedbStore::restored_joining`]): the copy joins as its source did.
 //!
 //! Re-identification of a live store ([`RedbStore::reidentify`]) is the same idea at run time:
 //! a store that learns it is a copy restored under its old id (a peer holds dots of this id above

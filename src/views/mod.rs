@@ -461,7 +461,10 @@ impl Views {
     /// A node joining a cluster, or one whose store was restored from a snapshot (`restored`,
     /// whether it joins or starts alone), counts as synced with such a stream only once it
     /// holds an announcement newer than those its state opened with: a snapshot's marks are
-    /// as old as the snapshot, and its source's cluster may have sealed windows since.
+    /// as old as the snapshot, and its source's cluster may have sealed windows since. A
+    /// snapshot with no announcement of a stream gives nothing to wait for here: a copy of a
+    /// joining node that had not synced is kept from sealing alone by joining itself (the node
+    /// opens it joining, `RedbStore::restored_joining`), not by this wait.
     ///
     /// # Errors
     /// Storage failures.
