@@ -8,6 +8,7 @@
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+use tidemark::store::{OpenOptions, RedbStore};
 use tidemark::views::{Event, ViewDef, ViewQuery};
 use tidemark::{Node, NodeConfig};
 
@@ -411,6 +412,19 @@ async fn a_copy_of_a_joining_node_that_never_synced_waits_to_sync_like_it() {
     assert!(r2.is_joining(), "a copy of a copy of a joining node joins");
     r2.shutdown().await.expect("shutdown");
     drop(r2);
+    // So does a copy made offline from the copy's data directory (the record is in its meta).
+    {
+        let store = RedbStore::open(&root.path().join("r2"), OpenOptions::default())
+            .expect("open the store");
+        assert!(store.restored_joining());
+        let snap3 = root.path().join("r2.snap");
+        store.snapshot(&snap3, 0).expect("offline snapshot");
+        Node::restore(&snap3, root.path().join("r3")).expect("restore");
+    }
+    let r3 = open(&root.path().join("r3"), false).await;
+    assert!(r3.is_joining(), "an offline copy of such a copy joins");
+    r3.shutdown().await.expect("shutdown");
+    drop(r3);
     // Once it meets the cluster it syncs and holds the cluster's final window.
     r.connect(&a).expect("connect");
     r.connect(&b).expect("connect");
