@@ -603,9 +603,12 @@ impl Views {
         if synced.contains(stream) || (has_wm && !fresh.contains_key(stream)) {
             return Ok((true, None));
         }
+        let mut cluster_gone = false;
         if let Some(seen) = fresh.get(stream) {
-            if !read::fresh_announcement(reader, stream, me, seen)? {
-                return Ok((false, None));
+            match read::fresh_announcement(reader, stream, me, seen)? {
+                read::Fresh::Stale => return Ok((false, None)),
+                read::Fresh::OthersGone => cluster_gone = true,
+                read::Fresh::Heard | read::Fresh::NoOthers => {}
             }
             fresh.remove(stream);
         }
@@ -613,7 +616,9 @@ impl Views {
         // A joining node first holds what each peer it is linked to held when they met:
         // every announcement and seal they knew of (a peer's state arriving before another's
         // could otherwise make it adopt one side's seals, or start from a stale watermark).
-        if self.joining && !at.peers_covered {
+        // Not a restored copy whose every other announcer was removed for good: there is no
+        // cluster left to link to (a cluster rebuilt from a snapshot of a joining node).
+        if self.joining && !at.peers_covered && !cluster_gone {
             return Ok((false, None));
         }
         let (wm, h, others) = read::largest_announced(reader, stream, Some(me))?;

@@ -442,6 +442,71 @@ async fn a_copy_of_a_joining_node_that_never_synced_waits_to_sync_like_it() {
     }
 }
 
+/// A cluster rebuilt from a snapshot of a joining node after every other member was lost: the
+/// copy joins, so it waits (late, `not_synced`) while the lost members may still be out
+/// there; once the operator removes them for good (the source's old id too) it is the cluster:
+/// it applies events and reports windows final by itself, with no peer to link to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_a_joining_node_alone_is_the_cluster_once_the_lost_members_are_removed() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let f = open(&root.path().join("f"), false).await;
+    let j = open(&root.path().join("j"), true).await;
+    f.connect(&j).expect("connect");
+    f.ingest("s", vec![ev("f", 1, 10_000, "f")])
+        .await
+        .expect("f");
+    ingest_once_synced(&j, "j", 10_000).await;
+    converge(&[&f, &j]).await;
+    let snap = root.path().join("j.snap");
+    j.snapshot(&snap).await.expect("snapshot");
+    let lost = [f.replica_id(), j.replica_id()];
+    for n in [f, j] {
+        n.shutdown().await.expect("shutdown");
+    }
+    Node::restore(&snap, root.path().join("r")).expect("restore");
+    let r = open(&root.path().join("r"), false).await;
+    assert!(r.is_joining(), "a copy of a joining node joins");
+    let out = r
+        .ingest("s", vec![ev("r", 1, 2 * MIN, "r")])
+        .await
+        .expect("r ingests");
+    assert_eq!((out.applied, out.late), (1, 1), "{out:?}");
+    // (The lane also holds J's records from before it synced: the lane replicates.)
+    let lane = r.late_events("s", None, 0).expect("late lane");
+    let mine: Vec<_> = lane
+        .events
+        .iter()
+        .filter(|e| e.record["node"] == json!(r.replica_id().to_string()))
+        .collect();
+    assert_eq!(mine.len(), 1, "{lane:?}");
+    assert_eq!(mine[0].record["reason"], json!("not_synced"));
+    for id in lost {
+        r.decommission(id).await.expect("decommission");
+    }
+    let out = r
+        .ingest(
+            "s",
+            vec![ev("r", 2, 2 * MIN, "r"), ev("r", 3, 4 * MIN, "r")],
+        )
+        .await
+        .expect("r ingests");
+    assert_eq!((out.applied, out.late), (2, 0), "{out:?}");
+    let started = Instant::now();
+    loop {
+        r.maintain_views().await.expect("maintain");
+        let rs = rows(&r).await;
+        if rs.get(&("c".to_owned(), 2 * MIN)) == Some(&(json!(1), true)) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the rebuilt cluster never finalized the window: {rs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    r.shutdown().await.expect("shutdown");
+}
+
 /// A copy of a node started alone that never met anyone is no joining node: restored, it
 /// applies events and finalizes windows by itself as its source did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
