@@ -43,6 +43,9 @@
 //! restarted before its first event forgot the peers it had met; a node restored from a
 //! snapshot of a joining node that had not synced opened as a founder and sealed alone (now
 //! the copy joins too: `tests/views/views_membership.rs` has the deterministic case).
+//! Seeds found with `ISOLATED_RESTORE=1` for defects still open are replayed by hand
+//! (`FOUND_OPEN_ISOLATED`, `--ignored`): a restored copy restarted before it synced, and one
+//! that synced from a node that knew only what the copy itself held.
 //! Seeded: replay with `SEED=`. `ISOLATED_RESTORE=1` leaves every restored node unconnected
 //! until a heal step links it (a restored node serving before it rejoins); `VERBOSE=1` lists
 //! every cell final or open at the end.
@@ -565,7 +568,8 @@ impl World {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finals_survive_membership_changes_and_equal_the_recount() {
-    run_model(common::seed("views_finality_model")).await;
+    let isolated = std::env::var("ISOLATED_RESTORE").is_ok_and(|v| v == "1");
+    run_model(common::seed("views_finality_model"), isolated).await;
 }
 
 /// Seeds of the model that once failed, each replayed on every run with the defect it found
@@ -597,12 +601,49 @@ const FOUND: [(u64, &str); 2] = [
 async fn finality_model_replays_the_seeds_found() {
     for (seed, found) in FOUND {
         println!("seed {seed}: {found}");
-        run_model(seed).await;
+        run_model(seed, false).await;
+    }
+}
+
+/// Seeds that found a defect still open, with `ISOLATED_RESTORE=1` (every restored node left
+/// unconnected until a heal step links it), replayed by hand (`--ignored`). Both fail in some
+/// runs only (real time); each failed on the code before the joining-copy fix as well.
+const FOUND_OPEN_ISOLATED: [(u64, &str); 2] = [
+    (
+        1_796_627_321_256_648_036,
+        "a restored copy restarted before it synced forgets that it waits for a fresh \
+         announcement: `Views::restore` wrote its announcement (the snapshot's marks) at its \
+         first open, so at the next open that reads as a watermark of its own and the wait \
+         (`fresh_from`) is set only for stores without one. n4 (restored from n2 at step 41, \
+         isolated) restarted at step 68 with no link and took events for window 840000 on \
+         time at step 76, which the cluster sealed without it (2 ≠ recount 3). Seed \
+         1796627340188533698 found the same (n5, a copy of a copy, restarted at step 70)",
+    ),
+    (
+        1_796_627_331_978_309_120,
+        "a restored copy takes as fresh an announcement that holds nothing new of its \
+         cluster: n3 (restored from n1 at step 4, isolated) met only n4, a node joining \
+         through n3 alone (step 8); n4 synced from n3's own stale marks and announced, and \
+         that announcement is one n3's open context did not hold, so n3 counted as synced and \
+         both took events on time (steps 14-21) for window 600000, which the cluster sealed \
+         without them (6 ≠ recount 9). Failed 2 runs in 2 on the code before and after the \
+         joining-copy fix",
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "open: restored copies that count as synced without news of their cluster (FOUND_OPEN_ISOLATED)"]
+async fn finality_model_replays_the_seeds_found_open_with_isolated_restores() {
+    for (seed, found) in FOUND_OPEN_ISOLATED {
+        println!("seed {seed} (ISOLATED_RESTORE=1): {found}");
+        run_model(seed, true).await;
     }
 }
 
 /// One seeded run of the model (see the module docs).
-async fn run_model(seed: u64) {
+/// `isolated`: every restored node stays unconnected until a heal step links it
+/// (`ISOLATED_RESTORE=1`).
+async fn run_model(seed: u64, isolated: bool) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let started = Instant::now();
     let root = tempfile::tempdir().expect("tempdir");
@@ -783,7 +824,7 @@ async fn run_model(seed: u64) {
                 }
                 // ISOLATED_RESTORE=1: the restored node stays unconnected until a heal step
                 // (or the end) links it.
-                let peers = if std::env::var("ISOLATED_RESTORE").is_ok_and(|v| v == "1") {
+                let peers = if isolated {
                     Vec::new()
                 } else {
                     w.peers(&mut rng, i)
