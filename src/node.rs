@@ -187,7 +187,13 @@ impl Node {
         let reader = store.reader();
         let replica = store.replica();
         let restored = store.seed_cursor().is_some();
-        let announce = views.restore(&reader, replica, crate::clock::wall_ms(), restored)?;
+        let announce = views.restore(
+            &reader,
+            replica,
+            crate::clock::wall_ms(),
+            restored,
+            store.restored_context(),
+        )?;
         {
             // Stream-view retention: entries of removed windows are dropped on receipt.
             let views = Arc::clone(&views);

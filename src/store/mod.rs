@@ -161,6 +161,8 @@ pub struct RedbStore {
     seed: Option<(ReplicaId, u64)>,
     /// Restored from a snapshot of a joining node ([`RedbStore::restored_joining`]).
     restored_joining: bool,
+    /// The snapshot's context, for a restored store ([`RedbStore::restored_context`]).
+    restored_context: Option<CausalContext>,
     /// The committed dedup marks of the sources local commits touched, so a commit group does
     /// not re-read and decode each source's row (bounded by
     /// `local::DEDUP_CACHE_SOURCES_MAX`; a remote join that changes a source's row drops its
@@ -545,6 +547,8 @@ impl RedbStore {
         let seed: Option<(ReplicaId, u64)> = meta_get(&txn, snapshot::META_SEED_CURSOR, max)?;
         let restored_joining: bool =
             meta_get(&txn, snapshot::META_RESTORED_JOINING, max)?.unwrap_or(false);
+        let restored_context: Option<CausalContext> =
+            meta_get(&txn, snapshot::META_RESTORED_CONTEXT, max)?;
         let mut cursors = BTreeMap::new();
         {
             let table = txn.open_table(CURSORS).map_err(StoreError::redb)?;
@@ -585,6 +589,7 @@ impl RedbStore {
             remote_filter: None,
             seed,
             restored_joining,
+            restored_context,
             dedup_cache: std::collections::HashMap::new(),
             change_values: true,
             row_cache: None,

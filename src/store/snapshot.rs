@@ -62,6 +62,10 @@ const JOINING: &str = "joining";
 /// a joining node (or of a store restored that way: the record is copied with the meta table),
 /// so the node opens as a joining node whatever its configuration says.
 pub(crate) const META_RESTORED_JOINING: &str = "restored_joining";
+/// Meta record of a restored store: the snapshot's causal context (the state it opened with
+/// first), so a restart can tell whether the copy has heard from its cluster since
+/// ([`RedbStore::restored_context`]). Absent in stores restored by earlier versions.
+pub(crate) const META_RESTORED_CONTEXT: &str = "restored_context";
 /// Meta record of a restored store: `(source log id, source log end)`.
 pub(crate) const META_SEED_CURSOR: &str = "seed_cursor";
 /// The snapshot format this build writes and reads.
@@ -676,6 +680,7 @@ pub fn restore_snapshot(
             META_SEED_CURSOR,
             &(info.source_replica, info.source_log_end),
         )?;
+        meta_put(&wtxn, META_RESTORED_CONTEXT, &info.context)?;
         // A copy of a joining node joins too (a copy of such a copy holds the record already:
         // the meta table is copied).
         if snapshot_joining(&rtxn, limits.record_bytes_max)? {
@@ -733,6 +738,12 @@ impl RedbStore {
     /// store and for stores restored from snapshots written before this record existed.
     pub fn restored_joining(&self) -> bool {
         self.restored_joining
+    }
+
+    /// The causal context of the snapshot this store was restored from (its state at its
+    /// first open), for stores restored by this version; `None` for every other store.
+    pub fn restored_context(&self) -> Option<&CausalContext> {
+        self.restored_context.as_ref()
     }
 
     /// The seed cursor of a store restored from a snapshot: `(source log id, source log end)`.

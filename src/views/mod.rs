@@ -461,7 +461,9 @@ impl Views {
     /// A node joining a cluster, or one whose store was restored from a snapshot (`restored`,
     /// whether it joins or starts alone), counts as synced with such a stream only once it
     /// holds an announcement newer than those its state opened with: a snapshot's marks are
-    /// as old as the snapshot, and its source's cluster may have sealed windows since. A
+    /// as old as the snapshot, and its source's cluster may have sealed windows since; a copy
+    /// restarted before it heard such an announcement (`restored_from`: the snapshot's
+    /// context) waits again, although its state now holds an announcement of its own. A
     /// snapshot with no announcement of a stream gives nothing to wait for here: a copy of a
     /// joining node that had not synced is kept from sealing alone by joining itself (the node
     /// opens it joining, `RedbStore::restored_joining`), not by this wait.
@@ -474,6 +476,7 @@ impl Views {
         me: ReplicaId,
         now_ms: u64,
         restored: bool,
+        restored_from: Option<&tidemark_crdts::CausalContext>,
     ) -> Result<Vec<LocalWrite>, Error> {
         let mut wms = self.watermarks.lock().map_err(|_| Error::Closed)?;
         let mut hs = self.horizons.lock().map_err(|_| Error::Closed)?;
@@ -507,6 +510,15 @@ impl Views {
             });
             let (wm, horizon) = match own {
                 Some(a) => {
+                    // A restored copy wrote an announcement at its first open (the snapshot's
+                    // marks, below): restarted before it heard from its cluster, it still
+                    // waits for an announcement the snapshot did not hold.
+                    if let Some(snap) = restored_from
+                        && read::fresh_announcement(reader, stream, me, snap)? == read::Fresh::Stale
+                        && let Ok(mut f) = self.fresh_from.lock()
+                    {
+                        f.insert(stream.clone(), snap.clone());
+                    }
                     if let Ok(mut seals) = self.seals.lock() {
                         seals.insert(
                             stream.clone(),
@@ -524,9 +536,11 @@ impl Views {
                 None => {
                     let (wm, h, others) = read::largest_announced(reader, stream, Some(me))?;
                     if others && (self.joining || restored) {
-                        // Restored (or re-identified) into a cluster: sync afresh first.
+                        // Restored (or re-identified) into a cluster: sync afresh first, from
+                        // an announcement the snapshot did not hold (the state at this open
+                        // when the store does not say what the snapshot held).
                         if let Ok(mut f) = self.fresh_from.lock() {
-                            f.insert(stream.clone(), ctx.clone());
+                            f.insert(stream.clone(), restored_from.unwrap_or(&ctx).clone());
                         }
                     }
                     let bound = self.time_bound(stream, now_ms);

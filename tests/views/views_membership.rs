@@ -529,6 +529,68 @@ async fn a_copy_of_a_lone_node_that_never_ingested_works_alone() {
     r.shutdown().await.expect("shutdown");
 }
 
+/// A restored copy restarted before it heard from its cluster still waits: the announcement it
+/// wrote at its first open (the snapshot's marks) is no news of the cluster. (It used to read as
+/// a watermark of its own after the restart: the copy applied events on time with no peer.)
+/// Once it hears a fresh announcement it syncs, and stays synced across a restart alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_copy_restarted_before_it_synced_still_waits() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (a, b) = two_with_a_final_window(root.path()).await;
+    let want = (json!(2), json!(["a", "b"]));
+    let snap = root.path().join("a.snap");
+    a.snapshot(&snap).await.expect("snapshot");
+    a.shutdown().await.expect("shutdown");
+    drop(a);
+    let dir = root.path().join("r");
+    Node::restore(&snap, &dir).expect("restore");
+    let r = open(&dir, false).await;
+    let out = r
+        .ingest("s", vec![ev("r", 1, 3 * MIN, "r")])
+        .await
+        .expect("r ingests");
+    assert_eq!((out.applied, out.late), (1, 1), "{out:?}");
+    r.shutdown().await.expect("shutdown");
+    drop(r);
+    let r = open(&dir, false).await;
+    let out = r
+        .ingest("s", vec![ev("r", 2, 3 * MIN, "r")])
+        .await
+        .expect("r ingests");
+    assert_eq!(
+        (out.applied, out.late),
+        (1, 1),
+        "a restarted copy applied an event before it heard from its cluster: {out:?}"
+    );
+    let lane = r.late_events("s", None, 0).expect("late lane");
+    let reasons: Vec<_> = lane
+        .events
+        .iter()
+        .filter(|e| e.record["node"] == json!(r.replica_id().to_string()))
+        .map(|e| e.record["reason"].clone())
+        .collect();
+    assert_eq!(reasons, vec![json!("not_synced"); 2], "{lane:?}");
+    // B moves on and announces it; R hears it, syncs and applies events again.
+    r.connect(&b).expect("connect");
+    b.ingest("s", vec![ev("b", 3, 4 * MIN, "b")])
+        .await
+        .expect("b");
+    ingest_once_synced(&r, "r2", 5 * MIN).await;
+    stays_final(&[&b, &r], &[&b, &r], 0, &want).await;
+    // Synced, a restart without any link keeps it synced.
+    r.shutdown().await.expect("shutdown");
+    drop(r);
+    let r = open(&dir, false).await;
+    let out = r
+        .ingest("s", vec![ev("r3", 1, 5 * MIN, "r")])
+        .await
+        .expect("r ingests");
+    assert_eq!((out.applied, out.late), (1, 0), "{out:?}");
+    for n in [b, r] {
+        n.shutdown().await.expect("shutdown");
+    }
+}
+
 /// A member gone for good holds new windows open until it is decommissioned;
 /// then they become final without it on every node. If it comes back it applies no event to
 /// a window (late, `decommissioned`) and final windows keep their values.
