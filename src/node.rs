@@ -1489,8 +1489,10 @@ impl Node {
     /// commits are made durable first). The copy is written to a temporary file next to `out`,
     /// fsynced, reopened and verified, then renamed to `out` and the directory fsynced: when
     /// this returns `Ok`, `out` is a complete verified snapshot; on any failure or crash
-    /// nothing is left under `out`. A snapshot of a joining node ([`NodeConfig::joining`], or
-    /// a node restored from such a snapshot) records it: the restored copy opens joining too.
+    /// nothing is left under `out`. A snapshot of a node that belongs to a cluster — a joining
+    /// node ([`NodeConfig::joining`], or a node restored from such a snapshot), or one that
+    /// has met a peer — records it: the restored copy opens as a joining node. A snapshot of a
+    /// node that never met anyone does not: its copy works alone as the node did.
     ///
     /// # Errors
     /// [`Error::Store`] ([`crate::store::StoreError::Snapshot`] when `out` exists, storage and
@@ -1504,7 +1506,7 @@ impl Node {
         let rtxn = rx.await.map_err(|_| Error::Closed)??;
         let out = out.as_ref().to_path_buf();
         let limits = self.shared.config.limits.clone();
-        let joining = self.shared.views.is_joining();
+        let joining = self.shared.views.copies_join();
         tokio::task::spawn_blocking(move || {
             rtxn.write_to(&out, &limits, crate::clock::wall_ms(), joining)
         })
@@ -1520,11 +1522,12 @@ impl Node {
     /// snapshot of X and connected to X catches up by deltas from X's log (no state transfer to
     /// it), as long as X still retains its log from the snapshot's point.
     ///
-    /// A copy of a joining node (the snapshot says so, see [`Node::snapshot`]) opens as a
-    /// joining node whatever its [`NodeConfig::joining`]: until it syncs a stream with its
-    /// cluster it applies no event to the stream's windows (late, `not_synced`) and seals
-    /// nothing alone, even when the snapshot holds no announcement of the stream. A copy of
-    /// any other node (and of a snapshot written before this was recorded) opens as before.
+    /// A copy of a node that belonged to a cluster (the snapshot says so, see
+    /// [`Node::snapshot`]) opens as a joining node whatever its [`NodeConfig::joining`]: until
+    /// it syncs a stream with its cluster it applies no event to the stream's windows (late,
+    /// `not_synced`) and seals nothing alone, even when the snapshot holds no announcement of
+    /// the stream. A copy of a node that never met anyone (and of a snapshot written before
+    /// this was recorded) opens as configured.
     ///
     /// # Errors
     /// [`Error::Store`]: an invalid snapshot, a non-empty `dir`, storage and filesystem failures.

@@ -378,6 +378,14 @@ impl Views {
         self.joining
     }
 
+    /// True when a copy of this node must join its cluster rather than start alone: the node
+    /// joins one ([`Views::joining`]), or it has met a peer (since open, or in an earlier run
+    /// as its announcements record). Such a cluster may seal windows without the copy, so the
+    /// copy must not vouch for them alone. False only for a node that never met anyone.
+    pub(crate) fn copies_join(&self) -> bool {
+        self.joining || self.met.lock().map_or(true, |m| !m.is_empty())
+    }
+
     /// Streams with a windowed view (the ones seals and finality are about).
     pub(crate) fn windowed_streams(&self) -> Vec<String> {
         self.by_stream

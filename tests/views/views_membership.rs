@@ -507,6 +507,47 @@ async fn a_copy_of_a_joining_node_alone_is_the_cluster_once_the_lost_members_are
     r.shutdown().await.expect("shutdown");
 }
 
+/// A copy of a node started alone that had met a peer, from a snapshot taken before either
+/// ingested (so it holds no announcement), belongs to that cluster: it joins, takes events as
+/// late (`not_synced`) until it syncs, and seals nothing alone; connected, it holds the
+/// cluster's final window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_a_founder_that_met_a_peer_joins_its_cluster() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let a = open(&root.path().join("a"), false).await;
+    let b = open(&root.path().join("b"), false).await;
+    a.connect(&b).expect("connect");
+    let snap = root.path().join("a.snap");
+    a.snapshot(&snap).await.expect("snapshot");
+    Node::restore(&snap, root.path().join("r")).expect("restore");
+    let r = open(&root.path().join("r"), false).await;
+    assert!(r.is_joining(), "a copy of a node that met a peer joins");
+    let out = r
+        .ingest("s", vec![ev("r", 1, 30_000, "r"), ev("r", 2, 2 * MIN, "r")])
+        .await
+        .expect("r ingests");
+    assert_eq!((out.applied, out.late), (2, 2), "{out:?}");
+    r.maintain_views().await.expect("maintain");
+    assert!(rows(&r).await.is_empty(), "R applied nothing to a window");
+    for (n, name) in [(&a, "a"), (&b, "b")] {
+        n.ingest("s", vec![ev(name, 1, 10_000, name)])
+            .await
+            .expect("ingest");
+        n.ingest("s", vec![ev(name, 2, 2 * MIN, name)])
+            .await
+            .expect("ingest");
+    }
+    let want = final_on(&[&a, &b], 0).await;
+    assert_eq!(want, (json!(2), json!(["a", "b"])));
+    r.connect(&a).expect("connect");
+    r.connect(&b).expect("connect");
+    assert_eq!(final_on(&[&a, &b, &r], 0).await, want);
+    stays_final(&[&a, &b, &r], &[&a, &b, &r], 0, &want).await;
+    for n in [a, b, r] {
+        n.shutdown().await.expect("shutdown");
+    }
+}
+
 /// A copy of a node started alone that never met anyone is no joining node: restored, it
 /// applies events and finalizes windows by itself as its source did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
