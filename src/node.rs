@@ -167,8 +167,8 @@ impl Node {
                 new_replica_id: None,
             },
         )?;
-        // A copy restored from a snapshot of a joining node joins too: its source belonged to
-        // a cluster that may have sealed windows since, without it.
+        // A copy restored from a snapshot of a cluster member joins: its source's cluster may
+        // have sealed windows since, without it.
         let views = Arc::new(
             views
                 .joining(config.joining || store.restored_joining())
@@ -608,7 +608,7 @@ impl Node {
     }
 
     /// True when the node runs as a joining node: [`NodeConfig::joining`], or its store was
-    /// restored from a snapshot of a joining node ([`Node::restore`]). Such a node waits for
+    /// restored from a snapshot of a cluster member ([`Node::restore`]). Such a node waits for
     /// its first sync with the cluster before it applies events to a stream's windows.
     pub fn is_joining(&self) -> bool {
         self.shared.views.is_joining()

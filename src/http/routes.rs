@@ -102,7 +102,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
     // A node started to join a cluster (`--join`) that has reached no member yet is not
     // ready either: it has not synced (a wrong CA, an unreachable seed); one started alone is
     // its own cluster.
-    // (A copy restored from a snapshot of a joining node joins too.)
+    // (A copy restored from a snapshot of a cluster member joins too.)
     let joining = state.node.is_joining();
     let synced = match &status {
         Ok(rep) if !live.is_empty() || joining => {

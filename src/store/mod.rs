@@ -159,7 +159,7 @@ pub struct RedbStore {
     remote_filter: Option<purge::RemoteFilter>,
     /// Restored from a snapshot: `(source log id, source log end)` (see [`snapshot`]).
     seed: Option<(ReplicaId, u64)>,
-    /// Restored from a snapshot of a joining node ([`RedbStore::restored_joining`]).
+    /// Restored from a snapshot of a cluster member ([`RedbStore::restored_joining`]).
     restored_joining: bool,
     /// The snapshot's context, for a restored store ([`RedbStore::restored_context`]).
     restored_context: Option<CausalContext>,

@@ -27,8 +27,10 @@
 //! part of it is served by state transfer), and a *seed cursor* `(source log id, source log
 //! end)`: the snapshot holds exactly the source's log below that end, so when the restored node
 //! meets its source it asks for deltas from there instead of a full transfer. A snapshot of a
-//! joining node carries a `snapshot/joining` record, which the restore turns into
-//! `meta/restored_joining` ([`RedbStore::restored_joining`]): the copy joins as its source did.
+//! cluster member (a joining node, or one that met a peer) carries a `snapshot/joining` record,
+//! which the restore turns into `meta/restored_joining` ([`RedbStore::restored_joining`]): the
+//! copy joins its source's cluster. The restore also keeps the snapshot's context
+//! (`meta/restored_context`, [`RedbStore::restored_context`]).
 //!
 //! Re-identification of a live store ([`RedbStore::reidentify`]) is the same idea at run time:
 //! a store that learns it is a copy restored under its old id (a peer holds dots of this id above
@@ -54,13 +56,14 @@ use tidemark_crdts::{CausalContext, Hlc, ReplicaId};
 /// The table holding the snapshot header (only in snapshot files, never in a data directory).
 const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
 const HEADER: &str = "header";
-/// Snapshot record (in the `snapshot` table, beside the header): `true` when the source ran as
-/// a joining node ([`crate::NodeConfig::joining`]) when the snapshot was taken. Absent (older
-/// snapshots, offline snapshots of a store that was not such a copy): `false`.
+/// Snapshot record (in the `snapshot` table, beside the header): `true` when a copy of the
+/// source must join its cluster — the source ran as a joining node
+/// ([`crate::NodeConfig::joining`]) or had met a peer when the snapshot was taken. Absent
+/// (older snapshots, offline snapshots of a store that was not such a copy): `false`.
 const JOINING: &str = "joining";
-/// Meta record of a restored store: `true` when the snapshot it was restored from was taken of
-/// a joining node (or of a store restored that way: the record is copied with the meta table),
-/// so the node opens as a joining node whatever its configuration says.
+/// Meta record of a restored store: `true` when the snapshot it was restored from says its
+/// copies join (see [`JOINING`]; or of a store restored that way: the record is copied with the
+/// meta table), so the node opens as a joining node whatever its configuration says.
 pub(crate) const META_RESTORED_JOINING: &str = "restored_joining";
 /// Meta record of a restored store: the snapshot's causal context (the state it opened with
 /// first), so a restart can tell whether the copy has heard from its cluster since
@@ -320,8 +323,8 @@ impl Drop for TempFile {
 pub struct SnapshotRead(ReadTransaction);
 
 impl SnapshotRead {
-    /// Writes this point in time to the snapshot file `out` (see [`write_snapshot`]);
-    /// `joining`: the node runs as a joining node (recorded for the restored copy).
+        /// Writes this point in time to the snapshot file `out` (see [`write_snapshot`]);
+    /// `joining`: a copy of the node must join its cluster (recorded for the restored copy).
     ///
     /// # Errors
     /// As [`write_snapshot`].
@@ -344,8 +347,8 @@ impl std::fmt::Debug for SnapshotRead {
 
 /// Writes the state seen by `rtxn` (a read transaction of a store) as a snapshot at `out`:
 /// temporary file in the same directory, durable commit, verification, rename, directory
-/// fsync. Returns what the snapshot holds. `joining` (the source runs as a joining node) is
-/// recorded beside the header, so a store restored from the file opens joining too
+/// fsync. Returns what the snapshot holds. `joining` (a copy of the source must join its
+/// cluster) is recorded beside the header, so a store restored from the file opens joining
 /// ([`restore_snapshot`]).
 ///
 /// # Errors
@@ -593,7 +596,7 @@ fn snapshot_joining(rtxn: &ReadTransaction, max: usize) -> Result<bool, StoreErr
 /// overwritten); until the restore is complete `dir` holds [`RESTORE_MARKER`], so a restore cut
 /// short is named as such by the next restore or open ([`StoreError::RestoreUnfinished`]); the restored store never reuses the source's replica id (the source's dots are
 /// remote dots to it), has an epoch above the source's, an empty log, and a seed cursor
-/// `(source, source_log_end)`; a snapshot of a joining node (see [`write_snapshot`]) gives a
+/// `(source, source_log_end)`; a snapshot of a cluster member (see [`write_snapshot`]) gives a
 /// store that opens as a joining node ([`RedbStore::restored_joining`]); the database appears
 /// under its final name only once complete and durable.
 ///
@@ -732,9 +735,9 @@ impl RedbStore {
         rtxn.write_to(out, &self.options.limits, wall_ms, self.restored_joining)
     }
 
-    /// True for a store restored from a snapshot of a joining node (or of such a copy): the
-    /// node on it opens as a joining node whatever its configuration says, since the source
-    /// belonged to a cluster that may have sealed windows without it. `false` for every other
+    /// True for a store restored from a snapshot of a cluster member (a joining node or one
+    /// that had met a peer; or of such a copy): the node on it opens as a joining node whatever
+    /// its configuration says, since the source's cluster may have sealed windows without it. `false` for every other
     /// store and for stores restored from snapshots written before this record existed.
     pub fn restored_joining(&self) -> bool {
         self.restored_joining

@@ -473,8 +473,9 @@ impl Views {
     /// restarted before it heard such an announcement (`restored_from`: the snapshot's
     /// context) waits again, although its state now holds an announcement of its own. A
     /// snapshot with no announcement of a stream gives nothing to wait for here: a copy of a
-    /// joining node that had not synced is kept from sealing alone by joining itself (the node
-    /// opens it joining, `RedbStore::restored_joining`), not by this wait.
+    /// cluster member (a joining node that had not synced, a node that met peers but announced
+    /// nothing) is kept from sealing alone by joining itself (the node opens it joining,
+    /// `RedbStore::restored_joining`), not by this wait.
     ///
     /// # Errors
     /// Storage failures.
