@@ -323,7 +323,7 @@ impl Drop for TempFile {
 pub struct SnapshotRead(ReadTransaction);
 
 impl SnapshotRead {
-        /// Writes this point in time to the snapshot file `out` (see [`write_snapshot`]);
+    /// Writes this point in time to the snapshot file `out` (see [`write_snapshot`]);
     /// `joining`: a copy of the node must join its cluster (recorded for the restored copy).
     ///
     /// # Errors
@@ -577,7 +577,7 @@ pub fn verify_snapshot(path: &Path, limits: &Limits) -> Result<SnapshotInfo, Sto
     verify_db(db, limits).map(|(_, info)| info)
 }
 
-/// Whether the snapshot read by `rtxn` was taken of a joining node (its `joining` record).
+/// Whether the snapshot read by `rtxn` says its copies join (its [`JOINING`] record).
 fn snapshot_joining(rtxn: &ReadTransaction, max: usize) -> Result<bool, StoreError> {
     let t = rtxn.open_table(SNAPSHOT).map_err(StoreError::redb)?;
     let Some(g) = t.get(JOINING).map_err(StoreError::redb)? else {
@@ -684,7 +684,7 @@ pub fn restore_snapshot(
             &(info.source_replica, info.source_log_end),
         )?;
         meta_put(&wtxn, META_RESTORED_CONTEXT, &info.context)?;
-        // A copy of a joining node joins too (a copy of such a copy holds the record already:
+        // A copy of a cluster member joins (a copy of such a copy holds the record already:
         // the meta table is copied).
         if snapshot_joining(&rtxn, limits.record_bytes_max)? {
             meta_put(&wtxn, META_RESTORED_JOINING, &true)?;
@@ -737,8 +737,9 @@ impl RedbStore {
 
     /// True for a store restored from a snapshot of a cluster member (a joining node or one
     /// that had met a peer; or of such a copy): the node on it opens as a joining node whatever
-    /// its configuration says, since the source's cluster may have sealed windows without it. `false` for every other
-    /// store and for stores restored from snapshots written before this record existed.
+    /// its configuration says, since the source's cluster may have sealed windows without it.
+    /// `false` for every other store and for stores restored from snapshots written before
+    /// this record existed.
     pub fn restored_joining(&self) -> bool {
         self.restored_joining
     }
