@@ -171,7 +171,8 @@ impl Node {
         // have sealed windows since, without it.
         let views = Arc::new(
             views
-                .joining(config.joining || store.restored_joining())
+                .joining(config.joining)
+                .restored_joining(store.restored_joining(), store.restored_context().cloned())
                 .held_bytes(config.limits.view_held_bytes),
         );
         let (tx, rx) = std::sync::mpsc::channel();
@@ -187,6 +188,7 @@ impl Node {
         let reader = store.reader();
         let replica = store.replica();
         let restored = store.seed_cursor().is_some();
+        views.settle_restored(&reader, replica, peer_id_of)?;
         let announce = views.restore(
             &reader,
             replica,
@@ -408,6 +410,7 @@ impl Node {
     /// holds what each linked peer held when they met (asked of the writer, after every
     /// input it received before).
     async fn sync_now(&self, stream: &str) -> Result<crate::views::SyncNow, Error> {
+        self.settle_restored()?;
         let peers_covered = if self.shared.views.awaits_sync(stream) {
             let (reply, rx) = oneshot::channel();
             self.send(Input::PeersCovered { reply })?;
@@ -608,10 +611,31 @@ impl Node {
     }
 
     /// True when the node runs as a joining node: [`NodeConfig::joining`], or its store was
-    /// restored from a snapshot of a cluster member ([`Node::restore`]). Such a node waits for
-    /// its first sync with the cluster before it applies events to a stream's windows.
+    /// restored from a snapshot of a cluster member ([`Node::restore`]) and the copy has
+    /// neither synced with a live member of its cluster yet nor removed every other member it
+    /// knows of ([`Node::decommission`]). Such a node waits for its first sync with the
+    /// cluster before it applies events to a stream's windows.
     pub fn is_joining(&self) -> bool {
         self.shared.views.is_joining()
+    }
+
+    /// True for a copy restored from a snapshot of a cluster member that still joins its
+    /// cluster (see [`Node::is_joining`]).
+    pub fn is_restored_joining(&self) -> bool {
+        self.shared.views.waits_as_copy()
+    }
+
+    /// Ends a restored copy's joining state when its committed state says it is over (see
+    /// [`Node::is_joining`]); nothing for other nodes.
+    fn settle_restored(&self) -> Result<(), Error> {
+        if !self.shared.views.waits_as_copy() {
+            return Ok(());
+        }
+        let reader = self.reader()?;
+        self.shared
+            .views
+            .settle_restored(&reader, self.me(), peer_id_of)?;
+        Ok(())
     }
 
     fn reader(&self) -> Result<Reader, Error> {
@@ -1203,6 +1227,7 @@ impl Node {
         let rx = self.enqueue(vec![w])?;
         rx.await.map_err(|_| Error::Closed)??;
         self.note_removals()?;
+        self.settle_restored()?;
         Ok(Removal {
             replica,
             already: false,

@@ -128,6 +128,61 @@ pub(crate) fn gone(reader: &Reader) -> Result<std::collections::BTreeSet<Replica
     }
 }
 
+/// Whether a restored copy's joining state is over, by its committed state: it holds an
+/// announcement (of any stream) by a live other replica that the snapshot (`snapshot`, its
+/// context) did not hold — the copy synced with its cluster — or every other member it knows
+/// of (every other announcer of any stream, and every peer their announcements say they met)
+/// was removed for good, one at least — the copy is the whole cluster.
+///
+/// # Errors
+/// Storage failures.
+pub(crate) fn restored_settled(
+    reader: &Reader,
+    me: ReplicaId,
+    snapshot: Option<&CausalContext>,
+    peer_of: fn(ReplicaId) -> crate::proto::PeerId,
+) -> Result<bool, Error> {
+    let removed = gone(reader)?;
+    let removed_peers: std::collections::BTreeSet<crate::proto::PeerId> =
+        removed.iter().map(|g| peer_of(*g)).collect();
+    let my_peer = peer_of(me);
+    let mut all_removed = removed.iter().any(|g| *g != me);
+    let mut after: Option<String> = None;
+    loop {
+        let page = reader.list(KeyKind::Lww, keys::WM_PREFIX, after.as_deref(), 256)?;
+        let done = page.len() < 256;
+        for (key, _) in &page {
+            let Some(replica) = key
+                .name
+                .rsplit_once('/')
+                .and_then(|(_, hex)| u128::from_str_radix(hex, 16).ok())
+                .map(ReplicaId)
+            else {
+                continue;
+            };
+            let Some((a, dot)) = announcement(reader, key)? else {
+                continue;
+            };
+            if replica != me && !removed.contains(&replica) {
+                all_removed = false;
+                if snapshot.is_some_and(|snap| !snap.contains(&dot)) {
+                    return Ok(true);
+                }
+            }
+            if a.met.iter().any(|&p| {
+                let p = crate::proto::PeerId(p);
+                p != my_peer && !removed_peers.contains(&p)
+            }) {
+                all_removed = false;
+            }
+        }
+        after = page.last().map(|(k, _)| k.name.clone());
+        if done {
+            return Ok(all_removed);
+        }
+    }
+}
+
 /// What a restored store's state says of its cluster's announcements of a stream since open
 /// ([`fresh_announcement`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -222,20 +222,20 @@ async fn an_analytics_copy_of_a_member_works_alone_once_its_cluster_is_removed()
 /// later gets a view on a NEW stream `t` (nobody ever announced it). The copy is its whole
 /// cluster: it must finalize `t`'s windows by itself, as it does for `s`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "BUG: meta/restored_joining is permanent; a stream no removed member ever \
-            announced (a view added after the recovery) finds no announcer to be 'gone' and no \
-            peer to be covered by: every event is late not_synced for ever on the rebuilt \
-            cluster (and it could not finalize alone anyway); no way out (passes on main: \
-            a regression)"]
 async fn a_rebuilt_cluster_finalizes_a_stream_added_after_the_recovery() {
     let root = tempfile::tempdir().expect("tempdir");
     let (snap, lost) = lost_cluster_snapshot(root.path()).await;
     let dir = root.path().join("r");
     Node::restore(&snap, &dir).expect("restore");
     let r = Node::open(config(&dir, false, true)).await.expect("open");
+    assert!(r.is_joining(), "a copy of a member joins");
     for id in lost {
         r.decommission(id).await.expect("decommission");
     }
+    assert!(
+        !r.is_joining(),
+        "every other member removed: the copy is the whole cluster"
+    );
     // The recovered stream works (the path the branch fixed).
     let out = r
         .ingest(
@@ -269,8 +269,6 @@ async fn a_rebuilt_cluster_finalizes_a_stream_added_after_the_recovery() {
 /// The same rebuilt cluster after a restart, with the view on `t` added then (the operator
 /// edits the config and restarts): it must finalize `t`'s windows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "BUG: as a_rebuilt_cluster_finalizes_a_stream_added_after_the_recovery, across a \
-            restart: a new view on the rebuilt cluster never finalizes a window"]
 async fn a_rebuilt_cluster_restarted_with_a_new_view_finalizes_it() {
     let root = tempfile::tempdir().expect("tempdir");
     let (snap, lost) = lost_cluster_snapshot(root.path()).await;
@@ -375,6 +373,11 @@ async fn copy_next_to_its_live_source(live: bool) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Synced with a live member of its cluster: the copy no longer joins (node-level).
+    assert!(
+        !r.is_joining(),
+        "synced with its cluster, the copy still joins"
+    );
     // Window 1 must stay at the cluster's value on R; an event for it now is late.
     let out = r
         .ingest("s", vec![ev("r", 100, MIN + 4, "r")])
@@ -532,10 +535,6 @@ async fn an_offline_copy_of_a_member_never_disagrees_on_a_final_window() {
 /// cluster, ingests on time and finalizes windows; it must report ready (a probe that never
 /// passes keeps the only surviving node out of service / in a restart loop).
 #[test]
-#[ignore = "BUG: /readyz of a copy that joins stays 503 not_ready forever once its cluster \
-            is removed (is_joining is permanent, no live member, no peer ack, no delta), \
-            although it ingests on time and finalizes windows; its message says it was \
-            'started to join (--join)' (passes on main: a regression)"]
 fn readyz_of_a_rebuilt_cluster_is_ready() {
     let root = tempfile::tempdir().expect("tempdir");
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -552,6 +551,12 @@ fn readyz_of_a_rebuilt_cluster_is_ready() {
         n.views = defs(false);
     });
     let before = get(&s.url("/readyz"));
+    assert_eq!(before.status, 503, "{}", before.text);
+    assert!(
+        before.text.contains("restored from a snapshot") && !before.text.contains("--join"),
+        "a restored copy that waits says so: {}",
+        before.text
+    );
     let node = s.node.clone();
     rt.block_on(async {
         for id in lost {
@@ -595,9 +600,10 @@ fn readyz_of_a_rebuilt_cluster_is_ready() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "BUG (operational hazard): the only way to run a copy of a member standalone is \
             to decommission its source's cluster on it; linked to the live cluster later, \
-            those records decommission the live members A and B (is_decommissioned, their \
-            next events late): nothing refuses removes made by a copy outside the cluster's seals \
-            (also on main; the branch widens who needs the escape)"]
+            those records decommission the live members A and B (is_decommissioned true on \
+            both; their events late once they apply it): nothing refuses removes made by a \
+            copy outside the cluster's seals (also on main; the branch widens who needs the \
+            escape)"]
 async fn an_analytics_copy_that_removed_its_cluster_does_not_decommission_it_when_linked() {
     let root = tempfile::tempdir().expect("tempdir");
     let (a, b) = two_with_a_final_window(root.path()).await;
