@@ -158,11 +158,7 @@ impl Node {
     /// As [`Node::open`].
     pub fn open_blocking(config: NodeConfig) -> Result<Node, Error> {
         config.limits.validate().map_err(Error::Config)?;
-        let views = Arc::new(
-            crate::views::Views::new(&config.views)?
-                .joining(config.joining)
-                .held_bytes(config.limits.view_held_bytes),
-        );
+        let views = crate::views::Views::new(&config.views)?;
         let mut store = RedbStore::open(
             &config.data_dir,
             OpenOptions {
@@ -171,6 +167,14 @@ impl Node {
                 new_replica_id: None,
             },
         )?;
+        // A copy restored from a snapshot of a cluster member joins: its source's cluster may
+        // have sealed windows since, without it.
+        let views = Arc::new(
+            views
+                .joining(config.joining)
+                .restored_joining(store.restored_joining(), store.restored_context().cloned())
+                .held_bytes(config.limits.view_held_bytes),
+        );
         let (tx, rx) = std::sync::mpsc::channel();
         let queued_ops = Arc::new(AtomicUsize::new(0));
         let metrics = Arc::new(Metrics::default());
@@ -184,7 +188,14 @@ impl Node {
         let reader = store.reader();
         let replica = store.replica();
         let restored = store.seed_cursor().is_some();
-        let announce = views.restore(&reader, replica, crate::clock::wall_ms(), restored)?;
+        views.settle_restored(&reader, replica, peer_id_of)?;
+        let announce = views.restore(
+            &reader,
+            replica,
+            crate::clock::wall_ms(),
+            restored,
+            store.restored_context(),
+        )?;
         {
             // Stream-view retention: entries of removed windows are dropped on receipt.
             let views = Arc::clone(&views);
@@ -399,6 +410,7 @@ impl Node {
     /// holds what each linked peer held when they met (asked of the writer, after every
     /// input it received before).
     async fn sync_now(&self, stream: &str) -> Result<crate::views::SyncNow, Error> {
+        self.settle_restored()?;
         let peers_covered = if self.shared.views.awaits_sync(stream) {
             let (reply, rx) = oneshot::channel();
             self.send(Input::PeersCovered { reply })?;
@@ -596,6 +608,34 @@ impl Node {
     /// The configuration the node was opened with.
     pub fn config(&self) -> &NodeConfig {
         &self.shared.config
+    }
+
+    /// True when the node runs as a joining node: [`NodeConfig::joining`], or its store was
+    /// restored from a snapshot of a cluster member ([`Node::restore`]) and the copy has
+    /// neither synced with a live member of its cluster yet nor removed every other member it
+    /// knows of ([`Node::decommission`]). Such a node waits for its first sync with the
+    /// cluster before it applies events to a stream's windows.
+    pub fn is_joining(&self) -> bool {
+        self.shared.views.is_joining()
+    }
+
+    /// True for a copy restored from a snapshot of a cluster member that still joins its
+    /// cluster (see [`Node::is_joining`]).
+    pub fn is_restored_joining(&self) -> bool {
+        self.shared.views.waits_as_copy()
+    }
+
+    /// Ends a restored copy's joining state when its committed state says it is over (see
+    /// [`Node::is_joining`]); nothing for other nodes.
+    fn settle_restored(&self) -> Result<(), Error> {
+        if !self.shared.views.waits_as_copy() {
+            return Ok(());
+        }
+        let reader = self.reader()?;
+        self.shared
+            .views
+            .settle_restored(&reader, self.me(), peer_id_of)?;
+        Ok(())
     }
 
     fn reader(&self) -> Result<Reader, Error> {
@@ -1187,6 +1227,7 @@ impl Node {
         let rx = self.enqueue(vec![w])?;
         rx.await.map_err(|_| Error::Closed)??;
         self.note_removals()?;
+        self.settle_restored()?;
         Ok(Removal {
             replica,
             already: false,
@@ -1473,7 +1514,10 @@ impl Node {
     /// commits are made durable first). The copy is written to a temporary file next to `out`,
     /// fsynced, reopened and verified, then renamed to `out` and the directory fsynced: when
     /// this returns `Ok`, `out` is a complete verified snapshot; on any failure or crash
-    /// nothing is left under `out`.
+    /// nothing is left under `out`. A snapshot of a node that belongs to a cluster — a joining
+    /// node ([`NodeConfig::joining`], or a node restored from such a snapshot), or one that
+    /// has met a peer — records it: the restored copy opens as a joining node. A snapshot of a
+    /// node that never met anyone does not: its copy works alone as the node did.
     ///
     /// # Errors
     /// [`Error::Store`] ([`crate::store::StoreError::Snapshot`] when `out` exists, storage and
@@ -1487,10 +1531,13 @@ impl Node {
         let rtxn = rx.await.map_err(|_| Error::Closed)??;
         let out = out.as_ref().to_path_buf();
         let limits = self.shared.config.limits.clone();
-        tokio::task::spawn_blocking(move || rtxn.write_to(&out, &limits, crate::clock::wall_ms()))
-            .await
-            .map_err(|_| Error::Closed)?
-            .map_err(Error::from)
+        let joining = self.shared.views.copies_join();
+        tokio::task::spawn_blocking(move || {
+            rtxn.write_to(&out, &limits, crate::clock::wall_ms(), joining)
+        })
+        .await
+        .map_err(|_| Error::Closed)?
+        .map_err(Error::from)
     }
 
     /// Creates the data directory `dir` from a snapshot file, under a NEW replica id (and an
@@ -1499,6 +1546,13 @@ impl Node {
     /// class); then open it with [`Node::open`]. Refuses a non-empty `dir`. A node restored from a
     /// snapshot of X and connected to X catches up by deltas from X's log (no state transfer to
     /// it), as long as X still retains its log from the snapshot's point.
+    ///
+    /// A copy of a node that belonged to a cluster (the snapshot says so, see
+    /// [`Node::snapshot`]) opens as a joining node whatever its [`NodeConfig::joining`]: until
+    /// it syncs a stream with its cluster it applies no event to the stream's windows (late,
+    /// `not_synced`) and seals nothing alone, even when the snapshot holds no announcement of
+    /// the stream. A copy of a node that never met anyone (and of a snapshot written before
+    /// this was recorded) opens as configured.
     ///
     /// # Errors
     /// [`Error::Store`]: an invalid snapshot, a non-empty `dir`, storage and filesystem failures.

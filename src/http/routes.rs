@@ -102,7 +102,10 @@ async fn readyz(State(state): State<AppState>) -> Response {
     // A node started to join a cluster (`--join`) that has reached no member yet is not
     // ready either: it has not synced (a wrong CA, an unreachable seed); one started alone is
     // its own cluster.
-    let joining = state.node.config().joining;
+    // (A copy restored from a snapshot of a cluster member joins too, until it syncs with a
+    // live member of its cluster or every other member it knows of is removed: then it is
+    // treated like a node started alone.)
+    let joining = state.node.is_joining();
     let synced = match &status {
         Ok(rep) if !live.is_empty() || joining => {
             rep.peer_acked
@@ -132,7 +135,10 @@ async fn readyz(State(state): State<AppState>) -> Response {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "not_ready",
-            if writer_alive && joining && live.is_empty() {
+            if writer_alive && state.node.is_restored_joining() {
+                "restored from a snapshot of a cluster member: waiting to sync with a member of \
+                 its cluster, or remove the lost members (tidemark members remove ...)"
+            } else if writer_alive && joining && live.is_empty() {
                 "waiting for the first sync with the cluster: started to join (--join), no \
                  member reached yet (is the seed up, and are the certificates from the \
                  cluster's CA?)"

@@ -168,6 +168,10 @@ pub struct RedbStore {
     remote_filter: Option<purge::RemoteFilter>,
     /// Restored from a snapshot: `(source log id, source log end)` (see [`snapshot`]).
     seed: Option<(ReplicaId, u64)>,
+    /// Restored from a snapshot of a cluster member ([`RedbStore::restored_joining`]).
+    restored_joining: bool,
+    /// The snapshot's context, for a restored store ([`RedbStore::restored_context`]).
+    restored_context: Option<CausalContext>,
     /// The committed dedup marks of the sources local commits touched, so a commit group does
     /// not re-read and decode each source's row (bounded by
     /// `local::DEDUP_CACHE_SOURCES_MAX`; a remote join that changes a source's row drops its
@@ -555,6 +559,10 @@ impl RedbStore {
         }
         let truncated: CausalContext = meta_get(&txn, META_TRUNCATED, max)?.unwrap_or_default();
         let seed: Option<(ReplicaId, u64)> = meta_get(&txn, snapshot::META_SEED_CURSOR, max)?;
+        let restored_joining: bool =
+            meta_get(&txn, snapshot::META_RESTORED_JOINING, max)?.unwrap_or(false);
+        let restored_context: Option<CausalContext> =
+            meta_get(&txn, snapshot::META_RESTORED_CONTEXT, max)?;
         let mut cursors = BTreeMap::new();
         {
             let table = txn.open_table(CURSORS).map_err(StoreError::redb)?;
@@ -594,6 +602,8 @@ impl RedbStore {
             unsynced: AtomicBool::new(false),
             remote_filter: None,
             seed,
+            restored_joining,
+            restored_context,
             dedup_cache: std::collections::HashMap::new(),
             change_values: true,
             row_cache: None,

@@ -26,7 +26,11 @@
 //! store has an empty log whose "truncated" context is the snapshot's context (a peer lacking
 //! part of it is served by state transfer), and a *seed cursor* `(source log id, source log
 //! end)`: the snapshot holds exactly the source's log below that end, so when the restored node
-//! meets its source it asks for deltas from there instead of a full transfer.
+//! meets its source it asks for deltas from there instead of a full transfer. A snapshot of a
+//! cluster member (a joining node, or one that met a peer) carries a `snapshot/joining` record,
+//! which the restore turns into `meta/restored_joining` ([`RedbStore::restored_joining`]): the
+//! copy joins its source's cluster. The restore also keeps the snapshot's context
+//! (`meta/restored_context`, [`RedbStore::restored_context`]).
 //!
 //! Re-identification of a live store ([`RedbStore::reidentify`]) is the same idea at run time:
 //! a store that learns it is a copy restored under its old id (a peer holds dots of this id above
@@ -52,6 +56,19 @@ use tidemark_crdts::{CausalContext, Hlc, ReplicaId};
 /// The table holding the snapshot header (only in snapshot files, never in a data directory).
 const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
 const HEADER: &str = "header";
+/// Snapshot record (in the `snapshot` table, beside the header): `true` when a copy of the
+/// source must join its cluster — the source ran as a joining node
+/// ([`crate::NodeConfig::joining`]) or had met a peer when the snapshot was taken. Absent
+/// (older snapshots, offline snapshots of a store that was not such a copy): `false`.
+const JOINING: &str = "joining";
+/// Meta record of a restored store: `true` when the snapshot it was restored from says its
+/// copies join (see [`JOINING`]; or of a store restored that way: the record is copied with the
+/// meta table), so the node opens as a joining node whatever its configuration says.
+pub(crate) const META_RESTORED_JOINING: &str = "restored_joining";
+/// Meta record of a restored store: the snapshot's causal context (the state it opened with
+/// first), so a restart can tell whether the copy has heard from its cluster since
+/// ([`RedbStore::restored_context`]). Absent in stores restored by earlier versions.
+pub(crate) const META_RESTORED_CONTEXT: &str = "restored_context";
 /// Meta record of a restored store: `(source log id, source log end)`.
 pub(crate) const META_SEED_CURSOR: &str = "seed_cursor";
 /// The snapshot format this build writes and reads.
@@ -306,7 +323,8 @@ impl Drop for TempFile {
 pub struct SnapshotRead(ReadTransaction);
 
 impl SnapshotRead {
-    /// Writes this point in time to the snapshot file `out` (see [`write_snapshot`]).
+    /// Writes this point in time to the snapshot file `out` (see [`write_snapshot`]);
+    /// `joining`: a copy of the node must join its cluster (recorded for the restored copy).
     ///
     /// # Errors
     /// As [`write_snapshot`].
@@ -315,8 +333,9 @@ impl SnapshotRead {
         out: &Path,
         limits: &Limits,
         wall_ms: u64,
+        joining: bool,
     ) -> Result<SnapshotInfo, StoreError> {
-        write_snapshot(&self.0, out, limits, wall_ms)
+        write_snapshot(&self.0, out, limits, wall_ms, joining)
     }
 }
 
@@ -328,7 +347,9 @@ impl std::fmt::Debug for SnapshotRead {
 
 /// Writes the state seen by `rtxn` (a read transaction of a store) as a snapshot at `out`:
 /// temporary file in the same directory, durable commit, verification, rename, directory
-/// fsync. Returns what the snapshot holds.
+/// fsync. Returns what the snapshot holds. `joining` (a copy of the source must join its
+/// cluster) is recorded beside the header, so a store restored from the file opens joining
+/// ([`restore_snapshot`]).
 ///
 /// # Errors
 /// [`StoreError::Snapshot`] when `out` exists or the store holds a table it cannot copy;
@@ -339,6 +360,7 @@ pub(crate) fn write_snapshot(
     out: &Path,
     limits: &Limits,
     wall_ms: u64,
+    joining: bool,
 ) -> Result<SnapshotInfo, StoreError> {
     if out.exists() {
         return Err(StoreError::Snapshot(format!(
@@ -395,6 +417,16 @@ pub(crate) fn write_snapshot(
             let mut t = wtxn.open_table(SNAPSHOT).map_err(StoreError::redb)?;
             t.insert(HEADER, bytes.as_slice())
                 .map_err(StoreError::redb)?;
+            if joining {
+                let flag = codec::encode("snapshot record", &true).map_err(|source| {
+                    StoreError::Codec {
+                        table: "snapshot",
+                        source,
+                    }
+                })?;
+                t.insert(JOINING, flag.as_slice())
+                    .map_err(StoreError::redb)?;
+            }
         }
         wtxn.commit().map_err(StoreError::redb)?;
         info
@@ -553,6 +585,18 @@ pub fn verify_snapshot(path: &Path, limits: &Limits) -> Result<SnapshotInfo, Sto
     verify_db(db, limits).map(|(_, info)| info)
 }
 
+/// Whether the snapshot read by `rtxn` says its copies join (its [`JOINING`] record).
+fn snapshot_joining(rtxn: &ReadTransaction, max: usize) -> Result<bool, StoreError> {
+    let t = rtxn.open_table(SNAPSHOT).map_err(StoreError::redb)?;
+    let Some(g) = t.get(JOINING).map_err(StoreError::redb)? else {
+        return Ok(false);
+    };
+    codec::decode("snapshot record", g.value(), max).map_err(|source| StoreError::Codec {
+        table: "snapshot",
+        source,
+    })
+}
+
 /// Creates the data directory `dir` from the snapshot at `snapshot` under the replica id
 /// `new_replica` (`None`: a random one), and returns the snapshot's header.
 ///
@@ -560,8 +604,9 @@ pub fn verify_snapshot(path: &Path, limits: &Limits) -> Result<SnapshotInfo, Sto
 /// overwritten); until the restore is complete `dir` holds [`RESTORE_MARKER`], so a restore cut
 /// short is named as such by the next restore or open ([`StoreError::RestoreUnfinished`]); the restored store never reuses the source's replica id (the source's dots are
 /// remote dots to it), has an epoch above the source's, an empty log, and a seed cursor
-/// `(source, source_log_end)`; the database appears under its final name only once complete
-/// and durable.
+/// `(source, source_log_end)`; a snapshot of a cluster member (see [`write_snapshot`]) gives a
+/// store that opens as a joining node ([`RedbStore::restored_joining`]); the database appears
+/// under its final name only once complete and durable.
 ///
 /// # Errors
 /// [`StoreError::Snapshot`] for a non-empty `dir`, a `new_replica` equal to the source's, or an
@@ -646,6 +691,12 @@ pub fn restore_snapshot(
             META_SEED_CURSOR,
             &(info.source_replica, info.source_log_end),
         )?;
+        meta_put(&wtxn, META_RESTORED_CONTEXT, &info.context)?;
+        // A copy of a cluster member joins (a copy of such a copy holds the record already:
+        // the meta table is copied).
+        if snapshot_joining(&rtxn, limits.record_bytes_max)? {
+            meta_put(&wtxn, META_RESTORED_JOINING, &true)?;
+        }
         wtxn.commit().map_err(StoreError::redb)?;
     }
     drop(src);
@@ -689,7 +740,22 @@ impl RedbStore {
     /// As [`write_snapshot`].
     pub fn snapshot(&self, out: &Path, wall_ms: u64) -> Result<SnapshotInfo, StoreError> {
         let rtxn = self.begin_snapshot_read()?;
-        rtxn.write_to(out, &self.options.limits, wall_ms)
+        rtxn.write_to(out, &self.options.limits, wall_ms, self.restored_joining)
+    }
+
+    /// True for a store restored from a snapshot of a cluster member (a joining node or one
+    /// that had met a peer; or of such a copy): the node on it opens as a joining node whatever
+    /// its configuration says, since the source's cluster may have sealed windows without it.
+    /// `false` for every other store and for stores restored from snapshots written before
+    /// this record existed.
+    pub fn restored_joining(&self) -> bool {
+        self.restored_joining
+    }
+
+    /// The causal context of the snapshot this store was restored from (its state at its
+    /// first open), for stores restored by this version; `None` for every other store.
+    pub fn restored_context(&self) -> Option<&CausalContext> {
+        self.restored_context.as_ref()
     }
 
     /// The seed cursor of a store restored from a snapshot: `(source log id, source log end)`.

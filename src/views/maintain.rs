@@ -174,7 +174,7 @@ impl Views {
             known,
             peer_of,
             self.time_bound(stream, now_ms),
-            self.joining,
+            self.is_joining(),
         )
     }
 

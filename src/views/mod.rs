@@ -156,6 +156,13 @@ pub struct Views {
     /// The node joins an existing cluster ([`crate::NodeConfig::joining`]): it vouches for no
     /// stream alone, and applies no event to a window before it synced the stream.
     joining: bool,
+    /// The node's store was restored from a snapshot of a cluster member
+    /// (`RedbStore::restored_joining`) and it still joins its cluster: node-level, it ends
+    /// ([`Views::settle_restored`], [`Views::first_sync`]) once the copy synced with a live
+    /// peer of its cluster, or once every other member it knows of was removed for good.
+    restored_joining: std::sync::atomic::AtomicBool,
+    /// The context of the snapshot a restored copy opened with (`RedbStore::restored_context`).
+    restored_snapshot: Option<tidemark_crdts::CausalContext>,
     /// Streams this (joining) node has synced: its state holds another node's announcement.
     synced: Mutex<BTreeSet<String>>,
     /// This node was decommissioned (a `~gone/` record names it): it applies no event to a
@@ -343,6 +350,8 @@ impl Views {
             maintenance: tokio::sync::Mutex::new(()),
             seals: Mutex::new(BTreeMap::new()),
             joining: false,
+            restored_joining: std::sync::atomic::AtomicBool::new(false),
+            restored_snapshot: None,
             synced: Mutex::new(BTreeSet::new()),
             removed: std::sync::atomic::AtomicBool::new(false),
             fresh_from: Mutex::new(BTreeMap::new()),
@@ -373,9 +382,79 @@ impl Views {
         self
     }
 
-    /// True for a node that joins an existing cluster (see [`Views::joining`]).
+    /// A node on a store restored from a snapshot of a cluster member: it joins that cluster
+    /// (as [`Views::joining`]) until it syncs with a live peer of it or every other member it
+    /// knows of is removed for good ([`Views::settle_restored`]).
+    #[must_use]
+    /// `snapshot`: the snapshot's context (what the copy opened with).
+    pub fn restored_joining(
+        mut self,
+        restored_joining: bool,
+        snapshot: Option<tidemark_crdts::CausalContext>,
+    ) -> Self {
+        self.restored_joining
+            .store(restored_joining, std::sync::atomic::Ordering::SeqCst);
+        self.restored_snapshot = snapshot;
+        self
+    }
+
+    /// True for a node that joins an existing cluster (see [`Views::joining`]), or a restored
+    /// copy that still joins its cluster ([`Views::restored_joining`]).
     pub fn is_joining(&self) -> bool {
-        self.joining
+        self.joining || self.waits_as_copy()
+    }
+
+    /// True for a restored copy that still joins its cluster (it has neither synced with a
+    /// live peer of it nor removed every other member it knows of).
+    pub fn waits_as_copy(&self) -> bool {
+        self.restored_joining
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Ends a restored copy's joining state when its committed state says it is over
+    /// ([`read::restored_settled`]): an announcement of a live member of its cluster that
+    /// the snapshot did not hold (it synced with its cluster), or every other member it knows
+    /// of removed for good (it is the whole cluster). Both are durable in the commit that
+    /// brought them (a replicated announcement, a `~gone/` record), so a restart re-derives
+    /// the same answer. Returns whether the copy still joins.
+    ///
+    /// # Errors
+    /// Storage failures.
+    pub(crate) fn settle_restored(
+        &self,
+        reader: &crate::store::Reader,
+        me: ReplicaId,
+        peer_of: fn(ReplicaId) -> crate::proto::PeerId,
+    ) -> Result<bool, Error> {
+        if !self.waits_as_copy() {
+            return Ok(false);
+        }
+        if read::restored_settled(reader, me, self.restored_snapshot.as_ref(), peer_of)? {
+            self.end_restored_joining();
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Ends the restored copy's joining state (see [`Views::settle_restored`]).
+    fn end_restored_joining(&self) {
+        if self
+            .restored_joining
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            tracing::info!(
+                "restored copy: no longer joining its cluster (synced with a live member, or \
+                 every other member it knew of was removed); it runs as a member"
+            );
+        }
+    }
+
+    /// True when a copy of this node must join its cluster rather than start alone: the node
+    /// joins one ([`Views::joining`]), or it has met a peer (since open, or in an earlier run
+    /// as its announcements record). Such a cluster may seal windows without the copy, so the
+    /// copy must not vouch for them alone. False only for a node that never met anyone.
+    pub(crate) fn copies_join(&self) -> bool {
+        self.is_joining() || self.met.lock().map_or(true, |m| !m.is_empty())
     }
 
     /// Streams with a windowed view (the ones seals and finality are about).
@@ -461,7 +540,13 @@ impl Views {
     /// A node joining a cluster, or one whose store was restored from a snapshot (`restored`,
     /// whether it joins or starts alone), counts as synced with such a stream only once it
     /// holds an announcement newer than those its state opened with: a snapshot's marks are
-    /// as old as the snapshot, and its source's cluster may have sealed windows since.
+    /// as old as the snapshot, and its source's cluster may have sealed windows since; a copy
+    /// restarted before it heard such an announcement (`restored_from`: the snapshot's
+    /// context) waits again, although its state now holds an announcement of its own. A
+    /// snapshot with no announcement of a stream gives nothing to wait for here: a copy of a
+    /// cluster member (a joining node that had not synced, a node that met peers but announced
+    /// nothing) is kept from sealing alone by joining itself (the node opens it joining,
+    /// `RedbStore::restored_joining`), not by this wait.
     ///
     /// # Errors
     /// Storage failures.
@@ -471,6 +556,7 @@ impl Views {
         me: ReplicaId,
         now_ms: u64,
         restored: bool,
+        restored_from: Option<&tidemark_crdts::CausalContext>,
     ) -> Result<Vec<LocalWrite>, Error> {
         let mut wms = self.watermarks.lock().map_err(|_| Error::Closed)?;
         let mut hs = self.horizons.lock().map_err(|_| Error::Closed)?;
@@ -504,6 +590,15 @@ impl Views {
             });
             let (wm, horizon) = match own {
                 Some(a) => {
+                    // A restored copy wrote an announcement at its first open (the snapshot's
+                    // marks, below): restarted before it heard from its cluster, it still
+                    // waits for an announcement the snapshot did not hold.
+                    if let Some(snap) = restored_from
+                        && read::fresh_announcement(reader, stream, me, snap)? == read::Fresh::Stale
+                        && let Ok(mut f) = self.fresh_from.lock()
+                    {
+                        f.insert(stream.clone(), snap.clone());
+                    }
                     if let Ok(mut seals) = self.seals.lock() {
                         seals.insert(
                             stream.clone(),
@@ -520,10 +615,12 @@ impl Views {
                 }
                 None => {
                     let (wm, h, others) = read::largest_announced(reader, stream, Some(me))?;
-                    if others && (self.joining || restored) {
-                        // Restored (or re-identified) into a cluster: sync afresh first.
+                    if others && (self.is_joining() || restored) {
+                        // Restored (or re-identified) into a cluster: sync afresh first, from
+                        // an announcement the snapshot did not hold (the state at this open
+                        // when the store does not say what the snapshot held).
                         if let Ok(mut f) = self.fresh_from.lock() {
-                            f.insert(stream.clone(), ctx.clone());
+                            f.insert(stream.clone(), restored_from.unwrap_or(&ctx).clone());
                         }
                     }
                     let bound = self.time_bound(stream, now_ms);
@@ -600,9 +697,12 @@ impl Views {
         if synced.contains(stream) || (has_wm && !fresh.contains_key(stream)) {
             return Ok((true, None));
         }
+        let mut cluster_gone = false;
         if let Some(seen) = fresh.get(stream) {
-            if !read::fresh_announcement(reader, stream, me, seen)? {
-                return Ok((false, None));
+            match read::fresh_announcement(reader, stream, me, seen)? {
+                read::Fresh::Stale => return Ok((false, None)),
+                read::Fresh::OthersGone => cluster_gone = true,
+                read::Fresh::Heard | read::Fresh::NoOthers => {}
             }
             fresh.remove(stream);
         }
@@ -610,12 +710,21 @@ impl Views {
         // A joining node first holds what each peer it is linked to held when they met:
         // every announcement and seal they knew of (a peer's state arriving before another's
         // could otherwise make it adopt one side's seals, or start from a stale watermark).
-        if self.joining && !at.peers_covered {
+        // Not a restored copy whose every other announcer was removed for good: there is no
+        // cluster left to link to (a cluster rebuilt from a snapshot of a joining node).
+        let joining = self.is_joining();
+        if joining && !at.peers_covered && !cluster_gone {
             return Ok((false, None));
+        }
+        // A restored copy that now holds what its linked live peers held synced with its
+        // cluster: its joining ends for every stream (the event that ends a `--join` node's
+        // wait for a stream).
+        if at.peers_covered && self.waits_as_copy() {
+            self.end_restored_joining();
         }
         let (wm, h, others) = read::largest_announced(reader, stream, Some(me))?;
         if !others {
-            if self.joining {
+            if joining {
                 // None of them has announced the stream: none applied an event to its
                 // windows, so none sealed one. It starts with no watermark, like its peers
                 // (a cluster whose nodes all start with `--join` is live).
@@ -852,7 +961,7 @@ impl Views {
     /// True for a joining node that has not synced `stream` yet ([`Views::first_sync`]
     /// needs [`SyncNow::peers_covered`] then).
     pub(crate) fn awaits_sync(&self, stream: &str) -> bool {
-        self.joining && self.synced.lock().map_or(true, |s| !s.contains(stream))
+        self.is_joining() && self.synced.lock().map_or(true, |s| !s.contains(stream))
     }
 
     /// The announcement write of `stream`: watermark `wm`, horizon `horizon`.

@@ -128,11 +128,82 @@ pub(crate) fn gone(reader: &Reader) -> Result<std::collections::BTreeSet<Replica
     }
 }
 
+/// Whether a restored copy's joining state is over, by its committed state: it holds an
+/// announcement (of any stream) by a live other replica that the snapshot (`snapshot`, its
+/// context) did not hold — the copy synced with its cluster — or every other member it knows
+/// of (every other announcer of any stream, and every peer their announcements say they met)
+/// was removed for good, one at least — the copy is the whole cluster.
+///
+/// # Errors
+/// Storage failures.
+pub(crate) fn restored_settled(
+    reader: &Reader,
+    me: ReplicaId,
+    snapshot: Option<&CausalContext>,
+    peer_of: fn(ReplicaId) -> crate::proto::PeerId,
+) -> Result<bool, Error> {
+    let removed = gone(reader)?;
+    let removed_peers: std::collections::BTreeSet<crate::proto::PeerId> =
+        removed.iter().map(|g| peer_of(*g)).collect();
+    let my_peer = peer_of(me);
+    let mut all_removed = removed.iter().any(|g| *g != me);
+    let mut after: Option<String> = None;
+    loop {
+        let page = reader.list(KeyKind::Lww, keys::WM_PREFIX, after.as_deref(), 256)?;
+        let done = page.len() < 256;
+        for (key, _) in &page {
+            let Some(replica) = key
+                .name
+                .rsplit_once('/')
+                .and_then(|(_, hex)| u128::from_str_radix(hex, 16).ok())
+                .map(ReplicaId)
+            else {
+                continue;
+            };
+            let Some((a, dot)) = announcement(reader, key)? else {
+                continue;
+            };
+            if replica != me && !removed.contains(&replica) {
+                all_removed = false;
+                if snapshot.is_some_and(|snap| !snap.contains(&dot)) {
+                    return Ok(true);
+                }
+            }
+            if a.met.iter().any(|&p| {
+                let p = crate::proto::PeerId(p);
+                p != my_peer && !removed_peers.contains(&p)
+            }) {
+                all_removed = false;
+            }
+        }
+        after = page.last().map(|(k, _)| k.name.clone());
+        if done {
+            return Ok(all_removed);
+        }
+    }
+}
+
+/// What a restored store's state says of its cluster's announcements of a stream since open
+/// ([`fresh_announcement`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fresh {
+    /// Every live other announcer's announcement is one the state opened with: wait.
+    Stale,
+    /// An announcement of another live replica arrived since open.
+    Heard,
+    /// Other replicas announced the stream and every one of them was removed for good
+    /// (decommissioned): there is no cluster to hear from (a snapshot restored after the rest
+    /// of its cluster was lost), so this node's marks are the cluster's.
+    OthersGone,
+    /// No other replica announced the stream.
+    NoOthers,
+}
+
 /// Whether the state holds an announcement of `stream` by another replica than `me` that
-/// `seen` (the context at open) did not hold: one that arrived from a live peer since. Also
-/// true when every other announcer was removed for good (decommissioned): then there is no
-/// cluster to hear from, and this node's marks are the cluster's (a snapshot restored after
-/// the rest of its cluster was lost).
+/// `seen` (the context at open) did not hold: one that arrived from a live peer since
+/// ([`Fresh::Heard`]); or whether every other announcer was removed for good
+/// ([`Fresh::OthersGone`]) or there is none ([`Fresh::NoOthers`]). Anything else is
+/// [`Fresh::Stale`].
 ///
 /// # Errors
 /// Storage failures.
@@ -141,10 +212,11 @@ pub(crate) fn fresh_announcement(
     stream: &str,
     me: ReplicaId,
     seen: &CausalContext,
-) -> Result<bool, Error> {
+) -> Result<Fresh, Error> {
     let prefix = keys::wm_prefix(stream);
     let removed = gone(reader)?;
     let mut live_other = false;
+    let mut removed_other = false;
     let mut after: Option<String> = None;
     loop {
         let page = reader.list(KeyKind::Lww, &prefix, after.as_deref(), 256)?;
@@ -153,19 +225,29 @@ pub(crate) fn fresh_announcement(
             let Some(replica) = keys::wm_replica(stream, &key.name) else {
                 continue;
             };
-            if replica == me || removed.contains(&replica) {
+            if replica == me {
+                continue;
+            }
+            if removed.contains(&replica) {
+                removed_other = true;
                 continue;
             }
             live_other = true;
             if let Some((_, dot)) = announcement(reader, key)?
                 && !seen.contains(&dot)
             {
-                return Ok(true);
+                return Ok(Fresh::Heard);
             }
         }
         after = page.last().map(|(k, _)| k.name.clone());
         if done {
-            return Ok(!live_other);
+            return Ok(if live_other {
+                Fresh::Stale
+            } else if removed_other {
+                Fresh::OthersGone
+            } else {
+                Fresh::NoOthers
+            });
         }
     }
 }
@@ -245,7 +327,9 @@ pub(crate) struct Cluster {
 /// node's clock plus the stream's `max_future`): a peer announcing one further ahead (its
 /// clock or its `max_future` differs) moves nothing here beyond what this node would accept.
 /// A `joining` node vouches for nothing while it is the only announcer (it never synced the
-/// stream with the cluster it joins).
+/// stream with the cluster it joins) — unless every other announcer was removed for good: then
+/// the operator declared the rest of the cluster lost, and it is the cluster (a cluster rebuilt
+/// from a snapshot of a joining node).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn cluster_watermark(
     reader: &Reader,
@@ -266,6 +350,8 @@ pub(crate) fn cluster_watermark(
     let mut unsure = false;
     let mut announcers = Vec::new();
     let mut conflicts = Vec::new();
+    // Some announcer was removed for good (decommissioned).
+    let mut gone_announced = false;
     let mut after: Option<String> = None;
     loop {
         let page = reader.list(KeyKind::Lww, &prefix, after.as_deref(), 256)?;
@@ -279,6 +365,7 @@ pub(crate) fn cluster_watermark(
                 continue;
             };
             if gone.contains(&replica) {
+                gone_announced = true;
                 continue;
             }
             if a.defs != digest {
@@ -300,7 +387,7 @@ pub(crate) fn cluster_watermark(
     if unsure
         || !conflicts.is_empty()
         || !announcers.contains(&me)
-        || (joining && announcers.iter().all(|r| *r == me))
+        || (joining && !gone_announced && announcers.iter().all(|r| *r == me))
         || known
             .iter()
             .any(|p| !peers.contains(p) && !gone.iter().any(|g| peer_of(*g) == *p))

@@ -10,6 +10,7 @@ mod common;
 #[path = "../http_support/mod.rs"]
 mod http_support;
 
+mod restore_review;
 mod views_attacks;
 mod views_basic;
 mod views_cluster;

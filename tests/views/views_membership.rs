@@ -8,6 +8,7 @@
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+use tidemark::store::{OpenOptions, RedbStore};
 use tidemark::views::{Event, ViewDef, ViewQuery};
 use tidemark::{Node, NodeConfig};
 
@@ -365,6 +366,267 @@ async fn a_node_restored_from_a_snapshot_changes_no_final_window() {
     r.connect(&b).expect("connect");
     converge(&[&b, &r]).await;
     stays_final(&[&b, &r], &[&b, &r], 0, &want).await;
+    for n in [b, r] {
+        n.shutdown().await.expect("shutdown");
+    }
+}
+
+/// A copy of a joining node restored from a snapshot taken before the node ever synced (the
+/// snapshot holds no announcement of the stream) is a joining node too, even opened without
+/// `joining`: it applies no event to a window before it syncs (late, `not_synced`), reports
+/// nothing final alone even once it passed a window's deadline, and after it meets the cluster
+/// every node reports the cluster's final value. (It used to open as a founder: it applied the
+/// event and sealed the window over itself alone, final with count 1.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_a_joining_node_that_never_synced_waits_to_sync_like_it() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (a, b) = two_with_a_final_window(root.path()).await;
+    let want = (json!(2), json!(["a", "b"]));
+    let c = open(&root.path().join("c"), true).await;
+    let snap = root.path().join("c.snap");
+    c.snapshot(&snap).await.expect("snapshot");
+    c.shutdown().await.expect("shutdown");
+    drop(c);
+    Node::restore(&snap, root.path().join("r")).expect("restore");
+    let r = open(&root.path().join("r"), false).await;
+    assert!(r.is_joining(), "a copy of a joining node joins");
+    // An event for the window A and B sealed, and one past its deadline: neither is applied
+    // to a window before R synced.
+    let out = r
+        .ingest("s", vec![ev("r", 1, 30_000, "r"), ev("r", 2, 2 * MIN, "r")])
+        .await
+        .expect("r ingests");
+    assert_eq!((out.applied, out.late), (2, 2), "{out:?}");
+    let lane = r.late_events("s", None, 0).expect("late lane");
+    assert_eq!(lane.events.len(), 2, "{lane:?}");
+    for e in &lane.events {
+        assert_eq!(e.record["reason"], json!("not_synced"), "{lane:?}");
+    }
+    r.maintain_views().await.expect("maintain");
+    assert!(rows(&r).await.is_empty(), "R applied nothing to a window");
+    // A snapshot of the copy keeps it: a copy of the copy joins too.
+    let snap2 = root.path().join("r.snap");
+    r.snapshot(&snap2).await.expect("snapshot");
+    Node::restore(&snap2, root.path().join("r2")).expect("restore");
+    let r2 = open(&root.path().join("r2"), false).await;
+    assert!(r2.is_joining(), "a copy of a copy of a joining node joins");
+    r2.shutdown().await.expect("shutdown");
+    drop(r2);
+    // So does a copy made offline from the copy's data directory (the record is in its meta).
+    {
+        let store = RedbStore::open(&root.path().join("r2"), OpenOptions::default())
+            .expect("open the store");
+        assert!(store.restored_joining());
+        let snap3 = root.path().join("r2.snap");
+        store.snapshot(&snap3, 0).expect("offline snapshot");
+        Node::restore(&snap3, root.path().join("r3")).expect("restore");
+    }
+    let r3 = open(&root.path().join("r3"), false).await;
+    assert!(r3.is_joining(), "an offline copy of such a copy joins");
+    r3.shutdown().await.expect("shutdown");
+    drop(r3);
+    // Once it meets the cluster it syncs and holds the cluster's final window.
+    r.connect(&a).expect("connect");
+    r.connect(&b).expect("connect");
+    assert_eq!(final_on(&[&a, &b, &r], 0).await, want);
+    stays_final(&[&a, &b, &r], &[&a, &b, &r], 0, &want).await;
+    // Synced, it starts from the cluster's watermark: the final window stays late on R.
+    let out = r
+        .ingest("s", vec![ev("r", 3, 40_000, "r")])
+        .await
+        .expect("r ingests");
+    assert_eq!(out.late, 1, "{out:?}");
+    stays_final(&[&a, &b, &r], &[&a, &b, &r], 0, &want).await;
+    for n in [a, b, r] {
+        n.shutdown().await.expect("shutdown");
+    }
+}
+
+/// A cluster rebuilt from a snapshot of a joining node after every other member was lost: the
+/// copy joins, so it waits (late, `not_synced`) while the lost members may still be out
+/// there; once the operator removes them for good (the source's old id too) it is the cluster:
+/// it applies events and reports windows final by itself, with no peer to link to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_a_joining_node_alone_is_the_cluster_once_the_lost_members_are_removed() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let f = open(&root.path().join("f"), false).await;
+    let j = open(&root.path().join("j"), true).await;
+    f.connect(&j).expect("connect");
+    f.ingest("s", vec![ev("f", 1, 10_000, "f")])
+        .await
+        .expect("f");
+    ingest_once_synced(&j, "j", 10_000).await;
+    converge(&[&f, &j]).await;
+    let snap = root.path().join("j.snap");
+    j.snapshot(&snap).await.expect("snapshot");
+    let lost = [f.replica_id(), j.replica_id()];
+    for n in [f, j] {
+        n.shutdown().await.expect("shutdown");
+    }
+    Node::restore(&snap, root.path().join("r")).expect("restore");
+    let r = open(&root.path().join("r"), false).await;
+    assert!(r.is_joining(), "a copy of a joining node joins");
+    let out = r
+        .ingest("s", vec![ev("r", 1, 2 * MIN, "r")])
+        .await
+        .expect("r ingests");
+    assert_eq!((out.applied, out.late), (1, 1), "{out:?}");
+    // (The lane also holds J's records from before it synced: the lane replicates.)
+    let lane = r.late_events("s", None, 0).expect("late lane");
+    let mine: Vec<_> = lane
+        .events
+        .iter()
+        .filter(|e| e.record["node"] == json!(r.replica_id().to_string()))
+        .collect();
+    assert_eq!(mine.len(), 1, "{lane:?}");
+    assert_eq!(mine[0].record["reason"], json!("not_synced"));
+    for id in lost {
+        r.decommission(id).await.expect("decommission");
+    }
+    let out = r
+        .ingest(
+            "s",
+            vec![ev("r", 2, 2 * MIN, "r"), ev("r", 3, 4 * MIN, "r")],
+        )
+        .await
+        .expect("r ingests");
+    assert_eq!((out.applied, out.late), (2, 0), "{out:?}");
+    let started = Instant::now();
+    loop {
+        r.maintain_views().await.expect("maintain");
+        let rs = rows(&r).await;
+        if rs.get(&("c".to_owned(), 2 * MIN)) == Some(&(json!(1), true)) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the rebuilt cluster never finalized the window: {rs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    r.shutdown().await.expect("shutdown");
+}
+
+/// A copy of a node started alone that had met a peer, from a snapshot taken before either
+/// ingested (so it holds no announcement), belongs to that cluster: it joins, takes events as
+/// late (`not_synced`) until it syncs, and seals nothing alone; connected, it holds the
+/// cluster's final window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_a_founder_that_met_a_peer_joins_its_cluster() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let a = open(&root.path().join("a"), false).await;
+    let b = open(&root.path().join("b"), false).await;
+    a.connect(&b).expect("connect");
+    let snap = root.path().join("a.snap");
+    a.snapshot(&snap).await.expect("snapshot");
+    Node::restore(&snap, root.path().join("r")).expect("restore");
+    let r = open(&root.path().join("r"), false).await;
+    assert!(r.is_joining(), "a copy of a node that met a peer joins");
+    let out = r
+        .ingest("s", vec![ev("r", 1, 30_000, "r"), ev("r", 2, 2 * MIN, "r")])
+        .await
+        .expect("r ingests");
+    assert_eq!((out.applied, out.late), (2, 2), "{out:?}");
+    r.maintain_views().await.expect("maintain");
+    assert!(rows(&r).await.is_empty(), "R applied nothing to a window");
+    for (n, name) in [(&a, "a"), (&b, "b")] {
+        n.ingest("s", vec![ev(name, 1, 10_000, name)])
+            .await
+            .expect("ingest");
+        n.ingest("s", vec![ev(name, 2, 2 * MIN, name)])
+            .await
+            .expect("ingest");
+    }
+    let want = final_on(&[&a, &b], 0).await;
+    assert_eq!(want, (json!(2), json!(["a", "b"])));
+    r.connect(&a).expect("connect");
+    r.connect(&b).expect("connect");
+    assert_eq!(final_on(&[&a, &b, &r], 0).await, want);
+    stays_final(&[&a, &b, &r], &[&a, &b, &r], 0, &want).await;
+    for n in [a, b, r] {
+        n.shutdown().await.expect("shutdown");
+    }
+}
+
+/// A copy of a node started alone that never met anyone is no joining node: restored, it
+/// applies events and finalizes windows by itself as its source did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_a_lone_node_that_never_ingested_works_alone() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let l = open(&root.path().join("l"), false).await;
+    let snap = root.path().join("l.snap");
+    l.snapshot(&snap).await.expect("snapshot");
+    l.shutdown().await.expect("shutdown");
+    drop(l);
+    Node::restore(&snap, root.path().join("r")).expect("restore");
+    let r = open(&root.path().join("r"), false).await;
+    assert!(!r.is_joining(), "a copy of a lone node does not join");
+    let out = r
+        .ingest("s", vec![ev("r", 1, 30_000, "r"), ev("r", 2, 2 * MIN, "r")])
+        .await
+        .expect("r ingests");
+    assert_eq!((out.applied, out.late), (2, 0), "{out:?}");
+    assert_eq!(final_on(&[&r], 0).await, (json!(1), json!(["r"])));
+    r.shutdown().await.expect("shutdown");
+}
+
+/// A restored copy restarted before it heard from its cluster still waits: the announcement it
+/// wrote at its first open (the snapshot's marks) is no news of the cluster. (It used to read as
+/// a watermark of its own after the restart: the copy applied events on time with no peer.)
+/// Once it hears a fresh announcement it syncs, and stays synced across a restart alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_copy_restarted_before_it_synced_still_waits() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (a, b) = two_with_a_final_window(root.path()).await;
+    let want = (json!(2), json!(["a", "b"]));
+    let snap = root.path().join("a.snap");
+    a.snapshot(&snap).await.expect("snapshot");
+    a.shutdown().await.expect("shutdown");
+    drop(a);
+    let dir = root.path().join("r");
+    Node::restore(&snap, &dir).expect("restore");
+    let r = open(&dir, false).await;
+    let out = r
+        .ingest("s", vec![ev("r", 1, 3 * MIN, "r")])
+        .await
+        .expect("r ingests");
+    assert_eq!((out.applied, out.late), (1, 1), "{out:?}");
+    r.shutdown().await.expect("shutdown");
+    drop(r);
+    let r = open(&dir, false).await;
+    let out = r
+        .ingest("s", vec![ev("r", 2, 3 * MIN, "r")])
+        .await
+        .expect("r ingests");
+    assert_eq!(
+        (out.applied, out.late),
+        (1, 1),
+        "a restarted copy applied an event before it heard from its cluster: {out:?}"
+    );
+    let lane = r.late_events("s", None, 0).expect("late lane");
+    let reasons: Vec<_> = lane
+        .events
+        .iter()
+        .filter(|e| e.record["node"] == json!(r.replica_id().to_string()))
+        .map(|e| e.record["reason"].clone())
+        .collect();
+    assert_eq!(reasons, vec![json!("not_synced"); 2], "{lane:?}");
+    // B moves on and announces it; R hears it, syncs and applies events again.
+    r.connect(&b).expect("connect");
+    b.ingest("s", vec![ev("b", 3, 4 * MIN, "b")])
+        .await
+        .expect("b");
+    ingest_once_synced(&r, "r2", 5 * MIN).await;
+    stays_final(&[&b, &r], &[&b, &r], 0, &want).await;
+    // Synced, a restart without any link keeps it synced.
+    r.shutdown().await.expect("shutdown");
+    drop(r);
+    let r = open(&dir, false).await;
+    let out = r
+        .ingest("s", vec![ev("r3", 1, 5 * MIN, "r")])
+        .await
+        .expect("r ingests");
+    assert_eq!((out.applied, out.late), (1, 0), "{out:?}");
     for n in [b, r] {
         n.shutdown().await.expect("shutdown");
     }
