@@ -447,3 +447,37 @@ async fn a_copy_restarted_after_meeting_a_fresh_announcer_keeps_waiting() {
          cluster: joining={joining}, an event for [3m,4m) (sealed by the cluster) {out:?}"
     );
 }
+
+/// Attack (5), liveness: the copy R of A linked to B only (B holds more than R: the windows
+/// sealed after the snapshot). R must stop waiting, and agree with B on [3m,4m) = 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_linked_to_one_live_member_settles_and_agrees() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (a, b, snap) = cluster_moved_on(root.path()).await;
+    Node::restore(&snap, root.path().join("r")).expect("restore");
+    let r = open(&root.path().join("r"), false).await;
+    r.connect(&b).expect("connect");
+    let started = Instant::now();
+    for seq in 1.. {
+        let out = r.ingest("s", vec![ev("r", seq, 6 * MIN)]).await.expect("r");
+        if out.late == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "linked to live B, the copy never stopped waiting"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!r.is_joining());
+    let out = r
+        .ingest("s", vec![ev("r", 1000, 3 * MIN + 3)])
+        .await
+        .expect("r");
+    assert_eq!(out.late, 1, "[3m,4m) is sealed by the cluster: {out:?}");
+    converge(&[&a, &b, &r]).await;
+    assert_eq!(poll_final(&r, &[&a, &b, &r], 3 * MIN).await, Some(json!(2)));
+    for n in [a, b, r] {
+        n.shutdown().await.expect("shutdown");
+    }
+}
