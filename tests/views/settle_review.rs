@@ -495,3 +495,47 @@ async fn a_copy_linked_to_one_live_member_settles_and_agrees() {
         n.shutdown().await.expect("shutdown");
     }
 }
+
+/// Liveness: the copy R of A linked to A and B that stayed idle since the snapshot (no event,
+/// no announcement after it). A live member's idle watermark follows its clock, so its next
+/// maintenance announces anew and R stops waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_linked_to_idle_live_members_settles() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let a = open(&root.path().join("a"), false).await;
+    let b = open(&root.path().join("b"), false).await;
+    a.connect(&b).expect("connect");
+    a.ingest("s", vec![ev("a", 1, 10_000), ev("a", 2, 2 * MIN)])
+        .await
+        .expect("a");
+    b.ingest("s", vec![ev("b", 1, 20_000), ev("b", 2, 2 * MIN)])
+        .await
+        .expect("b");
+    converge(&[&a, &b]).await;
+    assert_eq!(poll_final(&a, &[&a, &b], 0).await, Some(json!(2)));
+    converge(&[&a, &b]).await;
+    let snap = root.path().join("a.snap");
+    a.snapshot(&snap).await.expect("snapshot");
+    Node::restore(&snap, root.path().join("r")).expect("restore");
+    let r = open(&root.path().join("r"), false).await;
+    assert!(r.is_joining(), "a copy of a member joins");
+    r.connect(&a).expect("connect");
+    r.connect(&b).expect("connect");
+    let started = Instant::now();
+    while r.is_joining() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "linked to idle live members, the copy never stopped waiting"
+        );
+        for n in [&a, &b, &r] {
+            n.maintain_views().await.expect("maintain");
+        }
+        r.ingest("s", vec![ev("r", 1, 2 * MIN + 5)])
+            .await
+            .expect("r");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for n in [a, b, r] {
+        n.shutdown().await.expect("shutdown");
+    }
+}
