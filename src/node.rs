@@ -172,7 +172,11 @@ impl Node {
         let views = Arc::new(
             views
                 .joining(config.joining)
-                .restored_joining(store.restored_joining(), store.restored_context().cloned())
+                .restored_joining(
+                    store.restored_joining(),
+                    store.restored_context().cloned(),
+                    store.seed_cursor().map(|(source, _)| source),
+                )
                 .held_bytes(config.limits.view_held_bytes),
         );
         let (tx, rx) = std::sync::mpsc::channel();
@@ -188,7 +192,7 @@ impl Node {
         let reader = store.reader();
         let replica = store.replica();
         let restored = store.seed_cursor().is_some();
-        views.settle_restored(&reader, replica, peer_id_of)?;
+        views.settle_restored(&reader, replica, false, peer_id_of)?;
         let announce = views.restore(
             &reader,
             replica,
@@ -409,8 +413,11 @@ impl Node {
     /// The clock now and, for a stream this (joining) node has not synced yet, whether it
     /// holds what each linked peer held when they met (asked of the writer, after every
     /// input it received before).
+    ///
+    /// A restored copy that still joins its cluster asks its committed state whether that is
+    /// over (`Views::settle_restored`) once it holds what its linked peers held, so that it
+    /// starts from their announcements and seals together, not from one side's.
     async fn sync_now(&self, stream: &str) -> Result<crate::views::SyncNow, Error> {
-        self.settle_restored()?;
         let peers_covered = if self.shared.views.awaits_sync(stream) {
             let (reply, rx) = oneshot::channel();
             self.send(Input::PeersCovered { reply })?;
@@ -418,6 +425,9 @@ impl Node {
         } else {
             false
         };
+        if peers_covered {
+            self.settle_restored(true)?;
+        }
         Ok(crate::views::SyncNow {
             now_ms: crate::clock::wall_ms(),
             peers_covered,
@@ -627,14 +637,14 @@ impl Node {
 
     /// Ends a restored copy's joining state when its committed state says it is over (see
     /// [`Node::is_joining`]); nothing for other nodes.
-    fn settle_restored(&self) -> Result<(), Error> {
+    fn settle_restored(&self, peers_covered: bool) -> Result<(), Error> {
         if !self.shared.views.waits_as_copy() {
             return Ok(());
         }
         let reader = self.reader()?;
         self.shared
             .views
-            .settle_restored(&reader, self.me(), peer_id_of)?;
+            .settle_restored(&reader, self.me(), peers_covered, peer_id_of)?;
         Ok(())
     }
 
@@ -1227,7 +1237,7 @@ impl Node {
         let rx = self.enqueue(vec![w])?;
         rx.await.map_err(|_| Error::Closed)??;
         self.note_removals()?;
-        self.settle_restored()?;
+        self.settle_restored(false)?;
         Ok(Removal {
             replica,
             already: false,

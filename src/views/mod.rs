@@ -163,6 +163,9 @@ pub struct Views {
     restored_joining: std::sync::atomic::AtomicBool,
     /// The context of the snapshot a restored copy opened with (`RedbStore::restored_context`).
     restored_snapshot: Option<tidemark_crdts::CausalContext>,
+    /// The replica the snapshot a restored copy opened with was taken of (its seed cursor):
+    /// a known member of the copy's cluster even when the snapshot holds no write of it.
+    restored_source: Option<ReplicaId>,
     /// Streams this (joining) node has synced: its state holds another node's announcement.
     synced: Mutex<BTreeSet<String>>,
     /// This node was decommissioned (a `~gone/` record names it): it applies no event to a
@@ -352,6 +355,7 @@ impl Views {
             joining: false,
             restored_joining: std::sync::atomic::AtomicBool::new(false),
             restored_snapshot: None,
+            restored_source: None,
             synced: Mutex::new(BTreeSet::new()),
             removed: std::sync::atomic::AtomicBool::new(false),
             fresh_from: Mutex::new(BTreeMap::new()),
@@ -386,15 +390,18 @@ impl Views {
     /// (as [`Views::joining`]) until it syncs with a live peer of it or every other member it
     /// knows of is removed for good ([`Views::settle_restored`]).
     #[must_use]
-    /// `snapshot`: the snapshot's context (what the copy opened with).
+    /// `snapshot`: the snapshot's context (what the copy opened with); `source`: the replica
+    /// the snapshot was taken of.
     pub fn restored_joining(
         mut self,
         restored_joining: bool,
         snapshot: Option<tidemark_crdts::CausalContext>,
+        source: Option<ReplicaId>,
     ) -> Self {
         self.restored_joining
             .store(restored_joining, std::sync::atomic::Ordering::SeqCst);
         self.restored_snapshot = snapshot;
+        self.restored_source = source;
         self
     }
 
@@ -412,11 +419,15 @@ impl Views {
     }
 
     /// Ends a restored copy's joining state when its committed state says it is over
-    /// ([`read::restored_settled`]): an announcement of a live member of its cluster that
-    /// the snapshot did not hold (it synced with its cluster), or every other member it knows
-    /// of removed for good (it is the whole cluster). Both are durable in the commit that
-    /// brought them (a replicated announcement, a `~gone/` record), so a restart re-derives
-    /// the same answer. Returns whether the copy still joins.
+    /// ([`read::restored_settled`]): an announcement newer than the snapshot by a live replica
+    /// that was a known member of its cluster when the snapshot was taken (it synced with its
+    /// cluster; a node that never was a member, such as a fresh node or another copy of the
+    /// snapshot, ends nothing), or every other member it knows of removed for good (it is the
+    /// whole cluster). Both are durable in the commit that brought them (a replicated
+    /// announcement, a `~gone/` record), so a restart re-derives the same answer. A copy whose
+    /// snapshot names no member but its source ends it as a `--join` node does, once it holds
+    /// what its linked peers held (`peers_covered`; in memory, so again after a restart).
+    /// Returns whether the copy still joins.
     ///
     /// # Errors
     /// Storage failures.
@@ -424,12 +435,20 @@ impl Views {
         &self,
         reader: &crate::store::Reader,
         me: ReplicaId,
+        peers_covered: bool,
         peer_of: fn(ReplicaId) -> crate::proto::PeerId,
     ) -> Result<bool, Error> {
         if !self.waits_as_copy() {
             return Ok(false);
         }
-        if read::restored_settled(reader, me, self.restored_snapshot.as_ref(), peer_of)? {
+        if read::restored_settled(
+            reader,
+            me,
+            self.restored_snapshot.as_ref(),
+            self.restored_source,
+            peers_covered,
+            peer_of,
+        )? {
             self.end_restored_joining();
             return Ok(false);
         }
@@ -593,8 +612,13 @@ impl Views {
                     // A restored copy wrote an announcement at its first open (the snapshot's
                     // marks, below): restarted before it heard from its cluster, it still
                     // waits for an announcement the snapshot did not hold.
+                    // Still joining (`Views::settle_restored` ran before), it waits whatever
+                    // it heard: a fresh announcement by a node that never was a member of its
+                    // cluster ended nothing.
                     if let Some(snap) = restored_from
-                        && read::fresh_announcement(reader, stream, me, snap)? == read::Fresh::Stale
+                        && (self.waits_as_copy()
+                            || read::fresh_announcement(reader, stream, me, snap)?
+                                == read::Fresh::Stale)
                         && let Ok(mut f) = self.fresh_from.lock()
                     {
                         f.insert(stream.clone(), snap.clone());
@@ -694,7 +718,11 @@ impl Views {
         // a watermark of its own (announced in an earlier run, which a joining node does only
         // once synced) is synced, joining or not: a restarted member that reaches no peer
         // keeps applying by its own watermark.
-        if synced.contains(stream) || (has_wm && !fresh.contains_key(stream)) {
+        // A restored copy that still joins its cluster is never synced by its own watermark
+        // (the snapshot's marks), and keeps waiting for a fresh announcement until its joining
+        // ends: one by a node that never was a member of its cluster proves nothing.
+        let copy_waits = self.waits_as_copy();
+        if synced.contains(stream) || (!copy_waits && has_wm && !fresh.contains_key(stream)) {
             return Ok((true, None));
         }
         let mut cluster_gone = false;
@@ -704,7 +732,9 @@ impl Views {
                 read::Fresh::OthersGone => cluster_gone = true,
                 read::Fresh::Heard | read::Fresh::NoOthers => {}
             }
-            fresh.remove(stream);
+            if !copy_waits || cluster_gone {
+                fresh.remove(stream);
+            }
         }
         drop(fresh);
         // A joining node first holds what each peer it is linked to held when they met:
@@ -716,11 +746,15 @@ impl Views {
         if joining && !at.peers_covered && !cluster_gone {
             return Ok((false, None));
         }
-        // A restored copy that now holds what its linked live peers held synced with its
-        // cluster: its joining ends for every stream (the event that ends a `--join` node's
-        // wait for a stream).
-        if at.peers_covered && self.waits_as_copy() {
-            self.end_restored_joining();
+        // A restored copy still waits, linked peers covered or not: holding what its linked
+        // peers held proves nothing when they hold nothing of its cluster the copy lacks (a
+        // brand-new node, a `--join` node joining through it, another copy of the same
+        // snapshot). Its joining ends node-level only by its committed state
+        // ([`Views::settle_restored`], asked before this with the peers covered): an
+        // announcement newer than the snapshot by a known member of its cluster, or every
+        // other member it knows of removed for good.
+        if self.waits_as_copy() && !cluster_gone {
+            return Ok((false, None));
         }
         let (wm, h, others) = read::largest_announced(reader, stream, Some(me))?;
         if !others {

@@ -129,10 +129,21 @@ pub(crate) fn gone(reader: &Reader) -> Result<std::collections::BTreeSet<Replica
 }
 
 /// Whether a restored copy's joining state is over, by its committed state: it holds an
-/// announcement (of any stream) by a live other replica that the snapshot (`snapshot`, its
-/// context) did not hold — the copy synced with its cluster — or every other member it knows
-/// of (every other announcer of any stream, and every peer their announcements say they met)
-/// was removed for good, one at least — the copy is the whole cluster.
+/// announcement (of any stream), newer than the snapshot (`snapshot`, its context), by a live
+/// replica that was a known member of its cluster when the snapshot was taken — the copy synced
+/// with its cluster — or every other member it knows of (every other announcer of any stream,
+/// and every peer their announcements say they met) was removed for good, one at least — the
+/// copy is the whole cluster.
+///
+/// The known members at snapshot time (as peers) are the snapshot's source (`source`), every
+/// replica the snapshot's context holds a write of (an announcer's announcement included, even
+/// once a newer one replaced it) and every peer named met by an announcement the snapshot held. A node that never was a
+/// member (a brand-new node, a `--join` node joining through the copy, another copy of the
+/// same snapshot) is not one, so its announcements end nothing: it holds nothing of the
+/// cluster the copy lacks. Without a snapshot context (a store restored by an earlier
+/// version) only the removals count, as before. A snapshot that names no member but its
+/// source ends the wait as a `--join` node's, once the copy holds what its linked peers held
+/// (`peers_covered`).
 ///
 /// # Errors
 /// Storage failures.
@@ -140,13 +151,21 @@ pub(crate) fn restored_settled(
     reader: &Reader,
     me: ReplicaId,
     snapshot: Option<&CausalContext>,
+    source: Option<ReplicaId>,
+    peers_covered: bool,
     peer_of: fn(ReplicaId) -> crate::proto::PeerId,
 ) -> Result<bool, Error> {
     let removed = gone(reader)?;
     let removed_peers: std::collections::BTreeSet<crate::proto::PeerId> =
         removed.iter().map(|g| peer_of(*g)).collect();
     let my_peer = peer_of(me);
+    let mut known: std::collections::BTreeSet<crate::proto::PeerId> = snapshot
+        .map(|snap| snap.replicas().map(|r| peer_of(*r)).collect())
+        .unwrap_or_default();
+    known.extend(source.map(peer_of));
     let mut all_removed = removed.iter().any(|g| *g != me);
+    // Announcements newer than the snapshot by live others (their announcer's peer).
+    let mut newer: Vec<crate::proto::PeerId> = Vec::new();
     let mut after: Option<String> = None;
     loop {
         let page = reader.list(KeyKind::Lww, keys::WM_PREFIX, after.as_deref(), 256)?;
@@ -163,10 +182,14 @@ pub(crate) fn restored_settled(
             let Some((a, dot)) = announcement(reader, key)? else {
                 continue;
             };
+            let in_snapshot = snapshot.is_some_and(|snap| snap.contains(&dot));
+            if in_snapshot {
+                known.extend(a.met.iter().map(|&p| crate::proto::PeerId(p)));
+            }
             if replica != me && !removed.contains(&replica) {
                 all_removed = false;
-                if snapshot.is_some_and(|snap| !snap.contains(&dot)) {
-                    return Ok(true);
+                if !in_snapshot {
+                    newer.push(peer_of(replica));
                 }
             }
             if a.met.iter().any(|&p| {
@@ -178,9 +201,25 @@ pub(crate) fn restored_settled(
         }
         after = page.last().map(|(k, _)| k.name.clone());
         if done {
-            return Ok(all_removed);
+            break;
         }
     }
+    if snapshot.is_some() && newer.iter().any(|p| known.contains(p) && *p != my_peer) {
+        return Ok(true);
+    }
+    // A snapshot that names no member but its source (a `--join` node that never synced, or
+    // one taken before anything of the peers its source met reached it): the copy joins as
+    // a `--join` node does, through whichever peers it is linked to, once it holds what they
+    // held.
+    let source_peer = source.map(peer_of);
+    if peers_covered
+        && !known
+            .iter()
+            .any(|p| *p != my_peer && Some(*p) != source_peer)
+    {
+        return Ok(true);
+    }
+    Ok(all_removed)
 }
 
 /// What a restored store's state says of its cluster's announcements of a stream since open

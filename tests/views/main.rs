@@ -11,6 +11,7 @@ mod common;
 mod http_support;
 
 mod restore_review;
+mod settle_review;
 mod views_attacks;
 mod views_basic;
 mod views_cluster;
