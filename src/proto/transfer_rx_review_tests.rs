@@ -4,76 +4,12 @@
 //! (every record is forwarded on its own by `log_interval`).
 
 use super::tests::{TestStore, WALL};
-use super::transfer::{OutTransfer, merge_chunks};
+use super::transfer::merge_chunks;
+use super::transfer_rx_tests::{RECEIVER, SENDER, chunks, mv, set};
 use crate::limits::Limits;
 use crate::model::StateChunk;
 use crate::proto::{Message, PeerId, StateStore, TransferId};
 use tidemark_crdts::{Key, KeyKind, Mutation, ReplicaId};
-
-const SENDER: PeerId = PeerId(1);
-const RECEIVER: PeerId = PeerId(2);
-
-fn mv(name: &str) -> Key {
-    Key::new(KeyKind::MvReg, name)
-}
-
-fn set(store: &mut TestStore, name: &str, value: &str) {
-    store
-        .apply_local(&[(mv(name), Mutation::Set(format!("\"{value}\"")))], WALL)
-        .expect("store");
-}
-
-/// Every chunk of one transfer from `s` (as `transfer_rx_tests::chunks`).
-fn chunks(s: &mut TestStore, peer: PeerId, target: usize) -> (Vec<StateChunk>, u64) {
-    let ctx = s.transfer_context().expect("ctx");
-    s.pin_transfer_snapshot(peer).expect("pin");
-    let end = s.log_bounds().1;
-    let mut out = OutTransfer::new(1, ctx, end, target, 0);
-    let mut all = Vec::new();
-    loop {
-        let rows = if out.pos.rows_done {
-            None
-        } else {
-            Some(
-                s.read_chunk_from(
-                    Some(peer),
-                    out.pos.after.as_ref(),
-                    out.pos.resume.as_ref(),
-                    target,
-                )
-                .expect("read rows"),
-            )
-        };
-        let used = rows.as_ref().map_or(0, |r| {
-            crate::codec::encoded_len("chunk entries", &r.entries).unwrap_or(target)
-        });
-        let marks = if rows.as_ref().is_none_or(OutTransfer::rows_finished) {
-            Some(
-                s.read_marks(
-                    Some(peer),
-                    out.pos.marks_after.as_ref(),
-                    target.saturating_sub(used),
-                )
-                .expect("read marks"),
-            )
-        } else {
-            None
-        };
-        let sent = out.chunk(1, s.replica_id(), rows, marks);
-        out.pos = sent.next.clone();
-        out.index += 1;
-        let Message::Chunk { chunk, .. } = sent.msg else {
-            panic!("a chunk message");
-        };
-        let last = chunk.last;
-        all.push(chunk);
-        if last {
-            break;
-        }
-    }
-    s.release_transfer_snapshots(&|_| false);
-    (all, end)
-}
 
 /// Applies the transfer `all` to `r` staged (streamed) and returns the log seq it started at.
 fn apply_streamed(r: &mut TestStore, s: &TestStore, all: &[StateChunk], end: u64) -> u64 {

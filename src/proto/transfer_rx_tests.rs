@@ -12,14 +12,14 @@ use crate::proto::{Message, PeerId, ReplicaConfig, StateStore, TransferId};
 use crate::store::{EventId, LocalWrite, OpenOptions, RedbStore};
 use tidemark_crdts::{Key, KeyKind, Mutation, ReplicaId};
 
-const SENDER: PeerId = PeerId(1);
-const RECEIVER: PeerId = PeerId(2);
+pub(super) const SENDER: PeerId = PeerId(1);
+pub(super) const RECEIVER: PeerId = PeerId(2);
 
-fn mv(name: &str) -> Key {
+pub(super) fn mv(name: &str) -> Key {
     Key::new(KeyKind::MvReg, name)
 }
 
-fn set(store: &mut TestStore, name: &str, value: &str) {
+pub(super) fn set(store: &mut TestStore, name: &str, value: &str) {
     store
         .apply_local(&[(mv(name), Mutation::Set(format!("\"{value}\"")))], WALL)
         .expect("store");
@@ -76,7 +76,7 @@ fn sender() -> (TestStore, crate::model::Delta) {
 
 /// Every chunk of one transfer from `s` to `peer`, read as the replica reads them
 /// (`read_piece`): rows from the pinned snapshot, then the marks.
-fn chunks(s: &mut TestStore, peer: PeerId, target: usize) -> (Vec<StateChunk>, u64) {
+pub(super) fn chunks(s: &mut TestStore, peer: PeerId, target: usize) -> (Vec<StateChunk>, u64) {
     let ctx = s.transfer_context().expect("ctx");
     s.pin_transfer_snapshot(peer).expect("pin");
     let end = s.log_bounds().1;

@@ -12,6 +12,7 @@ mod http_support;
 
 mod restore_review;
 mod settle_review;
+mod support;
 mod views_attacks;
 mod views_basic;
 mod views_cluster;

@@ -12,6 +12,8 @@ use tidemark::{Node, NodeConfig};
 
 use crate::http_support::{Served, get};
 
+use crate::support::converge;
+
 const MIN: u64 = 60_000;
 
 /// The views of `views_membership` (stream `s`), and with `extra` a count view `ct` on a
@@ -65,21 +67,6 @@ async fn rows_of(
 
 async fn rows(node: &Node) -> BTreeMap<(String, u64), (serde_json::Value, bool)> {
     rows_of(node, &["c", "d"]).await
-}
-
-async fn converge(nodes: &[&Node]) {
-    let started = Instant::now();
-    loop {
-        let ctxs: Vec<_> = nodes.iter().map(|n| n.context().expect("ctx")).collect();
-        if ctxs.windows(2).all(|w| w[0] == w[1]) {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no convergence"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Waits until `view`'s window `start` is final on `node` (maintaining it), and returns its

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use tidemark::views::{Event, ViewDef, ViewQuery};
 use tidemark::{Node, NodeConfig};
 
+use crate::support::converge;
+
 const MIN: u64 = 60_000;
 
 fn defs() -> Vec<ViewDef> {
@@ -34,21 +36,6 @@ async fn final_of(node: &Node, start: u64) -> Option<serde_json::Value> {
         .into_iter()
         .find(|r| r.window_start == Some(start) && r.is_final)
         .map(|r| r.value)
-}
-
-async fn converge(nodes: &[&Node]) {
-    let started = Instant::now();
-    loop {
-        let ctxs: Vec<_> = nodes.iter().map(|n| n.context().expect("ctx")).collect();
-        if ctxs.windows(2).all(|w| w[0] == w[1]) {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no convergence"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Polls (maintaining `all`) until window `start` of `c` is final on `node`; None after 10 s.

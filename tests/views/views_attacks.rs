@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use tidemark::views::{Event, ViewDef, ViewQuery};
 use tidemark::{Node, NodeConfig};
 
+use crate::support::converge;
+
 const MIN: u64 = 60_000;
 
 fn defs() -> Vec<ViewDef> {
@@ -62,21 +64,6 @@ async fn rows(node: &Node) -> Rows {
 
 fn get(r: &Rows, v: &str, w: u64) -> Option<(serde_json::Value, bool)> {
     r.get(&(v.to_owned(), w)).cloned()
-}
-
-async fn converge(nodes: &[&Node]) {
-    let started = Instant::now();
-    loop {
-        let ctxs: Vec<_> = nodes.iter().map(|n| n.context().expect("ctx")).collect();
-        if ctxs.windows(2).all(|w| w[0] == w[1]) {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no convergence"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Waits until view `v`'s window `w` is final on every node; returns the rows of each.

@@ -12,6 +12,8 @@ use tidemark::store::{OpenOptions, RedbStore};
 use tidemark::views::{Event, ViewDef, ViewQuery};
 use tidemark::{Node, NodeConfig};
 
+use crate::support::converge;
+
 const MIN: u64 = 60_000;
 
 fn defs() -> Vec<ViewDef> {
@@ -48,21 +50,6 @@ async fn rows(node: &Node) -> BTreeMap<(String, u64), (serde_json::Value, bool)>
         }
     }
     out
-}
-
-async fn converge(nodes: &[&Node]) {
-    let started = Instant::now();
-    loop {
-        let ctxs: Vec<_> = nodes.iter().map(|n| n.context().expect("ctx")).collect();
-        if ctxs.windows(2).all(|w| w[0] == w[1]) {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no convergence"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Waits until `window` of both views is final on every node of `nodes`; returns its values.
