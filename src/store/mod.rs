@@ -12,6 +12,8 @@
 
 mod big_row;
 mod counters;
+#[cfg(test)]
+mod engine_model_tests;
 mod error;
 mod fallback;
 mod holder;
