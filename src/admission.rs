@@ -6,7 +6,7 @@
 //! validation of untrusted deltas and chunks, and the range-scoped join of state-transfer chunks.
 
 use crate::limits::Limits;
-use crate::model::{Delta, Rejected, StateChunk};
+use crate::model::{ChangedKeys, Delta, Rejected, StateChunk};
 use tidemark_crdts::causal_map::JoinOutcome;
 use tidemark_crdts::{
     Causal, CausalContext, DotMap, DotStore, Entry, Key, ReplicaId, Rows, Timestamp,
@@ -281,7 +281,7 @@ pub fn join_chunk<R: KeyRange>(
     rows: &mut R,
     ctx: &mut CausalContext,
     chunk: StateChunk,
-) -> Result<JoinOutcome, R::Error> {
+) -> Result<Joined, R::Error> {
     let removal_ctx = chunk.dots.map(|slice| slice.clip(&chunk.ctx));
     let join_ctx = removal_ctx.as_ref().unwrap_or(&chunk.ctx);
     let mut join = RangeJoin::default();
@@ -309,7 +309,26 @@ pub struct RangeJoin {
     gained: CausalContext,
     /// Every gained dot taken out by [`RangeJoin::take_batch`].
     gained_before: CausalContext,
-    changed: Vec<Key>,
+    changed: ChangedKeys,
+}
+
+/// What a [`RangeJoin`] did: the inflation not taken by [`RangeJoin::take_batch`] and every
+/// key it changed.
+#[derive(Debug, Default)]
+pub struct Joined {
+    /// The inflating part not logged yet (`None`: nothing left).
+    pub inflation: Option<Causal<DotMap<Key, Entry>>>,
+    /// The keys whose entries changed.
+    pub changed: ChangedKeys,
+}
+
+impl From<JoinOutcome> for Joined {
+    fn from(o: JoinOutcome) -> Self {
+        Self {
+            inflation: o.inflation,
+            changed: o.changed.into(),
+        }
+    }
 }
 
 impl RangeJoin {
@@ -353,7 +372,7 @@ impl RangeJoin {
             let new_opt = (!new.is_bottom()).then_some(&new);
             if new_opt != old.as_ref() {
                 rows.put(&key, old.as_ref(), new_opt)?;
-                self.changed.push(key.clone());
+                self.changed.push(&key);
             }
             if !unseen.is_bottom() {
                 self.gained.join(&unseen.dots());
@@ -379,7 +398,7 @@ impl RangeJoin {
     /// Ends the join: the local context gains every dot carried and, for the final chunk
     /// (`last = Some(transfer's context)`), the transfer's context. Returns the changed keys
     /// and the inflation not taken by [`RangeJoin::take_batch`].
-    pub fn finish(self, ctx: &mut CausalContext, last: Option<&CausalContext>) -> JoinOutcome {
+    pub fn finish(self, ctx: &mut CausalContext, last: Option<&CausalContext>) -> Joined {
         let RangeJoin {
             infl_store,
             mut infl_ctx,
@@ -398,6 +417,6 @@ impl RangeJoin {
             store: infl_store,
             ctx: infl_ctx,
         });
-        JoinOutcome { inflation, changed }
+        Joined { inflation, changed }
     }
 }

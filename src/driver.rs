@@ -355,8 +355,8 @@ impl Driver {
         while let Some(event) = self.replica.poll_event() {
             match event {
                 ReplicaEvent::Applied { changed, .. } => {
-                    self.remote_changed(&changed);
-                    self.publish(&changed);
+                    self.remote_changed(changed.iter());
+                    self.publish(changed.iter());
                 }
                 ReplicaEvent::Compact { below } => {
                     let (start, end) = self.store.log_bounds();
@@ -528,7 +528,7 @@ impl Driver {
                         self.changes.publish(Change { key, value });
                     }
                 }
-                self.publish(&commit.changed);
+                self.publish(commit.changed.iter().map(|k| &**k));
                 let mut offset = 0;
                 let ranges_max = self.store.limits().dedup_ranges_max;
                 for (size, reply) in sizes.into_iter().zip(replies) {
@@ -637,8 +637,8 @@ impl Driver {
                     }
                 }
                 if let Ok(Ok(outcome)) = &r {
-                    self.remote_changed(&outcome.changed);
-                    self.publish(&outcome.changed);
+                    self.remote_changed(outcome.changed.iter());
+                    self.publish(outcome.changed.iter());
                     Metrics::add(&self.metrics.hlc_rejected, outcome.hlc_rejected);
                 } else if let Ok(Err(_)) = &r {
                     Metrics::add(&self.metrics.remote_rejected, 1);
@@ -830,7 +830,7 @@ impl Driver {
         }
     }
 
-    fn remote_changed<K: std::borrow::Borrow<Key>>(&self, keys: &[K]) {
+    fn remote_changed<K: std::borrow::Borrow<Key>>(&self, keys: impl IntoIterator<Item = K>) {
         if let Some(hook) = &self.on_remote_change {
             for key in keys {
                 hook(key.borrow());
@@ -838,8 +838,9 @@ impl Driver {
         }
     }
 
-    fn publish<K: std::borrow::Borrow<Key>>(&self, keys: &[K]) {
-        if keys.is_empty() {
+    fn publish<K: std::borrow::Borrow<Key>>(&self, keys: impl IntoIterator<Item = K>) {
+        let mut keys = keys.into_iter().peekable();
+        if keys.peek().is_none() {
             return;
         }
         if !self.changes.recording() {

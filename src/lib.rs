@@ -103,7 +103,7 @@ pub use tidemark_crdts as crdts;
 // causes, configuration), and the data-directory helpers the `tidemark` binary uses.
 pub use codec::CodecError;
 pub use metrics::{CommitHistograms, MetricsSnapshot, WriteSample};
-pub use model::{Delta, Rejected};
+pub use model::{ChangedIter, ChangedKeys, Delta, Rejected};
 pub use proto::{ApplyOutcome, PeerId, ReplicaConfig, ReplicaStats};
 pub use store::{
     DB_FILE, DeltasSince, EventId, LateMark, LateNote, LatePage, LateTotals, LogBytes,

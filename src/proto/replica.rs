@@ -14,7 +14,7 @@ use crate::proto::{ChunkRead, MarksRead, Message, PeerId, StateStore};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, VecDeque};
-use tidemark_crdts::{Key, ReplicaId};
+use tidemark_crdts::ReplicaId;
 
 /// The time of an input: monotonic (virtual) time for timers, and the node's wall clock, which
 /// may be skewed, for the hybrid logical clock. Both in milliseconds.
@@ -207,7 +207,7 @@ pub enum ReplicaEvent {
         /// The sender.
         from: PeerId,
         /// Keys whose values changed.
-        changed: Vec<Key>,
+        changed: crate::model::ChangedKeys,
     },
     /// A peer's message was refused; nothing of it was applied or acknowledged (pitfall
     /// "poison message", docs/design/principles.md).
@@ -1600,7 +1600,7 @@ mod overlay_tests {
     use super::*;
     use crate::limits::Limits;
     use crate::proto::tests::TestStore as MemStateStore;
-    use tidemark_crdts::{KeyKind, Mutation};
+    use tidemark_crdts::{Key, KeyKind, Mutation};
 
     fn at(t: u64) -> Now {
         Now {
@@ -1682,7 +1682,7 @@ mod origin_tag_tests {
     use super::*;
     use crate::limits::Limits;
     use crate::proto::tests::TestStore as MemStateStore;
-    use tidemark_crdts::{KeyKind, Mutation};
+    use tidemark_crdts::{Key, KeyKind, Mutation};
 
     const WALL: u64 = 1_700_000_000_000;
 

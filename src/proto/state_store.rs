@@ -14,7 +14,7 @@ pub struct ApplyOutcome {
     /// True when the state changed (the inflating part was logged for forwarding).
     pub inflated: bool,
     /// Keys whose values changed (for watchers and views).
-    pub changed: Vec<Key>,
+    pub changed: crate::model::ChangedKeys,
     /// Remote LWW timestamps that were too far ahead for the local clock: the data was joined
     /// (convergence needs it) but the clock was not advanced (docs/design/principles.md,
     /// "Hybrid logical clocks").

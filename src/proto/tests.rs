@@ -721,7 +721,7 @@ fn context_filter_preserves_the_join() {
         assert_eq!(x.state(), y.state(), "case {case}: states differ");
         // Same keys (a key whose entries were all filtered out is found through the dot index,
         // so the order may differ).
-        let (mut cx, mut cy) = (ox.changed, oy.changed);
+        let (mut cx, mut cy) = (ox.changed.to_vec(), oy.changed.to_vec());
         cx.sort();
         cy.sort();
         assert_eq!(cx, cy, "case {case}: changed keys differ");

@@ -199,8 +199,8 @@ fn the_staged_join_equals_the_merged_join_and_holds_one_chunk() {
         .expect("store")
         .expect("valid transfer");
 
-    let mut changed_a = a.changed.clone();
-    let mut changed_b = b.changed.clone();
+    let mut changed_a = a.changed.to_vec();
+    let mut changed_b = b.changed.to_vec();
     changed_a.sort();
     changed_b.sort();
     assert_eq!(changed_a, changed_b);

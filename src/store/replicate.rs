@@ -1,6 +1,7 @@
 //! The replication side of the store: [`StateStore`] for the sans-IO core, plus
 //! `deltas_since` and log compaction.
 
+use crate::admission::Joined;
 use super::big_row::BigRow;
 use super::error::StoreError;
 use super::local::append_log;
@@ -21,7 +22,7 @@ use crate::proto::{
     ApplyOutcome, ChunkRead, LogInterval, MarksRead, PeerId, StateStore, TransferId,
 };
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
-use tidemark_crdts::causal_map::{JoinOutcome, join_delta};
+use tidemark_crdts::causal_map::join_delta;
 use tidemark_crdts::{CausalContext, DedupMarks, Dot, Entry, IntervalSet, Key, ReplicaId};
 
 /// Result of [`RedbStore::deltas_since`].
@@ -156,7 +157,7 @@ impl RedbStore {
         &mut self,
         txn: WriteTransaction,
         origin: PeerId,
-        outcome: JoinOutcome,
+        outcome: Joined,
         marks: &DedupMarks,
         ctx: CausalContext,
         cursor: Option<(ReplicaId, u64)>,
@@ -265,7 +266,7 @@ impl RedbStore {
         marks: &DedupMarks,
         cursor: Option<(ReplicaId, u64)>,
         (hlc, hlc_rejected): (tidemark_crdts::Hlc, u64),
-        join: impl FnOnce(&mut TxnRows<'_, '_>, &mut CausalContext) -> Result<JoinOutcome, StoreError>,
+        join: impl FnOnce(&mut TxnRows<'_, '_>, &mut CausalContext) -> Result<Joined, StoreError>,
     ) -> Result<ApplyOutcome, StoreError> {
         let txn = self.begin()?;
         let mut ctx = self.ctx.clone();
@@ -431,7 +432,7 @@ impl StateStore for RedbStore {
         self.guarded(|s| {
             let observed = s.observe_remote_time(state.store.iter().map(|(_, e)| e), now_ms);
             s.remote_join(origin, &marks, cursor, observed, |rows, ctx| {
-                join_delta(rows, ctx, state)
+                join_delta(rows, ctx, state).map(Joined::from)
             })
             .map(Ok)
         })

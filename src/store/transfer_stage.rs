@@ -23,13 +23,12 @@ use super::rows::with_txn_rows;
 use super::split::split_delta;
 use super::tables::TRANSFER_STAGE;
 use super::RedbStore;
-use crate::admission::{self, RangeJoin};
+use crate::admission::{self, Joined, RangeJoin};
 use crate::codec;
 use crate::model::{Delta, Rejected, StateChunk};
 use crate::proto::transfer::{ChunkShape, PartsCheck};
 use crate::proto::{ApplyOutcome, PeerId, TransferId};
 use redb::{ReadableTable, WriteTransaction};
-use tidemark_crdts::causal_map::JoinOutcome;
 use tidemark_crdts::{CausalContext, DedupMarks, DotStore, Entry, Key, ReplicaId, Timestamp};
 
 /// The transfer whose chunks are staged.
@@ -103,7 +102,7 @@ impl LogRun {
 struct Stream {
     join: Option<RangeJoin>,
     /// The rows are joined (the context too): only dedup marks may follow.
-    outcome: Option<JoinOutcome>,
+    outcome: Option<Joined>,
     /// The local context before the transfer (every range joins against it).
     local: CausalContext,
     /// The new local context (set when the rows are closed).
@@ -255,7 +254,7 @@ impl RedbStore {
             Some(ts) => u64::from(hlc.observe(&ts, now_ms).is_err()),
             None => 0,
         };
-        let outcome = JoinOutcome {
+        let outcome = Joined {
             inflation: None,
             changed,
         };
