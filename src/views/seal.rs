@@ -217,11 +217,13 @@ impl Ledger {
     /// The member set every member of which is held and announced exactly it for `d`: one
     /// counting this node, or — below the watermark this node started from, where it has no
     /// contribution — one without it that counts every announcer that may have contributed
-    /// to `d` ([`Ledger::since_of`]). (Two agreeing sets of one deadline share no replica:
-    /// clusters started apart; this node keeps to its own.)
+    /// to `d` ([`Ledger::since_of`]), preferred there to one counting this node. (Two
+    /// agreeing sets of one deadline share no replica: clusters started apart; at or above
+    /// `since` this node keeps to its own.)
     fn agreed(&self, d: u64) -> Option<&[ReplicaId]> {
         let mut tried: Vec<&[ReplicaId]> = Vec::new();
         let mut adoptable = None;
+        let mut mine = None;
         for epochs in self.epochs.values() {
             let Some(s) = membership(epochs, d) else {
                 continue;
@@ -242,7 +244,11 @@ impl Ledger {
                 continue;
             }
             if s.binary_search(&self.me).is_ok() {
-                return Some(s);
+                if d >= self.since {
+                    return Some(s);
+                }
+                mine = mine.or(Some(s));
+                continue;
             }
             // Adopt only a set that counts every announcer that may have contributed to `d`:
             // a seal some node made alone, before it met the cluster, is not this cluster's,
@@ -255,7 +261,11 @@ impl Ledger {
                 adoptable = Some(s);
             }
         }
-        adoptable
+        // Below `since` this node contributed nothing: a set that counts it (its own epochs
+        // over deadlines it never applied to, e.g. a restored copy that removed its lost
+        // cluster and vouched over itself alone) gives the window without the contributions
+        // an agreeing seal of its cluster counts, and that seal was reported final there.
+        adoptable.or(mine)
     }
 }
 
@@ -733,6 +743,36 @@ mod tests {
         let s = l.agree().expect("sealed");
         assert_eq!(sealed_members(&s, 10), Some(&[r(1), r(2)][..]));
         assert_eq!(sealed_members(&s, 70), None, "{{4}} is not adopted");
+    }
+
+    #[test]
+    fn below_its_start_a_copy_adopts_its_clusters_seal_over_its_own_lone_epochs() {
+        // 1 and 2 sealed d < 60 over {1, 2}, then were removed for good. Copy 7 (a restored
+        // copy of 1, started at watermark 100, applying nothing below it) vouched over itself
+        // alone from 0 to 200. Below 100 it adopts {1, 2}: sealing {7} there would report the
+        // windows 1 and 2 reported final without their contributions.
+        let mut l = ledger(
+            &[
+                (1, vec![ep(60, &[1, 2])]),
+                (2, vec![ep(60, &[1, 2])]),
+                (7, vec![ep(200, &[7])]),
+            ],
+            &[1, 2, 7],
+        );
+        l.me = r(7);
+        l.since = 100;
+        let s = l.agree().expect("sealed");
+        assert_eq!(sealed_members(&s, 10), Some(&[r(1), r(2)][..]));
+        assert_eq!(
+            sealed_members(&s, 70),
+            Some(&[r(7)][..]),
+            "nothing to adopt there"
+        );
+        assert_eq!(sealed_members(&s, 150), Some(&[r(7)][..]));
+        // Applying from its start (since 0), it keeps to its own set everywhere.
+        l.since = 0;
+        let s = l.agree().expect("sealed");
+        assert_eq!(sealed_members(&s, 10), Some(&[r(7)][..]));
     }
 
     #[test]

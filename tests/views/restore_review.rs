@@ -624,11 +624,6 @@ async fn an_analytics_copy_that_removed_its_cluster_does_not_decommission_it_whe
 /// The window its source reported final must stay final with the same value on the copy.
 /// Timing-dependent, so the scenario runs several times.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "BUG (a final value changes / disagrees across nodes): after the removal the \
-            copy re-seals window [0,1m) with itself alone (sealed_members = [copy]); A's and \
-            B's contributions go to its late lane as outside_seal, and the window A and B \
-            report final = 2 reads empty on the copy (fails in round 0 run alone; reading the \
-            copy's rows before the removal hides it; also on main: not a regression)"]
 async fn a_copy_keeps_the_final_windows_of_its_snapshot_after_the_removal() {
     for round in 0..8 {
         let root = tempfile::tempdir().expect("tempdir");
