@@ -184,6 +184,19 @@ pub enum Rejected {
     /// or holding control characters, or a source with no seqs).
     #[error("dedup marks are malformed: {0}")]
     BadMarks(&'static str),
+    /// The receiver's data directory has no room to stage a state transfer: staging the
+    /// chunk would leave less free space than twice what is staged (the final join writes
+    /// the rows and their log records) plus a spare. The staging is dropped; nothing applied.
+    #[error(
+        "no room to stage the state transfer: {free_mib} MiB free in the data directory, \
+         {need_mib} MiB needed"
+    )]
+    NoRoom {
+        /// Free space of the data directory's filesystem, MiB.
+        free_mib: u64,
+        /// What staging the chunk and joining the transfer need, MiB.
+        need_mib: u64,
+    },
 }
 
 /// Encoded bytes of one context or dedup range at most (replica index, two varint u64s) plus

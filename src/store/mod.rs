@@ -786,6 +786,19 @@ impl RedbStore {
         self.guarded(Self::checkpoint_now)
     }
 
+    /// Free space of the data directory's filesystem in bytes (`None` on a custom backend, or
+    /// where it cannot be read).
+    pub(crate) fn free_bytes(&self) -> Option<u64> {
+        #[cfg(unix)]
+        {
+            let dir = self.path.as_ref()?.parent()?;
+            let st = rustix::fs::statvfs(dir).ok()?;
+            Some(st.f_bavail.saturating_mul(st.f_frsize))
+        }
+        #[cfg(not(unix))]
+        None
+    }
+
     /// Bytes of write-ahead log since the last checkpoint (0 without a log).
     pub fn wal_pending_bytes(&self) -> u64 {
         self.wal.as_ref().map_or(0, wal::Wal::pending_bytes)

@@ -173,6 +173,17 @@ impl RedbStore {
             return Ok(Err(reason));
         }
         let bytes = codec::encode("transfer chunk", chunk).map_err(stage_err)?;
+        let staged_after = self
+            .stats
+            .transfer_staged_bytes
+            .saturating_add(bytes.len() as u64);
+        if let Some(free) = self.free_bytes() {
+            if let Err(reason) = stage_room(free, staged_after) {
+                tracing::warn!(%reason, "state transfer refused");
+                self.drop_staging()?;
+                return Ok(Err(reason));
+            }
+        }
         let mut txn = self.db.begin_write().map_err(StoreError::redb)?;
         txn.set_durability(redb::Durability::None)
             .map_err(StoreError::redb)?;
@@ -545,6 +556,27 @@ impl RedbStore {
     }
 }
 
+/// Room a state transfer's receiver keeps free besides what the transfer needs: a full disk
+/// would halt every write of the node.
+pub(crate) const STAGE_SPARE_BYTES: u64 = super::stream_snapshot::ROOM_SPARE_BYTES;
+
+/// Whether `staged` bytes of a transfer (the chunk about to be staged included) leave room in
+/// `free` bytes: the chunks themselves are on disk once staged, and the final join writes the
+/// rows and their log records (about twice what is staged) before the staging is dropped.
+///
+/// # Errors
+/// [`Rejected::NoRoom`] with the figures.
+pub(crate) fn stage_room(free: u64, staged: u64) -> Result<(), Rejected> {
+    let need = staged.saturating_mul(2).saturating_add(STAGE_SPARE_BYTES);
+    if free < need {
+        return Err(Rejected::NoRoom {
+            free_mib: free >> 20,
+            need_mib: need >> 20,
+        });
+    }
+    Ok(())
+}
+
 /// Adds to a batch's inflation the removals its counter entries supersede: for each counter
 /// dot `(r, n)`, the transfer's removals of `r`'s lower dots. Counter dots have no dot-index
 /// rows, so a peer removes an overwritten counter dot only while joining the counter's own
@@ -575,4 +607,30 @@ fn counter_removals(
         });
     }
     inflation.ctx.join(&extra);
+}
+
+#[cfg(test)]
+mod room_tests {
+    use super::{STAGE_SPARE_BYTES, stage_room};
+    use crate::model::Rejected;
+
+    /// A transfer is staged only while the disk keeps twice what is staged plus the spare:
+    /// a peer sending chunks without end is refused before the disk fills, with the figures.
+    #[test]
+    fn staging_stops_before_the_disk_fills() {
+        let gib = 1u64 << 30;
+        assert_eq!(stage_room(10 * gib, gib), Ok(()));
+        assert_eq!(stage_room(2 * gib + STAGE_SPARE_BYTES, gib), Ok(()));
+        assert_eq!(
+            stage_room(2 * gib + STAGE_SPARE_BYTES - 1, gib),
+            Err(Rejected::NoRoom {
+                free_mib: 2303,
+                need_mib: 2304
+            })
+        );
+        assert!(stage_room(u64::MAX - 1, u64::MAX / 2).is_err(), "no overflow");
+        assert!(stage_room(0, 0).is_err(), "the spare is kept even for nothing staged");
+        let msg = stage_room(100 << 20, 0).expect_err("no room").to_string();
+        assert!(msg.contains("100 MiB free") && msg.contains("256 MiB needed"), "{msg}");
+    }
 }
