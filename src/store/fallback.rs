@@ -17,10 +17,13 @@ pub struct BatchFallback {
     /// The keys the per-event ops name by index (each key held once, copied into an op only
     /// when the fallback is applied).
     pub cells: Vec<Key>,
-    /// Per event write (the first writes of the batch, in order): the ops it adds back, each
-    /// as its key's index in `cells`, the mutation and its event stamp (see
-    /// [`LocalWrite::stamps`]).
-    pub per_event: Vec<Vec<(u32, Mutation, Option<Timestamp>)>>,
+    /// The ops the event writes add back, event after event (one list for the batch, not
+    /// one per event): each as its key's index in `cells`, the mutation and its event stamp
+    /// (see [`LocalWrite::stamps`]).
+    pub ops: Vec<(u32, Mutation, Option<Timestamp>)>,
+    /// Per event write (the first writes of the batch, in order): the end of its ops in `ops`
+    /// (its ops start where the previous event's end).
+    pub ends: Vec<usize>,
 }
 
 impl BatchFallback {
@@ -32,7 +35,12 @@ impl BatchFallback {
             w.stamps.clear();
         }
         let cells = self.cells;
-        for (w, ops) in writes.iter_mut().zip(self.per_event) {
+        let mut start = 0;
+        let mut ops = self.ops.into_iter();
+        for (w, &end) in writes.iter_mut().zip(&self.ends) {
+            let n = end.saturating_sub(start);
+            start = start.max(end);
+            let ops: Vec<_> = ops.by_ref().take(n).collect();
             let stamped = ops.iter().any(|(_, _, s)| s.is_some());
             if stamped || !w.stamps.is_empty() {
                 w.stamps.resize(w.ops.len(), None);
@@ -47,5 +55,55 @@ impl BatchFallback {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BatchFallback;
+    use crate::store::LocalWrite;
+    use crate::views::keys;
+    use tidemark_crdts::{Key, KeyKind, Mutation};
+
+    /// Events with no op, one op and several, one of them stamped: each event write gets back
+    /// exactly its own ops, in order, with stamps lined up; the merged write is emptied.
+    #[test]
+    fn each_event_gets_its_own_ops_back() {
+        let cells = vec![
+            Key::new(KeyKind::GCounter, "~view/c/d/1/[]"),
+            Key::new(KeyKind::ORSet, "~view/u/d/1/[]"),
+            Key::new(KeyKind::Lww, "~view/l/d/1/[]"),
+        ];
+        let st = Some(keys::stamp(7, "src", 7));
+        let set = Mutation::Set("x".into());
+        let mut writes = vec![LocalWrite::default(); 4];
+        writes[3].ops = vec![(cells[0].clone(), Mutation::Inc(3))];
+        let fallback = BatchFallback {
+            merged: 3,
+            cells: cells.clone(),
+            ops: vec![
+                (0, Mutation::Inc(1), None),
+                (0, Mutation::Inc(1), None),
+                (1, Mutation::Add("\"a\"".into()), None),
+                (2, set.clone(), st),
+                (0, Mutation::Inc(1), None),
+            ],
+            ends: vec![1, 1, 5],
+        };
+        fallback.apply(&mut writes);
+        assert_eq!(writes[0].ops, vec![(cells[0].clone(), Mutation::Inc(1))]);
+        assert!(writes[0].stamps.is_empty());
+        assert!(writes[1].ops.is_empty());
+        assert_eq!(
+            writes[2].ops,
+            vec![
+                (cells[0].clone(), Mutation::Inc(1)),
+                (cells[1].clone(), Mutation::Add("\"a\"".into())),
+                (cells[2].clone(), set),
+                (cells[0].clone(), Mutation::Inc(1)),
+            ]
+        );
+        assert_eq!(writes[2].stamps, vec![None, None, st, None]);
+        assert!(writes[3].ops.is_empty() && writes[3].stamps.is_empty());
     }
 }

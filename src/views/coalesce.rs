@@ -25,22 +25,74 @@ enum CellAcc<'a> {
         inc: u64,
         dec: u64,
     },
-    /// Elements in first-seen order with their last action (an add?), and where each is.
-    Set(Vec<(&'a str, bool)>, FastMap<&'a str, usize>),
+    /// Elements in first-seen order with their last action (an add?); where each is sits in
+    /// the batch-wide map of [`coalesce_cells_ref`].
+    Set(Vec<(&'a str, bool)>),
     /// The op with the greatest event stamp.
     Latest(&'a Mutation, Timestamp),
 }
 
-/// The ops of `per_event` (each event's on-time ops, in order) with one mutation per cell and
+/// A merged mutation of [`coalesce_cells_ref`], borrowing the batch's element texts and
+/// `latest` records (a copy is made only of what is kept, [`MergedRef::to_mutation`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MergedRef<'a> {
+    /// A counter increment.
+    Inc(u64),
+    /// A counter decrement.
+    Dec(u64),
+    /// An add of the element (its JSON text).
+    Add(&'a str),
+    /// A remove of the element (its JSON text).
+    Remove(&'a str),
+    /// The `latest` write kept.
+    Latest(&'a Mutation),
+}
+
+impl MergedRef<'_> {
+    /// The mutation, owned.
+    pub fn to_mutation(&self) -> Mutation {
+        match self {
+            Self::Inc(n) => Mutation::Inc(*n),
+            Self::Dec(n) => Mutation::Dec(*n),
+            Self::Add(e) => Mutation::Add((*e).to_owned()),
+            Self::Remove(e) => Mutation::Remove((*e).to_owned()),
+            Self::Latest(m) => (*m).clone(),
+        }
+    }
+}
+
+/// One merged op of [`coalesce_cells_ref`]: the cell's index, the mutation and its stamp.
+pub type MergedOp<'a> = (u32, MergedRef<'a>, Option<Timestamp>);
+
+/// The ops of `per_event` (the events' on-time ops, event after event) with one mutation per cell and
 /// set element, in first-seen cell order: the cell's index (in `cells`), the mutation and its
 /// event stamp (of the `latest` op kept) — what [`coalesce`] gives for the same ops keyed by
 /// their cells' keys. `None` when a cell's ops have mixed shapes (no view makes such ops; the
 /// caller then uses [`coalesce`]).
-pub fn coalesce_cells(cells: &[Key], per_event: &[Vec<CellOp>]) -> Option<Vec<CellOp>> {
-    let mut acc: Vec<Option<CellAcc<'_>>> = Vec::new();
+pub fn coalesce_cells(cells: &[Key], per_event: &[CellOp]) -> Option<Vec<CellOp>> {
+    Some(
+        coalesce_cells_ref(cells, per_event)?
+            .into_iter()
+            .map(|(c, m, s)| (c, m.to_mutation(), s))
+            .collect(),
+    )
+}
+
+/// [`coalesce_cells`] with the merged mutations borrowing from `per_event`: no element text
+/// or record is copied (adds the caller drops, such as those of elements already held, cost
+/// nothing).
+pub fn coalesce_cells_ref<'a>(cells: &[Key], per_event: &'a [CellOp]) -> Option<Vec<MergedOp<'a>>> {
+    let mut acc: Vec<Option<CellAcc<'a>>> = Vec::new();
     acc.resize_with(cells.len(), || None);
     let mut order: Vec<usize> = Vec::new();
-    for (cell, m, stamp) in per_event.iter().flatten() {
+    // (cell, element) → its place in the cell's list, sized once for the batch.
+    let set_ops = per_event
+        .iter()
+        .filter(|(_, m, _)| matches!(m, Mutation::Add(_) | Mutation::Remove(_)))
+        .count();
+    let mut at: FastMap<(u32, &'a str), usize> =
+        FastMap::with_capacity_and_hasher(set_ops, foldhash::fast::RandomState::default());
+    for (cell, m, stamp) in per_event {
         let c = *cell as usize;
         let key = cells.get(c)?;
         let slot = acc.get_mut(c)?;
@@ -55,7 +107,7 @@ pub fn coalesce_cells(cells: &[Key], per_event: &[Vec<CellOp>]) -> Option<Vec<Ce
                         _,
                     ) => CellAcc::Counter { inc: 0, dec: 0 },
                     (KeyKind::ORSet, Mutation::Add(_) | Mutation::Remove(_), _) => {
-                        CellAcc::Set(Vec::new(), FastMap::default())
+                        CellAcc::Set(Vec::new())
                     }
                     (KeyKind::Lww, Mutation::Set(_), Some(s)) => CellAcc::Latest(m, *s),
                     _ => return None,
@@ -65,12 +117,16 @@ pub fn coalesce_cells(cells: &[Key], per_event: &[Vec<CellOp>]) -> Option<Vec<Ce
         match (a, m) {
             (CellAcc::Counter { inc, .. }, Mutation::Inc(n)) => *inc = inc.saturating_add(*n),
             (CellAcc::Counter { dec, .. }, Mutation::Dec(n)) => *dec = dec.saturating_add(*n),
-            (CellAcc::Set(elems, at), Mutation::Add(e) | Mutation::Remove(e)) => {
+            (CellAcc::Set(elems), Mutation::Add(e) | Mutation::Remove(e)) => {
                 let add = matches!(m, Mutation::Add(_));
-                match at.get(e.as_str()) {
-                    Some(&i) => elems[i].1 = add,
-                    None => {
-                        at.insert(e.as_str(), elems.len());
+                match at.entry((*cell, e.as_str())) {
+                    std::collections::hash_map::Entry::Occupied(o) => {
+                        if let Some(x) = elems.get_mut(*o.get()) {
+                            x.1 = add;
+                        }
+                    }
+                    std::collections::hash_map::Entry::Vacant(v) => {
+                        v.insert(elems.len());
                         elems.push((e.as_str(), add));
                     }
                 }
@@ -86,7 +142,7 @@ pub fn coalesce_cells(cells: &[Key], per_event: &[Vec<CellOp>]) -> Option<Vec<Ce
             _ => return None,
         }
     }
-    let mut out = Vec::with_capacity(order.len());
+    let mut out = Vec::with_capacity(order.len().max(at.len()));
     for c in order {
         let (Some(key), Some(Some(a))) = (cells.get(c), acc.get_mut(c).map(Option::take)) else {
             continue;
@@ -95,27 +151,27 @@ pub fn coalesce_cells(cells: &[Key], per_event: &[Vec<CellOp>]) -> Option<Vec<Ce
         match a {
             CellAcc::Counter { inc, dec } => {
                 let m = if key.kind == KeyKind::GCounter {
-                    (inc > 0).then_some(Mutation::Inc(inc))
+                    (inc > 0).then_some(MergedRef::Inc(inc))
                 } else {
                     match inc.cmp(&dec) {
-                        std::cmp::Ordering::Greater => Some(Mutation::Inc(inc - dec)),
-                        std::cmp::Ordering::Less => Some(Mutation::Dec(dec - inc)),
+                        std::cmp::Ordering::Greater => Some(MergedRef::Inc(inc - dec)),
+                        std::cmp::Ordering::Less => Some(MergedRef::Dec(dec - inc)),
                         std::cmp::Ordering::Equal => None,
                     }
                 };
                 out.extend(m.map(|m| (cell, m, None)));
             }
-            CellAcc::Set(elems, _) => {
-                for (e, add) in elems {
+            CellAcc::Set(elems) => {
+                out.extend(elems.into_iter().map(|(e, add)| {
                     let m = if add {
-                        Mutation::Add(e.to_owned())
+                        MergedRef::Add(e)
                     } else {
-                        Mutation::Remove(e.to_owned())
+                        MergedRef::Remove(e)
                     };
-                    out.push((cell, m, None));
-                }
+                    (cell, m, None)
+                }));
             }
-            CellAcc::Latest(m, s) => out.push((cell, m.clone(), Some(s))),
+            CellAcc::Latest(m, s) => out.push((cell, MergedRef::Latest(m), Some(s))),
         }
     }
     Some(out)
@@ -291,7 +347,7 @@ mod tests {
                 (4, Mutation::Dec(2), None),
             ],
         ];
-        let by_cells = coalesce_cells(&cells, &per_event).expect("one shape per cell");
+        let by_cells = coalesce_cells(&cells, &per_event.concat()).expect("one shape per cell");
         let keyed: Vec<(Key, Mutation)> = per_event
             .iter()
             .flatten()
@@ -307,10 +363,10 @@ mod tests {
         let stamps: Vec<_> = by_cells.iter().map(|(_, _, s)| *s).collect();
         assert_eq!(stamps, vec![None, None, None, None, st(20)]);
         // Mixed shapes in one cell: left to the rule over keys.
-        let mixed = vec![vec![
+        let mixed = vec![
             (0, Mutation::Inc(1), None),
             (0, Mutation::Add("x".into()), None),
-        ]];
+        ];
         assert_eq!(coalesce_cells(&cells, &mixed), None);
     }
 }

@@ -134,8 +134,8 @@ pub struct ViewOp {
 pub struct FoldedEvent {
     /// Its event time (ms).
     pub time_ms: u64,
-    /// The candidate view mutations.
-    pub ops: Vec<ViewOp>,
+    /// How many candidate view mutations it has: the next ones of [`FoldedBatch::ops`].
+    pub ops: usize,
 }
 
 /// What a batch contributes to the views of its stream: the cells it touches (each key built
@@ -146,6 +146,10 @@ pub struct FoldedBatch {
     pub cells: Vec<Key>,
     /// Per event of the batch, in order.
     pub events: Vec<FoldedEvent>,
+    /// The candidate view mutations of the events, event after event (one list for the
+    /// batch, not one per event): event `i`'s are the `events[i].ops` after those of the
+    /// events before it.
+    pub ops: Vec<ViewOp>,
 }
 
 impl FoldedBatch {
@@ -157,6 +161,45 @@ impl FoldedBatch {
 
 fn scalar(v: &serde_json::Value) -> bool {
     v.is_string() || v.is_number() || v.is_boolean()
+}
+
+/// The string `s` when its JSON text is `"s"` as it stands: serde_json escapes only `"`, `\\`
+/// and control characters below U+0020.
+fn plain_string(v: &serde_json::Value) -> Option<&str> {
+    match v {
+        serde_json::Value::String(s) if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') => {
+            Some(s)
+        }
+        _ => None,
+    }
+}
+
+/// The JSON text of `v`, exactly what `v.to_string()` gives, without the formatter for a
+/// string that needs no escape (the common element of a `distinct` or `members` view).
+fn json_text(v: &serde_json::Value) -> String {
+    match plain_string(v) {
+        Some(s) => {
+            let mut t = String::with_capacity(s.len() + 2);
+            t.push('"');
+            t.push_str(s);
+            t.push('"');
+            t
+        }
+        None => v.to_string(),
+    }
+}
+
+/// Appends the JSON text of `v` to `buf` (what `serde_json::to_writer` writes).
+fn write_json(buf: &mut Vec<u8>, v: &serde_json::Value) -> Result<(), serde_json::Error> {
+    match plain_string(v) {
+        Some(s) => {
+            buf.push(b'"');
+            buf.extend_from_slice(s.as_bytes());
+            buf.push(b'"');
+            Ok(())
+        }
+        None => serde_json::to_writer(buf, v),
+    }
 }
 
 /// A fast, per-process seeded hash map (the batch's cells and groups).
@@ -218,6 +261,14 @@ impl<'a> Folder<'a> {
         }
     }
 
+    /// Makes room for `events` more events (one allocation for each of the batch's lists).
+    pub fn reserve(&mut self, events: usize) {
+        self.out.events.reserve(events);
+        self.out
+            .ops
+            .reserve(events.saturating_mul(self.views.len()));
+    }
+
     /// The batch folded so far.
     pub fn finish(self) -> FoldedBatch {
         self.out
@@ -244,7 +295,7 @@ impl<'a> Folder<'a> {
             if n > 0 {
                 self.buf.push(b',');
             }
-            serde_json::to_writer(&mut self.buf, v).map_err(|e| bad(index, g, e.to_string()))?;
+            write_json(&mut self.buf, v).map_err(|e| bad(index, g, e.to_string()))?;
         }
         self.buf.push(b']');
         let text =
@@ -317,7 +368,20 @@ impl<'a> Folder<'a> {
     /// [`event_time`]).
     pub fn fold(&mut self, ev: &Event, index: usize) -> Result<(), Error> {
         let time_ms = event_time(ev, index, self.now_ms, self.max_future_ms)?;
-        let mut ops = Vec::with_capacity(self.views.len());
+        // This event's ops go after the batch's so far; an invalid event leaves none.
+        let first = self.out.ops.len();
+        let folded = self.fold_ops(ev, index, time_ms);
+        if folded.is_err() {
+            self.out.ops.truncate(first);
+        }
+        folded?;
+        let ops = self.out.ops.len() - first;
+        self.out.events.push(FoldedEvent { time_ms, ops });
+        Ok(())
+    }
+
+    /// The view ops of event `index` (at `time_ms`), appended to the batch's.
+    fn fold_ops(&mut self, ev: &Event, index: usize, time_ms: u64) -> Result<(), Error> {
         self.event_groups.iter_mut().for_each(|g| *g = None);
         let limits = self.limits;
         for p in 0..self.views.len() {
@@ -341,7 +405,7 @@ impl<'a> Folder<'a> {
                         format!("view {:?} needs a string, number or boolean", d.name),
                     ));
                 }
-                let text = v.to_string();
+                let text = json_text(v);
                 if text.len() > limits.element_bytes_max {
                     return Err(fail(
                         field,
@@ -406,7 +470,7 @@ impl<'a> Folder<'a> {
             match &view.window {
                 None => {
                     let cell = self.cell(index, p, kind, group, None)?;
-                    ops.push(ViewOp {
+                    self.out.ops.push(ViewOp {
                         view: vi,
                         cell,
                         start: None,
@@ -420,7 +484,7 @@ impl<'a> Folder<'a> {
                     let s = time_ms - time_ms % w.every_ms;
                     if time_ms - s < w.size_ms {
                         let cell = self.cell(index, p, kind, group, Some(s))?;
-                        ops.push(ViewOp {
+                        self.out.ops.push(ViewOp {
                             view: vi,
                             cell,
                             start: Some(s),
@@ -433,7 +497,7 @@ impl<'a> Folder<'a> {
                 Some(w) => {
                     for s in w.starts(time_ms) {
                         let cell = self.cell(index, p, kind, group, Some(s))?;
-                        ops.push(ViewOp {
+                        self.out.ops.push(ViewOp {
                             view: vi,
                             cell,
                             start: Some(s),
@@ -445,14 +509,35 @@ impl<'a> Folder<'a> {
                 }
             }
         }
-        self.out.events.push(FoldedEvent { time_ms, ops });
         Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::parse_rfc3339_ms;
+    use super::{json_text, parse_rfc3339_ms, write_json};
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The texts written without the formatter are byte for byte serde_json's, for any
+        /// string (escapes, control characters, non-ASCII) and for numbers and booleans.
+        #[test]
+        fn json_text_is_serde_jsons(s in ".{0,24}", n in any::<i64>(), f in any::<f64>(), b in any::<bool>()) {
+            let values = [
+                serde_json::Value::from(s.as_str()),
+                serde_json::Value::from(format!("a\"{s}\\\u{1}\u{7f}")),
+                serde_json::Value::from(n),
+                serde_json::json!(f),
+                serde_json::Value::from(b),
+            ];
+            for v in values {
+                prop_assert_eq!(json_text(&v), v.to_string());
+                let mut buf = b"[".to_vec();
+                write_json(&mut buf, &v).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(buf, format!("[{v}").into_bytes());
+            }
+        }
+    }
 
     #[test]
     fn rfc3339_parses_to_epoch_millis() {

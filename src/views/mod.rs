@@ -66,6 +66,7 @@ mod held;
 pub mod keys;
 pub mod late;
 pub mod maintain;
+mod queued;
 pub mod read;
 pub mod seal;
 pub mod session;
@@ -143,10 +144,10 @@ pub struct Views {
     warned: Mutex<BTreeSet<(String, String)>>,
     /// `(stream, source)` → events of ingest batches begun and not yet committed.
     inflight: Mutex<BTreeMap<(String, String), usize>>,
-    /// `(stream, source)` → seq → how many queued batches (admitted, not yet committed) carry
-    /// it: an event whose `(source, seq)` an earlier queued batch carries may turn out a
-    /// duplicate when it commits.
-    queued: Mutex<std::collections::HashMap<(String, String), BTreeMap<u64, usize>>>,
+    /// `(stream, source)` → the seqs of each queued batch (admitted, not yet committed), one
+    /// sorted run per batch ([`queued`]): an event whose `(source, seq)` an earlier queued
+    /// batch carries may turn out a duplicate when it commits.
+    queued: Mutex<queued::Queued>,
     /// Serializes maintenance rounds (a horizon is acted on only after its own announcement
     /// committed, which a concurrent round could otherwise skip).
     pub(crate) maintenance: tokio::sync::Mutex<()>,
@@ -213,8 +214,8 @@ pub(crate) struct StreamSeals {
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
     begun: Vec<((String, String), usize)>,
-    /// Per `(stream, source)` pair: the seqs registered as queued.
-    queued: Vec<((String, String), Vec<u64>)>,
+    /// Per `(stream, source)` pair: the id of its run of seqs registered as queued.
+    queued: Vec<((String, String), u64)>,
 }
 
 /// A batch for [`Views::admit`]: the stream, the folded view ops of each event and the
@@ -277,8 +278,11 @@ pub(crate) struct BatchStart {
 pub(crate) struct Admitted {
     /// Per event write: the views for which it was late (some window refused).
     pub(crate) late: Vec<Vec<usize>>,
-    /// Per event write: the views it was applied to.
-    pub(crate) applied: Vec<Vec<usize>>,
+    /// The views each event write was applied to, event after event (one list for the
+    /// batch): event `i`'s are `applied[applied_ends[i - 1]..applied_ends[i]]`.
+    pub(crate) applied: Vec<usize>,
+    /// Per event write: the end of its views in `applied`.
+    pub(crate) applied_ends: Vec<usize>,
     /// The stream's new watermark, when the batch moved it (its announcement is the last
     /// write of the batch).
     pub(crate) new_wm: Option<u64>,
@@ -349,7 +353,7 @@ impl Views {
             met: Mutex::new(BTreeSet::new()),
             warned: Mutex::new(BTreeSet::new()),
             inflight: Mutex::new(BTreeMap::new()),
-            queued: Mutex::new(std::collections::HashMap::new()),
+            queued: Mutex::new(queued::Queued::default()),
             maintenance: tokio::sync::Mutex::new(()),
             seals: Mutex::new(BTreeMap::new()),
             joining: false,
@@ -845,6 +849,7 @@ impl Views {
         let views: Vec<(usize, &CompiledView)> = idx.iter().map(|&i| (i, &self.views[i])).collect();
         let max_future = self.max_future(stream);
         let mut folder = fold::Folder::new(&views, now_ms, max_future, limits);
+        folder.reserve(events.len());
         for (i, ev) in events.iter().enumerate() {
             folder.fold(ev, i)?;
         }
@@ -944,20 +949,8 @@ impl Views {
             }
         }
         if let Ok(mut queued) = self.queued.lock() {
-            for (k, list) in &batch.queued {
-                if let Some(seqs) = queued.get_mut(k) {
-                    for seq in list {
-                        if let Some(c) = seqs.get_mut(seq) {
-                            *c = c.saturating_sub(1);
-                            if *c == 0 {
-                                seqs.remove(seq);
-                            }
-                        }
-                    }
-                    if seqs.is_empty() {
-                        queued.remove(k);
-                    }
-                }
+            for (k, id) in &batch.queued {
+                queued.release(k, *id);
             }
         }
     }
@@ -976,18 +969,18 @@ impl Views {
             by_source.entry(&e.source).or_default().push(i);
         }
         let mut out = vec![false; events.len()];
+        let mut seqs = Vec::new();
         for (source, idx) in by_source {
             let k = (stream.to_owned(), source.to_owned());
-            let seqs = queued.entry(k.clone()).or_default();
-            let mut list = Vec::with_capacity(idx.len());
-            for i in idx {
-                let seq = events[i].seq;
-                let c = seqs.entry(seq).or_default();
-                out[i] = *c > 0;
-                *c += 1;
-                list.push(seq);
+            seqs.clear();
+            seqs.extend(idx.iter().filter_map(|&i| events.get(i).map(|e| e.seq)));
+            let (seen, id) = queued.register(k.clone(), &seqs);
+            for (i, s) in idx.into_iter().zip(seen) {
+                if let Some(o) = out.get_mut(i) {
+                    *o = s;
+                }
             }
-            batch.queued.push((k, list));
+            batch.queued.push((k, id));
         }
         out
     }
@@ -1082,7 +1075,19 @@ impl Views {
         let ooo = self.ooo.get(stream).copied().unwrap_or(0);
         let mut out = Admitted::default();
         let mut max_wm = None::<u64>;
-        let mut per_event = Vec::new();
+        // The on-time ops of the coalesced write, event after event, with each event's end.
+        let mut per_event: Vec<coalesce::CellOp> = Vec::new();
+        let mut ends = Vec::with_capacity(events.len());
+        if coalesce {
+            per_event.reserve(folded.ops.len());
+        }
+        out.late.reserve(events.len());
+        out.applied.reserve(
+            events
+                .len()
+                .saturating_mul(self.by_stream.get(stream).map_or(0, Vec::len)),
+        );
+        out.applied_ends.reserve(events.len());
         let mut applied_window = false;
         let decommissioned = self.removed.load(Ordering::Relaxed);
         let excluded = self
@@ -1094,16 +1099,19 @@ impl Views {
         let FoldedBatch {
             cells,
             events: folded,
+            ops: folded_ops,
         } = folded;
+        let mut folded_ops = folded_ops.into_iter();
         // Cells of `distinct` views (their adds of elements already held are skipped).
         let mut distinct_cell = vec![false; if coalesce { cells.len() } else { 0 }];
         for (i, ((w, f), event)) in writes.iter_mut().zip(folded).zip(events).enumerate() {
             if known_dup.get(i).copied().unwrap_or(false) {
                 // A duplicate changes nothing: the writer skips its write, and its time
                 // moves no watermark.
-                per_event.push(Vec::new());
+                folded_ops.by_ref().take(f.ops).for_each(drop);
+                ends.push(per_event.len());
                 out.late.push(Vec::new());
-                out.applied.push(Vec::new());
+                out.applied_ends.push(out.applied.len());
                 continue;
             }
             // View cells: each replica's contribution stays separable by dot (seals count
@@ -1112,9 +1120,9 @@ impl Views {
             let mut late = Vec::new();
             let mut removed_any = false;
             let mut outside_any = false;
-            let mut applied = Vec::new();
-            let mut own = Vec::new();
-            for op in f.ops {
+            // This event's views applied are `out.applied[applied_from..]`.
+            let applied_from = out.applied.len();
+            for op in folded_ops.by_ref().take(f.ops) {
                 let removed = matches!((op.start, horizon), (Some(s), Some(h)) if self.expired(op.view, s, h));
                 let mut outside = op.deadline.is_some_and(|d| d < excluded);
                 let mut is_late = ((unsynced || decommissioned) && op.deadline.is_some())
@@ -1136,9 +1144,13 @@ impl Views {
                 }
                 removed_any |= removed;
                 outside_any |= outside;
-                let list = if is_late { &mut late } else { &mut applied };
-                if list.last() != Some(&op.view) {
-                    list.push(op.view);
+                if is_late {
+                    if late.last() != Some(&op.view) {
+                        late.push(op.view);
+                    }
+                } else if out.applied.len() == applied_from || out.applied.last() != Some(&op.view)
+                {
+                    out.applied.push(op.view);
                 }
                 if !is_late {
                     applied_window |= op.deadline.is_some();
@@ -1152,13 +1164,13 @@ impl Views {
                                 *d = true;
                             }
                         }
-                        own.push((op.cell, op.mutation, op.stamp));
+                        per_event.push((op.cell, op.mutation, op.stamp));
                     } else if let Some(key) = cells.get(op.cell as usize) {
                         w.ops.push((key.clone(), op.mutation));
                     }
                 }
             }
-            per_event.push(own);
+            ends.push(per_event.len());
             if !late.is_empty() {
                 let reason = if decommissioned {
                     "decommissioned"
@@ -1174,7 +1186,7 @@ impl Views {
                 w.late = Some(self.late_note(stream, event, &late, reason, wm, me));
             }
             out.late.push(late);
-            out.applied.push(applied);
+            out.applied_ends.push(out.applied.len());
             let certain = !uncertain.get(i).copied().unwrap_or(true)
                 && !gap_refused.get(i).copied().unwrap_or(true);
             if !unsynced && certain {
@@ -1182,23 +1194,25 @@ impl Views {
                 max_wm = Some(max_wm.map_or(t, |m| m.max(t)));
             }
         }
-        if coalesce && per_event.iter().any(|ops| !ops.is_empty()) {
+        if coalesce && !per_event.is_empty() {
             let merged: Vec<(Key, Mutation, Option<tidemark_crdts::Timestamp>)> =
-                match coalesce::coalesce_cells(&cells, &per_event) {
+                match coalesce::coalesce_cells_ref(&cells, &per_event) {
                     Some(ops) => {
                         let (ops, adds) =
                             self.skip_present(ops, &cells, &distinct_cell, reader, me);
                         out.held = adds;
                         ops.into_iter()
                             .filter_map(|(c, m, s)| {
-                                cells.get(c as usize).map(|k| (k.clone(), m, s))
+                                cells
+                                    .get(c as usize)
+                                    .map(|k| (k.clone(), m.to_mutation(), s))
                             })
                             .collect()
                     }
                     // Mixed mutation shapes in a cell (no view makes them): the rule over
                     // keys, every add kept.
                     None => {
-                        let ops = per_event.iter().flatten().filter_map(|(c, m, _)| {
+                        let ops = per_event.iter().filter_map(|(c, m, _)| {
                             cells.get(*c as usize).map(|k| (k.clone(), m.clone()))
                         });
                         coalesce::coalesce(ops.collect())
@@ -1225,7 +1239,8 @@ impl Views {
                 out.fallback = Some(crate::store::BatchFallback {
                     merged: writes.len(),
                     cells,
-                    per_event,
+                    ops: per_event,
+                    ends,
                 });
                 writes.push(LocalWrite {
                     ops,
@@ -1353,23 +1368,23 @@ impl Views {
     /// one read transaction, and what the read finds held is recorded. When the rows cannot be
     /// read, every add not known held is kept. Returns the ops kept and the adds among them
     /// (for [`Views::committed`]).
-    fn skip_present(
+    fn skip_present<'a>(
         &self,
-        ops: Vec<coalesce::CellOp>,
+        ops: Vec<coalesce::MergedOp<'a>>,
         cells: &[Key],
         distinct_cell: &[bool],
         reader: &crate::store::Reader,
         me: ReplicaId,
-    ) -> (Vec<coalesce::CellOp>, Option<HeldAdds>) {
-        let check = |(c, m, _): &coalesce::CellOp| {
-            matches!(m, Mutation::Add(_))
+    ) -> (Vec<coalesce::MergedOp<'a>>, Option<HeldAdds>) {
+        let check = |(c, m, _): &coalesce::MergedOp<'a>| {
+            matches!(m, coalesce::MergedRef::Add(_))
                 && distinct_cell.get(*c as usize).copied().unwrap_or(false)
         };
         let items: Vec<(&Key, &str)> = ops
             .iter()
             .filter(|op| check(op))
             .filter_map(|(c, m, _)| match (cells.get(*c as usize), m) {
-                (Some(k), Mutation::Add(e)) => Some((k, e.as_str())),
+                (Some(k), coalesce::MergedRef::Add(e)) => Some((k, *e)),
                 _ => None,
             })
             .collect();
@@ -1465,7 +1480,15 @@ impl Views {
     /// (neither duplicates nor refused). Returns the number of late events.
     pub(crate) fn count(&self, admitted: &Admitted, effective: &[bool]) -> usize {
         let mut late_events = 0;
-        for ((late, applied), ok) in admitted.late.iter().zip(&admitted.applied).zip(effective) {
+        let mut from = 0;
+        for ((late, &end), ok) in admitted
+            .late
+            .iter()
+            .zip(&admitted.applied_ends)
+            .zip(effective)
+        {
+            let applied = admitted.applied.get(from..end).unwrap_or_default();
+            from = end;
             if !ok {
                 continue;
             }
