@@ -100,6 +100,13 @@ fn secs() -> u64 {
         .unwrap_or(5)
 }
 
+/// The answer's status, its body read to the end: ureq 3 puts a connection back in its pool
+/// only then, so without it every request opened (and the server accepted) a new connection.
+fn answered(mut r: ureq::http::Response<ureq::Body>) -> u16 {
+    let _ = r.body_mut().read_to_vec();
+    r.status().as_u16()
+}
+
 fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -202,7 +209,7 @@ fn main() {
             a.post(&url)
                 .content_type("application/x-ndjson")
                 .send(body.as_bytes())
-                .map_or(0, |r| r.status().as_u16())
+                .map_or(0, answered)
         });
         println!(
             "ingest NDJSON (1000 events/request) | {clients} | {:.0} events/s | {:.1} | {:.1}",
@@ -235,7 +242,7 @@ fn main() {
             a.post(&url)
                 .content_type("application/x-ndjson")
                 .send(body.as_bytes())
-                .map_or(0, |r| r.status().as_u16())
+                .map_or(0, answered)
         });
         let rate = items as f64 / elapsed.as_secs_f64();
         println!(

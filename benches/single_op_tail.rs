@@ -109,6 +109,13 @@ impl Probe {
     }
 }
 
+/// The answer's status, its body read to the end: ureq 3 puts a connection back in its pool
+/// only then, so without it every request opened (and the server accepted) a new connection.
+fn answered(mut r: ureq::http::Response<ureq::Body>) -> u16 {
+    let _ = r.body_mut().read_to_vec();
+    r.status().as_u16()
+}
+
 fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -127,7 +134,7 @@ fn http_op(agent: &ureq::Agent, url: &str, i: u64) -> Duration {
         .post(url)
         .content_type("application/x-ndjson")
         .send(body.as_bytes())
-        .map_or(0, |r| r.status().as_u16());
+        .map_or(0, answered);
     let d = t.elapsed();
     assert_eq!(status, 200, "single-op request failed");
     d
