@@ -55,6 +55,13 @@ fn watch(http: std::net::SocketAddr, seen: Seen, ready: std::sync::mpsc::Sender<
     }
 }
 
+/// The answer's status, its body read to the end: ureq 3 puts a connection back in its pool
+/// only then, so without it every write opened (and the node accepted) a new connection.
+fn answered(mut r: ureq::http::Response<ureq::Body>) -> u16 {
+    let _ = r.body_mut().read_to_vec();
+    r.status().as_u16()
+}
+
 fn pct(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     let i = ((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1));
@@ -85,7 +92,7 @@ fn main() {
             .post(format!("http://{}/v1/ops", nodes[node]))
             .content_type("application/json")
             .send(format!(r#"[{{"type":"gcounter","key":"{key}","op":"inc","by":1}}]"#).as_bytes())
-            .map(|r| r.status().as_u16())
+            .map(answered)
     };
     // Warm up: every node sees a write from every node (all connections up).
     for i in 0..nodes.len() {
@@ -136,7 +143,7 @@ fn main() {
                                 )
                                 .as_bytes(),
                             )
-                            .is_ok_and(|r| r.status().as_u16() == 200);
+                            .is_ok_and(|r| answered(r) == 200);
                         if ok {
                             sent.lock().expect("sent").push((key, at));
                         }
