@@ -68,6 +68,8 @@ pub mod late;
 pub mod maintain;
 pub mod read;
 pub mod seal;
+#[cfg(test)]
+mod seal_review_tests;
 pub mod session;
 
 /// The one event type of every ingest path (also at the crate root).
