@@ -69,6 +69,8 @@ pub mod maintain;
 mod queued;
 pub mod read;
 pub mod seal;
+#[cfg(test)]
+mod seal_review_tests;
 pub mod session;
 
 /// The one event type of every ingest path (also at the crate root).

@@ -11,6 +11,7 @@ mod common;
 mod http_support;
 
 mod restore_review;
+mod seal_review;
 mod settle_review;
 mod support;
 mod views_attacks;
