@@ -473,7 +473,9 @@ pub(crate) fn ledger(reader: &Reader, stream: &str, me: ReplicaId) -> Result<sea
             if replica == me {
                 out.sealed = a.sealed.clone();
                 out.since = since;
-            } else if !gone.contains(&replica) {
+            } else if gone.contains(&replica) {
+                out.gone_since.insert(replica, since);
+            } else {
                 out.since_of.insert(replica, since);
             }
             let Some(epochs) = a.epochs else { continue };

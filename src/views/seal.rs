@@ -161,6 +161,11 @@ pub struct Ledger {
     /// contributions to windows whose deadline is at or above it. A seal this node adopts
     /// (one without it) must count every announcer that may hold contributions there.
     pub since_of: BTreeMap<ReplicaId, u64>,
+    /// Decommissioned announcers with the watermark they started from (as in `since_of`). No
+    /// seal made from now on needs to count them, but one made before their removal by a
+    /// member of this node's own set may count their contributions: this node keeps to its
+    /// own set wherever one of them may have contributed ([`Ledger::agreed`]).
+    pub gone_since: BTreeMap<ReplicaId, u64>,
 }
 
 impl Ledger {
@@ -183,6 +188,10 @@ impl Ledger {
             cuts.insert(s.from);
             cuts.insert(s.to);
         }
+        // Where another announcer started applying, whether a set leaves out a possible
+        // contributor changes: a piece never straddles it either.
+        cuts.extend(self.since_of.values().copied());
+        cuts.extend(self.gone_since.values().copied());
         let cuts: Vec<u64> = cuts.into_iter().collect();
         let mut fresh = Vec::new();
         for w in cuts.windows(2) {
@@ -264,8 +273,24 @@ impl Ledger {
         // Below `since` this node contributed nothing: a set that counts it (its own epochs
         // over deadlines it never applied to, e.g. a restored copy that removed its lost
         // cluster and vouched over itself alone) gives the window without the contributions
-        // an agreeing seal of its cluster counts, and that seal was reported final there.
-        adoptable.or(mine)
+        // an agreeing seal of its cluster counts, and that seal was reported final there. But
+        // where another member of its own set may have contributed (removed since or not),
+        // that member seals its own set: this node keeps to it too.
+        match (adoptable, mine) {
+            (Some(_), Some(m)) if self.others_may_have_contributed(m, d) => Some(m),
+            (a, m) => a.or(m),
+        }
+    }
+
+    /// Whether a member of `set` other than this node may hold contributions to deadline
+    /// `d`: it started applying at or below `d`, or its start is unknown here.
+    fn others_may_have_contributed(&self, set: &[ReplicaId], d: u64) -> bool {
+        set.iter().filter(|x| **x != self.me).any(|x| {
+            self.since_of
+                .get(x)
+                .or_else(|| self.gone_since.get(x))
+                .is_none_or(|since| *since <= d)
+        })
     }
 }
 
@@ -640,6 +665,7 @@ mod tests {
             me: r(1),
             since: 0,
             since_of: BTreeMap::new(),
+            gone_since: BTreeMap::new(),
         }
     }
 
