@@ -130,7 +130,15 @@ fn successors(unknown: &Unknown<'_>, dot: Dot, out: &mut CausalContext) {
     }
 }
 
-/// The encoded bytes a context adds to a piece, about.
+/// The encoded bytes of `ctx` alone (an upper bound of what it adds to a piece).
+fn removals_len(ctx: &CausalContext) -> Result<usize, CodecError> {
+    if ctx.is_empty() {
+        return Ok(0);
+    }
+    codec::encoded_len("context", ctx)
+}
+
+/// The encoded bytes a context adds to a piece, about (an upper estimate).
 fn ctx_bytes(ctx: &CausalContext) -> usize {
     ctx.entries()
         .map(|(_, set)| set.ranges().len().saturating_mul(RANGE_BYTES))
@@ -173,10 +181,10 @@ impl<'a> Pieces<'a> {
         self.bytes = 0;
     }
 
-    /// Adds `entry` (a whole entry or a part) to the current piece, with `retired`: the
-    /// removals that must be applied together with it.
+    /// Adds `entry` (a whole entry or a part, of `size` encoded bytes with `retired`) to the
+    /// current piece, with `retired`: the removals that must be applied together with it.
     fn entry(&mut self, key: &Key, entry: Entry, size: usize, retired: &CausalContext) {
-        self.room(size.saturating_add(ctx_bytes(retired)));
+        self.room(size);
         self.cur.state.ctx.join(&entry.dots());
         self.cur.state.ctx.join(retired);
         let mut store = std::mem::take(&mut self.cur.state.store);
@@ -341,6 +349,7 @@ pub(crate) fn split_delta(
         if size <= budget {
             let w = with(key, entry, true);
             attached.join(&w);
+            let size = size.saturating_add(removals_len(&w)?);
             pieces.entry(key, entry.clone(), size, &w);
         } else {
             let parts = split_entry(entry, size, budget);
@@ -349,6 +358,7 @@ pub(crate) fn split_delta(
                 let part_size = codec::encoded_len("entry", &(key, &part))?;
                 let w = with(key, &part, i + 1 == n);
                 attached.join(&w);
+                let part_size = part_size.saturating_add(removals_len(&w)?);
                 pieces.entry(key, part, part_size, &w);
             }
         }

@@ -122,7 +122,7 @@ struct Stream {
     /// The dots of the transfer's deletable-kind entries (interval-compressed).
     carried_indexed: CausalContext,
     /// The local counter dots the transfer's counters superseded: logged with the counters,
-    /// which are logged after every other entry (see [`RedbStore::log_counters`]).
+    /// which are logged after every other entry (see `RedbStore::log_counters`).
     counter_retired: CausalContext,
     max_ts: Option<Timestamp>,
     run: LogRun,
@@ -449,7 +449,7 @@ impl RedbStore {
     }
 
     /// Logs one batch's inflation without its counters (logged after every other entry of
-    /// the transfer, [`RedbStore::log_counters`]): its deletable entries, each with the dots
+    /// the transfer, `RedbStore::log_counters`): its deletable entries, each with the dots
     /// it retired and the transfer's removals of no known key placed with it
     /// (`split::split_delta`), and its other removals.
     fn log_batch(
