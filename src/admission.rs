@@ -295,6 +295,9 @@ pub fn join_chunk<R: KeyRange>(
     Ok(join.finish(ctx, chunk.last.then_some(&chunk.ctx)))
 }
 
+/// Per key, the local dots a join removed there ([`JoinOutcome::retired`]).
+pub type KeyRemovals = Vec<(Key, CausalContext)>;
+
 /// [`join_chunk`] in steps: one transfer's key space joined range by range (each key in
 /// exactly one range, every range under the same context) and finished once. Joining the
 /// ranges `(None, k1], (k1, k2], ..., (kn, None]` with the entries of each, then finishing
@@ -310,6 +313,9 @@ pub struct RangeJoin {
     /// Every gained dot taken out by [`RangeJoin::take_batch`].
     gained_before: CausalContext,
     changed: ChangedKeys,
+    /// Per key carried since the last [`RangeJoin::take_batch`], the local dots its join
+    /// removed (as [`JoinOutcome::retired`]).
+    retired: Vec<(Key, CausalContext)>,
 }
 
 /// What a [`RangeJoin`] did: the inflation not taken by [`RangeJoin::take_batch`] and every
@@ -320,6 +326,9 @@ pub struct Joined {
     pub inflation: Option<Causal<DotMap<Key, Entry>>>,
     /// The keys whose entries changed.
     pub changed: ChangedKeys,
+    /// Per key, the local dots its join removed and `inflation` does not account for yet
+    /// (as [`JoinOutcome::retired`]).
+    pub retired: KeyRemovals,
 }
 
 impl From<JoinOutcome> for Joined {
@@ -327,6 +336,7 @@ impl From<JoinOutcome> for Joined {
         Self {
             inflation: o.inflation,
             changed: o.changed.into(),
+            retired: o.retired,
         }
     }
 }
@@ -368,11 +378,15 @@ impl RangeJoin {
                 unseen.join(&none, overriding, &none);
             }
             new.join(ctx, theirs, join_ctx);
-            self.infl_ctx.join(&before.diff(&new.dots()));
+            let removed = before.diff(&new.dots());
             let new_opt = (!new.is_bottom()).then_some(&new);
             if new_opt != old.as_ref() {
                 rows.put(&key, old.as_ref(), new_opt)?;
                 self.changed.push(&key);
+            }
+            if !removed.is_empty() {
+                self.infl_ctx.join(&removed);
+                self.retired.push((key.clone(), removed));
             }
             if !unseen.is_bottom() {
                 self.gained.join(&unseen.dots());
@@ -382,17 +396,26 @@ impl RangeJoin {
         Ok(())
     }
 
+    /// The keys whose entries changed so far, in the order they were joined.
+    pub fn changed(&self) -> &ChangedKeys {
+        &self.changed
+    }
+
     /// Takes the inflation of the ranges joined since the last call (`None` when they changed
     /// nothing), so a long transfer can log it piece by piece instead of holding it whole. The
     /// pieces taken and the one [`RangeJoin::finish`] returns join to the inflation of one
     /// whole join.
-    pub fn take_batch(&mut self) -> Option<Causal<DotMap<Key, Entry>>> {
+    ///
+    /// With the inflation: per key it carries, the local dots that key's join removed (its
+    /// retired dots, also in the inflation's context).
+    pub fn take_batch(&mut self) -> Option<(Causal<DotMap<Key, Entry>>, KeyRemovals)> {
         let gained = std::mem::take(&mut self.gained);
         self.gained_before.join(&gained);
         let mut ctx = std::mem::take(&mut self.infl_ctx);
         ctx.join(&gained);
         let store = std::mem::take(&mut self.infl_store);
-        (!store.is_bottom() || !ctx.is_empty()).then_some(Causal { store, ctx })
+        let retired = std::mem::take(&mut self.retired);
+        (!store.is_bottom() || !ctx.is_empty()).then_some((Causal { store, ctx }, retired))
     }
 
     /// Ends the join: the local context gains every dot carried and, for the final chunk
@@ -405,6 +428,7 @@ impl RangeJoin {
             gained,
             gained_before,
             changed,
+            retired,
         } = self;
         infl_ctx.join(&gained);
         ctx.join(&gained_before);
@@ -417,6 +441,10 @@ impl RangeJoin {
             store: infl_store,
             ctx: infl_ctx,
         });
-        Joined { inflation, changed }
+        Joined {
+            inflation,
+            changed,
+            retired,
+        }
     }
 }

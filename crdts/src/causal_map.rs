@@ -783,6 +783,12 @@ pub struct JoinOutcome {
     pub inflation: Option<StoreDelta>,
     /// The keys whose entries changed.
     pub changed: Vec<Key>,
+    /// Per key, the dots of the state's entry the join removed there (for a key the delta
+    /// carries: what its new entry retired; otherwise a removal alone). Every one of them is
+    /// in the inflation's context. A split log record carries a key's retired dots with the
+    /// key's entry, and a key's removal alone in one record (docs/design/write-path.md, "Log
+    /// records").
+    pub retired: Vec<(Key, CausalContext)>,
 }
 
 /// Joins `delta` into the rows and context, in O(|δ|) row accesses (never a scan).
@@ -834,6 +840,7 @@ pub fn join_delta<R: Rows>(
     let mut infl_store: DotMap<Key, Entry> = DotMap::default();
     let mut infl_ctx = delta_ctx.diff(ctx);
     let mut changed = Vec::new();
+    let mut retired: Vec<(Key, CausalContext)> = Vec::new();
     let mut touched: Vec<Key> = Vec::new();
     let child_entries: Vec<(Key, Entry)> = delta_store
         .iter()
@@ -855,7 +862,10 @@ pub fn join_delta<R: Rows>(
             let before = new.dots();
             new.join(ctx, theirs, &delta_ctx);
             let removed = before.diff(&new.dots());
-            infl_ctx.join(&removed);
+            if !removed.is_empty() {
+                infl_ctx.join(&removed);
+                retired.push((key.clone(), removed));
+            }
         } else {
             new.join(ctx, theirs, &delta_ctx);
         }
@@ -881,7 +891,9 @@ pub fn join_delta<R: Rows>(
             let mut new = old.clone();
             let before = new.dots();
             if new.remove_dots(&candidates) > 0 {
-                infl_ctx.join(&before.diff(&new.dots()));
+                let removed = before.diff(&new.dots());
+                infl_ctx.join(&removed);
+                retired.push((key.clone(), removed));
                 let new_opt = (!new.is_bottom()).then_some(&new);
                 rows.put(&key, Some(&old), new_opt)?;
                 changed.push(key);
@@ -893,7 +905,11 @@ pub fn join_delta<R: Rows>(
         store: infl_store,
         ctx: infl_ctx,
     });
-    Ok(JoinOutcome { inflation, changed })
+    Ok(JoinOutcome {
+        inflation,
+        changed,
+        retired,
+    })
 }
 
 /// `store` without the dots of `removed` (entries left empty are dropped).

@@ -9,6 +9,7 @@ use super::transfer_rx_tests::{RECEIVER, SENDER, chunks, mv, set};
 use crate::limits::Limits;
 use crate::model::StateChunk;
 use crate::proto::{Message, PeerId, StateStore, TransferId};
+use std::collections::BTreeMap;
 use tidemark_crdts::{Key, KeyKind, Mutation, ReplicaId};
 
 /// Applies the transfer `all` to `r` staged (streamed) and returns the log seq it started at.
@@ -73,16 +74,15 @@ fn value_of(p: &TestStore, key: &Key) -> Option<tidemark_crdts::Entry> {
         .map(|(_, e)| e)
 }
 
-/// The forwarding fix (`counter_removals`) adds to a batch's record EVERY removal of the
-/// counter's replica below the counter's dot — not only the counter's own older dots. A
-/// removal of an MV register's value that was overwritten (by a dot carried in a later batch)
-/// is then forwarded before the value that overwrote it: a third peer replaying the receiver's
-/// log record by record (as `log_interval` forwards it) loses the key in between — a register
-/// that was written, never deleted, reads as absent (and a watcher sees a delete). The merged
-/// receiver (the old code) logged that removal in the last piece, after every entry.
+/// A counter's record carries every removal of the counter's replica below the counter's dot
+/// that is not known to be another key's (which one was the counter's own is not known to a
+/// receiver that never held them). Were it logged before a later batch, a removal of an MV
+/// register's overwritten value would be forwarded before the value that overwrote it: a
+/// third peer replaying the receiver's log record by record (as `log_interval` forwards it)
+/// would lose the key in between — a register that was written, never deleted, read as
+/// absent. The counters are logged after every other entry of the run, and the register's
+/// old dot goes with its new value (docs/design/write-path.md, "Log records").
 #[test]
-#[ignore = "BUG: counter_removals forwards an MV overwrite's removal in an earlier record than the \
-            overwriting value; a third peer replaying the log sees the register vanish"]
 fn a_counter_batch_does_not_forward_another_keys_overwrite_before_its_value() {
     let mut s = TestStore::new(ReplicaId(1001), Limits::default());
     let zz = mv("zz");
@@ -256,13 +256,9 @@ fn an_empty_transfer_streams_as_the_merged_transfer() {
 }
 
 /// The same removal, in the former (merged) receiver, once its inflation is larger than the
-/// message target: `split::split_delta`'s `counter_removals` (which the streamed join's
-/// [`counter_removals`] copies) puts every lower removal of the counter's replica in the
-/// counter's piece, an MV overwrite's too, before the piece with the value that overwrote it.
-/// Pre-existing (not introduced by the staged receiver), same root cause.
+/// message target: `split::split_delta` logs the counters after every other entry, so the
+/// counter's lower removals never come before the piece with the value that overwrote them.
 #[test]
-#[ignore = "BUG (pre-existing, split_delta): a split inflation forwards an MV overwrite's removal \
-            with a counter piece before the overwriting value"]
 fn a_split_merged_inflation_does_not_forward_another_keys_overwrite_before_its_value() {
     let mut s = TestStore::new(ReplicaId(1001), Limits::default());
     let zz = mv("zz");
@@ -637,18 +633,15 @@ fn first_odd_state(
 }
 
 /// A register overwritten by its own writer (`"x"` then `"y"`): a third peer holds `"x"`, a
-/// fresh receiver gets the state in a transfer of several chunks. The batch logging the
-/// register's new value carries only the new dot, not the dot it retired (that removal is in
-/// the context's piece at the end of the run): a third peer replaying the log one record at a
-/// time (as `log_interval` forwards it) holds BOTH values — a conflict that never existed — until
-/// the last record. docs/design/replication.md: "No entry is ever stored, or logged for
-/// forwarding, without the dots it retired". The merged receiver logged one record (within the
-/// message target); it too splits the same way once the inflation is over the target (see the
-/// next test), so the root cause predates this branch, but the streamed join now cuts every
-/// multi-chunk transfer into records at the sender's chunk boundaries.
+/// fresh receiver gets the state in a transfer of several chunks. Were the batch logging the
+/// register's new value to carry only the new dot and not the dot it retired (leaving that
+/// removal to the context's piece at the end of the run), a third peer replaying the log one
+/// record at a time would hold BOTH values — a conflict that never existed — until the last
+/// record. The receiver never held `"x"`'s dot, so its key is not known to it: the removal
+/// goes with the entry holding its replica's next carried dot (`split::successors`), here the
+/// register's new value. docs/design/replication.md: "No entry is ever stored, or logged for
+/// forwarding, without the dots it retired".
 #[test]
-#[ignore = "BUG: a streamed transfer logs an overwritten register's new value without the dot it \
-            retired; a third peer replaying the log shows a phantom conflict [x, y]"]
 fn a_streamed_transfer_forwards_an_overwrite_with_the_dot_it_retired() {
     let mut s = TestStore::new(ReplicaId(1001), Limits::default());
     let key = mv("b");
@@ -675,11 +668,9 @@ fn a_streamed_transfer_forwards_an_overwrite_with_the_dot_it_retired() {
     );
 }
 
-/// The same phantom conflict from the merged receiver once its inflation is split (over the
-/// message target): `split_delta` puts the removals after every entry. Pre-existing.
+/// The same overwrite from the merged receiver once its inflation is split (over the message
+/// target): no phantom conflict either.
 #[test]
-#[ignore = "BUG (pre-existing, split_delta): a split inflation logs an overwrite's value before \
-            the dot it retired; a third peer shows a phantom conflict"]
 fn a_split_merged_inflation_forwards_an_overwrite_with_the_dot_it_retired() {
     let mut s = TestStore::new(ReplicaId(1001), Limits::default());
     let key = mv("b");
@@ -744,4 +735,167 @@ fn a_large_row_as_the_last_key_streams_as_the_merged_transfer() {
         .expect("rows");
     assert!(all[last_rows].dots.is_some(), "the last rows are a large row's part");
     assert!(all.iter().filter(|c| c.dots.is_some()).count() >= 4);
+}
+
+/// SplitMix64 (replayable with `SEED=`).
+struct Mix(u64);
+
+impl Mix {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) % n.max(1)
+    }
+}
+
+/// One random op on one of a few keys of every kind (a refused op, such as removing an
+/// element a set lacks, changes nothing).
+fn random_op(s: &mut TestStore, rng: &mut Mix) {
+    let name = format!("k{}", rng.below(10));
+    let value = |rng: &mut Mix| format!("\"v{}\"", rng.below(6));
+    let op = match rng.below(5) {
+        0 => (
+            Key::new(KeyKind::MvReg, &name),
+            if rng.below(5) == 0 {
+                Mutation::Delete
+            } else {
+                Mutation::Set(value(rng))
+            },
+        ),
+        1 => (
+            Key::new(KeyKind::Lww, &name),
+            if rng.below(5) == 0 {
+                Mutation::Delete
+            } else {
+                Mutation::Set(value(rng))
+            },
+        ),
+        2 => (
+            Key::new(KeyKind::GCounter, &name),
+            Mutation::Inc(1 + rng.below(3)),
+        ),
+        3 => (
+            Key::new(KeyKind::PNCounter, &name),
+            if rng.below(2) == 0 {
+                Mutation::Inc(1 + rng.below(3))
+            } else {
+                Mutation::Dec(1 + rng.below(3))
+            },
+        ),
+        _ => {
+            let element = format!("\"e{}\"", rng.below(4));
+            (
+                Key::new(KeyKind::ORSet, &name),
+                match rng.below(6) {
+                    0 => Mutation::Delete,
+                    1 | 2 => Mutation::Remove(element),
+                    _ => Mutation::Add(element),
+                },
+            )
+        }
+    };
+    let _ = s.apply_local(&[op], WALL);
+}
+
+fn values(entries: Vec<(Key, tidemark_crdts::Entry)>) -> BTreeMap<Key, tidemark_crdts::Value> {
+    entries.into_iter().map(|(k, e)| (k, e.value())).collect()
+}
+
+/// One case of the property below: returns the number of records the join was logged in.
+fn third_peer_case(seed: u64, streamed: bool) -> usize {
+    let mut rng = Mix(seed);
+    let tiny = Limits {
+        message_bytes_target: 400,
+        ..Limits::default()
+    };
+    let mut a = TestStore::new(ReplicaId(1001), Limits::default());
+    let mut b = TestStore::new(ReplicaId(1002), tiny);
+    for _ in 0..80 + rng.below(240) {
+        match rng.below(80) {
+            0 => {
+                let state = a.state();
+                b.apply_remote(SENDER, state, None, WALL)
+                    .expect("store")
+                    .expect("valid");
+            }
+            1 => {
+                let state = b.state();
+                a.apply_remote(RECEIVER, state, None, WALL)
+                    .expect("store")
+                    .expect("valid");
+            }
+            2..=50 => random_op(&mut a, &mut rng),
+            _ => random_op(&mut b, &mut rng),
+        }
+    }
+    // The third peer holds b's state; b joins a's and forwards the run.
+    let mut p = TestStore::new(ReplicaId(1003), Limits::default());
+    let state = b.state();
+    p.apply_remote(RECEIVER, state, None, WALL)
+        .expect("store")
+        .expect("valid");
+    let start_values = values(p.entries());
+    let start = if streamed {
+        let (all, end) = chunks(&mut a, RECEIVER, 400);
+        apply_streamed(&mut b, &a, &all, end)
+    } else {
+        let start = b.log_bounds().1;
+        let state = a.state();
+        b.apply_remote(SENDER, state, None, WALL)
+            .expect("store")
+            .expect("valid");
+        start
+    };
+    let end_values = values(b.entries());
+    let mut record = 0usize;
+    replay(&mut b, start, &mut p, &mut |p| {
+        record += 1;
+        let now = values(p.entries());
+        let keys: std::collections::BTreeSet<&Key> = start_values
+            .keys()
+            .chain(end_values.keys())
+            .chain(now.keys())
+            .collect();
+        for key in keys {
+            let v = now.get(key);
+            assert!(
+                v == start_values.get(key) || v == end_values.get(key),
+                "SEED={seed} streamed {streamed}: after record {record}, {key} reads {v:?}, \
+                 neither its value before the join ({:?}) nor after it ({:?})",
+                start_values.get(key),
+                end_values.get(key)
+            );
+        }
+    });
+    assert_eq!(p.entries(), b.entries(), "SEED={seed} streamed {streamed}");
+    p.verify().expect("third peer invariants");
+    record
+}
+
+/// Property: two replicas with random histories (registers, counters, sets; overwrites,
+/// deletes, concurrent writes, syncs both ways), then one joins the other's state — as a
+/// remote delta or as a streamed transfer — under a tiny message target, so the join is
+/// logged as a run of many records. A third peer holding the receiver's state before the
+/// join replays the receiver's log record by record (`log_interval`, one record per delta):
+/// after every record each key reads its value before the join or after it (values a
+/// replica held), never a key lost in between nor a conflict of an old and a new value, and
+/// at the end the third peer holds the receiver's rows. Seeded: `SEED=<n>` replays one
+/// seed, `SOAK=1` runs 400.
+#[test]
+fn a_third_peer_reads_every_key_at_its_start_or_end_value_after_each_record_of_a_run() {
+    let (first, n) = match std::env::var("SEED").ok().and_then(|s| s.parse().ok()) {
+        Some(seed) => (seed, 1),
+        None => (1, if std::env::var("SOAK").is_ok() { 400 } else { 40 }),
+    };
+    let mut split = 0;
+    for seed in first..first + n {
+        for streamed in [false, true] {
+            if third_peer_case(seed, streamed) > 1 {
+                split += 1;
+            }
+        }
+    }
+    assert!(n == 1 || split > n, "runs of several records: {split} of {}", 2 * n);
 }

@@ -6,7 +6,7 @@ use super::rows::{
     TxnRows, decode_elem, decode_entry, encode_bounded, indexed, open_state_tables, per_element,
     put_set, read_set, set_has_elements,
 };
-use super::split::{split_delta, write_bytes_estimate};
+use super::split::{Retired, split_delta, write_bytes_estimate};
 use super::tables::{
     DEDUP, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, dedup_key, dot_bytes, elem_key,
     key_bytes,
@@ -128,6 +128,9 @@ struct RecordBuilder<'w> {
     /// Every dot of the record's per-op delta contexts besides the record's own fresh dots
     /// (`(first, last]`, each op's `dot`): the dots the ops overwrote or removed.
     dots: Vec<Dot>,
+    /// Where each op's overwritten dots are in `dots` (`start..end`), with its key: a split record carries
+    /// a key's overwritten dots with the key's entry ([`split_delta`]).
+    retired_at: Vec<(usize, usize, Arc<Key>)>,
     /// The record's dedup marks, by `(stream, source)` of the group's writes.
     marks: GroupMap<(&'w str, &'w str), IntervalSet>,
     /// Estimated encoded bytes so far.
@@ -142,6 +145,7 @@ impl<'w> RecordBuilder<'w> {
             last: at,
             keys: Vec::new(),
             dots: Vec::new(),
+            retired_at: Vec::new(),
             marks: GroupMap::default(),
             bytes: 0,
         }
@@ -163,6 +167,7 @@ impl<'w> RecordBuilder<'w> {
             last,
             mut keys,
             mut dots,
+            retired_at,
             marks: record_marks,
             ..
         } = self;
@@ -179,6 +184,12 @@ impl<'w> RecordBuilder<'w> {
             {
                 part.for_each_dot(&mut |d| held.push(d.seq));
                 store.set(Key::clone(key), part);
+            }
+        }
+        let mut by_key: Vec<(Key, CausalContext)> = Vec::with_capacity(retired_at.len());
+        for (start, end, key) in &retired_at {
+            if let Some(ops) = dots.get(*start..*end) {
+                by_key.push((Key::clone(key), ops.iter().copied().collect()));
             }
         }
         dots.sort_unstable();
@@ -209,7 +220,11 @@ impl<'w> RecordBuilder<'w> {
         if delta.is_empty() {
             return Ok((Vec::new(), keys));
         }
-        let pieces = split_delta(delta, target, &keep).map_err(|source| StoreError::Codec {
+        let retired = Retired {
+            by_key,
+            unknown: None,
+        };
+        let pieces = split_delta(delta, target, &keep, &retired).map_err(|source| StoreError::Codec {
             table: "log",
             source,
         })?;
@@ -527,10 +542,14 @@ impl RedbStore {
                         // In place: the join of the op's delta (its context is `dot` plus the
                         // dots it overwrote, all of this key's entry; `rec.dots` gets the latter,
                         // `dot` is in the record's fresh range).
+                        let start = rec.dots.len();
                         let k = rows.apply_local(key, m, dot, ts, own, &mut rec.dots)?;
                         ctx.insert(dot);
                         rec.last = dot.seq;
                         if let Some(k) = k {
+                            if rec.dots.len() > start {
+                                rec.retired_at.push((start, rec.dots.len(), Arc::clone(&k)));
+                            }
                             rec.keys.push(k);
                         }
                     }

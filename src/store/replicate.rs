@@ -6,7 +6,7 @@ use super::big_row::BigRow;
 use super::error::StoreError;
 use super::local::append_log;
 use super::rows::{TxnRows, with_txn_rows};
-use super::split::split_delta;
+use super::split::{Retired, split_delta};
 use super::transfer_stage::LogRun;
 use super::tables::{
     CURSORS, DEDUP, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, META_TRUNCATED,
@@ -178,11 +178,17 @@ impl RedbStore {
             };
             // Logged in pieces within the message target, so forwarding it never needs a
             // message larger than a frame (ARCHITECTURE.md, "size invariants").
+            // Each key's retired dots travel with its entry (write-path.md, "Log records").
+            let retired = Retired {
+                by_key: outcome.retired,
+                unknown: None,
+            };
             pieces.extend(
                 split_delta(
                     delta,
                     self.options.limits.message_bytes_target,
                     &CausalContext::new(),
+                    &retired,
                 )
                 .map_err(codec_err("log"))?,
             );

@@ -401,7 +401,8 @@ pub(crate) fn set_has_elements(elems: &impl BytesTable, key: &Key) -> Result<boo
 /// Whether the dots of `kind`'s entries have dot → key index rows. Counter dots have none:
 /// a counter is never deleted, and a counter dot is only ever removed by a later dot of the
 /// same replica on the same key, which every delta carries together with that removal (the
-/// log's pieces keep them together: [`super::split::split_delta`]), so the join reaches the
+/// log's pieces keep them together, counters after every other entry of a run:
+/// [`super::split::split_delta`]), so the join reaches the
 /// key through the delta's own entry and never needs the index to find it. That saves a
 /// B-tree delete and insert per counter increment.
 pub(crate) fn indexed(kind: KeyKind) -> bool {

@@ -12,15 +12,16 @@
 //! context, with the same validation the merged chunk would get (per batch; a first pass over
 //! the staged chunks checks the contexts, the parts and that no dot is carried twice in the
 //! whole transfer, and collects the dots carried). The inflation is logged batch by batch as
-//! one run of records (`LogRecord::continues`), each counter entry with the removals it
-//! supersedes ([`counter_removals`]), then the context's rest, then the dedup marks page by
+//! one run of records (`LogRecord::continues`), each entry with the dots it retired (the
+//! join's removals on its key; a removal of no known key with the entry holding its replica's
+//! next dot: `split::split_delta`), then the context's rest, then the dedup marks page by
 //! page. Staging is dropped at open, when a new transfer starts, on reject, and by
 //! `reidentify`.
 
 use super::error::StoreError;
 use super::local::append_log_run;
 use super::rows::with_txn_rows;
-use super::split::split_delta;
+use super::split::{Retired, Unknown, split_delta};
 use super::tables::TRANSFER_STAGE;
 use super::RedbStore;
 use crate::admission::{self, Joined, RangeJoin};
@@ -29,7 +30,9 @@ use crate::model::{Delta, Rejected, StateChunk};
 use crate::proto::transfer::{ChunkShape, PartsCheck};
 use crate::proto::{ApplyOutcome, PeerId, TransferId};
 use redb::{ReadableTable, WriteTransaction};
-use tidemark_crdts::{CausalContext, DedupMarks, DotStore, Entry, Key, ReplicaId, Timestamp};
+use tidemark_crdts::{
+    CausalContext, DedupMarks, DotStore, Entry, Key, ReplicaId, Rows, Timestamp,
+};
 
 /// The transfer whose chunks are staged.
 #[derive(Debug)]
@@ -112,8 +115,14 @@ struct Stream {
     /// The upper bound of the ranges joined so far.
     lo: Option<Key>,
     /// Dots of the transfer's context that the local context lacks and no entry of the
-    /// transfer carries: the removals the transfer brings (see [`counter_removals`]).
+    /// transfer carries: the removals the transfer brings whose key this node never knew
+    /// (placed by [`super::split::Unknown`]'s rule).
     removals: CausalContext,
+    /// The dots of the transfer's deletable-kind entries (interval-compressed).
+    carried_indexed: CausalContext,
+    /// The local counter dots the transfer's counters superseded: logged with the counters,
+    /// which are logged after every other entry (see `RedbStore::log_counters`).
+    counter_retired: CausalContext,
     max_ts: Option<Timestamp>,
     run: LogRun,
 }
@@ -236,6 +245,8 @@ impl RedbStore {
             tctx: last.ctx.clone(),
             lo: None,
             removals: CausalContext::new(),
+            carried_indexed: CausalContext::new(),
+            counter_retired: CausalContext::new(),
             max_ts: None,
             run: LogRun::new(self.log_end),
         };
@@ -268,6 +279,7 @@ impl RedbStore {
         let outcome = Joined {
             inflation: None,
             changed,
+            retired: Vec::new(),
         };
         let applied = self.finish_remote(
             txn,
@@ -293,11 +305,12 @@ impl RedbStore {
         last: StateChunk,
         st: &mut Stream,
     ) -> Result<Result<(), Rejected>, StoreError> {
-        let carried = match self.scan_staged(txn, staged, &last, &st.tctx)? {
+        let (carried, indexed) = match self.scan_staged(txn, staged, &last, &st.tctx)? {
             Ok(carried) => carried,
             Err(reason) => return Ok(Err(reason)),
         };
         st.removals = st.tctx.diff(&st.local).diff(&carried);
+        st.carried_indexed = indexed;
         drop(carried);
         let frame_max = self.options.limits.frame_bytes_max;
         let mut check = PartsCheck::default();
@@ -378,8 +391,9 @@ impl RedbStore {
                         marks: fresh,
                     };
                     let target = self.options.limits.message_bytes_target;
-                    let pieces = split_delta(delta, target, &CausalContext::new())
-                        .map_err(stage_err)?;
+                    let pieces =
+                        split_delta(delta, target, &CausalContext::new(), &Retired::default())
+                            .map_err(stage_err)?;
                     let max = self.options.limits.record_bytes_max;
                     st.run.push(txn, origin, pieces, max)?;
                 }
@@ -438,26 +452,161 @@ impl RedbStore {
             join.join_range(rows, local, (lo, hi.as_ref()), entries, tctx)
         })?;
         st.lo = hi;
-        if let Some(mut inflation) = join.take_batch() {
-            counter_removals(&mut inflation, &st.removals);
-            self.log_inflation(txn, origin, inflation, &mut st.run)?;
+        if let Some((inflation, by_key)) = join.take_batch() {
+            self.log_batch(txn, origin, inflation, by_key, st)?;
         }
         Ok(Ok(()))
     }
 
+    /// Logs one batch's inflation without its counters (logged after every other entry of
+    /// the transfer, `RedbStore::log_counters`): its deletable entries, each with the dots
+    /// it retired and the transfer's removals of no known key placed with it
+    /// (`split::split_delta`), and its other removals.
+    fn log_batch(
+        &mut self,
+        txn: &WriteTransaction,
+        origin: PeerId,
+        inflation: tidemark_crdts::causal_map::StoreDelta,
+        mut by_key: Vec<(Key, CausalContext)>,
+        st: &mut Stream,
+    ) -> Result<(), StoreError> {
+        let tidemark_crdts::Causal { store, mut ctx } = inflation;
+        let mut kept = tidemark_crdts::DotMap::default();
+        let mut deferred = CausalContext::new();
+        for (key, entry) in store.iter() {
+            if key.kind.deletable() {
+                kept.set(key.clone(), entry.clone());
+            } else {
+                deferred.join(&entry.dots());
+            }
+        }
+        by_key.retain(|(key, dots)| {
+            if key.kind.deletable() {
+                return true;
+            }
+            st.counter_retired.join(dots);
+            deferred.join(dots);
+            false
+        });
+        if !deferred.is_empty() {
+            ctx = ctx.diff(&deferred);
+        }
+        if kept.is_bottom() && ctx.is_empty() {
+            return Ok(());
+        }
+        let retired = Retired {
+            by_key,
+            unknown: Some(Unknown {
+                removed: &st.removals,
+                carried: &st.carried_indexed,
+            }),
+        };
+        let inflation = tidemark_crdts::Causal { store: kept, ctx };
+        self.log_inflation(txn, origin, inflation, &retired, &mut st.run)
+    }
+
+    /// Logs the transfer's counters, after every other entry (so a counter's piece, which
+    /// carries every lower removed dot of its replica — possibly another key's: which key a
+    /// removal of a dot this node never held belonged to is known nowhere — never retires a
+    /// dot before its key's new entry): each changed counter key's row restricted to the dots
+    /// the local context lacked, read back from the transaction, in pieces within the target.
+    fn log_counters(
+        &mut self,
+        txn: &WriteTransaction,
+        origin: PeerId,
+        keys: &crate::model::ChangedKeys,
+        st: &mut Stream,
+    ) -> Result<(), StoreError> {
+        let target = self.options.limits.message_bytes_target;
+        let max = self.options.limits.record_bytes_max;
+        let mut removals = st.removals.clone();
+        removals.join(&st.counter_retired);
+        let none = CausalContext::new();
+        let retired = Retired {
+            by_key: Vec::new(),
+            unknown: Some(Unknown {
+                removed: &removals,
+                carried: &none,
+            }),
+        };
+        let (local, run) = (&st.local, &mut st.run);
+        // The context the counters' pieces carried.
+        let mut logged = CausalContext::new();
+        let mut flush = |store: &mut tidemark_crdts::DotMap<Key, Entry>,
+                         ctx: &mut CausalContext,
+                         run: &mut LogRun|
+         -> Result<(), StoreError> {
+            if store.is_bottom() {
+                return Ok(());
+            }
+            let delta = Delta {
+                state: tidemark_crdts::Causal {
+                    store: std::mem::take(store),
+                    ctx: std::mem::take(ctx),
+                },
+                marks: DedupMarks::new(),
+            };
+            let pieces = split_delta(delta, target, &none, &retired).map_err(stage_err)?;
+            for p in &pieces {
+                logged.join(&p.state.ctx);
+            }
+            run.push(txn, origin, pieces, max)
+        };
+        with_txn_rows(txn, max, |rows| {
+            let mut store = tidemark_crdts::DotMap::default();
+            let mut ctx = CausalContext::new();
+            let mut bytes = 0usize;
+            for key in keys.iter().filter(|k| !k.kind.deletable()) {
+                let Some(row) = rows.get(&key)? else {
+                    continue;
+                };
+                let unseen = row.unseen_by(local);
+                if unseen.is_bottom() {
+                    continue;
+                }
+                let size = codec::encoded_len("entry", &(&key, &unseen)).map_err(stage_err)?;
+                if bytes > 0 && bytes.saturating_add(size) > target / 2 {
+                    flush(&mut store, &mut ctx, run)?;
+                    bytes = 0;
+                }
+                bytes = bytes.saturating_add(size);
+                ctx.join(&unseen.dots());
+                store.set(key, unseen);
+            }
+            flush(&mut store, &mut ctx, run)
+        })?;
+        // A superseded local counter dot no counter piece carried (input no correct replica
+        // builds: a counter dot retired by no later dot of its replica) is still logged.
+        let left = st.counter_retired.diff(&logged);
+        if !left.is_empty() {
+            let delta = Delta {
+                state: tidemark_crdts::Causal {
+                    store: tidemark_crdts::DotMap::default(),
+                    ctx: left,
+                },
+                marks: DedupMarks::new(),
+            };
+            let pieces = split_delta(delta, target, &none, &Retired::default()).map_err(stage_err)?;
+            st.run.push(txn, origin, pieces, max)?;
+        }
+        Ok(())
+    }
+
     /// The first pass over the transfer (staged chunks `0..staged`, then `last`): every chunk
     /// carries the transfer's context, the large rows' parts are sound, and no dot is carried
-    /// twice (as `validate_chunk` checks within one chunk). Returns every dot carried.
+    /// twice (as `validate_chunk` checks within one chunk). Returns every dot carried, and
+    /// those of deletable-kind entries.
     fn scan_staged(
         &self,
         txn: &WriteTransaction,
         staged: u32,
         last: &StateChunk,
         tctx: &CausalContext,
-    ) -> Result<Result<CausalContext, Rejected>, StoreError> {
+    ) -> Result<Result<(CausalContext, CausalContext), Rejected>, StoreError> {
         let frame_max = self.options.limits.frame_bytes_max;
         let mut check = PartsCheck::default();
         let mut carried = CausalContext::new();
+        let mut indexed = CausalContext::new();
         let mut scan = |chunk: &StateChunk| -> Result<(), Rejected> {
             if chunk.ctx != *tctx {
                 return Err(Rejected::BadChunk(
@@ -467,9 +616,13 @@ impl RedbStore {
             check.next(chunk)?;
             let mut dup = None;
             for (k, e) in &chunk.entries {
+                let deletable = k.kind.deletable();
                 e.for_each_dot(&mut |d| {
                     if d.seq != 0 && !carried.insert(d) && dup.is_none() {
                         dup = Some((d, k.to_string()));
+                    }
+                    if deletable {
+                        indexed.insert(d);
                     }
                 });
             }
@@ -493,7 +646,7 @@ impl RedbStore {
         if let Err(reason) = scan(last) {
             return Ok(Err(reason));
         }
-        Ok(check.finish().map(|()| carried))
+        Ok(check.finish().map(|()| (carried, indexed)))
     }
 
     /// Ends the rows: joins the keys after the last batch (local keys the transfer does not
@@ -527,12 +680,19 @@ impl RedbStore {
         with_txn_rows(txn, max, |rows| {
             join.join_range(rows, local, (lo, None), Vec::new(), tctx)
         })?;
-        if let Some(inflation) = join.take_batch() {
-            self.log_inflation(txn, origin, inflation, &mut st.run)?;
+        if let Some((inflation, by_key)) = join.take_batch() {
+            self.log_batch(txn, origin, inflation, by_key, st)?;
         }
+        self.log_counters(txn, origin, join.changed(), st)?;
         let mut outcome = join.finish(&mut st.ctx, Some(&st.tctx));
         if let Some(inflation) = outcome.inflation.take() {
-            self.log_inflation(txn, origin, inflation, &mut st.run)?;
+            // The transfer's context: the removals not logged with an entry (and, again, those
+            // that were: the run's last record carries the rest of the context).
+            let retired = Retired {
+                by_key: std::mem::take(&mut outcome.retired),
+                unknown: None,
+            };
+            self.log_inflation(txn, origin, inflation, &retired, &mut st.run)?;
         }
         st.outcome = Some(outcome);
         Ok(Ok(()))
@@ -544,6 +704,7 @@ impl RedbStore {
         txn: &WriteTransaction,
         origin: PeerId,
         inflation: tidemark_crdts::causal_map::StoreDelta,
+        retired: &Retired<'_>,
         run: &mut LogRun,
     ) -> Result<(), StoreError> {
         let delta = Delta {
@@ -551,7 +712,8 @@ impl RedbStore {
             marks: DedupMarks::new(),
         };
         let target = self.options.limits.message_bytes_target;
-        let pieces = split_delta(delta, target, &CausalContext::new()).map_err(stage_err)?;
+        let pieces =
+            split_delta(delta, target, &CausalContext::new(), retired).map_err(stage_err)?;
         run.push(txn, origin, pieces, self.options.limits.record_bytes_max)
     }
 }
@@ -575,38 +737,6 @@ pub(crate) fn stage_room(free: u64, staged: u64) -> Result<(), Rejected> {
         });
     }
     Ok(())
-}
-
-/// Adds to a batch's inflation the removals its counter entries supersede: for each counter
-/// dot `(r, n)`, the transfer's removals of `r`'s lower dots. Counter dots have no dot-index
-/// rows, so a peer removes an overwritten counter dot only while joining the counter's own
-/// entry: the piece logging the entry must carry them (as `split_delta` places them next to
-/// the entry when it splits one inflation; a batch is logged before the transfer's context).
-/// `removals` holds no dot any entry of the transfer carries, so no piece's context removes a
-/// dot another piece brings.
-fn counter_removals(
-    inflation: &mut tidemark_crdts::causal_map::StoreDelta,
-    removals: &CausalContext,
-) {
-    if removals.is_empty() {
-        return;
-    }
-    let mut extra = CausalContext::new();
-    for (key, entry) in inflation.store.iter() {
-        if key.kind.deletable() {
-            continue;
-        }
-        entry.for_each_dot(&mut |d| {
-            if d.seq > 1 {
-                extra.join(&removals.intersection(&CausalContext::from_range(
-                    d.replica,
-                    1,
-                    d.seq - 1,
-                )));
-            }
-        });
-    }
-    inflation.ctx.join(&extra);
 }
 
 #[cfg(test)]
