@@ -166,7 +166,7 @@ impl<'w> RecordBuilder<'w> {
             first,
             last,
             mut keys,
-            mut dots,
+            dots,
             retired_at,
             marks: record_marks,
             ..
@@ -186,15 +186,12 @@ impl<'w> RecordBuilder<'w> {
                 store.set(Key::clone(key), part);
             }
         }
-        let mut by_key: Vec<(Key, CausalContext)> = Vec::with_capacity(retired_at.len());
-        for (start, end, key) in &retired_at {
-            if let Some(ops) = dots.get(*start..*end) {
-                by_key.push((Key::clone(key), ops.iter().copied().collect()));
-            }
-        }
-        dots.sort_unstable();
-        dots.dedup();
-        let mut ctx: CausalContext = dots.into_iter().collect();
+        // `dots` stays in op order (`retired_at` points into it) until the record is known
+        // to be split: only then are the per-key removals built (a key and a context per op).
+        let mut sorted = dots.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let mut ctx: CausalContext = sorted.into_iter().collect();
         ctx.join(&fresh);
         // Fresh dots no entry holds (a removal's or delete's own dot) travel with every piece.
         held.sort_unstable();
@@ -219,6 +216,19 @@ impl<'w> RecordBuilder<'w> {
         };
         if delta.is_empty() {
             return Ok((Vec::new(), keys));
+        }
+        let codec_err = |source| StoreError::Codec {
+            table: "log",
+            source,
+        };
+        if codec::encoded_len("log record", &delta).map_err(codec_err)? <= target {
+            return Ok((vec![delta], keys));
+        }
+        let mut by_key: Vec<(Key, CausalContext)> = Vec::with_capacity(retired_at.len());
+        for (start, end, key) in &retired_at {
+            if let Some(ops) = dots.get(*start..*end) {
+                by_key.push((Key::clone(key), ops.iter().copied().collect()));
+            }
         }
         let retired = Retired {
             by_key,
