@@ -545,3 +545,91 @@ fn reidentify_drops_the_staged_chunks() {
     assert!(refused.is_err());
     assert!(r.entries().is_empty());
 }
+
+/// A receiver whose data directory runs short of room refuses the transfer (`NoRoom`) before
+/// the disk fills: the chunks staged so far are dropped, nothing is applied, and the store
+/// still takes writes. Its data directory is a small tmpfs (root only: CI runs as root and sets
+/// `TIDEMARK_REQUIRE_MOUNT`; elsewhere the test says it was skipped).
+#[cfg(unix)]
+#[test]
+fn a_receiver_short_of_disk_refuses_the_transfer_before_the_disk_fills() {
+    use std::process::Command;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mnt = tmp.path().join("small");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    // The staging keeps 256 MiB free besides twice what is staged: about 5 MiB of room.
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=268m", "tmpfs"])
+        .arg(&mnt)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !mounted {
+        assert!(
+            std::env::var_os("TIDEMARK_REQUIRE_MOUNT").is_none(),
+            "cannot mount a tmpfs, and TIDEMARK_REQUIRE_MOUNT is set"
+        );
+        println!("skipped: cannot mount a tmpfs (not root?)");
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(mnt.clone());
+    // A sender with about 12 MiB of rows.
+    let mut s = TestStore::new(ReplicaId(1001), Limits::default());
+    let value = "v".repeat(400);
+    for batch in 0..30 {
+        let ops: Vec<(Key, Mutation)> = (0..1000)
+            .map(|i| (mv(&format!("k{batch:02}-{i:04}")), Mutation::Set(format!("\"{value}\""))))
+            .collect();
+        s.apply_local(&ops, WALL).expect("sender");
+    }
+    let (all, _) = chunks(&mut s, RECEIVER, 1 << 20);
+    assert!(all.len() > 8, "{} chunks", all.len());
+    let id: TransferId = (s.replica_id(), 1, 1);
+    let dir = mnt.join("data");
+    let mut r = RedbStore::open(
+        &dir,
+        OpenOptions {
+            new_replica_id: Some(ReplicaId(1002)),
+            ..OpenOptions::default()
+        },
+    )
+    .expect("open");
+    let ctx = r.ctx().clone();
+    let mut refused = None;
+    for (i, c) in all[..all.len() - 1].iter().enumerate() {
+        let index = u32::try_from(i).expect("index");
+        match r.stage_chunk(SENDER, id, index, c.clone()).expect("store") {
+            Ok(()) => {}
+            Err(reason) => {
+                refused = Some((i, reason));
+                break;
+            }
+        }
+    }
+    let (at, reason) = refused.expect("the staging was refused before the last chunk");
+    assert!(at > 0, "the first chunk fits");
+    assert!(
+        matches!(reason, Rejected::NoRoom { .. }),
+        "refused for room: {reason}"
+    );
+    assert_eq!(r.stats().transfer_staged_bytes, 0, "the staging is dropped");
+    assert_eq!(r.ctx(), &ctx, "nothing applied");
+    let st = rustix::fs::statvfs(&mnt).expect("statvfs");
+    assert!(
+        st.f_bavail.saturating_mul(st.f_frsize) > 200 << 20,
+        "the disk kept its room"
+    );
+    r.commit_local(
+        &[LocalWrite {
+            ops: vec![(mv("after"), Mutation::Set("\"ok\"".into()))],
+            ..LocalWrite::default()
+        }],
+        WALL,
+    )
+    .expect("the store still takes writes");
+}
