@@ -62,6 +62,9 @@ pub(crate) enum Input {
     Shutdown {
         reply: oneshot::Sender<()>,
     },
+    /// Nothing to do: wakes the writer thread so that it plans its next wake-up again (after
+    /// an inline commit set an earlier timer).
+    Wake,
     /// What the network layer reports: links up and down, SWIM liveness, peer messages
     /// (QUIC and in-process peers alike: the writer's one peer path).
     Net(NetEvent),
@@ -104,7 +107,7 @@ pub struct ReplicationStatus {
 }
 
 /// One caller's writes and where to acknowledge them.
-type PendingWrite = (
+pub(crate) type PendingWrite = (
     Vec<LocalWrite>,
     Option<crate::store::BatchFallback>,
     oneshot::Sender<Result<LocalCommit, Error>>,
@@ -112,7 +115,6 @@ type PendingWrite = (
 
 pub(crate) struct Driver {
     pub(crate) store: RedbStore,
-    pub(crate) inputs: Receiver<Input>,
     pub(crate) queued_ops: Arc<AtomicUsize>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) changes: Arc<crate::watch::Feed>,
@@ -154,6 +156,10 @@ pub(crate) struct Driver {
     /// Told each key a remote delta or state chunk changed, after its commit (views audit
     /// sealed windows with it).
     pub(crate) on_remote_change: Option<RemoteChange>,
+    /// When the writer next ticks ([`Driver::on_tick`]: periodic syncs, checkpoints, metrics).
+    pub(crate) next_tick: Instant,
+    /// When the writer thread, asleep on its queue, wakes up by itself.
+    pub(crate) planned_wake: Instant,
 }
 
 /// What the writer calls when the store re-identified at run time: the new id and the
@@ -204,78 +210,194 @@ impl Freer {
 
 pub(crate) use crate::clock::wall_ms;
 
-impl Driver {
-    /// Runs until shutdown or until every sender is gone.
-    pub(crate) fn run(mut self) {
-        // Watchers get values read after each commit, and only when someone watches.
-        self.store.set_change_values(false);
-        let mut next_tick = Instant::now() + self.tick;
+/// The writer's state, shared by the writer thread and by callers that commit a small write
+/// of their own inline ([`Writer::commit_inline`]). Whoever holds the lock drives the store:
+/// there is still exactly one mutator at a time (ARCHITECTURE invariant 5).
+pub(crate) struct Writer {
+    driver: std::sync::Mutex<Option<Driver>>,
+    /// Writes sent to the writer thread's queue and not yet taken by it under the lock: a
+    /// caller commits inline only while this is 0, so writes queued earlier commit earlier.
+    queued_writes: AtomicUsize,
+}
+
+/// What [`Writer::commit_inline`] did.
+pub(crate) enum Inline {
+    /// Committed (the reply was sent); `wake`: the writer thread sleeps past a deadline the
+    /// commit set, and must be woken ([`Input::Wake`]) to keep it.
+    Committed { wake: bool },
+    /// Not committed: the writer is busy, writes are queued, or it is closed. The write is
+    /// handed back, to be queued.
+    Declined(PendingWrite),
+}
+
+impl Writer {
+    pub(crate) fn new(driver: Driver) -> Self {
+        Self {
+            driver: std::sync::Mutex::new(Some(driver)),
+            queued_writes: AtomicUsize::new(0),
+        }
+    }
+
+    /// Notes a write about to be sent to the writer thread's queue (before the send).
+    pub(crate) fn note_queued(&self) {
+        self.queued_writes.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Takes back [`Writer::note_queued`] of a write whose send failed.
+    pub(crate) fn unnote_queued(&self) {
+        self.queued_writes.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Commits `write` on the calling thread when the writer is idle (nobody holds the
+    /// driver and no write waits in the queue), exactly as the writer thread would commit it
+    /// as a group of its own: the reply is sent before this returns. This saves the hand-off
+    /// to the writer thread and back (two thread wake-ups) on a lone small write.
+    pub(crate) fn commit_inline(&self, write: PendingWrite) -> Inline {
+        if self.queued_writes.load(Ordering::Acquire) != 0 {
+            return Inline::Declined(write);
+        }
+        let Ok(mut guard) = self.driver.try_lock() else {
+            return Inline::Declined(write);
+        };
+        // Checked again under the lock: the writer thread takes queued writes only while it
+        // holds it, so 0 here means every write queued before this call has committed.
+        if self.queued_writes.load(Ordering::Acquire) != 0 {
+            return Inline::Declined(write);
+        }
+        let Some(d) = guard.as_mut() else {
+            return Inline::Declined(write);
+        };
+        Metrics::add(&d.metrics.commits_inline, 1);
+        d.commit_and_push(vec![write]);
+        if d.replica_deadline().is_some_and(|t| t <= Instant::now()) {
+            d.drive_timeout();
+        }
+        d.drive_outputs();
+        let wake = d.next_deadline() < d.planned_wake;
+        Inline::Committed { wake }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Driver>> {
+        // A caller that panicked inside a commit poisons the lock; the driver inside is as
+        // the panic left it, which the writer thread's own panic would have left too.
+        self.driver
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The writer thread: runs until shutdown or until every sender is gone, then closes
+    /// the store (drops the driver).
+    pub(crate) fn run(&self, inputs: Receiver<Input>) {
+        {
+            let mut guard = self.lock();
+            let Some(d) = guard.as_mut() else { return };
+            // Watchers get values read after each commit, and only when someone watches.
+            d.store.set_change_values(false);
+            d.next_tick = Instant::now() + d.tick;
+        }
         loop {
-            let now = Instant::now();
-            if now >= next_tick {
-                self.on_tick();
-                next_tick = now + self.tick;
-            }
-            let deadline = self
-                .replica_deadline()
-                .map_or(next_tick, |d| d.min(next_tick));
-            let first = match self
-                .inputs
-                .recv_timeout(deadline.saturating_duration_since(now))
-            {
+            let wait = {
+                let mut guard = self.lock();
+                let Some(d) = guard.as_mut() else { return };
+                let now = Instant::now();
+                if now >= d.next_tick {
+                    d.on_tick();
+                    d.next_tick = now + d.tick;
+                }
+                d.planned_wake = d.next_deadline();
+                d.planned_wake.saturating_duration_since(now)
+            };
+            let received = inputs.recv_timeout(wait);
+            let mut guard = self.lock();
+            let Some(d) = guard.as_mut() else { return };
+            let first = match received {
                 Ok(input) => input,
                 Err(RecvTimeoutError::Timeout) => {
-                    self.drive_timeout();
+                    d.drive_timeout();
                     continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    self.on_tick();
-                    self.keep_watch_end();
+                    d.on_tick();
+                    d.keep_watch_end();
+                    let driver = guard.take();
+                    drop(guard);
+                    drop(driver);
                     return;
                 }
             };
-            let mut writes: Vec<PendingWrite> = Vec::new();
-            let mut others = Vec::new();
-            let mut ops = 0usize;
-            let mut next = Some(first);
-            while let Some(input) = next.take() {
-                match input {
-                    Input::Write {
-                        writes: w,
-                        fallback,
-                        reply,
-                    } => {
-                        ops += w.iter().map(|x| x.ops.len().max(1)).sum::<usize>();
-                        writes.push((w, fallback, reply));
-                    }
-                    other => others.push(other),
-                }
-                if ops < self.group_ops_max {
-                    next = self.inputs.try_recv().ok();
-                }
+            if d.take_inputs(first, &inputs, &self.queued_writes) {
+                let driver = guard.take();
+                drop(guard);
+                drop(driver);
+                return;
             }
-            if !writes.is_empty() {
-                self.commit_group(writes);
-                let now = self.now();
-                let mut served = Served::new(&mut self.store, &mut self.durable);
-                if let Err(e) = self.replica.push_local_commit(now, &mut served) {
-                    tracing::error!(error = %e, "replication storage failure");
+        }
+    }
+}
+
+impl Driver {
+    /// The earliest of the next tick and the replication core's next timer.
+    fn next_deadline(&self) -> Instant {
+        self.replica_deadline()
+            .map_or(self.next_tick, |d| d.min(self.next_tick))
+    }
+
+    /// Handles `first` and whatever else is queued (up to `group_ops_max` ops of writes,
+    /// committed as one group); true on shutdown.
+    fn take_inputs(
+        &mut self,
+        first: Input,
+        inputs: &Receiver<Input>,
+        queued_writes: &AtomicUsize,
+    ) -> bool {
+        let mut writes: Vec<PendingWrite> = Vec::new();
+        let mut others = Vec::new();
+        let mut ops = 0usize;
+        let mut next = Some(first);
+        while let Some(input) = next.take() {
+            match input {
+                Input::Write {
+                    writes: w,
+                    fallback,
+                    reply,
+                } => {
+                    queued_writes.fetch_sub(1, Ordering::AcqRel);
+                    ops += w.iter().map(|x| x.ops.len().max(1)).sum::<usize>();
+                    writes.push((w, fallback, reply));
                 }
+                other => others.push(other),
             }
-            for input in others {
-                if let Input::Shutdown { reply } = input {
-                    // Relaxed mode: make everything acknowledged so far durable before closing.
-                    self.on_tick();
-                    self.keep_watch_end();
-                    let _ = reply.send(());
-                    return;
-                }
-                self.handle(input);
+            if ops < self.group_ops_max {
+                next = inputs.try_recv().ok();
             }
-            if self.replica_deadline().is_some_and(|d| d <= Instant::now()) {
-                self.drive_timeout();
+        }
+        if !writes.is_empty() {
+            self.commit_and_push(writes);
+        }
+        for input in others {
+            if let Input::Shutdown { reply } = input {
+                // Relaxed mode: make everything acknowledged so far durable before closing.
+                self.on_tick();
+                self.keep_watch_end();
+                let _ = reply.send(());
+                return true;
             }
-            self.drive_outputs();
+            self.handle(input);
+        }
+        if self.replica_deadline().is_some_and(|d| d <= Instant::now()) {
+            self.drive_timeout();
+        }
+        self.drive_outputs();
+        false
+    }
+
+    /// Commits `writes` as one group and hands the commit to the replication core.
+    fn commit_and_push(&mut self, writes: Vec<PendingWrite>) {
+        self.commit_group(writes);
+        let now = self.now();
+        let mut served = Served::new(&mut self.store, &mut self.durable);
+        if let Err(e) = self.replica.push_local_commit(now, &mut served) {
+            tracing::error!(error = %e, "replication storage failure");
         }
     }
 
@@ -590,7 +712,7 @@ impl Driver {
 
     fn handle(&mut self, input: Input) {
         match input {
-            Input::Write { .. } | Input::Shutdown { .. } => {}
+            Input::Write { .. } | Input::Shutdown { .. } | Input::Wake => {}
             Input::Net(event) => self.on_net(event),
             Input::SnapshotRead { reply } => {
                 let r = self

@@ -8,6 +8,7 @@ use std::time::Duration;
 #[derive(Debug, Default)]
 pub struct Metrics {
     pub(crate) commits: AtomicU64,
+    pub(crate) commits_inline: AtomicU64,
     pub(crate) commit_groups_ops: AtomicU64,
     pub(crate) commit_group_max: AtomicU64,
     pub(crate) commit_latency_us_sum: AtomicU64,
@@ -84,6 +85,9 @@ impl Default for CommitHistograms {
 pub struct MetricsSnapshot {
     /// Local commit groups committed.
     pub commits: u64,
+    /// Of those, groups of a lone small write committed on its caller's thread because the
+    /// writer was idle (no hand-off to the writer thread and back).
+    pub commits_inline: u64,
     /// Writes (ops or events) carried by those groups: `commit_groups_ops / commits` is the
     /// mean group size.
     pub commit_groups_ops: u64,
@@ -192,6 +196,7 @@ impl Metrics {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         MetricsSnapshot {
             commits: g(&self.commits),
+            commits_inline: g(&self.commits_inline),
             commit_groups_ops: g(&self.commit_groups_ops),
             commit_group_max: g(&self.commit_group_max),
             commit_latency_us_sum: g(&self.commit_latency_us_sum),

@@ -56,6 +56,12 @@ pub struct Removal {
 /// How often a node looks for removals it has not logged yet.
 const REMOVALS_TICK: Duration = Duration::from_millis(500);
 
+/// A caller's writes of at most this many ops commit on its own thread when the writer is
+/// idle ([`Node::enqueue_or_commit`]); larger batches always go to the writer thread (their
+/// commit is long enough that the hand-off does not matter, and a tokio worker is not held
+/// for it).
+const INLINE_OPS_MAX: usize = 64;
+
 /// A node's peer id: stable for a replica id (a wiped node, with a new id, is a new peer).
 fn peer_id_of(replica: ReplicaId) -> PeerId {
     let [hi, lo] = [(replica.0 >> 64) as u64, replica.0 as u64];
@@ -64,6 +70,9 @@ fn peer_id_of(replica: ReplicaId) -> PeerId {
 
 struct Shared {
     inputs: Mutex<Option<Sender<Input>>>,
+    /// The writer's state: the writer thread drives it; a lone small write commits on its
+    /// caller's thread when the writer is idle ([`crate::driver::Writer::commit_inline`]).
+    writer: Arc<crate::driver::Writer>,
     queued_ops: Arc<AtomicUsize>,
     metrics: Arc<Metrics>,
     changes: Arc<Feed>,
@@ -233,7 +242,6 @@ impl Node {
         let durable = crate::driver::DurablePoint::new(&store, relaxed);
         let driver = Driver {
             store,
-            inputs: rx,
             queued_ops: Arc::clone(&queued_ops),
             metrics: Arc::clone(&metrics),
             changes: Arc::clone(&changes),
@@ -260,16 +268,23 @@ impl Node {
                 let views = Arc::clone(&views);
                 Arc::new(move |key: &Key| views.remote_change(key)) as crate::driver::RemoteChange
             }),
+            next_tick: std::time::Instant::now(),
+            planned_wake: std::time::Instant::now(),
         };
+        let writer = Arc::new(crate::driver::Writer::new(driver));
         let thread = std::thread::Builder::new()
             .name("tidemark-writer".into())
-            .spawn(move || driver.run())
+            .spawn({
+                let writer = Arc::clone(&writer);
+                move || writer.run(rx)
+            })
             .map_err(|e| Error::Config(format!("cannot start the writer thread: {e}")))?;
         tracing::info!(%replica, epoch, dir = %config.data_dir.display(), "node open");
         let data_dir = config.data_dir.clone();
         let node = Node {
             shared: Arc::new(Shared {
                 inputs: Mutex::new(Some(tx)),
+                writer,
                 queued_ops,
                 metrics,
                 changes,
@@ -667,7 +682,7 @@ impl Node {
         if writes.is_empty() {
             return Ok(WriteOutcome::default());
         }
-        let rx = self.enqueue(writes)?;
+        let rx = self.enqueue_or_commit(writes)?;
         let commit: LocalCommit = rx.await.map_err(|_| Error::Closed)??;
         let duplicates = commit.duplicate.iter().filter(|d| **d).count();
         let applied = commit.duplicate.len() - duplicates;
@@ -701,6 +716,31 @@ impl Node {
         writes: Vec<LocalWrite>,
         fallback: Option<crate::store::BatchFallback>,
     ) -> Result<oneshot::Receiver<Result<LocalCommit, Error>>, Error> {
+        self.enqueue_inner(writes, fallback, false)
+    }
+
+    /// [`Node::enqueue`] of a caller's own writes, committed on the calling thread when they
+    /// are few and the writer is idle ([`crate::driver::Writer::commit_inline`]: the receiver
+    /// then already holds the commit), on a multi-thread tokio runtime only (the commit's
+    /// `fdatasync` runs in [`tokio::task::block_in_place`], so the runtime's other tasks move
+    /// to another worker meanwhile).
+    fn enqueue_or_commit(
+        &self,
+        writes: Vec<LocalWrite>,
+    ) -> Result<oneshot::Receiver<Result<LocalCommit, Error>>, Error> {
+        let ops: usize = writes.iter().map(|w| w.ops.len().max(1)).sum();
+        let inline = ops <= INLINE_OPS_MAX
+            && tokio::runtime::Handle::try_current()
+                .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        self.enqueue_inner(writes, None, inline)
+    }
+
+    fn enqueue_inner(
+        &self,
+        writes: Vec<LocalWrite>,
+        fallback: Option<crate::store::BatchFallback>,
+        inline: bool,
+    ) -> Result<oneshot::Receiver<Result<LocalCommit, Error>>, Error> {
         let ops: usize = writes.iter().map(|w| w.ops.len().max(1)).sum();
         let limit = self.shared.config.limits.write_queue_ops_max;
         let before = self.shared.queued_ops.fetch_add(ops, Ordering::AcqRel);
@@ -710,11 +750,28 @@ impl Node {
             return Err(Error::Backpressure { queued: before });
         }
         let (reply, rx) = oneshot::channel();
+        let (writes, fallback, reply) = if inline {
+            let writer = &self.shared.writer;
+            match tokio::task::block_in_place(|| writer.commit_inline((writes, fallback, reply))) {
+                crate::driver::Inline::Committed { wake } => {
+                    if wake {
+                        // Best effort: a closed queue means the writer is gone anyway.
+                        let _ = self.send(Input::Wake);
+                    }
+                    return Ok(rx);
+                }
+                crate::driver::Inline::Declined(write) => write,
+            }
+        } else {
+            (writes, fallback, reply)
+        };
+        self.shared.writer.note_queued();
         if let Err(e) = self.send(Input::Write {
             writes,
             fallback,
             reply,
         }) {
+            self.shared.writer.unnote_queued();
             self.shared.queued_ops.fetch_sub(ops, Ordering::AcqRel);
             return Err(e);
         }
@@ -1730,3 +1787,7 @@ impl Drop for BatchGuard {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "node_inline_tests.rs"]
+mod inline_tests;

@@ -441,6 +441,12 @@ pub(crate) fn render(s: &Scrape<'_>, format: Format) -> Result<String, std::fmt:
         ConstCounter::new(n.commits),
     );
     r.register(
+        "commits_inline",
+        "Commit groups of a lone small write committed on its caller's thread while the \
+         writer was idle (part of tidemark_commits)",
+        ConstCounter::new(n.commits_inline),
+    );
+    r.register(
         "commit_group_writes",
         "Writes carried by commit groups (divide by commits for the mean group size)",
         ConstCounter::new(n.commit_groups_ops),

@@ -1,0 +1,112 @@
+//! A caller's lone small write commits on its own thread when the writer is idle
+//! (`driver::Writer::commit_inline`), and never ahead of a write queued before it: the queue's
+//! order is the commit order, whichever thread commits.
+
+use super::Node;
+use crate::config::NodeConfig;
+use crate::ops::Op;
+use tidemark_crdts::{Key, KeyKind, Value};
+
+async fn open(dir: &std::path::Path) -> Node {
+    Node::open(NodeConfig::new(dir)).await.expect("open")
+}
+
+fn lww(node: &Node, key: &str) -> Value {
+    node.get(&Key::new(KeyKind::Lww, key)).expect("get")
+}
+
+/// A write queued for the writer thread (as the node's own writes are: seals, notes,
+/// announcements) and then a caller's lone write of the same register: the caller's must
+/// commit after the queued one, so its value is the one left (LWW: the later commit's
+/// timestamp wins). Were the lone write to commit inline ahead of the queue, the queued value
+/// would be left. 300 rounds, each a new race between the writer thread taking the queued
+/// write and the caller trying to commit inline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_write_never_commits_ahead_of_a_queued_write() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = open(dir.path()).await;
+    let limits = node.config().limits.clone();
+    for i in 0..300u32 {
+        let key = format!("k{}", i % 7);
+        let queued = crate::ops::validate_ops(&[Op::set_lww(&key, format!("queued {i}"))], &limits)
+            .expect("valid");
+        let rx = node.enqueue(queued).expect("enqueue");
+        node.apply(Op::set_lww(&key, format!("lone {i}")))
+            .await
+            .expect("apply");
+        rx.await.expect("reply").expect("commit");
+        assert_eq!(
+            lww(&node, &key),
+            Value::Lww(Some(serde_json::json!(format!("lone {i}")).to_string())),
+            "round {i}: the lone write committed ahead of the queued one"
+        );
+    }
+    node.shutdown().await.expect("shutdown");
+}
+
+/// On a multi-thread runtime, lone writes to an idle node commit on the caller's thread
+/// (counted by `commits_inline`); batches over the inline limit and writes made from a
+/// current-thread runtime (where a blocking commit would stall every task) never do. Every
+/// write is acknowledged and durable either way: the values survive a reopen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lone_small_writes_commit_inline_and_survive_a_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = open(dir.path()).await;
+    let before = node.metrics();
+    for _ in 0..50 {
+        node.apply(Op::inc_gcounter("lone", 1))
+            .await
+            .expect("apply");
+    }
+    let lone = node.metrics();
+    assert_eq!(
+        lone.commits - before.commits,
+        50,
+        "one group per lone write"
+    );
+    // The writer thread also takes the lock for its ticks: a write that meets it busy is
+    // queued instead, so not every one of the 50 need be inline — but some must be.
+    assert!(
+        lone.commits_inline > before.commits_inline,
+        "no lone write committed inline: {lone:?}"
+    );
+    let big: Vec<Op> = (0..super::INLINE_OPS_MAX + 1)
+        .map(|i| Op::inc_gcounter(&format!("b{i}"), 1))
+        .collect();
+    node.apply_batch(big).await.expect("batch");
+    let after_big = node.metrics();
+    assert_eq!(
+        after_big.commits_inline, lone.commits_inline,
+        "a big batch went inline"
+    );
+    node.shutdown().await.expect("shutdown");
+    let node = open(dir.path()).await;
+    assert_eq!(
+        node.get(&Key::new(KeyKind::GCounter, "lone")).expect("get"),
+        Value::GCounter(50)
+    );
+    node.shutdown().await.expect("shutdown");
+}
+
+/// From a current-thread runtime the node never commits on the caller's thread.
+#[test]
+fn a_current_thread_runtime_never_commits_inline() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let node = open(dir.path()).await;
+        for _ in 0..20 {
+            node.apply(Op::inc_gcounter("c", 1)).await.expect("apply");
+        }
+        let m = node.metrics();
+        assert_eq!(m.commits_inline, 0, "{m:?}");
+        assert_eq!(
+            node.get(&Key::new(KeyKind::GCounter, "c")).expect("get"),
+            Value::GCounter(20)
+        );
+        node.shutdown().await.expect("shutdown");
+    });
+}
