@@ -1,7 +1,9 @@
-//! The writer: the only thread that mutates the store (single writer, ARCHITECTURE invariant 5).
+//! The writer: the only mutator of the store (single writer, ARCHITECTURE invariant 5).
 //!
-//! It takes every write waiting in its queue, commits them as one durable transaction (group
-//! commit), and only then acknowledges each caller and publishes the changes to watchers.
+//! Its thread takes every write waiting in its queue, commits them as one durable transaction
+//! (group commit), and only then acknowledges each caller and publishes the changes to
+//! watchers. The driver sits behind one lock ([`Writer`]): a caller's lone small write that
+//! finds the writer idle is committed on the caller's thread, the same way.
 
 use crate::error::Error;
 use crate::metrics::Metrics;
@@ -231,7 +233,12 @@ pub(crate) enum Inline {
 }
 
 impl Writer {
-    pub(crate) fn new(driver: Driver) -> Self {
+    pub(crate) fn new(mut driver: Driver) -> Self {
+        // Watchers get values read after each commit, and only when someone watches. Set
+        // here, before any commit: the first one may be a caller's, before the writer thread
+        // runs.
+        driver.store.set_change_values(false);
+        driver.next_tick = Instant::now() + driver.tick;
         Self {
             driver: std::sync::Mutex::new(Some(driver)),
             queued_writes: AtomicUsize::new(0),
@@ -288,13 +295,6 @@ impl Writer {
     /// The writer thread: runs until shutdown or until every sender is gone, then closes
     /// the store (drops the driver).
     pub(crate) fn run(&self, inputs: Receiver<Input>) {
-        {
-            let mut guard = self.lock();
-            let Some(d) = guard.as_mut() else { return };
-            // Watchers get values read after each commit, and only when someone watches.
-            d.store.set_change_values(false);
-            d.next_tick = Instant::now() + d.tick;
-        }
         loop {
             let wait = {
                 let mut guard = self.lock();

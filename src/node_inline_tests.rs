@@ -110,3 +110,32 @@ fn a_current_thread_runtime_never_commits_inline() {
         node.shutdown().await.expect("shutdown");
     });
 }
+
+/// The first writes after open may commit inline before the writer thread has run at all:
+/// they must publish each change once, as the writer thread's commits do (the store is told
+/// at construction, not by the writer thread, that watchers read values after the commit).
+/// 20 fresh nodes, each watched and written at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_writes_after_open_reach_a_watcher_once_each() {
+    for round in 0..20 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let node = open(dir.path()).await;
+        let mut w = node.watch(crate::watch::KeyFilter::prefix("k"));
+        for _ in 0..3 {
+            node.apply(Op::inc_gcounter("k", 1)).await.expect("apply");
+        }
+        let mut seen = Vec::new();
+        while w.behind().changes > 0 {
+            match tokio::time::timeout(std::time::Duration::from_secs(5), w.next()).await {
+                Ok(Some(crate::watch::WatchEvent::Changed(c))) => seen.push(c.value),
+                other => panic!("round {round}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            seen,
+            (1..=3).map(Value::GCounter).collect::<Vec<_>>(),
+            "round {round}"
+        );
+        node.shutdown().await.expect("shutdown");
+    }
+}
