@@ -33,6 +33,13 @@ pub struct NodeConfig {
     /// (the default) finalizes alone. Two clusters started apart and merged later may each
     /// have sealed windows the other counts differently (ARCHITECTURE.md, "Seals").
     pub joining: bool,
+    /// A caller's lone write of at most 64 ops, on a multi-thread tokio runtime, commits on
+    /// the caller's thread when the writer is idle, instead of being handed to the writer
+    /// thread and back (default on: a single op is acknowledged sooner). The caller's thread
+    /// is then blocked for the commit, `fdatasync` included, so a timeout or `select!` around
+    /// the call cannot fire while the disk stalls and that worker's other tasks wait (idle
+    /// workers steal them). Off: every write goes through the writer thread.
+    pub inline_commits: bool,
 }
 
 impl NodeConfig {
@@ -52,6 +59,7 @@ impl NodeConfig {
             log_retain_entries: 10_000,
             views: Vec::new(),
             joining: false,
+            inline_commits: true,
         }
     }
 }

@@ -220,6 +220,9 @@ pub(crate) struct Writer {
     /// Writes sent to the writer thread's queue and not yet taken by it under the lock: a
     /// caller commits inline only while this is 0, so writes queued earlier commit earlier.
     queued_writes: AtomicUsize,
+    /// The writer thread woke up (an input of any kind, or a timer) and waits for the lock:
+    /// callers then queue instead of committing inline, so it waits for one commit at most.
+    wants_lock: AtomicUsize,
 }
 
 /// What [`Writer::commit_inline`] did.
@@ -227,8 +230,8 @@ pub(crate) enum Inline {
     /// Committed (the reply was sent); `wake`: the writer thread sleeps past a deadline the
     /// commit set, and must be woken ([`Input::Wake`]) to keep it.
     Committed { wake: bool },
-    /// Not committed: the writer is busy, writes are queued, or it is closed. The write is
-    /// handed back, to be queued.
+    /// Not committed: the writer is busy or wants the lock, writes are queued, or it is
+    /// closed. The write is handed back, to be queued.
     Declined(PendingWrite),
 }
 
@@ -242,6 +245,17 @@ impl Writer {
         Self {
             driver: std::sync::Mutex::new(Some(driver)),
             queued_writes: AtomicUsize::new(0),
+            wants_lock: AtomicUsize::new(0),
+        }
+    }
+
+    /// Pretends the writer thread waits for the lock (tests: inline commits must then decline).
+    #[cfg(test)]
+    pub(crate) fn set_wants_lock(&self, on: bool) {
+        if on {
+            self.wants_lock.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.wants_lock.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
@@ -256,19 +270,26 @@ impl Writer {
     }
 
     /// Commits `write` on the calling thread when the writer is idle (nobody holds the
-    /// driver and no write waits in the queue), exactly as the writer thread would commit it
-    /// as a group of its own: the reply is sent before this returns. This saves the hand-off
-    /// to the writer thread and back (two thread wake-ups) on a lone small write.
+    /// driver, the writer thread is not waiting for it, and no write waits in the queue),
+    /// exactly as the writer thread would commit it as a group of its own: the reply is sent
+    /// before this returns. This saves the hand-off to the writer thread and back (two thread
+    /// wake-ups) on a lone small write. It blocks the calling thread for the commit (its
+    /// `fdatasync` included).
     pub(crate) fn commit_inline(&self, write: PendingWrite) -> Inline {
-        if self.queued_writes.load(Ordering::Acquire) != 0 {
+        if self.queued_writes.load(Ordering::Acquire) != 0
+            || self.wants_lock.load(Ordering::Acquire) != 0
+        {
             return Inline::Declined(write);
         }
+        // A poisoned lock is left to the writer thread, which closes the store.
         let Ok(mut guard) = self.driver.try_lock() else {
             return Inline::Declined(write);
         };
         // Checked again under the lock: the writer thread takes queued writes only while it
         // holds it, so 0 here means every write queued before this call has committed.
-        if self.queued_writes.load(Ordering::Acquire) != 0 {
+        if self.queued_writes.load(Ordering::Acquire) != 0
+            || self.wants_lock.load(Ordering::Acquire) != 0
+        {
             return Inline::Declined(write);
         }
         let Some(d) = guard.as_mut() else {
@@ -284,31 +305,43 @@ impl Writer {
         Inline::Committed { wake }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Driver>> {
-        // A caller that panicked inside a commit poisons the lock; the driver inside is as
-        // the panic left it, which the writer thread's own panic would have left too.
-        self.driver
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// The driver, for the writer thread. A lock poisoned by a caller that panicked inside an
+    /// inline commit closes the store here (the driver is dropped), as a panic of the writer
+    /// thread itself always did: every later write fails with [`Error::Closed`].
+    fn lock(&self) -> Option<std::sync::MutexGuard<'_, Option<Driver>>> {
+        self.wants_lock.fetch_add(1, Ordering::AcqRel);
+        let locked = self.driver.lock();
+        self.wants_lock.fetch_sub(1, Ordering::AcqRel);
+        match locked {
+            Ok(guard) => Some(guard),
+            Err(poisoned) => {
+                let driver = poisoned.into_inner().take();
+                tracing::error!("a commit panicked; the store is closed");
+                drop(driver);
+                None
+            }
+        }
     }
 
     /// The writer thread: runs until shutdown or until every sender is gone, then closes
     /// the store (drops the driver).
     pub(crate) fn run(&self, inputs: Receiver<Input>) {
+        let Some(mut guard) = self.lock() else { return };
         loop {
-            let wait = {
-                let mut guard = self.lock();
-                let Some(d) = guard.as_mut() else { return };
-                let now = Instant::now();
-                if now >= d.next_tick {
-                    d.on_tick();
-                    d.next_tick = now + d.tick;
-                }
-                d.planned_wake = d.next_deadline();
-                d.planned_wake.saturating_duration_since(now)
-            };
+            let Some(d) = guard.as_mut() else { return };
+            let now = Instant::now();
+            if now >= d.next_tick {
+                d.on_tick();
+                d.next_tick = now + d.tick;
+            }
+            d.planned_wake = d.next_deadline();
+            let wait = d.planned_wake.saturating_duration_since(now);
+            drop(guard);
             let received = inputs.recv_timeout(wait);
-            let mut guard = self.lock();
+            guard = match self.lock() {
+                Some(g) => g,
+                None => return,
+            };
             let Some(d) = guard.as_mut() else { return };
             let first = match received {
                 Ok(input) => input,

@@ -720,16 +720,17 @@ impl Node {
     }
 
     /// [`Node::enqueue`] of a caller's own writes, committed on the calling thread when they
-    /// are few and the writer is idle ([`crate::driver::Writer::commit_inline`]: the receiver
-    /// then already holds the commit), on a multi-thread tokio runtime only (the commit's
-    /// `fdatasync` runs in [`tokio::task::block_in_place`], so the runtime's other tasks move
-    /// to another worker meanwhile).
+    /// are few, the writer is idle and the runtime is a multi-thread tokio runtime
+    /// ([`crate::driver::Writer::commit_inline`]: the receiver then already holds the commit;
+    /// [`NodeConfig::inline_commits`]). The commit blocks this thread; on a current-thread
+    /// runtime it would stall every task, so there the write is always queued.
     fn enqueue_or_commit(
         &self,
         writes: Vec<LocalWrite>,
     ) -> Result<oneshot::Receiver<Result<LocalCommit, Error>>, Error> {
         let ops: usize = writes.iter().map(|w| w.ops.len().max(1)).sum();
-        let inline = ops <= INLINE_OPS_MAX
+        let inline = self.shared.config.inline_commits
+            && ops <= INLINE_OPS_MAX
             && tokio::runtime::Handle::try_current()
                 .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
         self.enqueue_inner(writes, None, inline)
@@ -752,7 +753,7 @@ impl Node {
         let (reply, rx) = oneshot::channel();
         let (writes, fallback, reply) = if inline {
             let writer = &self.shared.writer;
-            match tokio::task::block_in_place(|| writer.commit_inline((writes, fallback, reply))) {
+            match writer.commit_inline((writes, fallback, reply)) {
                 crate::driver::Inline::Committed { wake } => {
                     if wake {
                         // Best effort: a closed queue means the writer is gone anyway.

@@ -139,3 +139,39 @@ async fn the_first_writes_after_open_reach_a_watcher_once_each() {
         node.shutdown().await.expect("shutdown");
     }
 }
+
+/// While the writer thread waits for the lock (it woke for a peer message, a status request,
+/// a timer), callers queue their writes instead of committing inline, so that the writer
+/// waits for one commit at most and is never starved by a caller writing in a loop. With the
+/// flag set, no write commits inline (all are committed by the writer thread); cleared, they
+/// do again. `inline_commits: false` turns the path off altogether.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_yield_to_a_writer_thread_that_wants_the_lock_and_the_path_can_be_turned_off() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = open(dir.path()).await;
+    node.shared.writer.set_wants_lock(true);
+    let before = node.metrics();
+    for _ in 0..20 {
+        node.apply(Op::inc_gcounter("c", 1)).await.expect("apply");
+    }
+    let held = node.metrics();
+    assert_eq!(held.commits - before.commits, 20);
+    assert_eq!(held.commits_inline, before.commits_inline, "{held:?}");
+    node.shared.writer.set_wants_lock(false);
+    for _ in 0..20 {
+        node.apply(Op::inc_gcounter("c", 1)).await.expect("apply");
+    }
+    assert!(node.metrics().commits_inline > held.commits_inline);
+    node.shutdown().await.expect("shutdown");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = NodeConfig::new(dir.path());
+    cfg.inline_commits = false;
+    let node = Node::open(cfg).await.expect("open");
+    for _ in 0..20 {
+        node.apply(Op::inc_gcounter("c", 1)).await.expect("apply");
+    }
+    let m = node.metrics();
+    assert_eq!((m.commits_inline, m.commits >= 20), (0, true), "{m:?}");
+    node.shutdown().await.expect("shutdown");
+}
