@@ -580,7 +580,7 @@ fn plain(s: &ORSet<u64>) -> PlainCausal<'_> {
         .collect();
     PlainCausal {
         store,
-        ctx: &s.state().ctx,
+        ctx: s.context(),
     }
 }
 

@@ -220,14 +220,25 @@ impl<'de> Deserialize<'de> for Dot {
 
 impl<S: Serialize> Serialize for Causal<S> {
     fn serialize<Ser: Serializer>(&self, s: Ser) -> Result<Ser::Ok, Ser::Error> {
-        let mut t = s.serialize_tuple(2)?;
-        // The context holds replica ids, not dots: it is written in full, table or not.
-        t.serialize_element(&self.ctx)?;
-        let scope = TableScope::enter(&self.ctx);
-        t.serialize_element(&self.store)?;
-        drop(scope);
-        t.end()
+        serialize_causal(&self.ctx, &self.store, s)
     }
+}
+
+/// Writes the pair `(ctx, store)` exactly as a [`Causal`] holding them is written, `store`
+/// under `ctx`'s replica table (for types that keep a causal pair in another form, e.g.
+/// [`crate::ORSet`], whose store is written from a sorted view of its table).
+pub(crate) fn serialize_causal<T: Serialize + ?Sized, Ser: Serializer>(
+    ctx: &CausalContext,
+    store: &T,
+    s: Ser,
+) -> Result<Ser::Ok, Ser::Error> {
+    let mut t = s.serialize_tuple(2)?;
+    // The context holds replica ids, not dots: it is written in full, table or not.
+    t.serialize_element(ctx)?;
+    let scope = TableScope::enter(ctx);
+    t.serialize_element(store)?;
+    drop(scope);
+    t.end()
 }
 
 impl<'de, S: Deserialize<'de>> Deserialize<'de> for Causal<S> {

@@ -46,6 +46,7 @@ pub mod context;
 pub mod counter;
 pub mod dot;
 pub mod dotstore;
+mod elem_table;
 pub mod hlc;
 pub mod interval;
 pub mod lww;
