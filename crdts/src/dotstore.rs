@@ -57,6 +57,7 @@ pub struct DotSet(SmallVec<[Dot; 1]>);
 
 impl DotSet {
     /// A set holding one dot (no heap allocation).
+    #[inline]
     pub fn single(dot: Dot) -> Self {
         Self(smallvec::smallvec![dot])
     }
