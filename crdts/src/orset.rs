@@ -86,14 +86,13 @@ impl<E: Ord + Clone + Hash + Debug> ORSet<E> {
     /// # Errors
     /// [`DotsExhausted`] when `replica` has no dot left; the set is unchanged.
     pub fn add(&mut self, replica: ReplicaId, e: E) -> Result<ORSetDelta<E>, DotsExhausted> {
-        let dot = self.ctx.next_dot(replica)?;
+        let dot = self.ctx.issue_dot(replica)?;
         let mut delta_ctx = CausalContext::from_dot(dot);
         if let Some(old) = self.elems.insert(e.clone(), DotSet::single(dot)) {
             old.for_each_dot(&mut |d| {
                 delta_ctx.insert(d);
             });
         }
-        self.ctx.insert(dot);
         Ok(Causal {
             store: DotMap::single(e, DotSet::single(dot)),
             ctx: delta_ctx,
@@ -412,5 +411,33 @@ mod serde_impls {
                 ctx: state.ctx,
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ORSet;
+    use crate::context::{CausalContext, DotsExhausted};
+    use crate::dot::{Dot, ReplicaId};
+    use crate::dotstore::{Causal, DotMap};
+
+    /// The last dot of a replica can be issued; after it, `add` fails and changes nothing, and
+    /// another replica can still add.
+    #[test]
+    fn add_issues_the_last_dot_then_fails_without_change() {
+        let r = ReplicaId(7);
+        let mut s: ORSet<u64> = ORSet::from_state(Causal::new(
+            DotMap::default(),
+            CausalContext::from_dot(Dot::new(r, u64::MAX - 1)),
+        ));
+        let d = s.add(r, 1).expect("the last dot is left");
+        assert_eq!(s.dots_of(&1), vec![Dot::new(r, u64::MAX)]);
+        assert!(d.ctx.contains(&Dot::new(r, u64::MAX)));
+        let before = s.clone();
+        assert_eq!(s.add(r, 2), Err(DotsExhausted { replica: r }));
+        assert_eq!(s, before);
+        assert!(s.context().contains(&Dot::new(r, u64::MAX)) && !s.contains(&2));
+        s.add(ReplicaId(8), 2).expect("another replica has dots");
+        assert_eq!(s.dots_of(&2), vec![Dot::new(ReplicaId(8), 1)]);
     }
 }
