@@ -165,11 +165,38 @@ impl<E: Ord + Clone + Hash + Debug> ORSet<E> {
         self.elems.is_valid()
     }
 
+    /// The empty set, its table hashing under the test seed `seed`.
+    #[cfg(test)]
+    pub(crate) fn with_test_seed(seed: u64) -> Self {
+        Self {
+            elems: ElemTable::with_test_seed(seed),
+            ctx: CausalContext::new(),
+        }
+    }
+
+    /// The table's longest probe (tests).
+    #[cfg(test)]
+    pub(crate) fn max_probe_len(&self) -> usize {
+        self.elems.max_probe_len()
+    }
+
+    /// The table's index length (tests).
+    #[cfg(test)]
+    pub(crate) fn index_slots(&self) -> usize {
+        self.elems.slots()
+    }
+
     /// Joins a delta (or another replica's state).
     pub fn apply(&mut self, delta: ORSetDelta<E>) {
-        let candidates = self.candidates(|| delta.store.iter(), &delta.ctx);
+        let (candidates, missing) = self.candidates(|| delta.store.iter(), &delta.ctx);
         let n = delta.store.len();
-        self.join_entries(delta.store.into_entries(), n, &delta.ctx, &candidates);
+        self.join_entries(
+            delta.store.into_entries(),
+            n,
+            missing,
+            &delta.ctx,
+            &candidates,
+        );
     }
 
     /// Redundancy removal: the part of `delta` that changes this set (as
@@ -217,12 +244,13 @@ impl<E: Ord + Clone + Hash + Debug> ORSet<E> {
 
     /// The dots the join with `(other, other_ctx)` may have to remove from elements `other`
     /// does not hold them under (as `DotMap`'s join computes them): dots both sides have seen
-    /// that `other` does not hold under the same element.
+    /// that `other` does not hold under the same element. With them, the number of `other`'s
+    /// elements this set does not hold, when the pass looked them up (contexts not disjoint).
     fn candidates<'a, I: Iterator<Item = (&'a E, &'a DotSet)>>(
         &self,
         other: impl Fn() -> I,
         other_ctx: &CausalContext,
-    ) -> CausalContext
+    ) -> (CausalContext, Option<usize>)
     where
         E: 'a,
     {
@@ -230,7 +258,7 @@ impl<E: Ord + Clone + Hash + Debug> ORSet<E> {
         if seen_by_both.is_empty() {
             // Disjoint contexts: the other side's dots (all within its context) are all unseen
             // here, so none can be held under another element.
-            return seen_by_both;
+            return (seen_by_both, None);
         }
         let mut other_dots = CausalContext::new();
         for (_, dots) in other() {
@@ -240,22 +268,33 @@ impl<E: Ord + Clone + Hash + Debug> ORSet<E> {
         }
         let mut c = seen_by_both.diff(&other_dots);
         let bottom = DotSet::default();
+        let mut missing = 0;
         for (e, theirs) in other() {
-            theirs.seen_elsewhere(self.elems.get(e).unwrap_or(&bottom), &self.ctx, &mut c);
+            let mine = self.elems.get(e);
+            missing += usize::from(mine.is_none());
+            theirs.seen_elsewhere(mine.unwrap_or(&bottom), &self.ctx, &mut c);
         }
-        c
+        (c, Some(missing))
     }
 
-    /// `self := self ⊔ (entries, other_ctx)` (`n` entries), `candidates` from
-    /// [`Self::candidates`] (the store join of `DotMap`, then the context join).
+    /// `self := self ⊔ (entries, other_ctx)` (`n` entries, `missing` of them not in this set
+    /// when known), `candidates` from [`Self::candidates`] (the store join of `DotMap`, then the
+    /// context join).
+    ///
+    /// Room is reserved only for entries that may be new: `missing` when the candidates pass
+    /// looked them up, all `n` when this set is empty; otherwise the table grows as inserts need
+    /// (reserving all `n` would double the memory of a join with an overlapping set, for good:
+    /// a clone keeps the capacity).
     fn join_entries(
         &mut self,
         entries: impl Iterator<Item = (E, DotSet)>,
         n: usize,
+        missing: Option<usize>,
         other_ctx: &CausalContext,
         candidates: &CausalContext,
     ) {
-        self.elems.reserve(n);
+        let new = missing.unwrap_or(if self.elems.is_empty() { n } else { 0 });
+        self.elems.reserve(new);
         let mut found = 0u64;
         for (e, theirs) in entries {
             if let Some(child) = self.elems.get_mut(&e) {
@@ -316,9 +355,15 @@ impl<E: Ord + Clone + Hash + Debug> Debug for ORSet<E> {
 
 impl<E: Ord + Clone + Hash + Debug> Lattice for ORSet<E> {
     fn join(&mut self, other: Self) {
-        let candidates = self.candidates(|| other.elems.iter(), &other.ctx);
+        let (candidates, missing) = self.candidates(|| other.elems.iter(), &other.ctx);
         let n = other.elems.len();
-        self.join_entries(other.elems.into_entries(), n, &other.ctx, &candidates);
+        self.join_entries(
+            other.elems.into_entries(),
+            n,
+            missing,
+            &other.ctx,
+            &candidates,
+        );
     }
     fn is_bottom(&self) -> bool {
         self.elems.is_empty() && self.ctx.is_empty()
@@ -417,6 +462,7 @@ mod serde_impls {
 #[cfg(test)]
 mod tests {
     use super::ORSet;
+    use crate::Lattice;
     use crate::context::{CausalContext, DotsExhausted};
     use crate::dot::{Dot, ReplicaId};
     use crate::dotstore::{Causal, DotMap};
@@ -439,5 +485,156 @@ mod tests {
         assert!(s.context().contains(&Dot::new(r, u64::MAX)) && !s.contains(&2));
         s.add(ReplicaId(8), 2).expect("another replica has dots");
         assert_eq!(s.dots_of(&2), vec![Dot::new(ReplicaId(8), 1)]);
+    }
+
+    fn built(n: u64) -> ORSet<u64> {
+        let mut s = ORSet::new();
+        for e in 0..n {
+            s.add(ReplicaId(1), e.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                .expect("dots left");
+        }
+        s
+    }
+
+    /// Joining a set with its own clone (or applying its own state) changes nothing, memory
+    /// included: no entry is new, so the index keeps its size (reserving for all the other
+    /// side's entries doubled it, and a clone keeps the capacity).
+    #[test]
+    fn join_with_an_overlapping_set_does_not_grow_the_index() {
+        let mut s = built(20_000);
+        let slots = s.index_slots();
+        let before = s.clone();
+        s.join(before.clone());
+        assert_eq!(s, before);
+        assert_eq!(s.index_slots(), slots, "join with a clone grew the index");
+        s.apply(before.state());
+        assert_eq!(s, before);
+        assert_eq!(
+            s.index_slots(),
+            slots,
+            "applying its own state grew the index"
+        );
+        // Half new: room for the new half only.
+        let mut t = built(20_000);
+        let mut other = built(20_000);
+        for e in 100_000..110_000u64 {
+            other.add(ReplicaId(2), e).expect("dots left");
+        }
+        t.join(other.clone());
+        assert_eq!(t.len(), 30_000);
+        assert_eq!(
+            t.index_slots(),
+            65_536,
+            "the smallest index holding 30k entries"
+        );
+        assert!(t.layout_is_valid());
+        // Into an empty set: exactly the room needed.
+        let mut e: ORSet<u64> = ORSet::new();
+        e.join(other.clone());
+        assert_eq!(e, other);
+        assert!(e.index_slots() == 65_536 && e.layout_is_valid());
+    }
+
+    /// A remote remove delta (context only) takes the removed elements out in place; the set
+    /// equals the causal pair's join.
+    #[test]
+    fn remote_remove_deltas_remove_exactly() {
+        let base = built(5_000);
+        let mut mine = base.clone();
+        let mut theirs = base.clone();
+        let mut reference = base.state();
+        for (i, e) in base
+            .elements()
+            .copied()
+            .collect::<Vec<_>>()
+            .iter()
+            .enumerate()
+        {
+            if i % 97 != 5 {
+                continue;
+            }
+            let d = theirs.remove(e);
+            reference.join(d.clone());
+            mine.apply(d);
+            assert!(mine.layout_is_valid());
+        }
+        assert_eq!(mine.state(), reference);
+        assert_eq!(mine, theirs);
+    }
+
+    /// Sets whose tables hash under different seeds, filled in different orders, are equal,
+    /// hash equally, print and encode identically: the seed shapes only the index.
+    #[test]
+    fn equality_hash_and_encoding_do_not_depend_on_the_seed() {
+        use core::hash::{Hash, Hasher};
+        use std::hash::DefaultHasher;
+        let src = built(3_000);
+        let state = src.state();
+        let mut a: ORSet<u64> = ORSet::with_test_seed(1);
+        a.apply(state.clone());
+        // Reverse order: each element with only its own dots as context, then the whole state.
+        let mut b: ORSet<u64> = ORSet::with_test_seed(0xfeed_f00d);
+        for (e, dots) in state.store.iter().collect::<Vec<_>>().into_iter().rev() {
+            let mut ctx = CausalContext::new();
+            for d in dots.iter() {
+                ctx.insert(*d);
+            }
+            b.apply(Causal {
+                store: DotMap::single(*e, dots.clone()),
+                ctx,
+            });
+        }
+        b.apply(state.clone());
+        for s in [&a, &b] {
+            assert_eq!(*s, src);
+            assert_eq!(src, *s);
+            assert!(s.layout_is_valid());
+        }
+        let h = |s: &ORSet<u64>| {
+            let mut h = DefaultHasher::new();
+            s.hash(&mut h);
+            h.finish()
+        };
+        assert_eq!(h(&a), h(&b));
+        assert_eq!(h(&a), h(&src));
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        assert!(a.elements().eq(b.elements()));
+        #[cfg(feature = "serde")]
+        {
+            let cfg = bincode::config::standard();
+            let ea = bincode::serde::encode_to_vec(&a, cfg).expect("encodes");
+            let eb = bincode::serde::encode_to_vec(&b, cfg).expect("encodes");
+            assert_eq!(ea, eb);
+            assert_eq!(
+                ea,
+                bincode::serde::encode_to_vec(&src, cfg).expect("encodes")
+            );
+        }
+    }
+
+    /// Decoding elements chosen to collide under the former public seed (the HashDoS input,
+    /// as untrusted bytes) builds a table whose probes stay short.
+    #[cfg(feature = "serde")]
+    #[test]
+    fn decoding_chosen_collisions_stays_short() {
+        let mut s = ORSet::new();
+        for e in crate::elem_table::tests::old_seed_collisions(2_000, 8) {
+            s.add(ReplicaId(3), e).expect("dots left");
+        }
+        let cfg = bincode::config::standard();
+        let bytes = bincode::serde::encode_to_vec(&s, cfg).expect("encodes");
+        let (back, _): (ORSet<u64>, usize) =
+            bincode::serde::decode_from_slice(&bytes, cfg).expect("decodes");
+        assert_eq!(back, s);
+        assert!(
+            back.max_probe_len() <= 64,
+            "longest probe {}",
+            back.max_probe_len()
+        );
+        assert!(
+            s.max_probe_len() <= 64,
+            "longest probe {}",
+            s.max_probe_len()
+        );
     }
 }
