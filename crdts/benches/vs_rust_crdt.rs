@@ -218,6 +218,69 @@ fn set_scrambled(c: &mut Criterion) {
     g.finish();
 }
 
+/// Remote removes: another replica removes `REMOTE_RMS` elements of a shared 100k set, one at a
+/// time, and this replica joins each remove delta (a context only, so every join must find
+/// the elements holding the removed dots: a pass over the set) as it arrives.
+const REMOTE_RMS: usize = 20;
+
+fn set_remote_remove(c: &mut Criterion) {
+    let order = scrambled();
+    let victims = &order[..REMOTE_RMS];
+    let ours = ours_add(A, 0..N);
+    let mut remover = ours.clone();
+    let deltas: Vec<_> = victims.iter().map(|e| remover.remove(e)).collect();
+    let theirs = theirs_add(A, 0..N);
+    let mut their_remover = theirs.clone();
+    let ops: Vec<_> = victims
+        .iter()
+        .map(|e| {
+            let ctx = their_remover.contains(e).derive_rm_ctx();
+            let op = their_remover.rm(*e, ctx);
+            their_remover.apply(op.clone());
+            op
+        })
+        .collect();
+    let mut g = c.benchmark_group("set_remote_remove_20_of_100k");
+    g.throughput(Throughput::Elements(REMOTE_RMS as u64));
+    g.bench_function("tidemark", |b| {
+        b.iter_batched(
+            || (ours.clone(), deltas.clone()),
+            |(mut s, ds)| {
+                for d in ds {
+                    s.apply(d);
+                }
+                s
+            },
+            BatchSize::PerIteration,
+        );
+    });
+    g.bench_function("rust-crdt", |b| {
+        b.iter_batched(
+            || (theirs.clone(), ops.clone()),
+            |(mut s, os)| {
+                for op in os {
+                    s.apply(op);
+                }
+                s
+            },
+            BatchSize::PerIteration,
+        );
+    });
+    g.finish();
+    // Same result on both sides.
+    let mut x = ours;
+    for d in deltas {
+        x.apply(d);
+    }
+    let mut y = theirs;
+    for op in ops {
+        y.apply(op);
+    }
+    assert_eq!(x, remover);
+    assert_eq!(x.len(), N as usize - REMOTE_RMS);
+    assert_eq!(y.read().val.len(), N as usize - REMOTE_RMS);
+}
+
 fn set_merge(c: &mut Criterion) {
     let (oa, ob) = (ours_add(A, 0..N), ours_add(B, N / 2..N + N / 2));
     let (ta, tb) = (theirs_add(A, 0..N), theirs_add(B, N / 2..N + N / 2));
@@ -580,7 +643,7 @@ fn plain(s: &ORSet<u64>) -> PlainCausal<'_> {
         .collect();
     PlainCausal {
         store,
-        ctx: &s.state().ctx,
+        ctx: s.context(),
     }
 }
 
@@ -651,7 +714,7 @@ criterion_group! {
         .sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = encoded_sizes, set_add, set_add_at_100k, set_remove, set_scrambled, set_merge, counter_inc,
+    targets = encoded_sizes, set_add, set_add_at_100k, set_remove, set_scrambled, set_remote_remove, set_merge, counter_inc,
         pncounter_inc_dec, counter_merge,
         lww_write, mv_write, set_codec
 }

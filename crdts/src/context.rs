@@ -248,6 +248,25 @@ impl CausalContext {
             .ok_or(DotsExhausted { replica })
     }
 
+    /// Issues `replica`'s next dot and adds it: [`Self::next_dot`] then [`Self::insert`] in
+    /// one lookup of the replica (a mutator's first step).
+    ///
+    /// # Errors
+    /// [`DotsExhausted`] as [`Self::next_dot`]; the context is unchanged.
+    #[inline]
+    pub(crate) fn issue_dot(&mut self, replica: ReplicaId) -> Result<Dot, DotsExhausted> {
+        let seq = match self.find(&replica) {
+            Ok(i) => self.dots.as_mut_slice()[i].1.push_next(),
+            Err(i) => {
+                self.dots
+                    .insert(i, (replica, IntervalSet::from_range(1, 1)));
+                Some(1)
+            }
+        };
+        seq.map(|seq| Dot::new(replica, seq))
+            .ok_or(DotsExhausted { replica })
+    }
+
     /// The largest seq seen from `replica` (0 if none).
     #[inline]
     pub fn max_seq(&self, replica: ReplicaId) -> u64 {

@@ -57,6 +57,7 @@ pub struct DotSet(SmallVec<[Dot; 1]>);
 
 impl DotSet {
     /// A set holding one dot (no heap allocation).
+    #[inline]
     pub fn single(dot: Dot) -> Self {
         Self(smallvec::smallvec![dot])
     }
@@ -763,7 +764,7 @@ impl<K: Ord, S> DotMap<K, S> {
     }
 
     /// The chunked form of entries ascending by key (full chunks).
-    fn from_sorted(entries: impl IntoIterator<Item = (K, S)>) -> Self
+    pub(crate) fn from_sorted(entries: impl IntoIterator<Item = (K, S)>) -> Self
     where
         K: Clone,
     {
@@ -962,7 +963,7 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
         count == self.len
     }
     /// The entries by value, ascending by key.
-    fn into_entries(self) -> impl Iterator<Item = (K, S)> {
+    pub(crate) fn into_entries(self) -> impl Iterator<Item = (K, S)> {
         self.one.map(|b| *b).into_iter().chain(
             self.groups
                 .into_iter()

@@ -115,6 +115,22 @@ impl IntervalSet {
         self.ranges.last().map(|r| r.1)
     }
 
+    /// Adds `max + 1` (1 when empty) by extending the last range, and returns it; `None`, and
+    /// no change, when `u64::MAX` is in the set.
+    #[inline]
+    pub(crate) fn push_next(&mut self) -> Option<u64> {
+        match self.ranges.last_mut() {
+            Some(last) => {
+                last.1 = last.1.checked_add(1)?;
+                Some(last.1)
+            }
+            None => {
+                self.ranges.push((1, 1));
+                Some(1)
+            }
+        }
+    }
+
     /// The contiguous prefix `1..=n` as `n` (0 when 1 is missing): the version-vector part.
     pub fn contiguous_prefix(&self) -> u64 {
         match self.ranges.first() {

@@ -1,8 +1,13 @@
 //! # tidemark-crdts
 //!
 //! Pure delta-state CRDTs over dot stores with a compact causal context: the lattice layer of
-//! Tidemark. No I/O, no async runtime, no clock reads, no randomness: time and replica ids come
-//! in as arguments, so every function here is deterministic.
+//! Tidemark. No I/O, no async runtime, no clock reads: time and replica ids come in as
+//! arguments. Nothing observable depends on randomness: every result, equality, hash, `Debug`
+//! output and encoding is a deterministic function of the inputs. The one random thing is
+//! internal layout: the hash seed of [`ORSet`]'s element table is drawn once per process (from
+//! `std`'s `RandomState`, i.e. the operating system), against chosen-collision (HashDoS)
+//! attacks through untrusted elements; it decides only where entries sit in the table's index,
+//! and the set sorts wherever order is observable.
 //!
 //! ## The model
 //! * A **dot** `(replica, seq)` names one event. A [`CausalContext`] is the set of dots a replica
@@ -46,6 +51,7 @@ pub mod context;
 pub mod counter;
 pub mod dot;
 pub mod dotstore;
+mod elem_table;
 pub mod hlc;
 pub mod interval;
 pub mod lww;

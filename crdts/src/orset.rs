@@ -1,41 +1,48 @@
-//! Add-wins observed-remove set over a `DotMap<E, DotSet>` (`docs/design/principles.md`,
-//! "Types and delta-mutators").
+//! Add-wins observed-remove set (`docs/design/principles.md`, "Types and delta-mutators").
 //!
 //! No tombstones: a removed element's dots live on only in the causal context.
+//!
+//! The state is the causal pair `(DotMap<E, DotSet>, context)` of the design, held in memory as a
+//! hash table of elements (`crate::elem_table`: dense vectors under a flat open-addressing index)
+//! instead of an ordered map, so that an add or remove of an element in any order costs about
+//! one cache line of index plus the entry; wherever order is observable (elements, the state
+//! form, encoding, hashing, `Debug`) the elements are sorted, so everything outside sees exactly
+//! the ordered `DotMap` form. Deltas are that form.
 
 use crate::Lattice;
 use crate::context::{CausalContext, DotsExhausted};
 use crate::dot::{Dot, ReplicaId};
 use crate::dotstore::{Causal, DotMap, DotSet, DotStore};
+use crate::elem_table::ElemTable;
 use core::fmt::Debug;
+use core::hash::Hash;
 
 /// The delta (and state) type of an [`ORSet`].
 pub type ORSetDelta<E> = Causal<DotMap<E, DotSet>>;
 
 /// An add-wins set: an add concurrent with a remove of the same element survives.
-#[derive(Clone, PartialEq, Eq, Hash, Debug)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-// Decoding builds the chunked `DotMap`, whose separators are clones of element keys.
-#[cfg_attr(
-    feature = "serde",
-    serde(bound(deserialize = "E: Ord + Clone + serde::Deserialize<'de>"))
-)]
+///
+/// Elements need `Hash` besides `Ord`: the set finds them by hash and sorts them only where
+/// order is observable. Equality, hashing, `Debug` and the encoding are those of the state
+/// ([`ORSet::state`]): they do not depend on the order operations were applied in.
+#[derive(Clone)]
 pub struct ORSet<E: Ord> {
-    state: Causal<DotMap<E, DotSet>>,
+    /// The store: every element with its (non-empty) dot set.
+    elems: ElemTable<E, DotSet>,
+    /// The causal context.
+    ctx: CausalContext,
 }
 
 impl<E: Ord> Default for ORSet<E> {
     fn default() -> Self {
         Self {
-            state: Causal {
-                store: DotMap::default(),
-                ctx: CausalContext::new(),
-            },
+            elems: ElemTable::default(),
+            ctx: CausalContext::new(),
         }
     }
 }
 
-impl<E: Ord + Clone + Debug> ORSet<E> {
+impl<E: Ord + Clone + Hash + Debug> ORSet<E> {
     /// The empty set.
     pub fn new() -> Self {
         Self::default()
@@ -43,12 +50,34 @@ impl<E: Ord + Clone + Debug> ORSet<E> {
 
     /// Wraps a causal state (e.g. one decoded or built by joins).
     pub fn from_state(state: ORSetDelta<E>) -> Self {
-        Self { state }
+        let mut elems = ElemTable::default();
+        elems.reserve(state.store.len());
+        for (e, dots) in state.store.into_entries() {
+            elems.insert(e, dots);
+        }
+        Self {
+            elems,
+            ctx: state.ctx,
+        }
     }
 
-    /// The causal state (store and context).
-    pub fn state(&self) -> &ORSetDelta<E> {
-        &self.state
+    /// The causal state (store and context), built from the table: elements ascending, every
+    /// element and the context cloned (`O(n log n)`; for tests, debugging and conversions).
+    pub fn state(&self) -> ORSetDelta<E> {
+        Causal {
+            store: DotMap::from_sorted(
+                self.elems
+                    .sorted()
+                    .into_iter()
+                    .map(|(e, d)| (e.clone(), d.clone())),
+            ),
+            ctx: self.ctx.clone(),
+        }
+    }
+
+    /// The causal context: every dot this set has seen.
+    pub fn context(&self) -> &CausalContext {
+        &self.ctx
     }
 
     /// Delta-mutator `add^δ_i(e) = ({e ↦ {d}}, {d} ∪ m(e))`: adds `e` with a fresh dot of
@@ -57,14 +86,13 @@ impl<E: Ord + Clone + Debug> ORSet<E> {
     /// # Errors
     /// [`DotsExhausted`] when `replica` has no dot left; the set is unchanged.
     pub fn add(&mut self, replica: ReplicaId, e: E) -> Result<ORSetDelta<E>, DotsExhausted> {
-        let dot = self.state.ctx.next_dot(replica)?;
+        let dot = self.ctx.issue_dot(replica)?;
         let mut delta_ctx = CausalContext::from_dot(dot);
-        if let Some(old) = self.state.store.replace(e.clone(), DotSet::single(dot)) {
+        if let Some(old) = self.elems.insert(e.clone(), DotSet::single(dot)) {
             old.for_each_dot(&mut |d| {
                 delta_ctx.insert(d);
             });
         }
-        self.state.ctx.insert(dot);
         Ok(Causal {
             store: DotMap::single(e, DotSet::single(dot)),
             ctx: delta_ctx,
@@ -74,7 +102,7 @@ impl<E: Ord + Clone + Debug> ORSet<E> {
     /// Delta-mutator `rmv^δ(e) = ({}, m(e))`: removes the dots of `e` this replica has observed.
     pub fn remove(&mut self, e: &E) -> ORSetDelta<E> {
         let mut delta_ctx = CausalContext::new();
-        if let Some(old) = self.state.store.take(e) {
+        if let Some(old) = self.elems.remove(e) {
             old.for_each_dot(&mut |d| {
                 delta_ctx.insert(d);
             });
@@ -87,8 +115,13 @@ impl<E: Ord + Clone + Debug> ORSet<E> {
 
     /// Delta-mutator `clear^δ = ({}, dots(m))`.
     pub fn clear(&mut self) -> ORSetDelta<E> {
-        let removed = self.state.store.dots();
-        self.state.store = DotMap::default();
+        let mut removed = CausalContext::new();
+        for (_, dots) in self.elems.iter() {
+            dots.for_each_dot(&mut |d| {
+                removed.insert(d);
+            });
+        }
+        self.elems = ElemTable::default();
         Causal {
             store: DotMap::default(),
             ctx: removed,
@@ -97,49 +130,511 @@ impl<E: Ord + Clone + Debug> ORSet<E> {
 
     /// Is `e` in the set?
     pub fn contains(&self, e: &E) -> bool {
-        self.state.store.get(e).is_some()
+        self.elems.get(e).is_some()
     }
 
-    /// The elements, ascending.
+    /// The elements, ascending (sorted on each call: `O(n log n)`).
     pub fn elements(&self) -> impl Iterator<Item = &E> {
-        self.state.store.keys()
+        let mut v: Vec<&E> = self.elems.keys().collect();
+        v.sort_unstable();
+        v.into_iter()
     }
 
     /// Number of elements.
     pub fn len(&self) -> usize {
-        self.state.store.len()
+        self.elems.len()
     }
 
     /// True when the set has no element.
     pub fn is_empty(&self) -> bool {
-        self.state.store.is_empty()
+        self.elems.is_empty()
     }
 
     /// The dots under `e` (for tests and debugging).
     pub fn dots_of(&self, e: &E) -> Vec<Dot> {
-        self.state
-            .store
+        self.elems
             .get(e)
             .map(|s| s.iter().copied().collect())
             .unwrap_or_default()
     }
 
-    /// Joins a delta (or another replica's state).
-    pub fn apply(&mut self, delta: ORSetDelta<E>) {
-        self.state.join(delta);
+    /// True when the element table keeps its layout invariants (index slots one to one with
+    /// the entries, every entry reachable from its home slot, load at most 7/8); property tests
+    /// check this after every operation.
+    pub fn layout_is_valid(&self) -> bool {
+        self.elems.is_valid()
     }
 
-    /// Redundancy removal: the part of `delta` that changes this set.
+    /// The empty set, its table hashing under the test seed `seed`.
+    #[cfg(test)]
+    pub(crate) fn with_test_seed(seed: u64) -> Self {
+        Self {
+            elems: ElemTable::with_test_seed(seed),
+            ctx: CausalContext::new(),
+        }
+    }
+
+    /// The table's longest probe (tests).
+    #[cfg(test)]
+    pub(crate) fn max_probe_len(&self) -> usize {
+        self.elems.max_probe_len()
+    }
+
+    /// The table's index length (tests).
+    #[cfg(test)]
+    pub(crate) fn index_slots(&self) -> usize {
+        self.elems.slots()
+    }
+
+    /// Joins a delta (or another replica's state).
+    pub fn apply(&mut self, delta: ORSetDelta<E>) {
+        let (candidates, missing) = self.candidates(|| delta.store.iter(), &delta.ctx);
+        let n = delta.store.len();
+        self.join_entries(
+            delta.store.into_entries(),
+            n,
+            missing,
+            &delta.ctx,
+            &candidates,
+        );
+    }
+
+    /// Redundancy removal: the part of `delta` that changes this set (as
+    /// [`Causal::inflation`] of the state form gives it).
     pub fn inflation(&self, delta: &ORSetDelta<E>) -> Option<ORSetDelta<E>> {
-        self.state.inflation(delta)
+        // `Causal::inflation` reads our store only through `get` of the delta's elements and one
+        // pass over all our dots: the same steps, with our entries of the delta's elements as
+        // the `mine` store.
+        let mut store = delta.store.unseen_by(&self.ctx);
+        let mut ctx = delta.ctx.diff(&self.ctx);
+        let seen_by_both = delta.ctx.intersection(&self.ctx);
+        if !seen_by_both.is_empty() {
+            let mine = DotMap::from_sorted(
+                delta
+                    .store
+                    .iter()
+                    .filter_map(|(e, _)| Some((e.clone(), self.elems.get(e)?.clone()))),
+            );
+            let overriding = delta.store.overriding(&mine);
+            if !overriding.is_bottom() {
+                ctx.join(&overriding.dots());
+                let none = CausalContext::new();
+                store.join(&none, overriding, &none);
+            }
+            let mut candidates = seen_by_both.diff(&delta.store.dots());
+            delta
+                .store
+                .seen_elsewhere(&mine, &self.ctx, &mut candidates);
+            if !candidates.is_empty() {
+                for (_, dots) in self.elems.iter() {
+                    dots.for_each_dot(&mut |d| {
+                        if candidates.contains(&d) {
+                            ctx.insert(d);
+                        }
+                    });
+                }
+            }
+        }
+        if store.is_bottom() && ctx.is_empty() {
+            None
+        } else {
+            Some(Causal { store, ctx })
+        }
+    }
+
+    /// The dots the join with `(other, other_ctx)` may have to remove from elements `other`
+    /// does not hold them under (as `DotMap`'s join computes them): dots both sides have seen
+    /// that `other` does not hold under the same element. With them, the number of `other`'s
+    /// elements this set does not hold, when the pass looked them up (contexts not disjoint).
+    fn candidates<'a, I: Iterator<Item = (&'a E, &'a DotSet)>>(
+        &self,
+        other: impl Fn() -> I,
+        other_ctx: &CausalContext,
+    ) -> (CausalContext, Option<usize>)
+    where
+        E: 'a,
+    {
+        let seen_by_both = other_ctx.intersection(&self.ctx);
+        if seen_by_both.is_empty() {
+            // Disjoint contexts: the other side's dots (all within its context) are all unseen
+            // here, so none can be held under another element.
+            return (seen_by_both, None);
+        }
+        let mut other_dots = CausalContext::new();
+        for (_, dots) in other() {
+            dots.for_each_dot(&mut |d| {
+                other_dots.insert(d);
+            });
+        }
+        let mut c = seen_by_both.diff(&other_dots);
+        let bottom = DotSet::default();
+        let mut missing = 0;
+        for (e, theirs) in other() {
+            let mine = self.elems.get(e);
+            missing += usize::from(mine.is_none());
+            theirs.seen_elsewhere(mine.unwrap_or(&bottom), &self.ctx, &mut c);
+        }
+        (c, Some(missing))
+    }
+
+    /// `self := self ⊔ (entries, other_ctx)` (`n` entries, `missing` of them not in this set
+    /// when known), `candidates` from [`Self::candidates`] (the store join of `DotMap`, then the
+    /// context join).
+    ///
+    /// Room is reserved only for entries that may be new: `missing` when the candidates pass
+    /// looked them up, all `n` when this set is empty; otherwise the table grows as inserts need
+    /// (reserving all `n` would double the memory of a join with an overlapping set, for good:
+    /// a clone keeps the capacity).
+    fn join_entries(
+        &mut self,
+        entries: impl Iterator<Item = (E, DotSet)>,
+        n: usize,
+        missing: Option<usize>,
+        other_ctx: &CausalContext,
+        candidates: &CausalContext,
+    ) {
+        let new = missing.unwrap_or(if self.elems.is_empty() { n } else { 0 });
+        self.elems.reserve(new);
+        let mut found = 0u64;
+        for (e, theirs) in entries {
+            if let Some(child) = self.elems.get_mut(&e) {
+                if !candidates.is_empty() {
+                    child.for_each_dot(&mut |d| found += u64::from(candidates.contains(&d)));
+                }
+                child.join(&self.ctx, theirs, other_ctx);
+                if child.is_bottom() {
+                    self.elems.remove(&e);
+                }
+            } else {
+                let mut child = DotSet::default();
+                child.join(&self.ctx, theirs, other_ctx);
+                if !child.is_bottom() {
+                    self.elems.insert(e, child);
+                }
+            }
+        }
+        if found < candidates.len() {
+            // Elements the other side named already lost every candidate dot in their join,
+            // so removing the candidates everywhere touches only the ones it did not name.
+            self.elems.retain(|_, child| {
+                child.remove_dots(candidates);
+                !child.is_bottom()
+            });
+        }
+        self.ctx.join(other_ctx);
     }
 }
 
-impl<E: Ord + Clone + Debug> Lattice for ORSet<E> {
+impl<E: Ord + Clone + Hash + Debug> PartialEq for ORSet<E> {
+    fn eq(&self, other: &Self) -> bool {
+        self.elems.len() == other.elems.len()
+            && self.ctx == other.ctx
+            && self
+                .elems
+                .iter()
+                .all(|(e, dots)| other.elems.get(e) == Some(dots))
+    }
+}
+
+impl<E: Ord + Clone + Hash + Debug> Eq for ORSet<E> {}
+
+impl<E: Ord + Clone + Hash + Debug> Hash for ORSet<E> {
+    /// Hashes the state form (elements ascending), so equal sets hash equally.
+    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+        self.state().hash(state);
+    }
+}
+
+impl<E: Ord + Clone + Hash + Debug> Debug for ORSet<E> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ORSet")
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+impl<E: Ord + Clone + Hash + Debug> Lattice for ORSet<E> {
     fn join(&mut self, other: Self) {
-        self.state.join(other.state);
+        let (candidates, missing) = self.candidates(|| other.elems.iter(), &other.ctx);
+        let n = other.elems.len();
+        self.join_entries(
+            other.elems.into_entries(),
+            n,
+            missing,
+            &other.ctx,
+            &candidates,
+        );
     }
     fn is_bottom(&self) -> bool {
-        self.state.is_bottom()
+        self.elems.is_empty() && self.ctx.is_empty()
+    }
+}
+
+/// Serde: exactly what the former derive over `struct ORSet { state: ORSetDelta<E> }` wrote
+/// (the state form, elements ascending), so encodings are unchanged.
+#[cfg(feature = "serde")]
+mod serde_impls {
+    use super::{Causal, DotSet, ElemTable, ORSet};
+    use core::fmt::Debug;
+    use core::hash::Hash;
+    use serde::de::{Deserialize, Deserializer};
+    use serde::ser::{Serialize, SerializeStruct, Serializer};
+
+    /// Entries ascending, written as `DotMap` writes its entries.
+    struct SortedStore<'a, E>(Vec<(&'a E, &'a DotSet)>);
+
+    impl<E: Serialize> Serialize for SortedStore<'_, E> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            struct AsMap<'b, E>(&'b [(&'b E, &'b DotSet)]);
+            impl<E: Serialize> Serialize for AsMap<'_, E> {
+                fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                    s.collect_map(self.0.iter().map(|(e, d)| (*e, *d)))
+                }
+            }
+            s.serialize_newtype_struct("DotMap", &AsMap(&self.0))
+        }
+    }
+
+    /// The state form `Causal { store, ctx }` of a set, written without building it.
+    struct StateView<'a, E: Ord>(&'a ORSet<E>);
+
+    impl<E: Ord + Clone + Hash + Debug + Serialize> Serialize for StateView<'_, E> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            crate::compact::serialize_causal(&self.0.ctx, &SortedStore(self.0.elems.sorted()), s)
+        }
+    }
+
+    impl<E: Ord + Clone + Hash + Debug + Serialize> Serialize for ORSet<E> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let mut st = s.serialize_struct("ORSet", 1)?;
+            st.serialize_field("state", &StateView(self))?;
+            st.end()
+        }
+    }
+
+    /// A store decoded as `DotMap<E, DotSet>` decodes (the same checks: elements strictly
+    /// ascending, no empty dot set, each dot set canonical), into a plain vector: the table is
+    /// built from it directly, without building the ordered map first.
+    struct DecodedStore<E>(Vec<(E, DotSet)>);
+
+    impl<'de, E: Ord + Deserialize<'de>> Deserialize<'de> for DecodedStore<E> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            #[derive(serde::Deserialize)]
+            #[serde(rename = "DotMap")]
+            #[serde(bound = "E: Ord + Deserialize<'de>")]
+            struct Raw<E>(crate::strict_map::StrictMap<E, DotSet>);
+            let entries = Raw::<E>::deserialize(d)?.0.0;
+            if entries.iter().any(|(_, dots)| dots.is_empty()) {
+                return Err(serde::de::Error::custom("dot map holds an empty child"));
+            }
+            Ok(DecodedStore(entries))
+        }
+    }
+
+    impl<'de, E> Deserialize<'de> for ORSet<E>
+    where
+        E: Ord + Clone + Hash + Debug + Deserialize<'de>,
+    {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            // What the former derive over `struct ORSet { state: ORSetDelta<E> }` read (the
+            // `Causal` decoder checks every dot against the context, and that none repeats).
+            #[derive(serde::Deserialize)]
+            #[serde(rename = "ORSet")]
+            #[serde(bound(deserialize = "E: Ord + Deserialize<'de>"))]
+            struct Raw<E> {
+                state: Causal<DecodedStore<E>>,
+            }
+            let state = Raw::<E>::deserialize(d)?.state;
+            let entries = state.store.0;
+            let mut elems = ElemTable::default();
+            elems.reserve(entries.len());
+            for (e, dots) in entries {
+                elems.insert(e, dots);
+            }
+            Ok(ORSet {
+                elems,
+                ctx: state.ctx,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ORSet;
+    use crate::Lattice;
+    use crate::context::{CausalContext, DotsExhausted};
+    use crate::dot::{Dot, ReplicaId};
+    use crate::dotstore::{Causal, DotMap};
+
+    /// The last dot of a replica can be issued; after it, `add` fails and changes nothing, and
+    /// another replica can still add.
+    #[test]
+    fn add_issues_the_last_dot_then_fails_without_change() {
+        let r = ReplicaId(7);
+        let mut s: ORSet<u64> = ORSet::from_state(Causal::new(
+            DotMap::default(),
+            CausalContext::from_dot(Dot::new(r, u64::MAX - 1)),
+        ));
+        let d = s.add(r, 1).expect("the last dot is left");
+        assert_eq!(s.dots_of(&1), vec![Dot::new(r, u64::MAX)]);
+        assert!(d.ctx.contains(&Dot::new(r, u64::MAX)));
+        let before = s.clone();
+        assert_eq!(s.add(r, 2), Err(DotsExhausted { replica: r }));
+        assert_eq!(s, before);
+        assert!(s.context().contains(&Dot::new(r, u64::MAX)) && !s.contains(&2));
+        s.add(ReplicaId(8), 2).expect("another replica has dots");
+        assert_eq!(s.dots_of(&2), vec![Dot::new(ReplicaId(8), 1)]);
+    }
+
+    fn built(n: u64) -> ORSet<u64> {
+        let mut s = ORSet::new();
+        for e in 0..n {
+            s.add(ReplicaId(1), e.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                .expect("dots left");
+        }
+        s
+    }
+
+    /// Joining a set with its own clone (or applying its own state) changes nothing, memory
+    /// included: no entry is new, so the index keeps its size (reserving for all the other
+    /// side's entries doubled it, and a clone keeps the capacity).
+    #[test]
+    fn join_with_an_overlapping_set_does_not_grow_the_index() {
+        let mut s = built(20_000);
+        let slots = s.index_slots();
+        let before = s.clone();
+        s.join(before.clone());
+        assert_eq!(s, before);
+        assert_eq!(s.index_slots(), slots, "join with a clone grew the index");
+        s.apply(before.state());
+        assert_eq!(s, before);
+        assert_eq!(
+            s.index_slots(),
+            slots,
+            "applying its own state grew the index"
+        );
+        // Half new: room for the new half only.
+        let mut t = built(20_000);
+        let mut other = built(20_000);
+        for e in 100_000..110_000u64 {
+            other.add(ReplicaId(2), e).expect("dots left");
+        }
+        t.join(other.clone());
+        assert_eq!(t.len(), 30_000);
+        assert_eq!(
+            t.index_slots(),
+            65_536,
+            "the smallest index holding 30k entries"
+        );
+        assert!(t.layout_is_valid());
+        // Into an empty set: exactly the room needed.
+        let mut e: ORSet<u64> = ORSet::new();
+        e.join(other.clone());
+        assert_eq!(e, other);
+        assert!(e.index_slots() == 65_536 && e.layout_is_valid());
+    }
+
+    /// A remote remove delta (context only) takes the removed elements out in place; the set
+    /// equals the causal pair's join.
+    #[test]
+    fn remote_remove_deltas_remove_exactly() {
+        let base = built(5_000);
+        let mut mine = base.clone();
+        let mut theirs = base.clone();
+        let mut reference = base.state();
+        for (i, e) in base
+            .elements()
+            .copied()
+            .collect::<Vec<_>>()
+            .iter()
+            .enumerate()
+        {
+            if i % 97 != 5 {
+                continue;
+            }
+            let d = theirs.remove(e);
+            reference.join(d.clone());
+            mine.apply(d);
+            assert!(mine.layout_is_valid());
+        }
+        assert_eq!(mine.state(), reference);
+        assert_eq!(mine, theirs);
+    }
+
+    /// Sets whose tables hash under different seeds, filled in different orders, are equal,
+    /// hash equally, print and encode identically: the seed shapes only the index.
+    #[test]
+    fn equality_hash_and_encoding_do_not_depend_on_the_seed() {
+        use core::hash::{Hash, Hasher};
+        use std::hash::DefaultHasher;
+        let src = built(3_000);
+        let state = src.state();
+        let mut a: ORSet<u64> = ORSet::with_test_seed(1);
+        a.apply(state.clone());
+        // Reverse order: each element with only its own dots as context, then the whole state.
+        let mut b: ORSet<u64> = ORSet::with_test_seed(0xfeed_f00d);
+        for (e, dots) in state.store.iter().collect::<Vec<_>>().into_iter().rev() {
+            let mut ctx = CausalContext::new();
+            for d in dots.iter() {
+                ctx.insert(*d);
+            }
+            b.apply(Causal {
+                store: DotMap::single(*e, dots.clone()),
+                ctx,
+            });
+        }
+        b.apply(state.clone());
+        for s in [&a, &b] {
+            assert_eq!(*s, src);
+            assert_eq!(src, *s);
+            assert!(s.layout_is_valid());
+        }
+        let h = |s: &ORSet<u64>| {
+            let mut h = DefaultHasher::new();
+            s.hash(&mut h);
+            h.finish()
+        };
+        assert_eq!(h(&a), h(&b));
+        assert_eq!(h(&a), h(&src));
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        assert!(a.elements().eq(b.elements()));
+        #[cfg(feature = "serde")]
+        {
+            let cfg = bincode::config::standard();
+            let ea = bincode::serde::encode_to_vec(&a, cfg).expect("encodes");
+            let eb = bincode::serde::encode_to_vec(&b, cfg).expect("encodes");
+            assert_eq!(ea, eb);
+            assert_eq!(
+                ea,
+                bincode::serde::encode_to_vec(&src, cfg).expect("encodes")
+            );
+        }
+    }
+
+    /// Decoding elements chosen to collide under the former public seed (the HashDoS input,
+    /// as untrusted bytes) builds a table whose probes stay short.
+    #[cfg(feature = "serde")]
+    #[test]
+    fn decoding_chosen_collisions_stays_short() {
+        let mut s = ORSet::new();
+        for e in crate::elem_table::tests::old_seed_collisions(2_000, 8) {
+            s.add(ReplicaId(3), e).expect("dots left");
+        }
+        let cfg = bincode::config::standard();
+        let bytes = bincode::serde::encode_to_vec(&s, cfg).expect("encodes");
+        let (back, _): (ORSet<u64>, usize) =
+            bincode::serde::decode_from_slice(&bytes, cfg).expect("decodes");
+        assert_eq!(back, s);
+        assert!(
+            back.max_probe_len() <= 64,
+            "longest probe {}",
+            back.max_probe_len()
+        );
+        assert!(
+            s.max_probe_len() <= 64,
+            "longest probe {}",
+            s.max_probe_len()
+        );
     }
 }
