@@ -134,6 +134,11 @@ pub struct StoreStats {
     /// at once (one chunk, or the parts of one large row being put back together), over every
     /// transfer applied: what bounds the receiver's memory, whatever the state's size.
     pub transfer_held_bytes_peak: u64,
+    /// The most elements of a large set an incoming transfer's join held in memory at once
+    /// (a part's, and the local elements it read), over every transfer applied: a set sent
+    /// in parts is joined part by part, so this stays about a part's worth, whatever the
+    /// set's size.
+    pub transfer_held_elems_peak: u64,
 }
 
 /// Options for opening a store.

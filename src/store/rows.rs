@@ -539,4 +539,77 @@ impl KeyRange for TxnRows<'_, '_> {
         }
         Ok(keys)
     }
+
+    fn set_elems_holding(
+        &mut self,
+        key: &Key,
+        seen: &CausalContext,
+        after: Option<Dot>,
+        max: usize,
+    ) -> Result<(Vec<String>, Option<Dot>), StoreError> {
+        set_elems_holding(&*self.dots, key, seen, after, max)
+    }
+
+    fn set_elems(
+        &mut self,
+        key: &Key,
+        names: &[String],
+    ) -> Result<DotMap<String, DotSet>, StoreError> {
+        read_elems(
+            &*self.elems,
+            key,
+            names.iter().map(String::as_str),
+            self.record_bytes_max,
+        )
+    }
+}
+
+/// [`KeyRange::set_elems_holding`] over the dot index `dots_t`: scans the index rows of the
+/// dots of `seen` above `after` (those of every key: a read proportional to the local dots in
+/// `seen`) and keeps the elements of the set `key`, stopping once `max` are named.
+pub(crate) fn set_elems_holding(
+    dots_t: &impl BytesTable,
+    key: &Key,
+    seen: &CausalContext,
+    after: Option<Dot>,
+    max: usize,
+) -> Result<(Vec<String>, Option<Dot>), StoreError> {
+    let prefix = set_prefix(key);
+    let mut names = Vec::new();
+    for (replica, set) in seen.entries() {
+        let from = match after {
+            Some(a) if a.replica > *replica => continue,
+            Some(a) if a.replica == *replica => a.seq.saturating_add(1),
+            _ => 1,
+        };
+        for &(lo, hi) in set.ranges() {
+            if hi < from {
+                continue;
+            }
+            let lo_b = dot_key(*replica, lo.max(from));
+            let hi_b = dot_key(*replica, hi);
+            for item in dots_t
+                .range(lo_b.as_slice()..=hi_b.as_slice())
+                .map_err(StoreError::redb)?
+            {
+                let (k, v) = item.map_err(StoreError::redb)?;
+                let Some(elem) = v.value().strip_prefix(prefix.as_slice()) else {
+                    continue;
+                };
+                let elem = std::str::from_utf8(elem)
+                    .map_err(|_| StoreError::Corrupt("unreadable dot index value".into()))?;
+                names.push(elem.to_owned());
+                if names.len() >= max.max(1) {
+                    let seq = k
+                        .value()
+                        .get(16..24)
+                        .and_then(|b| b.try_into().ok())
+                        .map(u64::from_be_bytes)
+                        .ok_or_else(|| StoreError::Corrupt("unreadable dot index key".into()))?;
+                    return Ok((names, Some(Dot::new(*replica, seq))));
+                }
+            }
+        }
+    }
+    Ok((names, None))
 }

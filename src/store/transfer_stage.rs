@@ -20,7 +20,10 @@
 
 use super::error::StoreError;
 use super::local::append_log_run;
-use super::rows::with_txn_rows;
+use super::rows::{per_element, with_txn_rows};
+use set_parts::SetPart;
+
+mod set_parts;
 use super::split::{Retired, Unknown, split_delta};
 use super::tables::TRANSFER_STAGE;
 use super::RedbStore;
@@ -344,13 +347,35 @@ impl RedbStore {
                 Ok(shape) => shape,
                 Err(reason) => return Ok(Err(reason)),
             };
-            let StateChunk { entries, marks, .. } = chunk;
-            let batch = match shape {
-                ChunkShape::Whole => {
+            let StateChunk {
+                entries,
+                marks,
+                upto,
+                dots,
+                ..
+            } = chunk;
+            let batch = match (shape, upto, dots) {
+                (ChunkShape::Whole, ..) => {
                     self.note_held(bytes);
                     entries
                 }
-                ChunkShape::Part { continuing, closes } => {
+                // A large set: joined part by part, never put back together.
+                (ChunkShape::Part { closes, .. }, Some(key), Some(slice))
+                    if per_element(key.kind) =>
+                {
+                    self.note_held(bytes);
+                    let part = SetPart {
+                        key,
+                        entries,
+                        slice,
+                        closes,
+                    };
+                    if let Err(reason) = self.join_set_part(txn, origin, part, st)? {
+                        return Ok(Err(reason));
+                    }
+                    Vec::new()
+                }
+                (ChunkShape::Part { continuing, closes }, ..) => {
                     row_bytes = row_bytes.saturating_add(bytes);
                     self.note_held(row_bytes);
                     // As `merge_chunks`: disjoint dots, joined under each side's own dots.

@@ -1,0 +1,98 @@
+//! A large set received in parts joined part by part (docs/design/replication.md, "State
+//! transfer"): each part is validated as the merged row would be, then joined into the
+//! element rows under the transfer's context inside its dot slice
+//! ([`admission::RangeJoin::join_set_part`]), so the receiver holds one part (and the local
+//! elements it touches, a window at a time), never the whole set. The result is exactly the
+//! join of the set put back together: an element's join depends only on its own dots, and the
+//! parts' slices cover dot space once.
+
+use super::{RedbStore, Stream};
+use crate::admission;
+use crate::model::{DotSlice, Rejected, StateChunk};
+use crate::proto::PeerId;
+use crate::store::error::StoreError;
+use crate::store::rows::with_txn_rows;
+use redb::WriteTransaction;
+use tidemark_crdts::{DedupMarks, DotMap, Entry, Key};
+
+/// One part of a large set, as staged.
+pub(super) struct SetPart {
+    /// The set's key.
+    pub key: Key,
+    /// The part's entries (the set's part, or none when the slice holds no dot of it).
+    pub entries: Vec<(Key, Entry)>,
+    /// The part's dot slice.
+    pub slice: DotSlice,
+    /// The set's last part.
+    pub closes: bool,
+}
+
+impl RedbStore {
+    /// Joins one part of a large set: the first part first joins the local keys between the
+    /// previous range and the set (as the range ending at the set would), the last part ends
+    /// the set's range; the inflation is logged part by part (`RedbStore::log_batch`), the
+    /// set's removals with its last part.
+    pub(super) fn join_set_part(
+        &mut self,
+        txn: &WriteTransaction,
+        origin: PeerId,
+        part: SetPart,
+        st: &mut Stream,
+    ) -> Result<Result<(), Rejected>, StoreError> {
+        let SetPart {
+            key,
+            entries,
+            slice,
+            closes,
+        } = part;
+        let Some(join) = st.join.as_mut() else {
+            return Ok(Err(Rejected::BadChunk("rows after the transfer's dedup marks")));
+        };
+        // The checks the merged row would get (per element, so per part alike).
+        let probe = StateChunk {
+            after: st.lo.clone(),
+            upto: None,
+            entries,
+            ctx: st.tctx.clone(),
+            marks: DedupMarks::new(),
+            last: false,
+            dots: None,
+        };
+        if let Err(reason) =
+            admission::validate_chunk(&probe, &self.options.limits, self.replica, &st.local)
+        {
+            return Ok(Err(reason));
+        }
+        let mut theirs = DotMap::default();
+        for (k, entry) in probe.entries {
+            match entry {
+                Entry::ORSet(m) if k == key => theirs = m,
+                // `PartsCheck` and the kind check above leave nothing else.
+                _ => return Ok(Err(Rejected::BadChunk("entry outside the chunk's row"))),
+            }
+        }
+        if let Some(keep) = &self.remote_filter {
+            if !keep(&key) {
+                theirs = DotMap::default();
+            }
+        }
+        let slice_ctx = slice.clip(&st.tctx);
+        let max = self.options.limits.record_bytes_max;
+        let (local, tctx, lo) = (&st.local, &st.tctx, st.lo.as_ref());
+        let held = with_txn_rows(txn, max, |rows| {
+            if join.open_set_key() != Some(&key) {
+                join.join_range_before(rows, local, lo, &key, tctx)?;
+            }
+            join.join_set_part(rows, local, &key, theirs, &slice_ctx)
+        })?;
+        self.stats.transfer_held_elems_peak = self.stats.transfer_held_elems_peak.max(held as u64);
+        if closes {
+            join.close_set();
+            st.lo = Some(key);
+        }
+        if let Some((inflation, by_key)) = join.take_batch() {
+            self.log_batch(txn, origin, inflation, by_key, st)?;
+        }
+        Ok(Ok(()))
+    }
+}
