@@ -38,7 +38,7 @@ mod wal_tests;
 #[cfg(test)]
 mod wal_review_tests;
 #[cfg(test)]
-mod test_rng;
+pub(crate) mod test_rng;
 
 pub use counters::Overflow;
 pub(crate) use counters::{counter_state, first_overflow};

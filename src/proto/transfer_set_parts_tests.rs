@@ -1,0 +1,325 @@
+//! A large set received in parts is joined part by part (`RangeJoin::join_set_part`), never
+//! put back together: the result equals the reference join of the whole state at once
+//! (`tidemark_crdts::Store`) and the merged receiver (`merge_chunks` + `apply_chunk`) — rows,
+//! context, changed keys, the log's inflation — whatever the receiver held before (elements
+//! the sender removed, its own elements and removals), the chunk sizes, and an aborted first
+//! try; and the elements held at once stay about a part's worth, whatever the set's size.
+
+use super::tests::{TestStore, WALL};
+use super::transfer::merge_chunks;
+use super::transfer_rx_tests::{RECEIVER, SENDER, chunks, mv, set};
+use crate::admission::SET_PART_WINDOW;
+use crate::limits::Limits;
+use crate::model::{Delta, StateChunk};
+use crate::proto::{ApplyOutcome, StateStore, TransferId};
+use crate::store::test_rng::Rng;
+use tidemark_crdts::{Causal, DotMap, Entry, Key, KeyKind, Mutation, ReplicaId, Store};
+
+fn big() -> Key {
+    Key::new(KeyKind::ORSet, "big")
+}
+
+fn elem(i: u64) -> String {
+    format!("\"e{i:06}\"")
+}
+
+fn add(s: &mut TestStore, names: &[u64]) {
+    if names.is_empty() {
+        return;
+    }
+    let ops: Vec<(Key, Mutation)> = names
+        .iter()
+        .map(|i| (big(), Mutation::Add(elem(*i))))
+        .collect();
+    s.apply_local(&ops, WALL).expect("store");
+}
+
+fn remove(s: &mut TestStore, names: &[u64]) {
+    let present: std::collections::BTreeSet<String> = match s
+        .entries()
+        .into_iter()
+        .find(|(k, _)| *k == big())
+    {
+        Some((_, Entry::ORSet(m))) => m.keys().cloned().collect(),
+        _ => return,
+    };
+    let ops: Vec<(Key, Mutation)> = names
+        .iter()
+        .map(|i| elem(*i))
+        .filter(|e| present.contains(e))
+        .map(|e| (big(), Mutation::Remove(e)))
+        .collect();
+    if !ops.is_empty() {
+        s.apply_local(&ops, WALL).expect("store");
+    }
+}
+
+/// The elements of the large set in `s`.
+fn elements(s: &TestStore) -> Vec<String> {
+    match s.entries().into_iter().find(|(k, _)| *k == big()) {
+        Some((_, Entry::ORSet(m))) => m.keys().cloned().collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Stages `all` but the last chunk and applies the last one.
+fn apply_streamed(r: &mut TestStore, id: TransferId, all: &[StateChunk], end: u64) -> ApplyOutcome {
+    let n = all.len() - 1;
+    for (i, c) in all[..n].iter().enumerate() {
+        let index = u32::try_from(i).expect("index");
+        r.stage_chunk(SENDER, id, index, c.clone())
+            .expect("store")
+            .expect("staged");
+    }
+    let index = u32::try_from(n).expect("index");
+    r.apply_staged(SENDER, id, index, all[n].clone(), Some((id.0, end)), WALL)
+        .expect("store")
+        .expect("valid transfer")
+}
+
+/// The whole transfer as one state (the sender's snapshot: entries and context).
+fn whole(all: &[StateChunk]) -> StateChunk {
+    let mut held = all.to_vec();
+    let last = held.pop().expect("a last chunk");
+    merge_chunks(held, last).expect("valid parts")
+}
+
+/// One seeded case: a sender with a large set (and other keys) that moved on after the
+/// receiver got an early state of it, a receiver with writes of its own to the set, a transfer
+/// cut at a random target. Returns (elements the receiver held that no part carries and the
+/// transfer removes, the set's parts).
+fn case(seed: u64) -> (usize, usize) {
+    let mut rng = Rng(seed);
+    let mut s = TestStore::new(ReplicaId(1001), Limits::default());
+    let n = 150 + rng.below(500);
+    // The set in batches, with other keys' writes in between (dots of other keys inside the
+    // set's slices).
+    let mut next = 0;
+    while next < n {
+        let k = (1 + rng.below(80)).min(n - next);
+        add(&mut s, &(next..next + k).collect::<Vec<_>>());
+        next += k;
+        set(&mut s, &format!("m{}", rng.below(6)), &format!("v{next}"));
+    }
+    let early = s.state();
+    // The receiver: the early state (or nothing), then writes of its own.
+    let knows = rng.below(5) != 0;
+    let mut recv_ops: Vec<(bool, Vec<u64>)> = Vec::new();
+    for _ in 0..rng.below(6) {
+        let names: Vec<u64> = (0..1 + rng.below(40)).map(|_| rng.below(n + 200)).collect();
+        recv_ops.push((rng.below(3) != 0, names));
+    }
+    let receiver = || {
+        let mut r = TestStore::new(ReplicaId(1002), Limits::default());
+        if knows {
+            r.apply_remote(SENDER, early.clone(), None, WALL)
+                .expect("store")
+                .expect("valid");
+        }
+        for (is_add, names) in &recv_ops {
+            let mut names = names.clone();
+            names.sort_unstable();
+            names.dedup();
+            if *is_add {
+                add(&mut r, &names);
+            } else {
+                remove(&mut r, &names);
+            }
+        }
+        set(&mut r, "mine", "local");
+        r
+    };
+    // The sender moves on: removals (elements the receiver holds), re-adds, new elements.
+    for _ in 0..1 + rng.below(6) {
+        let mut names: Vec<u64> = (0..1 + rng.below(60)).map(|_| rng.below(n + 100)).collect();
+        names.sort_unstable();
+        names.dedup();
+        match rng.below(3) {
+            0 => add(&mut s, &names),
+            _ => remove(&mut s, &names),
+        }
+        if rng.below(2) == 0 {
+            s.apply_local(&[(mv(&format!("m{}", rng.below(6))), Mutation::Delete)], WALL)
+                .expect("store");
+        }
+    }
+    let target = 400 + usize::try_from(rng.below(3000)).expect("small");
+    let (all, end) = chunks(&mut s, RECEIVER, target);
+    let parts = all.iter().filter(|c| c.dots.is_some()).count();
+    let one = whole(&all);
+
+    // The reference: the receiver's state joined with the whole transfer at once, in memory.
+    let mut reference = Store::new();
+    let prior = {
+        let mut r = receiver();
+        reference.apply(r.state().state);
+        r
+    };
+    let mut store = DotMap::default();
+    for (k, e) in one.entries.clone() {
+        store.set(k, e);
+    }
+    reference.apply(Causal {
+        store,
+        ctx: one.ctx.clone(),
+    });
+    let sender_elems = elements(&s);
+    let removed_held = elements(&prior)
+        .iter()
+        .filter(|e| !sender_elems.contains(e))
+        .filter(|e| {
+            !matches!(reference.entries().get(&big()), Some(Entry::ORSet(m)) if m.get(*e).is_some())
+        })
+        .count();
+
+    // Streamed (after an aborted first try), and merged.
+    let mut a = receiver();
+    let start = a.log_bounds().1;
+    let before = a.entries();
+    let id: TransferId = (s.replica_id(), 1, 1);
+    let cut = usize::try_from(rng.below(all.len() as u64)).expect("small");
+    for (i, c) in all[..cut].iter().enumerate() {
+        let index = u32::try_from(i).expect("index");
+        a.stage_chunk(SENDER, id, index, c.clone())
+            .expect("store")
+            .expect("staged");
+    }
+    assert_eq!(a.entries(), before, "nothing staged is applied, seed {seed}");
+    // The transfer starts over (a new transfer's first chunk drops the staging).
+    let id: TransferId = (s.replica_id(), 1, 2);
+    let got = apply_streamed(&mut a, id, &all, end);
+    let mut b = receiver();
+    let merged = b
+        .apply_chunk(SENDER, one, Some((s.replica_id(), end)), WALL)
+        .expect("store")
+        .expect("valid transfer");
+
+    let expect: Vec<(Key, Entry)> = reference
+        .entries()
+        .iter()
+        .map(|(k, e)| (k.clone(), e.clone()))
+        .collect();
+    let enc = |v: &Vec<(Key, Entry)>| crate::codec::encode("rows", v).expect("encode");
+    assert_eq!(a.entries(), expect, "rows, seed {seed}");
+    assert_eq!(enc(&a.entries()), enc(&expect), "rows' bytes, seed {seed}");
+    assert_eq!(a.ctx(), reference.context(), "context, seed {seed}");
+    a.verify().expect("streamed invariants");
+    b.verify().expect("merged invariants");
+    assert_eq!(b.entries(), expect, "merged rows, seed {seed}");
+    let sorted = |o: &ApplyOutcome| {
+        let mut v = o.changed.to_vec();
+        v.sort();
+        v
+    };
+    assert_eq!(sorted(&got), sorted(&merged), "changed keys, seed {seed}");
+    assert_eq!(got.inflated, merged.inflated);
+    let log_a = a.log_interval(start, None, usize::MAX).expect("log").delta;
+    let log_b = b.log_interval(start, None, usize::MAX).expect("log").delta;
+    assert_eq!(log_a, log_b, "the same delta is forwarded, seed {seed}");
+    (removed_held, parts)
+}
+
+/// Seeded property: a receiver with random prior state — elements of the large set, some of
+/// them removed on the sender (no part carries them: the transfer's context removes them),
+/// elements and removals of its own — receiving the set in parts cut at random chunk sizes
+/// (after an aborted first try) ends byte for byte with the reference join of the whole state
+/// at once, the same context, `verify` clean, and the merged receiver's changed keys and log.
+#[test]
+fn a_set_joined_part_by_part_equals_the_whole_join() {
+    let seed0 = std::env::var("SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5E7_9A27_u64);
+    println!("set parts: seed = {seed0} (replay with SEED={seed0})");
+    let (mut removed, mut parted) = (0, 0);
+    for i in 0..24 {
+        let seed = seed0.wrapping_add(i);
+        let (r, p) = case(seed);
+        removed += r;
+        parted += usize::from(p >= 2);
+    }
+    assert!(removed > 0, "some held elements were removed by the context alone");
+    println!("{removed} held elements removed by the context alone; {parted} cases in parts");
+    assert!(parted >= 12, "most cases sent the set in parts ({parted})");
+}
+
+/// Memory: a set many parts long (and a receiver holding thousands of its elements the sender
+/// removed, all inside one part's slice) is joined holding at most a part's elements plus a
+/// window of local ones at once, never the set; the chunk bytes held are one chunk's.
+#[test]
+fn a_set_many_parts_long_is_joined_holding_about_one_part() {
+    let mut s = TestStore::new(ReplicaId(1001), Limits::default());
+    let n: u64 = 12_000;
+    add(&mut s, &(0..3_000).collect::<Vec<_>>());
+    let early = s.state();
+    remove(&mut s, &(0..3_000).collect::<Vec<_>>());
+    add(&mut s, &(3_000..n).collect::<Vec<_>>());
+    let mut r = TestStore::new(ReplicaId(1002), Limits::default());
+    r.apply_remote(SENDER, early, None, WALL)
+        .expect("store")
+        .expect("valid");
+    add(&mut r, &[1, 5_000, 20_000]);
+    let prior_state: Delta = r.state();
+
+    let (all, end) = chunks(&mut s, RECEIVER, 16 << 10);
+    let part_elems: Vec<usize> = all
+        .iter()
+        .filter(|c| c.dots.is_some())
+        .map(|c| {
+            c.entries
+                .iter()
+                .map(|(_, e)| match e {
+                    Entry::ORSet(m) => m.len(),
+                    _ => 0,
+                })
+                .sum()
+        })
+        .collect();
+    let max_part = part_elems.iter().copied().max().unwrap_or(0);
+    assert!(part_elems.len() >= 8, "{} parts", part_elems.len());
+    let chunk_max = all
+        .iter()
+        .map(|c| crate::codec::encode("transfer chunk", c).expect("encode").len())
+        .max()
+        .unwrap_or(0);
+
+    let mut reference = Store::new();
+    reference.apply(prior_state.state);
+    let one = whole(&all);
+    let mut store = DotMap::default();
+    for (k, e) in one.entries {
+        store.set(k, e);
+    }
+    reference.apply(Causal {
+        store,
+        ctx: one.ctx,
+    });
+    let id: TransferId = (s.replica_id(), 1, 1);
+    apply_streamed(&mut r, id, &all, end);
+    let expect: Vec<(Key, Entry)> = reference
+        .entries()
+        .iter()
+        .map(|(k, e)| (k.clone(), e.clone()))
+        .collect();
+    assert_eq!(r.entries(), expect);
+    assert_eq!(r.ctx(), reference.context());
+    r.verify().expect("invariants");
+    let got = elements(&r);
+    assert!(!got.contains(&elem(10)), "an element the sender removed is gone");
+    assert!(got.contains(&elem(5_000)) && got.contains(&elem(20_000)));
+
+    let held = usize::try_from(r.stats().transfer_held_elems_peak).expect("peak");
+    let bytes = usize::try_from(r.stats().transfer_held_bytes_peak).expect("peak");
+    eprintln!(
+        "set of {n} elements in {} parts (at most {max_part} elements each): held at most \
+         {held} elements and {bytes} bytes (largest chunk {chunk_max})",
+        part_elems.len()
+    );
+    assert!(held > 0);
+    assert!(
+        held <= max_part + max_part.max(SET_PART_WINDOW),
+        "held {held} elements: more than a part ({max_part}) and a window"
+    );
+    assert!(held * 4 < got.len(), "held {held} of {} elements", got.len());
+    assert!(bytes <= chunk_max, "held {bytes} bytes, more than one chunk ({chunk_max})");
+}
