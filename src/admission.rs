@@ -5,13 +5,16 @@
 //! ([`tidemark_crdts::causal_map::join_delta`]); this module adds what a node needs around it:
 //! validation of untrusted deltas and chunks, and the range-scoped join of state-transfer chunks.
 
+pub use set_parts::{SET_PART_WINDOW, SetRows};
+
 use crate::limits::Limits;
 use crate::model::{ChangedKeys, Delta, Rejected, StateChunk};
 use tidemark_crdts::causal_map::JoinOutcome;
 use tidemark_crdts::{
-    Causal, CausalContext, Dot, DotMap, DotSet, DotStore, Entry, Key, KeyKind, ReplicaId, Rows,
-    Timestamp,
+    Causal, CausalContext, DotMap, DotStore, Entry, Key, ReplicaId, Rows, Timestamp,
 };
+
+mod set_parts;
 
 /// Validates remote dedup marks like local ones: stream and source names 1..=`key_bytes_max`
 /// bytes without control characters, and no empty seq set.
@@ -264,37 +267,7 @@ pub trait KeyRange: Rows {
         after: Option<&Key>,
         upto: Option<&Key>,
     ) -> Result<Vec<Key>, Self::Error>;
-
-    /// Up to about `max` elements of the set `key` holding a dot of `seen` above `after`
-    /// (every dot when `None`), found through the dot index in dot order (an element may be
-    /// named twice). Returns them with the last dot looked at when the scan stopped at `max`
-    /// (`None`: nothing more in `seen`), so a caller can go on after it.
-    ///
-    /// # Errors
-    /// Backend failures.
-    fn set_elems_holding(
-        &mut self,
-        key: &Key,
-        seen: &CausalContext,
-        after: Option<Dot>,
-        max: usize,
-    ) -> Result<(Vec<String>, Option<Dot>), Self::Error>;
-
-    /// The elements named in `names` (ascending) of the set `key`, one row each; absent
-    /// ones are left out.
-    ///
-    /// # Errors
-    /// Backend failures.
-    fn set_elems(
-        &mut self,
-        key: &Key,
-        names: &[String],
-    ) -> Result<DotMap<String, DotSet>, Self::Error>;
 }
-
-/// Local elements a [`RangeJoin::join_set_part`] reads at most at once besides those its part
-/// names (the elements a part removes that it does not name, found through the dot index).
-pub const SET_PART_WINDOW: usize = 1024;
 
 /// Joins one state-transfer chunk into the rows and context (range-scoped: pitfall "chunk removals
 /// outside the range", docs/design/principles.md).
@@ -348,21 +321,7 @@ pub struct RangeJoin {
     /// removed (as [`JoinOutcome::retired`]).
     retired: Vec<(Key, CausalContext)>,
     /// A large set being joined part by part ([`RangeJoin::join_set_part`]).
-    open_set: Option<OpenSet>,
-}
-
-/// A large set joined part by part: what its parts did so far, reported when it closes as
-/// the whole set's join would report it (its removals in one retirement, with its last part).
-#[derive(Debug)]
-struct OpenSet {
-    key: Key,
-    /// The local dots the parts removed so far (held back from the inflation until the set
-    /// closes: logged before the set's later parts, they would let a peer that applied a
-    /// prefix of the run lose an element's old dot before the new one arrives).
-    removed: CausalContext,
-    /// Some part changed the set's rows (a change is never undone by a later part: it removed
-    /// a dot no later part carries, or added one).
-    changed: bool,
+    open_set: Option<set_parts::OpenSet>,
 }
 
 /// What a [`RangeJoin`] did: the inflation not taken by [`RangeJoin::take_batch`] and every
@@ -423,130 +382,6 @@ impl RangeJoin {
         let mut local_keys = rows.keys_in_range(after, Some(before))?;
         local_keys.retain(|k| k != before);
         self.join_keys(rows, ctx, local_keys, Vec::new(), join_ctx)
-    }
-
-    /// Joins one part of the large set `key` (its elements holding the dots of the part's
-    /// slice; `slice_ctx` is the transfer's context inside that slice): exactly what joining
-    /// the whole set does to the elements the part names and to the local dots inside the
-    /// slice, reading only those elements — the part's, and the local ones holding a dot of
-    /// `slice_ctx` (found through the dot index, at most [`SET_PART_WINDOW`] at once). An
-    /// element's join depends only on its own dots, and the slices of a set's parts cover dot
-    /// space once, so joining every part gives the whole set's join, element by element.
-    /// The parts' inflation is taken batch by batch as usual; the set's removals and its
-    /// changed key are reported by [`RangeJoin::close_set`], as one join of the whole set
-    /// reports them. Returns the most elements held at once (the part's, and the local ones
-    /// read).
-    ///
-    /// # Errors
-    /// Backend failures (the caller discards its transaction).
-    pub fn join_set_part<R: KeyRange>(
-        &mut self,
-        rows: &mut R,
-        ctx: &CausalContext,
-        key: &Key,
-        theirs: DotMap<String, DotSet>,
-        slice_ctx: &CausalContext,
-    ) -> Result<usize, R::Error> {
-        if self.open_set.as_ref().is_some_and(|o| o.key != *key) {
-            self.close_set();
-        }
-        let mut open = self.open_set.take().unwrap_or_else(|| OpenSet {
-            key: key.clone(),
-            removed: CausalContext::new(),
-            changed: false,
-        });
-        let mut held = theirs.len();
-        // The local elements the part does not name that hold a dot of its slice: each loses
-        // those dots (the per-element rule with a bottom side), window by window.
-        let mut after = None;
-        loop {
-            let (mut names, next) =
-                rows.set_elems_holding(key, slice_ctx, after, SET_PART_WINDOW)?;
-            names.retain(|n| theirs.get(n).is_none());
-            names.sort_unstable();
-            names.dedup();
-            if !names.is_empty() {
-                let old = Entry::ORSet(rows.set_elems(key, &names)?);
-                held = held.max(theirs.len().saturating_add(names.len()));
-                let mut new = old.clone();
-                new.join(ctx, Entry::bottom(KeyKind::ORSet), slice_ctx);
-                Self::put_set_part(rows, key, &old, &new, &mut open)?;
-            }
-            match next {
-                Some(d) => after = Some(d),
-                None => break,
-            }
-        }
-        // The elements the part names.
-        let names: Vec<String> = theirs.keys().cloned().collect();
-        let old = Entry::ORSet(rows.set_elems(key, &names)?);
-        drop(names);
-        held = held.max(theirs.len().saturating_mul(2));
-        let theirs = Entry::ORSet(theirs);
-        let mut unseen = theirs.unseen_by(ctx);
-        let overriding = theirs.overriding(&old);
-        if !overriding.is_bottom() {
-            self.infl_ctx.join(&overriding.dots());
-            let none = CausalContext::new();
-            unseen.join(&none, overriding, &none);
-        }
-        let mut new = old.clone();
-        new.join(ctx, theirs, slice_ctx);
-        Self::put_set_part(rows, key, &old, &new, &mut open)?;
-        if !unseen.is_bottom() {
-            self.gained.join(&unseen.dots());
-            let entry = match self.infl_store.get(key).cloned() {
-                Some(mut mine) => {
-                    let (a, b) = (mine.dots(), unseen.dots());
-                    mine.join(&a, unseen, &b);
-                    mine
-                }
-                None => unseen,
-            };
-            self.infl_store.set(key.clone(), entry);
-        }
-        self.open_set = Some(open);
-        Ok(held)
-    }
-
-    /// The key of the large set whose parts are being joined, if any.
-    pub fn open_set_key(&self) -> Option<&Key> {
-        self.open_set.as_ref().map(|o| &o.key)
-    }
-
-    /// Writes the part `new` of a set over its part `old`, noting what it removed.
-    fn put_set_part<R: KeyRange>(
-        rows: &mut R,
-        key: &Key,
-        old: &Entry,
-        new: &Entry,
-        open: &mut OpenSet,
-    ) -> Result<(), R::Error> {
-        if new == old {
-            return Ok(());
-        }
-        open.removed.join(&old.dots().diff(&new.dots()));
-        let old_opt = (!old.is_bottom()).then_some(old);
-        let new_opt = (!new.is_bottom()).then_some(new);
-        rows.put(key, old_opt, new_opt)?;
-        open.changed = true;
-        Ok(())
-    }
-
-    /// Ends the large set joined by [`RangeJoin::join_set_part`] (its last part was joined):
-    /// its changed key and the local dots its parts removed (one retirement of the key, taken
-    /// with the next [`RangeJoin::take_batch`], so logged with the set's last part).
-    pub fn close_set(&mut self) {
-        let Some(open) = self.open_set.take() else {
-            return;
-        };
-        if open.changed {
-            self.changed.push(&open.key);
-        }
-        if !open.removed.is_empty() {
-            self.infl_ctx.join(&open.removed);
-            self.retired.push((open.key, open.removed));
-        }
     }
 
     /// Joins `local_keys` and the keys of `entries` (ascending after merging), each with its
@@ -625,7 +460,8 @@ impl RangeJoin {
     /// (`last = Some(transfer's context)`), the transfer's context. Returns the changed keys
     /// and the inflation not taken by [`RangeJoin::take_batch`].
     pub fn finish(mut self, ctx: &mut CausalContext, last: Option<&CausalContext>) -> Joined {
-        self.close_set();
+        // A set left open (its parts' checks make the caller close every set first).
+        self.report_set();
         let RangeJoin {
             infl_store,
             mut infl_ctx,

@@ -12,7 +12,8 @@
 //! each chunk in its store (on disk, unapplied) and joins them only when the last one arrived,
 //! streaming them in one durable join (so no entry is ever applied, or logged for forwarding,
 //! without the dots it retired and without the dots that justify the removals next to it, and
-//! the receiver holds about one chunk and one large row, not the whole state).
+//! the receiver holds about one chunk — a large set's parts are joined one by one — not the
+//! whole state).
 
 use crate::model::StateChunk;
 use crate::proto::{ChunkRead, MarksRead, Message};

@@ -13,7 +13,7 @@ use super::tables::{
     DOTS, ELEMS, ROWS, dot_bytes, dot_key, elem_key, key_bytes, parse_index_value, parse_key,
     set_prefix,
 };
-use crate::admission::KeyRange;
+use crate::admission::{KeyRange, SetRows};
 use crate::codec;
 use crate::codec::wal::RedoTable;
 use redb::{ReadableTable, Table};
@@ -540,14 +540,11 @@ impl KeyRange for TxnRows<'_, '_> {
         Ok(keys)
     }
 
-    fn set_elems_holding(
-        &mut self,
-        key: &Key,
-        seen: &CausalContext,
-        after: Option<Dot>,
-        max: usize,
-    ) -> Result<(Vec<String>, Option<Dot>), StoreError> {
-        set_elems_holding(&*self.dots, key, seen, after, max)
+}
+
+impl SetRows for TxnRows<'_, '_> {
+    fn set_held(&mut self, key: &Key) -> Result<bool, StoreError> {
+        set_has_elements(&*self.elems, key)
     }
 
     fn set_elems(
@@ -562,54 +559,57 @@ impl KeyRange for TxnRows<'_, '_> {
             self.record_bytes_max,
         )
     }
-}
 
-/// [`KeyRange::set_elems_holding`] over the dot index `dots_t`: scans the index rows of the
-/// dots of `seen` above `after` (those of every key: a read proportional to the local dots in
-/// `seen`) and keeps the elements of the set `key`, stopping once `max` are named.
-pub(crate) fn set_elems_holding(
-    dots_t: &impl BytesTable,
-    key: &Key,
-    seen: &CausalContext,
-    after: Option<Dot>,
-    max: usize,
-) -> Result<(Vec<String>, Option<Dot>), StoreError> {
-    let prefix = set_prefix(key);
-    let mut names = Vec::new();
-    for (replica, set) in seen.entries() {
-        let from = match after {
-            Some(a) if a.replica > *replica => continue,
-            Some(a) if a.replica == *replica => a.seq.saturating_add(1),
-            _ => 1,
+    fn set_elems_after(
+        &mut self,
+        key: &Key,
+        after: Option<&str>,
+        max: usize,
+    ) -> Result<DotMap<String, DotSet>, StoreError> {
+        let prefix = set_prefix(key);
+        let from = after.map(|e| elem_key(key, e));
+        let lo: Bound<&[u8]> = match &from {
+            Some(f) => Bound::Excluded(f.as_slice()),
+            None => Bound::Included(prefix.as_slice()),
         };
-        for &(lo, hi) in set.ranges() {
-            if hi < from {
-                continue;
+        let mut map: DotMap<String, DotSet> = DotMap::default();
+        for item in self
+            .elems
+            .range::<&[u8]>((lo, Bound::Unbounded))
+            .map_err(StoreError::redb)?
+        {
+            if map.len() >= max.max(1) {
+                break;
             }
-            let lo_b = dot_key(*replica, lo.max(from));
-            let hi_b = dot_key(*replica, hi);
-            for item in dots_t
-                .range(lo_b.as_slice()..=hi_b.as_slice())
+            let (k, v) = item.map_err(StoreError::redb)?;
+            let Some(elem) = k.value().strip_prefix(prefix.as_slice()) else {
+                break;
+            };
+            let elem = std::str::from_utf8(elem)
+                .map_err(|_| StoreError::Corrupt(format!("{key}: unreadable element key")))?;
+            map.set(elem.to_owned(), decode_elem(v.value(), self.record_bytes_max)?);
+        }
+        Ok(map)
+    }
+
+    fn dot_elems(&mut self, key: &Key, dots: &[Dot]) -> Result<Vec<String>, StoreError> {
+        let prefix = set_prefix(key);
+        let mut names = Vec::new();
+        for d in dots {
+            if let Some(g) = self
+                .dots
+                .get(dot_bytes(*d).as_slice())
                 .map_err(StoreError::redb)?
             {
-                let (k, v) = item.map_err(StoreError::redb)?;
-                let Some(elem) = v.value().strip_prefix(prefix.as_slice()) else {
-                    continue;
-                };
-                let elem = std::str::from_utf8(elem)
-                    .map_err(|_| StoreError::Corrupt("unreadable dot index value".into()))?;
-                names.push(elem.to_owned());
-                if names.len() >= max.max(1) {
-                    let seq = k
-                        .value()
-                        .get(16..24)
-                        .and_then(|b| b.try_into().ok())
-                        .map(u64::from_be_bytes)
-                        .ok_or_else(|| StoreError::Corrupt("unreadable dot index key".into()))?;
-                    return Ok((names, Some(Dot::new(*replica, seq))));
+                if let Some(elem) = g.value().strip_prefix(prefix.as_slice()) {
+                    let elem = std::str::from_utf8(elem)
+                        .map_err(|_| StoreError::Corrupt("unreadable dot index value".into()))?;
+                    names.push(elem.to_owned());
                 }
             }
         }
+        names.sort_unstable();
+        names.dedup();
+        Ok(names)
     }
-    Ok((names, None))
 }

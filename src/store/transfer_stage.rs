@@ -2,13 +2,14 @@
 //! every chunk but the last is staged in the `transfer_stage` table, encoded and unapplied
 //! (no reader, no log record, no context sees it), and the last chunk streams them back in
 //! order into ONE write transaction that joins the whole transfer and commits durably — so the
-//! receiver holds about one chunk (plus the parts of one large row being put back together) in
-//! memory, not the whole state, and the transfer is still applied all at once or not at all.
+//! receiver holds about one chunk in memory, not the whole state (a large set sent in parts is
+//! joined part by part: `set_parts`; a large row of another kind is put back together, as it
+//! is one row on disk anyway), and the transfer is still applied all at once or not at all.
 //!
 //! The streamed join gives exactly the state of one [`admission::join_chunk`] of the merged
 //! transfer (`proto::transfer::merge_chunks`): the key space is joined range by range
 //! ([`admission::RangeJoin`]), each range ending at the last key of a chunk (or of a large
-//! row, once its last part arrived) and the final one open, every range under the transfer's
+//! row, once its last part was joined) and the final one open, every range under the transfer's
 //! context, with the same validation the merged chunk would get (per batch; a first pass over
 //! the staged chunks checks the contexts, the parts and that no dot is carried twice in the
 //! whole transfer, and collects the dots carried). The inflation is logged batch by batch as

@@ -83,11 +83,14 @@ impl RedbStore {
             if join.open_set_key() != Some(&key) {
                 join.join_range_before(rows, local, lo, &key, tctx)?;
             }
-            join.join_set_part(rows, local, &key, theirs, &slice_ctx)
+            let held = join.join_set_part(rows, local, &key, theirs, &slice_ctx)?;
+            if closes {
+                return Ok(held.max(join.close_set(rows, tctx)?));
+            }
+            Ok(held)
         })?;
         self.stats.transfer_held_elems_peak = self.stats.transfer_held_elems_peak.max(held as u64);
         if closes {
-            join.close_set();
             st.lo = Some(key);
         }
         if let Some((inflation, by_key)) = join.take_batch() {
