@@ -1,10 +1,11 @@
 //! A large set received in parts joined part by part (docs/design/replication.md, "State
 //! transfer"): each part is validated as the merged row would be, then joined into the
 //! element rows under the transfer's context inside its dot slice
-//! ([`admission::RangeJoin::join_set_part`]), so the receiver holds one part (and the local
-//! elements it touches, a window at a time), never the whole set. The result is exactly the
-//! join of the set put back together: an element's join depends only on its own dots, and the
-//! parts' slices cover dot space once.
+//! ([`admission::RangeJoin::join_set_part`]); the last part removes the local dots no part
+//! carried ([`admission::RangeJoin::close_set`], a window of elements at a time). So the
+//! receiver holds one part (and the local elements it names, or a window), never the whole
+//! set, and the result is exactly the join of the set put back together (see
+//! `admission::set_parts`).
 
 use super::{RedbStore, Stream};
 use crate::admission;
