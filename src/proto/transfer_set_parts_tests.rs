@@ -1,9 +1,11 @@
 //! A large set received in parts is joined part by part (`RangeJoin::join_set_part`), never
 //! put back together: the result equals the reference join of the whole state at once
 //! (`tidemark_crdts::Store`) and the merged receiver (`merge_chunks` + `apply_chunk`) — rows,
-//! context, changed keys, the log's inflation — whatever the receiver held before (elements
-//! the sender removed, its own elements and removals), the chunk sizes, and an aborted first
-//! try; and the elements held at once stay about a part's worth, whatever the set's size.
+//! context, changed keys, the log's inflation, a third peer replaying the log record by
+//! record — whatever the receiver held before (elements the sender removed, its own elements
+//! and removals, a dot held under another element than the part's), the chunk sizes, an
+//! aborted first try, a lossy and duplicating link; and the elements held at once stay about a
+//! part's worth, whatever the set's size.
 
 use super::tests::{Node, TestStore, WALL, config, run};
 use super::transfer::merge_chunks;
@@ -216,6 +218,25 @@ fn case(seed: u64) -> (usize, usize) {
     let log_a = a.log_interval(start, None, usize::MAX).expect("log").delta;
     let log_b = b.log_interval(start, None, usize::MAX).expect("log").delta;
     assert_eq!(log_a, log_b, "the same delta is forwarded, seed {seed}");
+    // A third peer holding what the receiver held applies the run record by record (as
+    // `log_interval` may forward it) and ends with the receiver's rows.
+    let mut p = TestStore::new(ReplicaId(1003), Limits::default());
+    let mut prior = prior;
+    p.apply_remote(SENDER, prior.state(), None, WALL)
+        .expect("store")
+        .expect("valid");
+    let (mut from, log_end) = (start, a.log_bounds().1);
+    while from < log_end {
+        let interval = a.log_interval(from, None, 1).expect("log");
+        if let Some(delta) = interval.delta {
+            p.apply_remote(RECEIVER, delta, None, WALL)
+                .expect("store")
+                .expect("valid forwarded record");
+        }
+        from = interval.end;
+    }
+    assert_eq!(p.entries(), a.entries(), "third peer, seed {seed}");
+    p.verify().expect("third peer invariants");
     (removed_held, parts)
 }
 
@@ -369,4 +390,120 @@ fn a_large_set_over_a_lossy_duplicating_link_is_applied_once() {
     let total = elements(&b.store).len();
     eprintln!("{n} messages from the sender; held at most {held} of {total} elements");
     assert!(held > 0 && held * 5 < u64::try_from(total).expect("n"), "held {held}");
+}
+
+/// The set `big` holding `elems` (name, dots of replica 1001).
+fn set_of(elems: &[(&str, &[u64])]) -> Entry {
+    let mut map: DotMap<String, tidemark_crdts::DotSet> = DotMap::default();
+    for (name, seqs) in elems {
+        let dots = seqs
+            .iter()
+            .map(|s| tidemark_crdts::Dot::new(ReplicaId(1001), *s))
+            .collect();
+        map.set(format!("\"{name}\""), tidemark_crdts::DotSet::from_dots(dots));
+    }
+    Entry::ORSet(map)
+}
+
+/// Input no correct replica builds, joined as the whole join would: the receiver holds a dot
+/// under element `x` that a part carries under `y` (the whole join removes it from `x` and, the
+/// receiver having seen it, does not add it to `y`), and a dot under `w` that another key of
+/// the transfer carries (removed from `w`: the transfer's context covers it and the set does
+/// not carry it). Elements named in no part (`v`) lose their dots inside the context; a dot
+/// outside it (`u`, 20) stays.
+#[test]
+fn a_dot_carried_under_another_element_or_key_is_joined_as_the_whole_join() {
+    let a = ReplicaId(1001);
+    let ctx = |hi: u64| tidemark_crdts::CausalContext::from_range(a, 1, hi);
+    let mut r = TestStore::new(ReplicaId(1002), Limits::default());
+    let mut held = DotMap::default();
+    held.set(
+        big(),
+        set_of(&[("u", &[20]), ("v", &[2]), ("w", &[3]), ("x", &[5])]),
+    );
+    let mut prior = ctx(5);
+    prior.insert(tidemark_crdts::Dot::new(a, 20));
+    r.apply_remote(
+        SENDER,
+        Delta {
+            state: Causal {
+                store: held,
+                ctx: prior,
+            },
+            marks: tidemark_crdts::DedupMarks::new(),
+        },
+        None,
+        WALL,
+    )
+    .expect("store")
+    .expect("valid");
+    let tctx = ctx(10);
+    let cut = tidemark_crdts::Dot::new(a, 6);
+    let part = |entries: Vec<(Key, Entry)>, slice: crate::model::DotSlice| StateChunk {
+        after: None,
+        upto: Some(big()),
+        entries,
+        ctx: tctx.clone(),
+        marks: tidemark_crdts::DedupMarks::new(),
+        last: false,
+        dots: Some(slice),
+    };
+    let reg = |seq: u64| {
+        Entry::MvReg(tidemark_crdts::DotFun::single(
+            tidemark_crdts::Dot::new(a, seq),
+            "\"r\"".to_owned(),
+        ))
+    };
+    let all = vec![
+        part(
+            vec![(big(), set_of(&[("y", &[5]), ("z", &[1, 6])]))],
+            crate::model::DotSlice {
+                after: None,
+                upto: Some(cut),
+            },
+        ),
+        part(
+            vec![(big(), set_of(&[("z", &[7])]))],
+            crate::model::DotSlice {
+                after: Some(cut),
+                upto: None,
+            },
+        ),
+        StateChunk {
+            after: Some(big()),
+            upto: None,
+            entries: vec![(mv("reg"), reg(3))],
+            ctx: tctx.clone(),
+            marks: tidemark_crdts::DedupMarks::new(),
+            last: true,
+            dots: None,
+        },
+    ];
+    let mut reference = Store::new();
+    reference.apply(r.state().state);
+    let one = whole(&all);
+    let mut store = DotMap::default();
+    for (k, e) in one.entries {
+        store.set(k, e);
+    }
+    reference.apply(Causal {
+        store,
+        ctx: one.ctx,
+    });
+    let id: TransferId = (ReplicaId(1001), 1, 1);
+    let got = apply_streamed(&mut r, id, &all, 1);
+    let expect: Vec<(Key, Entry)> = reference
+        .entries()
+        .iter()
+        .map(|(k, e)| (k.clone(), e.clone()))
+        .collect();
+    assert_eq!(r.entries(), expect);
+    assert_eq!(r.ctx(), reference.context());
+    assert_eq!(
+        elements(&r),
+        vec!["\"u\"".to_owned(), "\"z\"".to_owned()],
+        "x lost its dot to y's, y was not added, w lost a dot another key carries, v removed"
+    );
+    assert!(got.changed.to_vec().contains(&big()));
+    r.verify().expect("invariants");
 }
