@@ -507,3 +507,55 @@ fn a_dot_carried_under_another_element_or_key_is_joined_as_the_whole_join() {
     assert!(got.changed.to_vec().contains(&big()));
     r.verify().expect("invariants");
 }
+
+/// Parts of a set at a key already joined (after a chunk that carried it whole: no correct
+/// sender sends them) carry nothing (an entry there is refused) and join nothing again: the
+/// receiver ends as with the merged transfer, the set carried once.
+#[test]
+fn empty_parts_of_a_key_already_joined_join_nothing_again() {
+    let a = ReplicaId(1001);
+    let tctx = tidemark_crdts::CausalContext::from_range(a, 1, 4);
+    let chunk = |entries, upto: Option<Key>, dots, last| StateChunk {
+        after: None,
+        upto,
+        entries,
+        ctx: tctx.clone(),
+        marks: tidemark_crdts::DedupMarks::new(),
+        last,
+        dots,
+    };
+    let all = vec![
+        chunk(
+            vec![(big(), set_of(&[("p", &[1]), ("q", &[2])]))],
+            Some(big()),
+            None,
+            false,
+        ),
+        chunk(
+            Vec::new(),
+            Some(big()),
+            Some(crate::model::DotSlice {
+                after: None,
+                upto: None,
+            }),
+            false,
+        ),
+        chunk(Vec::new(), None, None, true),
+    ];
+    let receiver = || {
+        let mut r = TestStore::new(ReplicaId(1002), Limits::default());
+        add(&mut r, &[1, 2]);
+        r
+    };
+    let mut merged = receiver();
+    merged
+        .apply_chunk(SENDER, whole(&all), Some((a, 1)), WALL)
+        .expect("store")
+        .expect("valid");
+    let mut streamed = receiver();
+    apply_streamed(&mut streamed, (a, 1, 1), &all, 1);
+    assert_eq!(streamed.entries(), merged.entries());
+    assert_eq!(streamed.ctx(), merged.ctx());
+    assert_eq!(elements(&streamed).len(), 4, "p, q and the receiver's own two");
+    streamed.verify().expect("invariants");
+}

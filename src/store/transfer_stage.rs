@@ -22,9 +22,6 @@
 use super::error::StoreError;
 use super::local::append_log_run;
 use super::rows::{per_element, with_txn_rows};
-use set_parts::SetPart;
-
-mod set_parts;
 use super::split::{Retired, Unknown, split_delta};
 use super::tables::TRANSFER_STAGE;
 use super::RedbStore;
@@ -37,6 +34,9 @@ use redb::{ReadableTable, WriteTransaction};
 use tidemark_crdts::{
     CausalContext, DedupMarks, DotStore, Entry, Key, ReplicaId, Rows, Timestamp,
 };
+use set_parts::SetPart;
+
+mod set_parts;
 
 /// The transfer whose chunks are staged.
 #[derive(Debug)]
