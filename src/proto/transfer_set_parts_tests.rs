@@ -218,25 +218,47 @@ fn case(seed: u64) -> (usize, usize) {
     let log_a = a.log_interval(start, None, usize::MAX).expect("log").delta;
     let log_b = b.log_interval(start, None, usize::MAX).expect("log").delta;
     assert_eq!(log_a, log_b, "the same delta is forwarded, seed {seed}");
-    // A third peer holding what the receiver held applies the run record by record (as
-    // `log_interval` may forward it) and ends with the receiver's rows.
-    let mut p = TestStore::new(ReplicaId(1003), Limits::default());
+    // A third peer holding what the receiver held — and one that also holds the sender's early
+    // state (dots the receiver may never have held: the transfer's removals of no known key) —
+    // applies the run record by record (as `log_interval` may forward it) and ends with the
+    // receiver's rows; after every record it holds each element of the set it held before the
+    // run and holds after it (no record retires an element's old dot before its new one).
     let mut prior = prior;
-    p.apply_remote(SENDER, prior.state(), None, WALL)
-        .expect("store")
-        .expect("valid");
-    let (mut from, log_end) = (start, a.log_bounds().1);
-    while from < log_end {
-        let interval = a.log_interval(from, None, 1).expect("log");
-        if let Some(delta) = interval.delta {
-            p.apply_remote(RECEIVER, delta, None, WALL)
+    for with_early in [false, true] {
+        let mut p = TestStore::new(ReplicaId(1003), Limits::default());
+        p.apply_remote(SENDER, prior.state(), None, WALL)
+            .expect("store")
+            .expect("valid");
+        if with_early {
+            p.apply_remote(SENDER, early.clone(), None, WALL)
                 .expect("store")
-                .expect("valid forwarded record");
+                .expect("valid");
         }
-        from = interval.end;
+        let end_elems = elements(&a);
+        let kept: Vec<String> = elements(&p)
+            .into_iter()
+            .filter(|e| end_elems.contains(e))
+            .collect();
+        let (mut from, log_end) = (start, a.log_bounds().1);
+        while from < log_end {
+            let interval = a.log_interval(from, None, 1).expect("log");
+            if let Some(delta) = interval.delta {
+                p.apply_remote(RECEIVER, delta, None, WALL)
+                    .expect("store")
+                    .expect("valid forwarded record");
+            }
+            let now = elements(&p);
+            let lost: Vec<&String> = kept.iter().filter(|e| !now.contains(e)).collect();
+            assert!(
+                lost.is_empty(),
+                "seed {seed}, early state {with_early}: after the record at {from}, the third \
+                 peer lost {lost:?}, held before the run and after it"
+            );
+            from = interval.end;
+        }
+        assert_eq!(p.entries(), a.entries(), "third peer, seed {seed}, early {with_early}");
+        p.verify().expect("third peer invariants");
     }
-    assert_eq!(p.entries(), a.entries(), "third peer, seed {seed}");
-    p.verify().expect("third peer invariants");
     (removed_held, parts)
 }
 
@@ -558,4 +580,155 @@ fn empty_parts_of_a_key_already_joined_join_nothing_again() {
     assert_eq!(streamed.ctx(), merged.ctx());
     assert_eq!(elements(&streamed).len(), 4, "p, q and the receiver's own two");
     streamed.verify().expect("invariants");
+}
+
+/// A third peer that holds an element's old dot the receiver never held (copied from the
+/// sender before the element was re-added) keeps the element while it applies the receiver's
+/// log record by record: the sender S (replica 1001) added `x` (S1), then `y` (S2), then re-added
+/// `x` (S3, retiring S1); the set comes in two parts, (∅, S2] holding `y` and (S2, ∞) holding
+/// `x`. S1 is a removal of no known key to the receiver, placed with the next dot of its replica
+/// (S2, the set's earlier part): it is held back and logged with the set's last part, beside
+/// `x`'s new dot — never in a record before it.
+#[test]
+fn a_removal_placed_on_the_set_waits_for_its_last_part() {
+    let a = ReplicaId(1001);
+    let mut s = TestStore::new(a, Limits::default());
+    s.apply_local(&[(big(), Mutation::Add("\"x\"".to_owned()))], WALL)
+        .expect("store");
+    let early = s.state();
+    s.apply_local(&[(big(), Mutation::Add("\"y\"".to_owned()))], WALL)
+        .expect("store");
+    s.apply_local(&[(big(), Mutation::Add("\"x\"".to_owned()))], WALL)
+        .expect("store");
+    assert_eq!(
+        s.entries(),
+        vec![(big(), set_of(&[("x", &[3]), ("y", &[2])]))],
+        "x re-added at S3, y at S2"
+    );
+    let tctx = tidemark_crdts::CausalContext::from_range(a, 1, 3);
+    let cut = tidemark_crdts::Dot::new(a, 2);
+    let chunk = |entries: Vec<(Key, Entry)>, upto: Option<Key>, dots, last| StateChunk {
+        after: None,
+        upto,
+        entries,
+        ctx: tctx.clone(),
+        marks: tidemark_crdts::DedupMarks::new(),
+        last,
+        dots,
+    };
+    let all = vec![
+        chunk(
+            vec![(big(), set_of(&[("y", &[2])]))],
+            Some(big()),
+            Some(crate::model::DotSlice {
+                after: None,
+                upto: Some(cut),
+            }),
+            false,
+        ),
+        chunk(
+            vec![(big(), set_of(&[("x", &[3])]))],
+            Some(big()),
+            Some(crate::model::DotSlice {
+                after: Some(cut),
+                upto: None,
+            }),
+            false,
+        ),
+        chunk(Vec::new(), None, None, true),
+    ];
+    let mut r = TestStore::new(ReplicaId(1002), Limits::default());
+    let start = r.log_bounds().1;
+    apply_streamed(&mut r, (a, 1, 1), &all, 3);
+    assert_eq!(r.entries(), s.entries());
+    assert_eq!(r.ctx(), s.ctx());
+
+    let mut p = TestStore::new(ReplicaId(1003), Limits::default());
+    p.apply_remote(SENDER, early, None, WALL)
+        .expect("store")
+        .expect("valid");
+    assert_eq!(elements(&p), vec!["\"x\"".to_owned()]);
+    let (mut from, end) = (start, r.log_bounds().1);
+    let mut records = 0;
+    while from < end {
+        let interval = r.log_interval(from, None, 1).expect("log");
+        if let Some(delta) = interval.delta {
+            records += 1;
+            p.apply_remote(RECEIVER, delta, None, WALL)
+                .expect("store")
+                .expect("valid forwarded record");
+        }
+        assert!(
+            elements(&p).contains(&"\"x\"".to_owned()),
+            "after record {records} the third peer lost x: {:?}",
+            p.entries()
+        );
+        from = interval.end;
+    }
+    assert!(records >= 2, "one record per part ({records})");
+    assert_eq!(p.entries(), r.entries());
+    p.verify().expect("third peer invariants");
+}
+
+/// A part whose slice ends at or before where it starts is refused: with slices (∅, 1001/1],
+/// (1001/1, 5/1] (inverted) and (5/1, ∞), the third part holds 1001/1 again, and joining it
+/// under a context clipped to its slice would drop the dot its first part carried. The
+/// transfer is refused at that part and nothing is applied.
+#[test]
+fn an_inverted_slice_is_refused_and_applies_nothing() {
+    let a = ReplicaId(1001);
+    let low = ReplicaId(5);
+    let d1 = tidemark_crdts::Dot::new(a, 1);
+    let d5 = tidemark_crdts::Dot::new(low, 1);
+    let mut tctx = tidemark_crdts::CausalContext::from_range(a, 1, 2);
+    tctx.insert(d5);
+    let part = |entries: Vec<(Key, Entry)>, after, upto| StateChunk {
+        after: None,
+        upto: Some(big()),
+        entries,
+        ctx: tctx.clone(),
+        marks: tidemark_crdts::DedupMarks::new(),
+        last: false,
+        dots: Some(crate::model::DotSlice { after, upto }),
+    };
+    let all = vec![
+        part(vec![(big(), set_of(&[("x", &[1])]))], None, Some(d1)),
+        part(Vec::new(), Some(d1), Some(d5)),
+        part(vec![(big(), set_of(&[("x", &[1]), ("z", &[2])]))], Some(d5), None),
+        StateChunk {
+            after: Some(big()),
+            upto: None,
+            entries: Vec::new(),
+            ctx: tctx.clone(),
+            marks: tidemark_crdts::DedupMarks::new(),
+            last: true,
+            dots: None,
+        },
+    ];
+    let mut r = TestStore::new(ReplicaId(1002), Limits::default());
+    add(&mut r, &[7]);
+    let (before, ctx_before) = (r.entries(), r.ctx().clone());
+    let id: TransferId = (a, 1, 1);
+    let mut refused = None;
+    for (i, c) in all[..3].iter().enumerate() {
+        let index = u32::try_from(i).expect("index");
+        if let Err(reason) = r.stage_chunk(SENDER, id, index, c.clone()).expect("store") {
+            refused = Some((i, reason));
+            break;
+        }
+    }
+    let (at, reason) = refused.expect("the inverted part is refused");
+    assert_eq!(at, 1, "refused at the inverted part: {reason}");
+    assert!(reason.to_string().contains("ends at or before"), "{reason}");
+    // Staged whole or applied at once, it is refused all the same.
+    let applied = r
+        .apply_staged(SENDER, id, 3, all[3].clone(), Some((a, 2)), WALL)
+        .expect("store");
+    assert!(applied.is_err(), "{applied:?}");
+    let mut held = all.clone();
+    let last = held.pop().expect("the last chunk");
+    assert!(merge_chunks(held, last).is_err(), "the merged transfer is refused too");
+    assert_eq!(r.entries(), before, "nothing applied");
+    assert_eq!(*r.ctx(), ctx_before, "the context is unchanged");
+    r.verify().expect("invariants");
 }

@@ -122,6 +122,11 @@ struct Stream {
     /// transfer carries: the removals the transfer brings whose key this node never knew
     /// (placed by [`super::split::Unknown`]'s rule).
     removals: CausalContext,
+    /// The removals of `removals` placed on the key of the large set whose parts are being
+    /// joined (`split::successors`): kept out of its parts' records and logged with the set's
+    /// retirement in its last part, so no record retires a dot of the set whose new entry comes
+    /// in a later part (docs/design/write-path.md, "Log records").
+    set_unknown: CausalContext,
     /// The dots of the transfer's deletable-kind entries (interval-compressed).
     carried_indexed: CausalContext,
     /// The local counter dots the transfer's counters superseded: logged with the counters,
@@ -249,6 +254,7 @@ impl RedbStore {
             tctx: last.ctx.clone(),
             lo: None,
             removals: CausalContext::new(),
+            set_unknown: CausalContext::new(),
             carried_indexed: CausalContext::new(),
             counter_retired: CausalContext::new(),
             max_ts: None,
@@ -525,6 +531,7 @@ impl RedbStore {
             unknown: Some(Unknown {
                 removed: &st.removals,
                 carried: &st.carried_indexed,
+                except: (!st.set_unknown.is_empty()).then_some(&st.set_unknown),
             }),
         };
         let inflation = tidemark_crdts::Causal { store: kept, ctx };
@@ -553,6 +560,7 @@ impl RedbStore {
             unknown: Some(Unknown {
                 removed: &removals,
                 carried: &none,
+                except: None,
             }),
         };
         let (local, run) = (&st.local, &mut st.run);

@@ -13,8 +13,9 @@ use crate::model::{DotSlice, Rejected, StateChunk};
 use crate::proto::PeerId;
 use crate::store::error::StoreError;
 use crate::store::rows::with_txn_rows;
+use crate::store::split::{Unknown, successors};
 use redb::WriteTransaction;
-use tidemark_crdts::{DedupMarks, DotMap, Entry, Key};
+use tidemark_crdts::{DedupMarks, DotMap, DotStore, Entry, Key};
 
 /// One part of a large set, as staged.
 pub(super) struct SetPart {
@@ -32,7 +33,8 @@ impl RedbStore {
     /// Joins one part of a large set: the first part first joins the local keys between the
     /// previous range and the set (as the range ending at the set would), the last part ends
     /// the set's range; the inflation is logged part by part (`RedbStore::log_batch`), the
-    /// set's removals with its last part.
+    /// set's removals with its last part — its local dots the parts removed, and the
+    /// transfer's removals of no known key placed on the set's key (`Stream::set_unknown`).
     pub(super) fn join_set_part(
         &mut self,
         txn: &WriteTransaction,
@@ -98,9 +100,33 @@ impl RedbStore {
         })?;
         self.stats.transfer_held_elems_peak = self.stats.transfer_held_elems_peak.max(held as u64);
         if closes {
-            st.lo = Some(key);
+            st.lo = Some(key.clone());
         }
-        if let Some((inflation, by_key)) = join.take_batch() {
+        let mut batch = join.take_batch();
+        // The transfer's removals of no known key placed on the set's key (`split::successors`:
+        // with the next dot of their replica, which this part carries) wait for the set's last
+        // part: a removal placed so may be an old dot of an element whose new dot a later part
+        // carries, and a peer applying the run up to this part would lose that element.
+        if let Some((inflation, _)) = &batch {
+            if let Some(entry) = inflation.store.get(&key) {
+                let unknown = Unknown {
+                    removed: &st.removals,
+                    carried: &st.carried_indexed,
+                    except: None,
+                };
+                let set_unknown = &mut st.set_unknown;
+                entry.for_each_dot(&mut |d| successors(&unknown, d, set_unknown));
+            }
+        }
+        if closes && !st.set_unknown.is_empty() {
+            // Logged with the set's retirement (its removals and changed key, reported by
+            // `close_set`), in its last part's records.
+            let held_back = std::mem::take(&mut st.set_unknown);
+            let (inflation, by_key) = batch.get_or_insert_with(Default::default);
+            inflation.ctx.join(&held_back);
+            by_key.push((key, held_back));
+        }
+        if let Some((inflation, by_key)) = batch {
             self.log_batch(txn, origin, inflation, by_key, st)?;
         }
         Ok(Ok(()))
