@@ -5,12 +5,16 @@
 //! ([`tidemark_crdts::causal_map::join_delta`]); this module adds what a node needs around it:
 //! validation of untrusted deltas and chunks, and the range-scoped join of state-transfer chunks.
 
+pub use set_parts::{SET_PART_WINDOW, SetRows};
+
 use crate::limits::Limits;
 use crate::model::{ChangedKeys, Delta, Rejected, StateChunk};
 use tidemark_crdts::causal_map::JoinOutcome;
 use tidemark_crdts::{
     Causal, CausalContext, DotMap, DotStore, Entry, Key, ReplicaId, Rows, Timestamp,
 };
+
+mod set_parts;
 
 /// Validates remote dedup marks like local ones: stream and source names 1..=`key_bytes_max`
 /// bytes without control characters, and no empty seq set.
@@ -316,6 +320,8 @@ pub struct RangeJoin {
     /// Per key carried since the last [`RangeJoin::take_batch`], the local dots its join
     /// removed (as [`JoinOutcome::retired`]).
     retired: Vec<(Key, CausalContext)>,
+    /// A large set being joined part by part ([`RangeJoin::join_set_part`]).
+    open_set: Option<set_parts::OpenSet>,
 }
 
 /// What a [`RangeJoin`] did: the inflation not taken by [`RangeJoin::take_batch`] and every
@@ -356,6 +362,38 @@ impl RangeJoin {
         join_ctx: &CausalContext,
     ) -> Result<(), R::Error> {
         let local_keys = rows.keys_in_range(after, upto)?;
+        self.join_keys(rows, ctx, local_keys, entries, join_ctx)
+    }
+
+    /// Joins every local key `k` with `after < k < before` (the keys before a large row whose
+    /// parts follow) with bottom under `join_ctx`: what [`RangeJoin::join_range`] up to the
+    /// row does to the keys before it.
+    ///
+    /// # Errors
+    /// Backend failures (the caller discards its transaction).
+    pub fn join_range_before<R: KeyRange>(
+        &mut self,
+        rows: &mut R,
+        ctx: &CausalContext,
+        after: Option<&Key>,
+        before: &Key,
+        join_ctx: &CausalContext,
+    ) -> Result<(), R::Error> {
+        let mut local_keys = rows.keys_in_range(after, Some(before))?;
+        local_keys.retain(|k| k != before);
+        self.join_keys(rows, ctx, local_keys, Vec::new(), join_ctx)
+    }
+
+    /// Joins `local_keys` and the keys of `entries` (ascending after merging), each with its
+    /// carried entry (bottom when none) under `join_ctx`.
+    fn join_keys<R: KeyRange>(
+        &mut self,
+        rows: &mut R,
+        ctx: &CausalContext,
+        local_keys: Vec<Key>,
+        entries: Vec<(Key, Entry)>,
+        join_ctx: &CausalContext,
+    ) -> Result<(), R::Error> {
         let mut carried: std::collections::BTreeMap<Key, Entry> = entries.into_iter().collect();
         let mut keys: Vec<Key> = local_keys;
         keys.extend(carried.keys().cloned());
@@ -421,7 +459,9 @@ impl RangeJoin {
     /// Ends the join: the local context gains every dot carried and, for the final chunk
     /// (`last = Some(transfer's context)`), the transfer's context. Returns the changed keys
     /// and the inflation not taken by [`RangeJoin::take_batch`].
-    pub fn finish(self, ctx: &mut CausalContext, last: Option<&CausalContext>) -> Joined {
+    pub fn finish(mut self, ctx: &mut CausalContext, last: Option<&CausalContext>) -> Joined {
+        // A set left open (its parts' checks make the caller close every set first).
+        self.report_set();
         let RangeJoin {
             infl_store,
             mut infl_ctx,
@@ -429,6 +469,7 @@ impl RangeJoin {
             gained_before,
             changed,
             retired,
+            open_set: _,
         } = self;
         infl_ctx.join(&gained);
         ctx.join(&gained_before);

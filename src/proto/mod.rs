@@ -15,6 +15,8 @@ mod transfer_review_tests;
 mod transfer_rx_tests;
 #[cfg(test)]
 mod transfer_rx_review_tests;
+#[cfg(test)]
+mod transfer_set_parts_tests;
 pub(crate) mod transfer;
 
 pub use message::Message;

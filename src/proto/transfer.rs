@@ -12,7 +12,8 @@
 //! each chunk in its store (on disk, unapplied) and joins them only when the last one arrived,
 //! streaming them in one durable join (so no entry is ever applied, or logged for forwarding,
 //! without the dots it retired and without the dots that justify the removals next to it, and
-//! the receiver holds about one chunk and one large row, not the whole state).
+//! the receiver holds about one chunk — a large set's parts are joined one by one — not the
+//! whole state).
 
 use crate::model::StateChunk;
 use crate::proto::{ChunkRead, MarksRead, Message};
@@ -207,8 +208,9 @@ impl PartsCheck {
     /// Checks the next chunk of the transfer.
     ///
     /// # Errors
-    /// [`crate::model::Rejected::BadChunk`] for parts that overlap, leave a gap, end before
-    /// the row's last part, or entries outside their row or slice.
+    /// [`crate::model::Rejected::BadChunk`] for parts that overlap, leave a gap, end at or
+    /// before where they start, end before the row's last part, or entries outside their row
+    /// or slice.
     pub fn next(&mut self, c: &StateChunk) -> Result<ChunkShape, crate::model::Rejected> {
         let bad = crate::model::Rejected::BadChunk;
         let Some(slice) = c.dots else {
@@ -221,6 +223,12 @@ impl PartsCheck {
         let Some(key) = c.upto.clone() else {
             return Err(bad("a dot slice without its row's key"));
         };
+        // A slice holds the dots above `after` up to `upto`: an inverted (or empty) one would
+        // let the next part start below where this one ended, so two parts overlap (the sender
+        // always ends a slice at a dot it carries, above the slice's start).
+        if slice.is_empty() {
+            return Err(bad("a large row's part ends at or before where it starts"));
+        }
         let continuing = match &self.open_row {
             Some((k, upto)) if *k == key && slice.after == Some(*upto) => true,
             None if slice.after.is_none() => false,

@@ -38,7 +38,7 @@ mod wal_tests;
 #[cfg(test)]
 mod wal_review_tests;
 #[cfg(test)]
-mod test_rng;
+pub(crate) mod test_rng;
 
 pub use counters::Overflow;
 pub(crate) use counters::{counter_state, first_overflow};
@@ -131,9 +131,15 @@ pub struct StoreStats {
     /// Encoded bytes of the incoming transfer's chunks staged now (on disk, not in memory).
     pub transfer_staged_bytes: u64,
     /// The most encoded bytes of transfer chunks an incoming transfer's join held in memory
-    /// at once (one chunk, or the parts of one large row being put back together), over every
-    /// transfer applied: what bounds the receiver's memory, whatever the state's size.
+    /// at once (one chunk, or the parts of one large row other than a set being put back
+    /// together: a set's parts are joined one by one), over every transfer applied: what
+    /// bounds the receiver's memory, whatever the state's size.
     pub transfer_held_bytes_peak: u64,
+    /// The most elements of a large set an incoming transfer's join held in memory at once
+    /// (a part's, and the local elements it read), over every transfer applied: a set sent
+    /// in parts is joined part by part, so this stays about a part's worth, whatever the
+    /// set's size.
+    pub transfer_held_elems_peak: u64,
 }
 
 /// Options for opening a store.

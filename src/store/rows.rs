@@ -13,7 +13,7 @@ use super::tables::{
     DOTS, ELEMS, ROWS, dot_bytes, dot_key, elem_key, key_bytes, parse_index_value, parse_key,
     set_prefix,
 };
-use crate::admission::KeyRange;
+use crate::admission::{KeyRange, SetRows};
 use crate::codec;
 use crate::codec::wal::RedoTable;
 use redb::{ReadableTable, Table};
@@ -538,5 +538,78 @@ impl KeyRange for TxnRows<'_, '_> {
             );
         }
         Ok(keys)
+    }
+
+}
+
+impl SetRows for TxnRows<'_, '_> {
+    fn set_held(&mut self, key: &Key) -> Result<bool, StoreError> {
+        set_has_elements(&*self.elems, key)
+    }
+
+    fn set_elems(
+        &mut self,
+        key: &Key,
+        names: &[String],
+    ) -> Result<DotMap<String, DotSet>, StoreError> {
+        read_elems(
+            &*self.elems,
+            key,
+            names.iter().map(String::as_str),
+            self.record_bytes_max,
+        )
+    }
+
+    fn set_elems_after(
+        &mut self,
+        key: &Key,
+        after: Option<&str>,
+        max: usize,
+    ) -> Result<DotMap<String, DotSet>, StoreError> {
+        let prefix = set_prefix(key);
+        let from = after.map(|e| elem_key(key, e));
+        let lo: Bound<&[u8]> = match &from {
+            Some(f) => Bound::Excluded(f.as_slice()),
+            None => Bound::Included(prefix.as_slice()),
+        };
+        let mut map: DotMap<String, DotSet> = DotMap::default();
+        for item in self
+            .elems
+            .range::<&[u8]>((lo, Bound::Unbounded))
+            .map_err(StoreError::redb)?
+        {
+            if map.len() >= max.max(1) {
+                break;
+            }
+            let (k, v) = item.map_err(StoreError::redb)?;
+            let Some(elem) = k.value().strip_prefix(prefix.as_slice()) else {
+                break;
+            };
+            let elem = std::str::from_utf8(elem)
+                .map_err(|_| StoreError::Corrupt(format!("{key}: unreadable element key")))?;
+            map.set(elem.to_owned(), decode_elem(v.value(), self.record_bytes_max)?);
+        }
+        Ok(map)
+    }
+
+    fn dot_elems(&mut self, key: &Key, dots: &[Dot]) -> Result<Vec<String>, StoreError> {
+        let prefix = set_prefix(key);
+        let mut names = Vec::new();
+        for d in dots {
+            if let Some(g) = self
+                .dots
+                .get(dot_bytes(*d).as_slice())
+                .map_err(StoreError::redb)?
+            {
+                if let Some(elem) = g.value().strip_prefix(prefix.as_slice()) {
+                    let elem = std::str::from_utf8(elem)
+                        .map_err(|_| StoreError::Corrupt("unreadable dot index value".into()))?;
+                    names.push(elem.to_owned());
+                }
+            }
+        }
+        names.sort_unstable();
+        names.dedup();
+        Ok(names)
     }
 }

@@ -94,6 +94,10 @@ pub(crate) struct Unknown<'a> {
     pub removed: &'a CausalContext,
     /// The dots of the deletable-kind entries carried.
     pub carried: &'a CausalContext,
+    /// Removals the caller logs elsewhere (a streamed transfer's removals placed on a large
+    /// set's key while its parts are joined: they go with the set's last part), never placed
+    /// here.
+    pub except: Option<&'a CausalContext>,
 }
 
 /// The removals of `unknown` placed with the entry dot `dot`: those of its replica above the
@@ -101,7 +105,7 @@ pub(crate) struct Unknown<'a> {
 /// by the same replica, among the entries carried, is `dot`. A key's overwritten dot travels
 /// with its new value whenever the key's writer wrote no other carried entry in between; the
 /// node cannot know more (the dot's key is gone everywhere but on a peer that still holds it).
-fn successors(unknown: &Unknown<'_>, dot: Dot, out: &mut CausalContext) {
+pub(super) fn successors(unknown: &Unknown<'_>, dot: Dot, out: &mut CausalContext) {
     if dot.seq <= 1 {
         return;
     }
@@ -258,6 +262,9 @@ pub(crate) fn split_delta(
                 entry.for_each_dot(&mut |d| counter_lower(u.removed, d, &mut extra));
             }
         }
+        if let Some(except) = u.except {
+            extra = extra.diff(except);
+        }
         delta.state.ctx.join(&extra);
     }
     if codec::encoded_len("log record", &delta)? <= target {
@@ -316,6 +323,7 @@ pub(crate) fn split_delta(
             (!own_unknown.is_empty()).then_some(Unknown {
                 removed: &own_unknown,
                 carried: &own_carried,
+                except: None,
             })
         }
     };
@@ -325,6 +333,9 @@ pub(crate) fn split_delta(
         if key.kind.deletable() {
             if let Some(u) = unknown {
                 part.for_each_dot(&mut |d| successors(&u, d, &mut out));
+                if let Some(except) = u.except {
+                    out = out.diff(except);
+                }
             }
             if ctx_bytes(&out) > with_entry_max {
                 out = CausalContext::new();

@@ -2,13 +2,14 @@
 //! every chunk but the last is staged in the `transfer_stage` table, encoded and unapplied
 //! (no reader, no log record, no context sees it), and the last chunk streams them back in
 //! order into ONE write transaction that joins the whole transfer and commits durably — so the
-//! receiver holds about one chunk (plus the parts of one large row being put back together) in
-//! memory, not the whole state, and the transfer is still applied all at once or not at all.
+//! receiver holds about one chunk in memory, not the whole state (a large set sent in parts is
+//! joined part by part: `set_parts`; a large row of another kind is put back together, as it
+//! is one row on disk anyway), and the transfer is still applied all at once or not at all.
 //!
 //! The streamed join gives exactly the state of one [`admission::join_chunk`] of the merged
 //! transfer (`proto::transfer::merge_chunks`): the key space is joined range by range
 //! ([`admission::RangeJoin`]), each range ending at the last key of a chunk (or of a large
-//! row, once its last part arrived) and the final one open, every range under the transfer's
+//! row, once its last part was joined) and the final one open, every range under the transfer's
 //! context, with the same validation the merged chunk would get (per batch; a first pass over
 //! the staged chunks checks the contexts, the parts and that no dot is carried twice in the
 //! whole transfer, and collects the dots carried). The inflation is logged batch by batch as
@@ -20,7 +21,7 @@
 
 use super::error::StoreError;
 use super::local::append_log_run;
-use super::rows::with_txn_rows;
+use super::rows::{per_element, with_txn_rows};
 use super::split::{Retired, Unknown, split_delta};
 use super::tables::TRANSFER_STAGE;
 use super::RedbStore;
@@ -33,6 +34,9 @@ use redb::{ReadableTable, WriteTransaction};
 use tidemark_crdts::{
     CausalContext, DedupMarks, DotStore, Entry, Key, ReplicaId, Rows, Timestamp,
 };
+use set_parts::SetPart;
+
+mod set_parts;
 
 /// The transfer whose chunks are staged.
 #[derive(Debug)]
@@ -118,6 +122,11 @@ struct Stream {
     /// transfer carries: the removals the transfer brings whose key this node never knew
     /// (placed by [`super::split::Unknown`]'s rule).
     removals: CausalContext,
+    /// The removals of `removals` placed on the key of the large set whose parts are being
+    /// joined (`split::successors`): kept out of its parts' records and logged with the set's
+    /// retirement in its last part, so no record retires a dot of the set whose new entry comes
+    /// in a later part (docs/design/write-path.md, "Log records").
+    set_unknown: CausalContext,
     /// The dots of the transfer's deletable-kind entries (interval-compressed).
     carried_indexed: CausalContext,
     /// The local counter dots the transfer's counters superseded: logged with the counters,
@@ -245,6 +254,7 @@ impl RedbStore {
             tctx: last.ctx.clone(),
             lo: None,
             removals: CausalContext::new(),
+            set_unknown: CausalContext::new(),
             carried_indexed: CausalContext::new(),
             counter_retired: CausalContext::new(),
             max_ts: None,
@@ -344,13 +354,35 @@ impl RedbStore {
                 Ok(shape) => shape,
                 Err(reason) => return Ok(Err(reason)),
             };
-            let StateChunk { entries, marks, .. } = chunk;
-            let batch = match shape {
-                ChunkShape::Whole => {
+            let StateChunk {
+                entries,
+                marks,
+                upto,
+                dots,
+                ..
+            } = chunk;
+            let batch = match (shape, upto, dots) {
+                (ChunkShape::Whole, ..) => {
                     self.note_held(bytes);
                     entries
                 }
-                ChunkShape::Part { continuing, closes } => {
+                // A large set: joined part by part, never put back together.
+                (ChunkShape::Part { closes, .. }, Some(key), Some(slice))
+                    if per_element(key.kind) =>
+                {
+                    self.note_held(bytes);
+                    let part = SetPart {
+                        key,
+                        entries,
+                        slice,
+                        closes,
+                    };
+                    if let Err(reason) = self.join_set_part(txn, origin, part, st)? {
+                        return Ok(Err(reason));
+                    }
+                    Vec::new()
+                }
+                (ChunkShape::Part { continuing, closes }, ..) => {
                     row_bytes = row_bytes.saturating_add(bytes);
                     self.note_held(row_bytes);
                     // As `merge_chunks`: disjoint dots, joined under each side's own dots.
@@ -499,6 +531,7 @@ impl RedbStore {
             unknown: Some(Unknown {
                 removed: &st.removals,
                 carried: &st.carried_indexed,
+                except: (!st.set_unknown.is_empty()).then_some(&st.set_unknown),
             }),
         };
         let inflation = tidemark_crdts::Causal { store: kept, ctx };
@@ -527,6 +560,7 @@ impl RedbStore {
             unknown: Some(Unknown {
                 removed: &removals,
                 carried: &none,
+                except: None,
             }),
         };
         let (local, run) = (&st.local, &mut st.run);
