@@ -728,9 +728,7 @@ impl Node {
         &self,
         writes: Vec<LocalWrite>,
     ) -> Result<oneshot::Receiver<Result<LocalCommit, Error>>, Error> {
-        let ops: usize = writes.iter().map(|w| w.ops.len().max(1)).sum();
         let inline = self.shared.config.inline_commits
-            && ops <= INLINE_OPS_MAX
             && tokio::runtime::Handle::try_current()
                 .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
         self.enqueue_inner(writes, None, inline)
@@ -751,7 +749,7 @@ impl Node {
             return Err(Error::Backpressure { queued: before });
         }
         let (reply, rx) = oneshot::channel();
-        let (writes, fallback, reply) = if inline {
+        let (writes, fallback, reply) = if inline && ops <= INLINE_OPS_MAX {
             let writer = &self.shared.writer;
             match writer.commit_inline((writes, fallback, reply)) {
                 crate::driver::Inline::Committed { wake } => {

@@ -442,6 +442,28 @@ impl RedbStore {
         self.stats.transfer_held_bytes_peak = self.stats.transfer_held_bytes_peak.max(bytes as u64);
     }
 
+    /// Checks `entries` (keys after `after`) under the transfer's context exactly as the merged
+    /// transfer's chunk would be checked (`admission::validate_chunk`), and gives them back.
+    fn check_as_merged(
+        &self,
+        st: &Stream,
+        after: Option<Key>,
+        entries: Vec<(Key, Entry)>,
+        last: bool,
+    ) -> Result<Vec<(Key, Entry)>, Rejected> {
+        let probe = StateChunk {
+            after,
+            upto: None,
+            entries,
+            ctx: st.tctx.clone(),
+            marks: DedupMarks::new(),
+            last,
+            dots: None,
+        };
+        admission::validate_chunk(&probe, &self.options.limits, self.replica, &st.local)?;
+        Ok(probe.entries)
+    }
+
     /// Joins one batch of whole entries (a chunk's, or a large row put back together): the
     /// keys after the previous batch's last key up to this batch's last.
     fn join_batch(
@@ -452,25 +474,17 @@ impl RedbStore {
         st: &mut Stream,
     ) -> Result<Result<(), Rejected>, StoreError> {
         let bad = |why| Ok(Err(Rejected::BadChunk(why)));
+        if st.join.is_none() {
+            return bad("rows after the transfer's dedup marks");
+        }
+        // The checks the merged transfer would get (keys ascending across batches too).
+        let mut entries = match self.check_as_merged(st, st.lo.clone(), batch, false) {
+            Ok(entries) => entries,
+            Err(reason) => return Ok(Err(reason)),
+        };
         let Some(join) = st.join.as_mut() else {
             return bad("rows after the transfer's dedup marks");
         };
-        // The checks the merged transfer would get (keys ascending across batches too).
-        let probe = StateChunk {
-            after: st.lo.clone(),
-            upto: None,
-            entries: batch,
-            ctx: st.tctx.clone(),
-            marks: DedupMarks::new(),
-            last: false,
-            dots: None,
-        };
-        if let Err(reason) =
-            admission::validate_chunk(&probe, &self.options.limits, self.replica, &st.local)
-        {
-            return Ok(Err(reason));
-        }
-        let mut entries = probe.entries;
         let hi = entries.last().map(|(k, _)| k.clone());
         if let Some(keep) = &self.remote_filter {
             entries.retain(|(k, _)| keep(k));
@@ -695,18 +709,7 @@ impl RedbStore {
             return Ok(Ok(()));
         };
         // The context alone is checked as the merged transfer's would be.
-        let probe = StateChunk {
-            after: None,
-            upto: None,
-            entries: Vec::new(),
-            ctx: st.tctx.clone(),
-            marks: DedupMarks::new(),
-            last: true,
-            dots: None,
-        };
-        if let Err(reason) =
-            admission::validate_chunk(&probe, &self.options.limits, self.replica, &st.local)
-        {
+        if let Err(reason) = self.check_as_merged(st, None, Vec::new(), true) {
             return Ok(Err(reason));
         }
         let max = self.options.limits.record_bytes_max;

@@ -8,14 +8,13 @@
 //! `admission::set_parts`).
 
 use super::{RedbStore, Stream};
-use crate::admission;
-use crate::model::{DotSlice, Rejected, StateChunk};
+use crate::model::{DotSlice, Rejected};
 use crate::proto::PeerId;
 use crate::store::error::StoreError;
 use crate::store::rows::with_txn_rows;
 use crate::store::split::{Unknown, successors};
 use redb::WriteTransaction;
-use tidemark_crdts::{DedupMarks, DotMap, DotStore, Entry, Key};
+use tidemark_crdts::{DotMap, DotStore, Entry, Key};
 
 /// One part of a large set, as staged.
 pub(super) struct SetPart {
@@ -48,24 +47,18 @@ impl RedbStore {
             slice,
             closes,
         } = part;
-        let Some(join) = st.join.as_mut() else {
-            return Ok(Err(Rejected::BadChunk("rows after the transfer's dedup marks")));
-        };
-        // The checks the merged row would get (per element, so per part alike).
-        let probe = StateChunk {
-            after: st.lo.clone(),
-            upto: None,
-            entries,
-            ctx: st.tctx.clone(),
-            marks: DedupMarks::new(),
-            last: false,
-            dots: None,
-        };
-        if let Err(reason) =
-            admission::validate_chunk(&probe, &self.options.limits, self.replica, &st.local)
-        {
-            return Ok(Err(reason));
+        let after_marks = || Ok(Err(Rejected::BadChunk("rows after the transfer's dedup marks")));
+        if st.join.is_none() {
+            return after_marks();
         }
+        // The checks the merged row would get (per element, so per part alike).
+        let entries = match self.check_as_merged(st, st.lo.clone(), entries, false) {
+            Ok(entries) => entries,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        let Some(join) = st.join.as_mut() else {
+            return after_marks();
+        };
         if st.lo.as_ref().is_some_and(|lo| *lo >= key) {
             // Parts of a row at or before a range already joined (no correct sender sends
             // them): the check above refused any entry, so they carry nothing, and the merged
@@ -73,7 +66,7 @@ impl RedbStore {
             return Ok(Ok(()));
         }
         let mut theirs = DotMap::default();
-        for (k, entry) in probe.entries {
+        for (k, entry) in entries {
             match entry {
                 Entry::ORSet(m) if k == key => theirs = m,
                 // `PartsCheck` and the kind check above leave nothing else.
