@@ -340,9 +340,10 @@ async fn tidemark(
         events_per_s: events as f64 / elapsed.as_secs_f64(),
         // Group commit at work: the mean number of events a durable commit carried.
         writer_us_per_event: format!(
-            "{} ({} ev/commit)",
+            "{} ({} ev/commit, {:.0} % of commits inline)",
             us(cpu, events as f64),
-            thousands(m.commit_groups_ops as f64 / m.commits.max(1) as f64)
+            thousands(m.commit_groups_ops as f64 / m.commits.max(1) as f64),
+            100.0 * m.commits_inline as f64 / m.commits.max(1) as f64
         ),
         errors,
     }
