@@ -18,6 +18,8 @@ use tidemark::{Node, NodeConfig};
 
 #[path = "http_throughput/redis.rs"]
 mod redis;
+#[path = "support/redis_server.rs"]
+mod redis_server;
 
 /// Which op a workload repeats.
 #[derive(Clone, Copy, Debug)]

@@ -9,15 +9,19 @@
 //!      then `fdatasync` (`File::sync_data`);
 //!    - at +33 ms one single-op `POST /v1/ops` (a counter increment) over a kept-alive
 //!      connection, timed from the request to the 200 answer (given after the durable commit);
-//!    - at +66 ms one `Node::apply` of the same op (the embedded path), timed to its ack.
+//!    - at +66 ms one `Node::apply` of the same op (the embedded path), timed to its ack;
+//!    - at +83 ms, the anchor: one `INCR` to a `redis-server` with `appendfsync always` whose
+//!      data directory is in the same temp directory (same disk), over a kept-alive
+//!      connection, timed to its reply (skipped when `redis-server` is not on `PATH`).
 //!
 //!    The slots never overlap (each finishes long before the next starts, unless the disk
 //!    stalls), so the three series see the same disk over the same minutes without queueing
 //!    behind each other. Prints p50 / p99 / max of each and the goals: ack p50 ≤ raw p50 +
 //!    0.3 ms, ack p99 ≤ raw p99 + 2 ms.
 //! 2. **Closed loop, one client** (`BENCH_CLOSED_SECS`, default 5 per series): raw probes back
-//!    to back, then single-op requests back to back, then embedded single ops: rate and p50/p99
-//!    of each, and the HTTP rate against Corrosion's 793 single-row upserts/s from one client.
+//!    to back, then single-op requests back to back, then embedded single ops, then Redis
+//!    `INCR`s: rate and p50/p99 of each, the HTTP rate against Corrosion's 793 single-row
+//!    upserts/s from one client and against Redis's one-client rate (goal ≥ 0.8×).
 //!
 //! Then the node's own figures: commits, the writer's mean time inside a commit (fsync
 //! included) and the mean group size.
@@ -25,10 +29,16 @@
 //! `cargo bench --bench single_op_tail` (`BENCH_SECS`, `BENCH_CLOSED_SECS`).
 
 use std::fs::File;
-use std::io::{Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::net::TcpStream;
+use std::path::Path;
 use std::time::{Duration, Instant};
 use tidemark::http::{HttpConfig, HttpServer};
 use tidemark::{Node, NodeConfig, Op};
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+use redis_server::RedisServer;
 
 /// Corrosion's single-row upserts per second from one client (BENCHMARKS.md anchor).
 const CORROSION_SINGLE_CLIENT: f64 = 793.0;
@@ -157,6 +167,54 @@ fn row(name: &str, d: Dist) {
     );
 }
 
+/// One kept-alive Redis connection: `INCR`, timed from the request to its reply.
+struct RedisClient {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl RedisClient {
+    /// A Redis server (`appendfsync always`, data beside the node's) and one connection to
+    /// it, or why there is none (no `redis-server` on `PATH`: the series is skipped).
+    fn start(parent: &Path) -> Result<(RedisServer, Self), String> {
+        let server = RedisServer::start(Path::new("redis-server"), "always", Some(parent))?;
+        let stream = TcpStream::connect(("127.0.0.1", server.port()))
+            .map_err(|e| format!("connect to redis-server: {e}"))?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| format!("nodelay: {e}"))?;
+        Ok((
+            server,
+            Self {
+                stream,
+                buf: Vec::with_capacity(64),
+            },
+        ))
+    }
+
+    /// One `INCR` of one of 100 keys; its reply (`:<n>\r\n`) comes after Redis's fsync.
+    fn incr(&mut self, i: u64) -> Duration {
+        let cmd = format!("INCR page-{}\r\n", i % 100);
+        let t = Instant::now();
+        self.stream.write_all(cmd.as_bytes()).expect("redis write");
+        self.buf.clear();
+        let mut chunk = [0u8; 64];
+        while !self.buf.ends_with(b"\r\n") {
+            let n = self.stream.read(&mut chunk).expect("redis read");
+            assert!(n > 0, "redis-server closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+        let took = t.elapsed();
+        assert_eq!(
+            self.buf.first(),
+            Some(&b':'),
+            "redis error reply: {:?}",
+            self.buf
+        );
+        took
+    }
+}
+
 fn goal(name: &str, ack: Dist, raw: Dist) {
     let d50 = ack.p50 - raw.p50;
     let d99 = ack.p99 - raw.p99;
@@ -193,6 +251,14 @@ fn main() {
     let url = format!("http://{addr}/v1/ops");
     let agent = agent();
     let mut probe = Probe::create(&dir.path().join("fdatasync-probe")).expect("probe file");
+    // The anchor: Redis with `appendfsync always`, its data on the same disk, one connection.
+    let (_redis_server, mut redis) = match RedisClient::start(dir.path()) {
+        Ok((server, client)) => (Some(server), Some(client)),
+        Err(e) => {
+            println!("Redis series skipped: {e} (install the Debian package redis-server)");
+            (None, None)
+        }
+    };
     println!("before: {}", machine_load());
 
     // Warm-up: the connection, the first rows, the page cache.
@@ -200,11 +266,15 @@ fn main() {
         http_op(&agent, &url, i);
         node_op(&rt, &node, i);
         probe.once();
+        if let Some(r) = redis.as_mut() {
+            r.incr(i);
+        }
     }
 
     // 1. Open loop, 10/s each, interleaved.
     let secs = env_secs("BENCH_SECS", 30);
     let (mut raw, mut http, mut embedded) = (Vec::new(), Vec::new(), Vec::new());
+    let mut redis_acks = Vec::new();
     let start = Instant::now();
     let period = Duration::from_millis(100);
     let rounds = secs * 10;
@@ -222,6 +292,10 @@ fn main() {
         http.push(http_op(&agent, &url, r));
         wait_until(base + Duration::from_millis(66));
         embedded.push(node_op(&rt, &node, r));
+        if let Some(client) = redis.as_mut() {
+            wait_until(base + Duration::from_millis(83));
+            redis_acks.push(client.incr(r));
+        }
     }
     let m_open = node.metrics();
     let (raw_d, http_d, node_d) = (dist(&mut raw), dist(&mut http), dist(&mut embedded));
@@ -229,8 +303,21 @@ fn main() {
     row("raw fdatasync (4 KiB pwrite + sync)", raw_d);
     row("HTTP single-op ack (POST /v1/ops)", http_d);
     row("embedded single-op ack (Node::apply)", node_d);
+    let redis_d = (!redis_acks.is_empty()).then(|| dist(&mut redis_acks));
+    if let Some(d) = redis_d {
+        row("Redis INCR ack (appendfsync always)", d);
+    }
     goal("HTTP", http_d, raw_d);
     goal("embedded", node_d, raw_d);
+    if let Some(d) = redis_d {
+        // Not a goal of ours: what a server that fsyncs each write adds on this machine.
+        println!(
+            "Redis (anchor): ack p50 - raw p50 = {:+.3} ms, ack p99 - raw p99 = {:+.3} ms; HTTP ack p50 - Redis ack p50 = {:+.3} ms",
+            d.p50 - raw_d.p50,
+            d.p99 - raw_d.p99,
+            http_d.p50 - d.p50
+        );
+    }
     println!(
         "node: {} commits, writer's mean time inside a commit {:.3} ms (fsync included), max {:.3} ms",
         m_open.commits,
@@ -257,6 +344,9 @@ fn main() {
     let mid = node.metrics();
     let (node_rate, node_c) = closed_loop(&mut |i| node_op(&rt, &node, i));
     let after = node.metrics();
+    let redis_closed = redis
+        .as_mut()
+        .map(|client| closed_loop(&mut |i| client.incr(i)));
     println!(
         "closed loop, one client, {} s each | per s | p50 ms | p99 ms | writer ms/commit",
         closed.as_secs()
@@ -282,11 +372,24 @@ fn main() {
         node_c.p99,
         commit_ms(&mid, &after)
     );
+    if let Some((rate, d)) = &redis_closed {
+        println!(
+            "Redis INCR (appendfsync always) | {rate:.0} | {:.3} | {:.3} | -",
+            d.p50, d.p99
+        );
+    }
     println!(
         "HTTP single op, one client: {:.2}x raw fdatasync rate, {:.2}x Corrosion's {CORROSION_SINGLE_CLIENT:.0}/s",
         http_rate / raw_rate.max(1e-9),
         http_rate / CORROSION_SINGLE_CLIENT
     );
+    if let Some((rate, _)) = &redis_closed {
+        println!(
+            "one client: HTTP {:.2}x, embedded {:.2}x Redis's single-op rate (goal for HTTP: >= 0.8x)",
+            http_rate / rate.max(1e-9),
+            node_rate / rate.max(1e-9)
+        );
+    }
     println!("after: {}", machine_load());
 
     let _ = stop.send(());

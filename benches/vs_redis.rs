@@ -27,11 +27,14 @@
 //! `appendfsync everysec`, on the same pipelined workloads.
 
 use std::io::Write as _;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 use tidemark::{Durability, Event, Node, NodeConfig, Op};
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+use redis_server::RedisServer;
 
 const STREAM: &str = "bench";
 const BATCH: usize = 1_000;
@@ -175,46 +178,17 @@ fn on_path(name: &str) -> Option<PathBuf> {
 }
 
 struct Redis {
-    child: Child,
-    port: u16,
+    server: RedisServer,
     benchmark: PathBuf,
-    _dir: tempfile::TempDir,
 }
 
 impl Redis {
     /// Starts a server with `appendfsync <fsync>` (`always` or `everysec`).
     fn start(server: &Path, benchmark: PathBuf, fsync: &str) -> Result<Self, String> {
-        let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("free port: {e}"))?
-            .port();
-        let child = Command::new(server)
-            .args(["--port", &port.to_string()])
-            .args(["--bind", "127.0.0.1"])
-            .arg("--dir")
-            .arg(dir.path())
-            .args(["--appendonly", "yes", "--appendfsync", fsync])
-            .args(["--save", "", "--daemonize", "no", "--loglevel", "warning"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("spawn redis-server: {e}"))?;
-        let mut redis = Redis {
-            child,
-            port,
+        Ok(Redis {
+            server: RedisServer::start(server, fsync, None)?,
             benchmark,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if Instant::now() > deadline {
-                redis.stop();
-                return Err("redis-server did not accept connections within 10 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(redis)
+        })
     }
 
     /// Runs one redis-benchmark test; returns `(requests/s, server CPU during the run)`.
@@ -225,15 +199,15 @@ impl Redis {
         pipeline: usize,
         n: u64,
     ) -> Result<(f64, Option<Duration>), String> {
-        let cpu0 = process_cpu(self.child.id());
+        let cpu0 = process_cpu(self.server.pid());
         let out = Command::new(&self.benchmark)
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-h", "127.0.0.1", "-p", &self.server.port().to_string()])
             .args(["-c", &clients.to_string(), "-P", &pipeline.to_string()])
             .args(["-r", &SPREAD.to_string(), "-n", &n.to_string()])
             .args(["-t", test, "--csv"])
             .output()
             .map_err(|e| format!("redis-benchmark: {e}"))?;
-        let cpu = process_cpu(self.child.id())
+        let cpu = process_cpu(self.server.pid())
             .zip(cpu0)
             .map(|(b, a)| b.saturating_sub(a));
         let text = String::from_utf8_lossy(&out.stdout);
@@ -249,17 +223,6 @@ impl Redis {
             .next()
             .ok_or_else(|| format!("no {test} figure in redis-benchmark output: {text}"))?;
         Ok((rps, cpu))
-    }
-
-    fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.stop();
     }
 }
 

@@ -1,63 +1,10 @@
 //! The Redis side of the comparison: `redis-server` on a free loopback port with an append-only
 //! file (`appendfsync always`, then `everysec`), driven by `redis-benchmark`.
 
+use super::redis_server::RedisServer;
 use super::{Kind, SADD_RANGE, Workload, secs};
-use std::io::{Read, Write};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-/// A `redis-server` child, killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Server {
-    fn start(fsync: &str) -> Option<Self> {
-        let dir = tempfile::tempdir().ok()?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .ok()?
-            .port();
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", "yes", "--appendfsync", fsync])
-            .arg("--dir")
-            .arg(dir.path())
-            .args(["--daemonize", "no", "--loglevel", "warning"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        let server = Self {
-            child,
-            port,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
-                let mut buf = [0u8; 7];
-                if s.write_all(b"PING\r\n").is_ok()
-                    && s.read_exact(&mut buf).is_ok()
-                    && &buf == b"+PONG\r\n"
-                {
-                    return Some(server);
-                }
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        None
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use std::path::Path;
+use std::process::{Command, Stdio};
 
 /// `redis-benchmark` of one workload with `n` requests: requests per second.
 fn bench(port: u16, w: Workload, n: u64) -> Option<f64> {
@@ -99,8 +46,8 @@ fn timed(port: u16, w: Workload) -> Option<f64> {
 /// workload is measured on Tidemark and both Redis setups back to back (the machine's load
 /// drifts; adjacent runs see the same disk).
 pub(crate) struct Servers {
-    always: Server,
-    everysec: Server,
+    always: RedisServer,
+    everysec: RedisServer,
 }
 
 impl Servers {
@@ -120,10 +67,11 @@ impl Servers {
             );
             return None;
         }
-        match (Server::start("always"), Server::start("everysec")) {
-            (Some(always), Some(everysec)) => Some(Self { always, everysec }),
-            _ => {
-                println!("skipped: redis-server did not start");
+        let start = |fsync| RedisServer::start(Path::new("redis-server"), fsync, None);
+        match (start("always"), start("everysec")) {
+            (Ok(always), Ok(everysec)) => Some(Self { always, everysec }),
+            (Err(e), _) | (_, Err(e)) => {
+                println!("skipped: redis-server did not start: {e}");
                 None
             }
         }
@@ -131,7 +79,7 @@ impl Servers {
 
     /// Requests/s of `w` on (always, everysec).
     pub(crate) fn measure(&self, w: Workload) -> (Option<f64>, Option<f64>) {
-        (timed(self.always.port, w), timed(self.everysec.port, w))
+        (timed(self.always.port(), w), timed(self.everysec.port(), w))
     }
 }
 
