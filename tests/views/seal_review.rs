@@ -225,9 +225,10 @@ async fn copies_of_snapshots_of_different_ages_agree_on_the_old_window() {
 
 /// The same with x converged with y before it removes A and B: before the fix y reported
 /// window 0 final = 3 and x = 2 here too. Safety only: here x keeps refusing its own events
-/// as `not_synced` for good after the removal (pre-existing liveness weak spot, as in
-/// `two_copies_linked_before_the_removal_both_start` but every round; not investigated), so
-/// later windows are not waited for.
+/// as `not_synced` for good after the removal (pre-existing, by the restored copy's
+/// known-member rule: y is a live announcer that is neither a known member of x's cluster nor
+/// removed, so nothing ends x's wait; `read::restored_settled`), so later windows are not
+/// waited for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copies_of_snapshots_of_different_ages_agree_after_syncing_first() {
     copies_of_snapshots_of_different_ages(true).await;
