@@ -220,7 +220,7 @@ async fn two_linked_copies(link_first: bool, rounds: usize) {
 /// final = 2 as A reported it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copies_of_snapshots_of_different_ages_agree_on_the_old_window() {
-    copies_of_snapshots_of_different_ages(false).await;
+    copies_of_snapshots_of_different_ages(false, false).await;
 }
 
 /// The same with x converged with y before it removes A and B: before the fix y reported
@@ -231,10 +231,23 @@ async fn copies_of_snapshots_of_different_ages_agree_on_the_old_window() {
 /// waited for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copies_of_snapshots_of_different_ages_agree_after_syncing_first() {
-    copies_of_snapshots_of_different_ages(true).await;
+    copies_of_snapshots_of_different_ages(true, false).await;
 }
 
-async fn copies_of_snapshots_of_different_ages(sync_first: bool) {
+/// Still weak (documented in ARCHITECTURE.md's known weak spots): the same, but y's
+/// watermark passes window 0's deadline while it is alone (an event at 2m), so it seals window
+/// 0 over {y} (= 3, its own events) before it ever holds x's seal or A's last announcement; x
+/// adopts A's seal (= 2) at its open from its snapshot alone. Each decided on what it held; a
+/// copy cannot know how far its lost cluster got after its snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "WEAK SPOT (not fixable without coordination): an older copy that removed its lost cluster \
+            seals window 0 alone (= 3) before it holds any newer seal; a newer copy adopts the \
+            cluster's seal (= 2) at its open: window 0 final on both with different values"]
+async fn an_older_copy_that_seals_alone_first_still_contradicts_a_newer_copy() {
+    copies_of_snapshots_of_different_ages(false, true).await;
+}
+
+async fn copies_of_snapshots_of_different_ages(sync_first: bool, y_seals_alone: bool) {
     for round in 0..4 {
         let root = tempfile::tempdir().expect("tempdir");
         let a = open(&root.path().join("a")).await;
@@ -280,6 +293,10 @@ async fn copies_of_snapshots_of_different_ages(sync_first: bool) {
             took.late
         );
         y.maintain_views().await.expect("maintain");
+        if y_seals_alone {
+            y.ingest("s", vec![ev("y", 100, 2 * MIN)]).await.expect("y");
+            wait_final_on_all(&[&y], 0).await;
+        }
         let x = open(&dx).await;
         x.connect(&y).expect("connect");
         if sync_first {
