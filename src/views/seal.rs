@@ -252,10 +252,20 @@ impl Ledger {
         // older snapshot that applied events to windows its lost cluster sealed after the
         // snapshot, meeting a copy that adopted that cluster's seal
         // (`tests/views/seal_review.rs`).
-        let contradicts = self.sealed_of.iter().any(|(x, seals)| {
-            *x != self.me && sealed_members(seals, d).is_some_and(|theirs| theirs != chosen)
-        });
-        (!contradicts).then_some(chosen)
+        //
+        // Except a member of `chosen` that another announcer already sealed it with: the
+        // contradiction is there already (clusters started apart, each sealing before it saw
+        // the other), and a member keeping the window not final would only part from its own
+        // cluster too. A node adopting a set without it picks no side.
+        let theirs = || {
+            self.sealed_of
+                .iter()
+                .filter(|(x, _)| **x != self.me)
+                .filter_map(|(_, seals)| sealed_members(seals, d))
+        };
+        let contradicts = theirs().any(|t| t != chosen);
+        let joins_its_own = chosen.binary_search(&self.me).is_ok() && theirs().any(|t| t == chosen);
+        (!contradicts || joins_its_own).then_some(chosen)
     }
 
     /// The set [`Ledger::agreed`] would seal `d` with, before the check against the seals

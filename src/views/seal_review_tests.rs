@@ -386,3 +386,21 @@ fn review_a_joiner_contradicts_a_lone_node_that_applied_nothing() {
     assert_eq!(members(&joiner, 50), None, "deadline 50");
     assert_eq!(members(&joiner, 200), set(&[1, 2, 4, 6]));
 }
+
+/// Clusters started apart: 1 sealed d < 100 over {1, 2}, lone node 4 over {4}. 2, a member of
+/// {1, 2} that had not sealed yet, holds both seals: it seals {1, 2} as 1 did (the
+/// contradiction with 4 is there already; keeping the window open would only part 2 from its
+/// own cluster). With only 4's seal held it seals nothing.
+#[test]
+fn review_a_member_joins_its_clusters_seal_despite_a_lone_nodes() {
+    let epochs = [
+        (1, vec![ep(100, &[1, 2])]),
+        (2, vec![ep(100, &[1, 2])]),
+        (4, vec![ep(100, &[4])]),
+    ];
+    let mut two = ledger(2, 0, &epochs, &[1, 2, 4], &[(1, 0), (4, 0)]);
+    two.sealed_of.insert(r(4), vec![seal(0, 100, &[4])]);
+    assert_eq!(two.agree().as_deref().and_then(|s| members(s, 50)), None);
+    two.sealed_of.insert(r(1), vec![seal(0, 100, &[1, 2])]);
+    assert_eq!(members(&two.agree().expect("2 seals"), 50), set(&[1, 2]));
+}
