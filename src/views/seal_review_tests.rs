@@ -404,3 +404,50 @@ fn review_a_member_joins_its_clusters_seal_despite_a_lone_nodes() {
     two.sealed_of.insert(r(1), vec![seal(0, 100, &[1, 2])]);
     assert_eq!(members(&two.agree().expect("2 seals"), 50), set(&[1, 2]));
 }
+
+/// LIVENESS REGRESSION (71f6379, review of `views-seal`): a node started alone (no `--join`,
+/// the by-design "two founders" case) that sealed deadlines below 100 over {4} and is then
+/// linked to a live cluster {1, 2} that has fixed those deadlines to {1, 2} but not sealed
+/// them yet (a tick behind, or a member's writes not held yet) freezes them on the cluster
+/// for good: 1 and 2 both hold 4's seal before either sealed {1, 2}, check (1) refuses on
+/// each, and the exception needs one of them to have sealed first. Nothing ever changes the
+/// ledger for those deadlines again, so they stay not final forever on the live cluster
+/// (before the change both sealed {1, 2}, which is what the founders weak spot documents).
+#[test]
+#[ignore = "LIVENESS REGRESSION (71f6379): a stranger's seal held by both members of a live \
+            cluster before either sealed freezes those windows on the cluster forever: \
+            `members(&one, 50) == set(&[1, 2])` fails, left None"]
+fn review_a_strangers_seal_freezes_a_live_clusters_unsealed_windows_for_good() {
+    let epochs = [
+        (1, vec![ep(100, &[1, 2])]),
+        (2, vec![ep(100, &[1, 2])]),
+        (4, vec![ep(100, &[4])]),
+    ];
+    let mut one = ledger(1, 0, &epochs, &[1, 2, 4], &[(2, 0), (4, 0)]);
+    one.sealed_of.insert(r(4), vec![seal(0, 100, &[4])]);
+    let mut two = ledger(2, 0, &epochs, &[1, 2, 4], &[(1, 0), (4, 0)]);
+    two.sealed_of.insert(r(4), vec![seal(0, 100, &[4])]);
+    let one = one.agree().unwrap_or_default();
+    let two = two.agree().unwrap_or_default();
+    // Neither sealed, so neither's announcement lets the other join: a fixed point.
+    assert_eq!(members(&one, 50), set(&[1, 2]), "node 1, deadline 50");
+    assert_eq!(members(&two, 50), set(&[1, 2]), "node 2, deadline 50");
+}
+
+/// DOC GAP / WEAK SPOT (71f6379): one announcer's bogus seal blocks finality for windows it
+/// is no member of, on every node it reaches, and decommissioning it does not lift the block
+/// (`sealed_of` keeps removed announcers' seals for good). Announcer 66 fixed no epoch at all
+/// and is removed (`gone_since`); cluster {1, 2} still keeps [0, 100) not final.
+#[test]
+fn review_a_removed_announcer_that_was_no_member_still_blocks_finality() {
+    let epochs = [(1, vec![ep(100, &[1, 2])]), (2, vec![ep(100, &[1, 2])])];
+    let mut one = ledger(1, 0, &epochs, &[1, 2], &[(2, 0)]);
+    assert_eq!(members(&one.agree().expect("1 seals"), 50), set(&[1, 2]));
+    one.gone_since.insert(r(66), 0);
+    one.sealed_of.insert(r(66), vec![seal(0, 100, &[66])]);
+    assert_eq!(
+        one.agree(),
+        None,
+        "66's seal holds [0, 100) open on 1 for good"
+    );
+}
