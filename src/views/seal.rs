@@ -253,7 +253,7 @@ impl Ledger {
         // snapshot, meeting a copy that adopted that cluster's seal
         // (`tests/views/seal_review.rs`).
         //
-        // Except a member of `chosen` that another announcer already sealed it with: the
+        // Except a member of `chosen` that another member already sealed it with: the
         // contradiction is there already (clusters started apart, each sealing before it saw
         // the other), and a member keeping the window not final would only part from its own
         // cluster too. A node adopting a set without it picks no side.
@@ -264,7 +264,14 @@ impl Ledger {
                 .filter_map(|(_, seals)| sealed_members(seals, d))
         };
         let contradicts = theirs().any(|t| t != chosen);
-        let joins_its_own = chosen.binary_search(&self.me).is_ok() && theirs().any(|t| t == chosen);
+        // Only a member's seal of `chosen` is its own cluster's: any other announcer's word
+        // (a bogus or buggy one's) would turn a refusal into a contradiction.
+        let joins_its_own = chosen.binary_search(&self.me).is_ok()
+            && self.sealed_of.iter().any(|(x, seals)| {
+                *x != self.me
+                    && chosen.binary_search(x).is_ok()
+                    && sealed_members(seals, d) == Some(chosen)
+            });
         (!contradicts || joins_its_own).then_some(chosen)
     }
 

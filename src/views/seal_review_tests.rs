@@ -451,3 +451,31 @@ fn review_a_removed_announcer_that_was_no_member_still_blocks_finality() {
         "66's seal holds [0, 100) open on 1 for good"
     );
 }
+
+/// SAFETY (71f6379, the exception of check (1)): any announcer's seal of a set counting this
+/// node lifts check (1), even one that is no member of that set. Copy 8 (own set {7, 8},
+/// not holding 2's writes) holds the lost cluster's seal of {1, 2} (1's announcement) and a
+/// newer copy 9's adoption of it: check (1) rightly keeps 30 not final on 8. A bogus (or
+/// buggy) announcer 66, no member of anything, announcing a seal of {7, 8} makes 8 seal
+/// {7, 8} there: 8 reported 30 final with another set than 1 and 9 — a contradiction no
+/// honest node made. Fixed: only a member's seal of the set lifts check (1); a member 7
+/// that sealed {7, 8} still does.
+#[test]
+fn review_a_non_members_seal_lifts_check_one_into_a_contradiction() {
+    let epochs = [
+        (1, vec![ep(60, &[1, 2])]),
+        (2, vec![ep(60, &[1, 2])]),
+        (7, vec![ep(200, &[7, 8])]),
+        (8, vec![ep(200, &[7, 8])]),
+    ];
+    let mut y = ledger(8, 100, &epochs, &[1, 7, 8], &[(7, 100), (9, 100)]);
+    y.sealed_of.insert(r(1), vec![seal(0, 60, &[1, 2])]);
+    y.sealed_of.insert(r(9), vec![seal(0, 60, &[1, 2])]);
+    assert_eq!(y.agree().as_deref().and_then(|s| members(s, 30)), None);
+    y.sealed_of.insert(r(66), vec![seal(0, 200, &[7, 8])]);
+    let on_y = y.agree().as_deref().and_then(|s| members(s, 30));
+    assert_eq!(on_y, None, "8 contradicts 1 and 9 on 66's word");
+    y.sealed_of.insert(r(7), vec![seal(0, 200, &[7, 8])]);
+    let on_y = y.agree().as_deref().and_then(|s| members(s, 30));
+    assert_eq!(on_y, set(&[7, 8]), "a member's seal still lets 8 join it");
+}
