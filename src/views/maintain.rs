@@ -227,6 +227,8 @@ impl Views {
         cur.excluded_to = cur
             .excluded_to
             .max(super::seal::excluded_to(&ledger.epochs, me));
+        // Epochs staged before this step may have been read by others already.
+        ledger.fixed_to = cur.epochs.last().map_or(0, |e| e.to);
         let epochs = cluster
             .wm
             .and_then(|cw| super::seal::extend(&cur.epochs, cw, cluster.members.clone()));

@@ -473,10 +473,16 @@ pub(crate) fn ledger(reader: &Reader, stream: &str, me: ReplicaId) -> Result<sea
             if replica == me {
                 out.sealed = a.sealed.clone();
                 out.since = since;
-            } else if gone.contains(&replica) {
-                out.gone_since.insert(replica, since);
             } else {
-                out.since_of.insert(replica, since);
+                if gone.contains(&replica) {
+                    out.gone_since.insert(replica, since);
+                } else {
+                    out.since_of.insert(replica, since);
+                }
+                // What it reported final stays reported, removed for good or not.
+                if !a.sealed.is_empty() {
+                    out.sealed_of.insert(replica, a.sealed.clone());
+                }
             }
             let Some(epochs) = a.epochs else { continue };
             if CausalContext::from_range(dot.replica, 1, dot.seq).is_subset(&ctx) {

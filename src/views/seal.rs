@@ -166,6 +166,14 @@ pub struct Ledger {
     /// member of this node's own set may count their contributions: this node keeps to its
     /// own set wherever one of them may have contributed ([`Ledger::agreed`]).
     pub gone_since: BTreeMap<ReplicaId, u64>,
+    /// The seals every other announcer reported (its announced `sealed`), decommissioned ones
+    /// too: what they reported final stays reported. This node seals no deadline with a set
+    /// other than one any of them sealed it with ([`Ledger::agreed`]).
+    pub sealed_of: BTreeMap<ReplicaId, Vec<Sealed>>,
+    /// The end of this node's epochs as already staged for announcement before this step
+    /// (0 for none): others may have read them, and a member of the set they fix may have
+    /// sealed that set on them, so below it this node adopts no set without it.
+    pub fixed_to: u64,
 }
 
 impl Ledger {
@@ -192,6 +200,13 @@ impl Ledger {
         // contributor changes: a piece never straddles it either.
         cuts.extend(self.since_of.values().copied());
         cuts.extend(self.gone_since.values().copied());
+        // Nor an edge of another announcer's seals, nor the end of this node's epochs as
+        // announced before this step (adoption is allowed only above it).
+        for s in self.sealed_of.values().flatten() {
+            cuts.insert(s.from);
+            cuts.insert(s.to);
+        }
+        cuts.insert(self.fixed_to);
         let cuts: Vec<u64> = cuts.into_iter().collect();
         let mut fresh = Vec::new();
         for w in cuts.windows(2) {
@@ -230,6 +245,39 @@ impl Ledger {
     /// agreeing sets of one deadline share no replica: clusters started apart; at or above
     /// `since` this node keeps to its own.)
     fn agreed(&self, d: u64) -> Option<&[ReplicaId]> {
+        let chosen = self.agreed_set(d)?;
+        // Another announcer reported `d` final with a different set (a disjoint one: two
+        // agreeing sets sharing a replica are equal): sealing `chosen` would report the same
+        // windows final with a different value. Stay not final instead — e.g. a copy of an
+        // older snapshot that applied events to windows its lost cluster sealed after the
+        // snapshot, meeting a copy that adopted that cluster's seal
+        // (`tests/views/seal_review.rs`).
+        //
+        // Except a member of `chosen` that another member already sealed it with: the
+        // contradiction is there already (clusters started apart, each sealing before it saw
+        // the other), and a member keeping the window not final would only part from its own
+        // cluster too. A node adopting a set without it picks no side.
+        let theirs = || {
+            self.sealed_of
+                .iter()
+                .filter(|(x, _)| **x != self.me)
+                .filter_map(|(_, seals)| sealed_members(seals, d))
+        };
+        let contradicts = theirs().any(|t| t != chosen);
+        // Only a member's seal of `chosen` is its own cluster's: any other announcer's word
+        // (a bogus or buggy one's) would turn a refusal into a contradiction.
+        let joins_its_own = chosen.binary_search(&self.me).is_ok()
+            && self.sealed_of.iter().any(|(x, seals)| {
+                *x != self.me
+                    && chosen.binary_search(x).is_ok()
+                    && sealed_members(seals, d) == Some(chosen)
+            });
+        (!contradicts || joins_its_own).then_some(chosen)
+    }
+
+    /// The set [`Ledger::agreed`] would seal `d` with, before the check against the seals
+    /// other announcers reported.
+    fn agreed_set(&self, d: u64) -> Option<&[ReplicaId]> {
         let mut tried: Vec<&[ReplicaId]> = Vec::new();
         let mut adoptable = None;
         let mut mine = None;
@@ -266,7 +314,10 @@ impl Ledger {
                 .since_of
                 .iter()
                 .all(|(x, since)| *x == self.me || d < *since || s.binary_search(x).is_ok());
-            if d < self.since && adoptable.is_none() && counts_all {
+            // Not where this node's epochs already announced a set counting it that may
+            // still be sealed: a member of it may have sealed it on them already, and this
+            // node would contradict it.
+            if d < self.since && adoptable.is_none() && counts_all && !self.announced_live(d) {
                 adoptable = Some(s);
             }
         }
@@ -280,6 +331,24 @@ impl Ledger {
             (Some(_), Some(m)) if self.others_may_have_contributed(m, d) => Some(m),
             (a, m) => a.or(m),
         }
+    }
+
+    /// Whether this node's epochs fixed `d`, before this step, to a set some node may seal:
+    /// no member of it fixed `d` to another set (epochs never change, so a set one member
+    /// gave otherwise is never sealed by anyone).
+    fn announced_live(&self, d: u64) -> bool {
+        if d >= self.fixed_to {
+            return false;
+        }
+        let Some(mine) = self.epochs.get(&self.me).and_then(|e| membership(e, d)) else {
+            return false;
+        };
+        !mine.iter().any(|m| {
+            self.epochs
+                .get(m)
+                .and_then(|e| membership(e, d))
+                .is_some_and(|theirs| theirs != mine)
+        })
     }
 
     /// Whether a member of `set` other than this node may hold contributions to deadline
@@ -666,6 +735,8 @@ mod tests {
             since: 0,
             since_of: BTreeMap::new(),
             gone_since: BTreeMap::new(),
+            sealed_of: BTreeMap::new(),
+            fixed_to: 0,
         }
     }
 
