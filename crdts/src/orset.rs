@@ -9,10 +9,11 @@
 //! form, encoding, hashing, `Debug`) the elements are sorted, so everything outside sees exactly
 //! the ordered `DotMap` form. Deltas are that form.
 //!
-//! An element's dot set is kept in the table as a 16-byte [`Dots`]: its one dot (the usual case)
+//! An element's dot set is kept in the table as a 16-byte `Dots`: its one dot (the usual case)
 //! as `(replica number, seq)`, the replica numbered in the set's own table of replicas
-//! ([`Replicas`]), or a boxed [`DotSet`] otherwise; an add writes 24 bytes of entry for a `u64`
-//! element instead of 56 (the vectors grow, copy and evict the index a third as much).
+//! (`Replicas`), or a boxed [`DotSet`] otherwise; an add writes 24 bytes of entry for a `u64`
+//! element instead of 56 (a 100k set's heap 5.0 MB instead of 9.2; the vectors grow and copy less
+//! than half as much). An element with two or more dots costs a box more than before.
 
 use crate::Lattice;
 use crate::context::{CausalContext, DotsExhausted};
@@ -25,8 +26,8 @@ use std::collections::HashMap;
 
 /// The replicas named by a set's single-dot elements, numbered in order of first use.
 ///
-/// Never shrinks while the set has elements (cleared with them): every replica in it is in the
-/// set's context too, so it is bounded by the context's replicas.
+/// Never shrinks (only [`ORSet::clear`] empties it), but every replica in it is in the set's
+/// context too (which never forgets one), so it is bounded by the context's replicas.
 #[derive(Clone, Default)]
 struct Replicas {
     /// Replica of each number.
