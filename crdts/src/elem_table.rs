@@ -734,6 +734,86 @@ pub(crate) mod tests {
         }
     }
 
+    /// Probe statistics of a table: (mean successful probe, mean unsuccessful probe over all
+    /// homes, longest probe), slots read.
+    fn probe_stats<K: Hash + Eq>(t: &ElemTable<K, u64>) -> (f64, f64, usize) {
+        let cap = t.index.len();
+        let mask = cap - 1;
+        let mut succ = 0usize;
+        for (slot, s) in t.index.iter().enumerate() {
+            if *s != 0 {
+                succ += (slot.wrapping_sub(t.home((*s >> 32) as u32)) & mask) + 1;
+            }
+        }
+        // Unsuccessful probe from each home: slots read up to and including the first empty.
+        let mut unsucc = 0usize;
+        for h in 0..cap {
+            let mut i = h;
+            let mut n = 1;
+            while t.index[i] != 0 {
+                i = (i + 1) & mask;
+                n += 1;
+            }
+            unsucc += n;
+        }
+        (
+            succ as f64 / t.len() as f64,
+            unsucc as f64 / cap as f64,
+            t.max_probe_len(),
+        )
+    }
+
+    /// Measurement, not a check: probe lengths of the bench's 100k adds (`0..100_000` in a
+    /// scrambled order) under many random process seeds, against random keys under the same
+    /// seeds. `cargo test --release -p tidemark-crdts --lib -- --ignored --nocapture
+    /// probe_lengths_per_seed`.
+    #[test]
+    #[ignore = "measurement (prints probe lengths per seed)"]
+    fn probe_lengths_per_seed() {
+        use super::Seed;
+        use foldhash::SharedSeed;
+        let mut z = 0x1234_5678_u64;
+        let mut next = move || {
+            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            x ^ (x >> 31)
+        };
+        let seeds: usize = std::env::var("SEEDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(200);
+        let n = 100_000u64;
+        let mut rows = Vec::new();
+        for _ in 0..seeds {
+            let (ph, sh) = (next(), next());
+            let shared: &'static SharedSeed = Box::leak(Box::new(SharedSeed::from_u64(sh)));
+            let seed = Seed {
+                per_hasher: ph,
+                shared,
+            };
+            let mut seq: ElemTable<u64, u64> = ElemTable::with_seed(seed);
+            for k in 0..n {
+                seq.insert(k, k);
+            }
+            let mut rnd: ElemTable<u64, u64> = ElemTable::with_seed(seed);
+            for _ in 0..n {
+                let k = next();
+                rnd.insert(k, k);
+            }
+            let a = probe_stats(&seq);
+            let b = probe_stats(&rnd);
+            rows.push((a, b, ph, sh));
+        }
+        rows.sort_by(|x, y| x.0.1.total_cmp(&y.0.1));
+        for ((s, u, m), (rs, ru, rm), ph, sh) in &rows {
+            println!(
+                "seq keys: succ {s:6.2} unsucc {u:8.2} max {m:6} | random keys: succ {rs:5.2} unsucc {ru:6.2} max {rm:4} | per_hasher {ph:016x} shared_from {sh:016x}"
+            );
+        }
+    }
+
     /// Tables under different seeds, filled in different orders, hold the same entries; only
     /// the index layout differs.
     #[test]
