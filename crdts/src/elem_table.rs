@@ -814,6 +814,53 @@ pub(crate) mod tests {
         }
     }
 
+    /// Measurement, not a check: time of the bench's 100k scrambled adds into a table under a
+    /// good and under bad seeds (from `probe_lengths_per_seed`). `cargo test --release -p
+    /// tidemark-crdts --lib -- --ignored --nocapture add_time_per_seed`.
+    #[test]
+    #[ignore = "measurement (prints add times per seed)"]
+    fn add_time_per_seed() {
+        use super::Seed;
+        use foldhash::SharedSeed;
+        let n = 100_000u64;
+        // The bench's scrambled order of 0..n.
+        let mut order: Vec<u64> = (0..n).collect();
+        let mut z = 0x5EED_u64;
+        for i in (1..order.len()).rev() {
+            z = z
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let j = usize::try_from((z >> 33) % (i as u64 + 1)).unwrap_or(0);
+            order.swap(i, j);
+        }
+        for (ph, sh) in [
+            (0x4fa1_005a_b906_16fa_u64, 0xacaa_afec_020a_3965_u64),
+            (0xda77_c966_d4d7_0a6d, 0x9e0e_343d_8f42_0dd4),
+            (0xa9cd_0b49_078a_e424, 0x026a_c84f_e991_4dad),
+            (0x8f50_ed71_61e0_e50b, 0x4fb7_ba2f_b92a_06b6),
+            (0x7ff0_3020_1876_ead0, 0x68a6_92f0_73fc_b05d),
+        ] {
+            let shared: &'static SharedSeed = Box::leak(Box::new(SharedSeed::from_u64(sh)));
+            let seed = Seed {
+                per_hasher: ph,
+                shared,
+            };
+            let mut best = f64::MAX;
+            let mut probes = 0usize;
+            for _ in 0..15 {
+                let t0 = std::time::Instant::now();
+                let mut t: ElemTable<u64, u64> = ElemTable::with_seed(seed);
+                for k in &order {
+                    t.insert(*k, *k);
+                }
+                best = best.min(t0.elapsed().as_secs_f64() * 1e9 / n as f64);
+                probes = t.max_probe_len();
+                std::hint::black_box(&t);
+            }
+            println!("seed ({ph:016x}, {sh:016x}): best {best:.1} ns/add, longest probe {probes}");
+        }
+    }
+
     /// Tables under different seeds, filled in different orders, hold the same entries; only
     /// the index layout differs.
     #[test]
