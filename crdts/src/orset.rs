@@ -26,8 +26,11 @@ use std::collections::HashMap;
 
 /// The replicas named by a set's single-dot elements, numbered in order of first use.
 ///
-/// Never shrinks (only [`ORSet::clear`] empties it), but every replica in it is in the set's
-/// context too (which never forgets one), so it is bounded by the context's replicas.
+/// Emptied whenever the set holds no element (by [`ORSet::clear`], a remove, or a join or
+/// delta that removes the last one); otherwise it keeps every replica it numbered, so it is
+/// bounded by the replicas the set's dots have named since it was last empty — within the
+/// context's replicas for states whose dots are in their context (the only ones joins and
+/// mutators build; a hand-built state may name others).
 #[derive(Clone, Default)]
 struct Replicas {
     /// Replica of each number.
@@ -273,10 +276,25 @@ impl<E: Ord + Clone + Hash + Debug> ORSet<E> {
                 delta_ctx.insert(d);
             });
         }
+        self.forget_replicas_when_empty();
         Causal {
             store: DotMap::default(),
             ctx: delta_ctx,
         }
+    }
+
+    /// Empties the replica table once no element names a replica in it (a set that saw many
+    /// replicas and lost every element gives that memory back).
+    fn forget_replicas_when_empty(&mut self) {
+        if self.elems.is_empty() && !self.reps.ids.is_empty() {
+            self.reps = Replicas::default();
+        }
+    }
+
+    /// How many replicas the set's replica table numbers (tests).
+    #[cfg(test)]
+    pub(crate) fn replica_table_len(&self) -> usize {
+        self.reps.ids.len()
     }
 
     /// Delta-mutator `clear^δ = ({}, dots(m))`.
@@ -375,6 +393,7 @@ impl<E: Ord + Clone + Hash + Debug> ORSet<E> {
             &delta.ctx,
             &candidates,
         );
+        self.forget_replicas_when_empty();
     }
 
     /// Redundancy removal: the part of `delta` that changes this set (as
@@ -583,6 +602,7 @@ impl<E: Ord + Clone + Hash + Debug> Lattice for ORSet<E> {
             &other.ctx,
             &candidates,
         );
+        self.forget_replicas_when_empty();
     }
     fn is_bottom(&self) -> bool {
         self.elems.is_empty() && self.ctx.is_empty()
@@ -894,6 +914,42 @@ mod tests {
                 bincode::serde::encode_to_vec(&a, cfg).expect("encodes"),
                 bincode::serde::encode_to_vec(&b, cfg).expect("encodes")
             );
+        }
+    }
+
+    /// A set that loses every element gives its replica table back.
+    #[test]
+    fn a_set_that_loses_every_element_forgets_its_replicas() {
+        // 1,000 replicas each add one element (deltas into `x`), then every element goes:
+        // by local removes, by a remote clear (a delta), and by a join with a set that
+        // removed them. Each time the replica table is given back, and the set keeps working.
+        let many = || {
+            let mut x: ORSet<u64> = ORSet::new();
+            for r in 0..1_000u64 {
+                let mut w: ORSet<u64> = ORSet::new();
+                x.apply(w.add(ReplicaId(u128::from(r) + 1), r).expect("dots left"));
+            }
+            assert_eq!(x.replica_table_len(), 1_000);
+            x
+        };
+        let mut local = many();
+        for e in 0..1_000u64 {
+            local.remove(&e);
+        }
+        assert_eq!(local.replica_table_len(), 0);
+        let mut remote = many();
+        let mut twin = remote.clone();
+        remote.apply(twin.clear());
+        assert_eq!(remote.replica_table_len(), 0);
+        let mut joined = many();
+        joined.join(twin.clone());
+        assert_eq!(joined.replica_table_len(), 0);
+        for s in [&mut local, &mut remote, &mut joined] {
+            assert!(s.is_empty() && s.layout_is_valid());
+            s.add(ReplicaId(7), 42).expect("dots left");
+            assert_eq!(s.elements().copied().collect::<Vec<_>>(), vec![42]);
+            assert_eq!(s.replica_table_len(), 1);
+            assert!(s.layout_is_valid());
         }
     }
 
