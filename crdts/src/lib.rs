@@ -23,7 +23,7 @@
 //! ## The types
 //! [`GCounter`], [`PNCounter`] (state-based, saturating), [`ORSet`] (add-wins), [`MVRegister`],
 //! [`LWWRegister`] over [`Timestamp`]s from a hybrid logical clock [`Hlc`], and the store-level
-//! causal map of [`store`] (`(type, name)` keys to typed values sharing one context), which is
+//! causal map of [`causal_map`] (`(type, name)` keys to typed values sharing one context), which is
 //! exactly a Tidemark node's replicated state.
 //!
 //! ## Example: add wins, in any delivery order
