@@ -78,11 +78,15 @@ pub fn extend(epochs: &[Epoch], cw: u64, mut members: Vec<ReplicaId>) -> Option<
     Some(out)
 }
 
-/// The members a node's seals count for deadline `d` (`None`: not sealed here).
+/// The members a node's seals count for deadline `d` (`None`: not sealed here). `sealed` is
+/// ascending and disjoint, as a node builds its seals and as [`decode_sealed`] accepts them;
+/// found by binary search, so checking every piece of a step against an announcer's n seals
+/// costs O(log n) each, not O(n).
 pub fn sealed_members(sealed: &[Sealed], d: u64) -> Option<&[ReplicaId]> {
+    let at = sealed.partition_point(|s| s.to <= d);
     sealed
-        .iter()
-        .find(|s| s.from <= d && d < s.to)
+        .get(at)
+        .filter(|s| s.from <= d)
         .map(|s| s.members.as_slice())
 }
 
@@ -724,6 +728,47 @@ mod tests {
 
     fn r(n: u128) -> ReplicaId {
         ReplicaId(n)
+    }
+
+    /// The binary search finds what a scan of the seals finds, for every deadline around
+    /// ascending, disjoint ranges with and without gaps (adjacent ranges, one-deadline ranges,
+    /// none).
+    #[test]
+    fn sealed_members_matches_a_scan() {
+        let scan = |sealed: &[Sealed], d: u64| {
+            sealed
+                .iter()
+                .find(|s| s.from <= d && d < s.to)
+                .map(|s| s.members.clone())
+        };
+        let mut state = 0x5eed_u64;
+        let mut next = |m: u64| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) % m
+        };
+        for _ in 0..200 {
+            let mut sealed = Vec::new();
+            let mut at = next(3);
+            for i in 0..next(12) {
+                let from = at + next(3); // a gap of 0–2
+                let to = from + 1 + next(4);
+                sealed.push(Sealed {
+                    from,
+                    to,
+                    members: vec![r(u128::from(i))],
+                });
+                at = to;
+            }
+            for d in 0..at + 3 {
+                assert_eq!(
+                    sealed_members(&sealed, d).map(<[ReplicaId]>::to_vec),
+                    scan(&sealed, d),
+                    "deadline {d} in {sealed:?}"
+                );
+            }
+        }
     }
 
     fn ledger(epochs: &[(u128, Vec<Epoch>)], held: &[u128]) -> Ledger {
