@@ -471,7 +471,7 @@ pub(crate) fn ledger(reader: &Reader, stream: &str, me: ReplicaId) -> Result<sea
             };
             let since = if a.applied { a.since } else { a.wm };
             if replica == me {
-                out.sealed = a.sealed.clone();
+                out.sealed = a.sealed;
                 out.since = since;
             } else {
                 if gone.contains(&replica) {
@@ -481,7 +481,7 @@ pub(crate) fn ledger(reader: &Reader, stream: &str, me: ReplicaId) -> Result<sea
                 }
                 // What it reported final stays reported, removed for good or not.
                 if !a.sealed.is_empty() {
-                    out.sealed_of.insert(replica, a.sealed.clone());
+                    out.sealed_of.insert(replica, a.sealed);
                 }
             }
             let Some(epochs) = a.epochs else { continue };

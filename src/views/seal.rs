@@ -741,13 +741,8 @@ mod tests {
                 .find(|s| s.from <= d && d < s.to)
                 .map(|s| s.members.clone())
         };
-        let mut state = 0x5eed_u64;
-        let mut next = |m: u64| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 33) % m
-        };
+        let mut rng = crate::store::test_rng::Rng(0x5eed);
+        let mut next = |m: u64| rng.below(m);
         for _ in 0..200 {
             let mut sealed = Vec::new();
             let mut at = next(3);
