@@ -22,6 +22,7 @@ use crate::dotstore::{Causal, DotMap, DotSet, DotStore};
 use crate::elem_table::ElemTable;
 use core::fmt::Debug;
 use core::hash::Hash;
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 /// The replicas named by a set's single-dot elements, numbered in order of first use.
@@ -464,9 +465,13 @@ impl<E: Ord + Clone + Hash + Debug> ORSet<E> {
         let bottom = DotSet::default();
         let mut missing = 0;
         other(&mut |e, theirs| {
-            let mine = self.elems.get(e).map(|d| d.to_dotset(&self.reps));
+            // A boxed dot set is borrowed; only a packed single dot is built.
+            let mine = self.elems.get(e).map(|d| match d {
+                Dots::Many(many) => Cow::Borrowed(&**many),
+                one => Cow::Owned(one.to_dotset(&self.reps)),
+            });
             missing += usize::from(mine.is_none());
-            theirs.seen_elsewhere(mine.as_ref().unwrap_or(&bottom), &self.ctx, &mut c);
+            theirs.seen_elsewhere(mine.as_deref().unwrap_or(&bottom), &self.ctx, &mut c);
         });
         (c, Some(missing))
     }
