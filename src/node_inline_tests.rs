@@ -175,3 +175,64 @@ async fn callers_yield_to_a_writer_thread_that_wants_the_lock_and_the_path_can_b
     assert_eq!((m.commits_inline, m.commits >= 20), (0, true), "{m:?}");
     node.shutdown().await.expect("shutdown");
 }
+
+/// Concurrent writers share the writer thread's groups instead of committing one by one
+/// inline: once writes are seen to be concurrent, a lone write is queued (not inline); the
+/// writer thread, committing it alone with nothing queued behind it, lets the next lone write
+/// commit inline again. Under 32 tasks writing at once, most writes share groups.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_share_groups_and_a_lone_writer_returns_inline() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = open(dir.path()).await;
+    node.shared.writer.set_contended();
+    let before = node.metrics();
+    node.apply(Op::inc_gcounter("c", 1)).await.expect("apply");
+    let queued = node.metrics();
+    assert_eq!(queued.commits - before.commits, 1);
+    assert_eq!(queued.commits_inline, before.commits_inline, "{queued:?}");
+    assert!(
+        !node.shared.writer.is_contended(),
+        "a lone queued write clears the flag"
+    );
+    for _ in 0..20 {
+        node.apply(Op::inc_gcounter("c", 1)).await.expect("apply");
+    }
+    assert!(node.metrics().commits_inline > queued.commits_inline);
+
+    let start = node.metrics();
+    let tasks: Vec<_> = (0..32)
+        .map(|t| {
+            let node = node.clone();
+            tokio::spawn(async move {
+                for i in 0..20 {
+                    node.apply(Op::inc_gcounter(&format!("t{t}-{}", i % 4), 1))
+                        .await
+                        .expect("apply");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let end = node.metrics();
+    let commits = end.commits - start.commits;
+    assert!(
+        commits < 640,
+        "640 concurrent writes made {commits} commits: no group was shared"
+    );
+    assert_eq!(
+        node.get(&Key::new(KeyKind::GCounter, "c")).expect("get"),
+        Value::GCounter(21)
+    );
+    for t in 0..32 {
+        for k in 0..4 {
+            assert_eq!(
+                node.get(&Key::new(KeyKind::GCounter, format!("t{t}-{k}")))
+                    .expect("get"),
+                Value::GCounter(5)
+            );
+        }
+    }
+    node.shutdown().await.expect("shutdown");
+}

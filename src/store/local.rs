@@ -8,11 +8,11 @@ use super::rows::{
 };
 use super::split::{Retired, split_delta, write_bytes_estimate};
 use super::tables::{
-    DEDUP, LOG, LogRecord, META_CONTEXT, META_HLC, META_LOG_BOUNDS, dedup_key, dot_bytes, elem_key,
+    DEDUP, LOG, LogRecord, META, META_CONTEXT, META_HLC, META_LOG_BOUNDS, dedup_key, dot_bytes, elem_key,
     key_bytes,
 };
 use super::wal::Redo;
-use super::{RedbStore, meta_put_logged};
+use super::{RedbStore, meta_put_encoded};
 use crate::codec;
 use crate::codec::wal::RedoTable;
 use crate::model::Delta;
@@ -427,7 +427,8 @@ impl RedbStore {
         let (row_cache, mut redo) =
             {
                 let (mut rows_t, mut elems_t, mut dots_t) = open_state_tables(&txn)?;
-                let mut dedup_t = txn.open_table(DEDUP).map_err(StoreError::redb)?;
+                // Opened on first use: a group of writes without events never touches it.
+                let mut dedup_t: Option<redb::Table<'_, &[u8], &[u8]>> = None;
                 let mut rows = GroupRows::new(
                     TxnRows {
                         rows: &mut rows_t,
@@ -479,7 +480,7 @@ impl RedbStore {
                                 let owned = (ev.stream.clone(), ev.source.clone());
                                 let seen = match self.dedup_cache.get(&owned) {
                                     Some(seen) => seen.clone(),
-                                    None => match dedup_t
+                                    None => match opened(&mut dedup_t, &txn, DEDUP)?
                                         .get(dedup_key(&ev.stream, &ev.source).as_slice())
                                         .map_err(StoreError::redb)?
                                     {
@@ -591,7 +592,7 @@ impl RedbStore {
                             source,
                         })?;
                     let key = dedup_key(stream, source);
-                    dedup_t
+                    opened(&mut dedup_t, &txn, DEDUP)?
                         .insert(key.as_slice(), bytes.as_slice())
                         .map_err(StoreError::redb)?;
                     rows.inner.redo.put(RedoTable::Dedup, &key, &bytes);
@@ -620,9 +621,17 @@ impl RedbStore {
         let log_seq = (!records.is_empty()).then_some(self.log_end);
         let log_end = append_log(&txn, None, records, self.log_end, max, &mut redo)?;
         if log_seq.is_some() {
-            meta_put_logged(&txn, META_CONTEXT, &ctx, &mut redo)?;
-            meta_put_logged(&txn, META_HLC, &hlc.mark(), &mut redo)?;
-            meta_put_logged(&txn, META_LOG_BOUNDS, &(self.log_start, log_end), &mut redo)?;
+            // One open of `meta` for the three (each open and close of a table costs redb a
+            // table-tree lookup and a root update at the commit).
+            let mut meta = txn.open_table(META).map_err(StoreError::redb)?;
+            meta_put_encoded(&mut meta, META_CONTEXT, &ctx, &mut redo)?;
+            meta_put_encoded(&mut meta, META_HLC, &hlc.mark(), &mut redo)?;
+            meta_put_encoded(
+                &mut meta,
+                META_LOG_BOUNDS,
+                &(self.log_start, log_end),
+                &mut redo,
+            )?;
         }
         self.commit_group(txn, redo)?;
         // Only now, after the durable commit, does the in-memory mirror move.
@@ -657,6 +666,18 @@ impl RedbStore {
             log_seq,
             refused,
         })
+    }
+}
+
+/// The table in `slot`, opened in `txn` on first use.
+fn opened<'s, 't>(
+    slot: &'s mut Option<redb::Table<'t, &'static [u8], &'static [u8]>>,
+    txn: &'t redb::WriteTransaction,
+    def: redb::TableDefinition<'static, &'static [u8], &'static [u8]>,
+) -> Result<&'s mut redb::Table<'t, &'static [u8], &'static [u8]>, StoreError> {
+    match slot {
+        Some(table) => Ok(table),
+        None => Ok(slot.insert(txn.open_table(def).map_err(StoreError::redb)?)),
     }
 }
 

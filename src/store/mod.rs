@@ -239,18 +239,18 @@ fn meta_get<T: serde::de::DeserializeOwned + serde::Serialize>(
         })
 }
 
-/// [`meta_put`], recorded in a local group's redo.
-pub(crate) fn meta_put_logged<T: serde::Serialize>(
-    txn: &WriteTransaction,
+/// Writes an encoded `meta` record into an open `meta` table and records it in the redo log
+/// (callers writing several records open the table once).
+pub(crate) fn meta_put_encoded(
+    table: &mut redb::Table<'_, &'static str, &'static [u8]>,
     name: &str,
-    value: &T,
+    value: &impl serde::Serialize,
     redo: &mut wal::Redo,
 ) -> Result<(), StoreError> {
     let bytes = codec::encode("meta record", value).map_err(|source| StoreError::Codec {
         table: "meta",
         source,
     })?;
-    let mut table = txn.open_table(META).map_err(StoreError::redb)?;
     table
         .insert(name, bytes.as_slice())
         .map_err(StoreError::redb)?;
@@ -258,12 +258,14 @@ pub(crate) fn meta_put_logged<T: serde::Serialize>(
     Ok(())
 }
 
+/// Writes one `meta` record in `txn` (outside any local group's redo: for durable commits).
 pub(crate) fn meta_put<T: serde::Serialize>(
     txn: &WriteTransaction,
     name: &str,
     value: &T,
 ) -> Result<(), StoreError> {
-    meta_put_logged(txn, name, value, &mut wal::Redo::default())
+    let mut table = txn.open_table(META).map_err(StoreError::redb)?;
+    meta_put_encoded(&mut table, name, value, &mut wal::Redo::default())
 }
 
 /// True when the database file exists but its header magic was never written (all zeros).
