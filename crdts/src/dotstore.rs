@@ -518,10 +518,14 @@ struct Group<K, S> {
 
 /// A map from keys to nested dot stores sharing one context. Empty children are dropped.
 ///
-/// A map of one key (a delta: one element added, one key written) keeps that entry in one
-/// small box instead of a tree node (one allocation of the entry's size; the box keeps every
-/// `DotMap`, hence every delta, a few words wide); equality, hashing, ordering of iteration and
-/// encoding depend only on the entries, never on which form holds them.
+/// A map of one key (a delta: one element added, one key written) holds that entry inline, in
+/// the map itself (no heap allocation: building, moving and dropping a one-key delta allocates
+/// nothing beyond what its key and child own); the one entry shares the map's memory with the
+/// chunked form below, so the map is as wide as the wider of the two (plus a tag where no niche
+/// holds it): on 64-bit targets `DotMap<u64, DotSet>` (a set delta) is 64 bytes, as wide as the
+/// chunked form, `DotMap<String, DotSet>` 80 and the node store's `DotMap<Key, Entry>` 160.
+/// Equality, hashing, ordering of iteration and encoding depend only on the entries, never on
+/// which form holds them.
 ///
 /// Larger maps keep their entries in sorted chunks of at most 32 entries (`CHUNK`), each a vector
 /// of ascending keys beside a vector of children in arrival order with a one-byte slot per key
@@ -537,21 +541,34 @@ struct Group<K, S> {
 /// walks the chunks in order, so it is ascending by key.
 // serde: hand-written in `serde_impls` below (canonical-form checks) / `crate::compact`.
 pub struct DotMap<K: Ord, S> {
-    /// The only entry of a one-key map built by `set`/`replace` on an empty map; when it is
-    /// `Some`, `groups` is empty.
-    one: Option<Box<(K, S)>>,
+    /// Which form holds the entries.
+    repr: Repr<K, S>,
+}
+
+/// The two forms of a [`DotMap`].
+#[derive(Clone)]
+enum Repr<K, S> {
+    /// The only entry of a one-key map built by `set`/`replace` on an empty map, or by
+    /// `single` (a mutator's delta).
+    One(K, S),
+    /// Every entry otherwise (any number, also 0 or 1), in groups of chunks.
+    Chunked(Chunked<K, S>),
+}
+
+/// The chunked form of a [`DotMap`] (see its doc).
+#[derive(Clone)]
+struct Chunked<K, S> {
     /// The groups' separators, ascending (one per group).
     seps: Vec<K>,
-    /// Every entry otherwise (any number, also 0 or 1), in groups of chunks.
+    /// The entries, in groups of chunks.
     groups: Vec<Group<K, S>>,
-    /// Number of entries in `groups`.
+    /// Number of entries.
     len: usize,
 }
 
-impl<K: Ord, S> Default for DotMap<K, S> {
+impl<K, S> Default for Chunked<K, S> {
     fn default() -> Self {
         Self {
-            one: None,
             seps: Vec::new(),
             groups: Vec::new(),
             len: 0,
@@ -559,13 +576,24 @@ impl<K: Ord, S> Default for DotMap<K, S> {
     }
 }
 
+impl<K, S> Default for Repr<K, S> {
+    fn default() -> Self {
+        Repr::Chunked(Chunked::default())
+    }
+}
+
+impl<K: Ord, S> Default for DotMap<K, S> {
+    fn default() -> Self {
+        Self {
+            repr: Repr::default(),
+        }
+    }
+}
+
 impl<K: Ord + Clone, S: Clone> Clone for DotMap<K, S> {
     fn clone(&self) -> Self {
         Self {
-            one: self.one.clone(),
-            seps: self.seps.clone(),
-            groups: self.groups.clone(),
-            len: self.len,
+            repr: self.repr.clone(),
         }
     }
 }
@@ -575,9 +603,13 @@ impl<K: Ord, S> DotMap<K, S> {
     /// The iterator knows its exact length (serializers that write the length first rely on
     /// `size_hint`).
     fn entries(&self) -> impl ExactSizeIterator<Item = (&K, &S)> {
+        let (one, groups): (_, &[Group<K, S>]) = match &self.repr {
+            Repr::One(k, s) => (Some((k, s)), &[]),
+            Repr::Chunked(c) => (None, &c.groups),
+        };
         Counted {
-            inner: self.one.iter().map(|b| (&b.0, &b.1)).chain(
-                self.groups
+            inner: one.into_iter().chain(
+                groups
                     .iter()
                     .flat_map(|g| g.chunks.iter())
                     .flat_map(Chunk::iter),
@@ -588,9 +620,40 @@ impl<K: Ord, S> DotMap<K, S> {
 
     /// Number of entries.
     fn count(&self) -> usize {
-        usize::from(self.one.is_some()) + self.len
+        match &self.repr {
+            Repr::One(..) => 1,
+            Repr::Chunked(c) => c.len,
+        }
     }
 
+    /// The entries in the chunked form, moved out of the map (which is left empty); a one-key
+    /// map's entry is inserted into an empty chunked form (general paths only).
+    fn take_chunked(&mut self) -> Chunked<K, S>
+    where
+        K: Clone,
+    {
+        match core::mem::take(&mut self.repr) {
+            Repr::Chunked(c) => c,
+            Repr::One(k, s) => {
+                let mut c = Chunked::default();
+                c.insert(k, s);
+                c
+            }
+        }
+    }
+
+    /// The chunked form of entries ascending by key (full chunks).
+    pub(crate) fn from_sorted(entries: impl IntoIterator<Item = (K, S)>) -> Self
+    where
+        K: Clone,
+    {
+        Self {
+            repr: Repr::Chunked(Chunked::from_sorted(entries)),
+        }
+    }
+}
+
+impl<K: Ord, S> Chunked<K, S> {
     /// `(group, chunk)` of the chunk whose key range holds `key`; `None` when `key` is below
     /// every separator of the group whose range holds it (no entry has that key).
     #[inline]
@@ -605,25 +668,25 @@ impl<K: Ord, S> DotMap<K, S> {
         Some((g, c))
     }
 
-    /// The chunked form's child under `key`.
-    fn chunked_get(&self, key: &K) -> Option<&S> {
+    /// The child under `key`.
+    fn get(&self, key: &K) -> Option<&S> {
         let (g, c) = self.locate(key)?;
         let chunk = self.groups.get(g)?.chunks.get(c)?;
         let i = chunk.keys.binary_search(key).ok()?;
         chunk.val(i)
     }
 
-    /// The chunked form's child under `key`, mutably.
-    fn chunked_get_mut(&mut self, key: &K) -> Option<&mut S> {
+    /// The child under `key`, mutably.
+    fn get_mut(&mut self, key: &K) -> Option<&mut S> {
         let (g, c) = self.locate(key)?;
         let chunk = self.groups.get_mut(g)?.chunks.get_mut(c)?;
         let i = chunk.keys.binary_search(key).ok()?;
         chunk.val_mut(i)
     }
 
-    /// Removes and returns the chunked form's child under `key`. An emptied chunk (group) is
+    /// Removes and returns the child under `key`. An emptied chunk (group) is
     /// dropped; a chunk left at a quarter of its capacity gives memory back.
-    fn chunked_remove(&mut self, key: &K) -> Option<S> {
+    fn remove(&mut self, key: &K) -> Option<S> {
         let (g, c) = self.locate(key)?;
         let group = self.groups.get_mut(g)?;
         let chunk = group.chunks.get_mut(c)?;
@@ -672,8 +735,8 @@ impl<K: Ord, S> DotMap<K, S> {
         self.groups.push(Group { seps, chunks });
     }
 
-    /// Inserts into the chunked form, returning the previous child under `key`.
-    fn chunked_insert(&mut self, key: K, child: S) -> Option<S>
+    /// Inserts an entry, returning the previous child under `key`.
+    fn insert(&mut self, key: K, child: S) -> Option<S>
     where
         K: Clone,
     {
@@ -688,7 +751,7 @@ impl<K: Ord, S> DotMap<K, S> {
             match last {
                 Some(chunk) if chunk.len() < CHUNK => chunk.push(key, child),
                 _ => {
-                    // A map just leaving its box starts small; past a full chunk, appends go on.
+                    // A map just leaving its one-entry form starts small; past a full chunk, appends go on.
                     let cap = if self.groups.is_empty() { 4 } else { CHUNK };
                     let mut chunk = Chunk::with_capacity(cap);
                     let sep = key.clone();
@@ -763,8 +826,8 @@ impl<K: Ord, S> DotMap<K, S> {
         }
     }
 
-    /// The chunked form of entries ascending by key (full chunks).
-    pub(crate) fn from_sorted(entries: impl IntoIterator<Item = (K, S)>) -> Self
+    /// The entries ascending by key, in full chunks.
+    fn from_sorted(entries: impl IntoIterator<Item = (K, S)>) -> Self
     where
         K: Clone,
     {
@@ -844,9 +907,9 @@ impl<K: Ord + Debug, S: Debug> Debug for DebugEntries<'_, K, S> {
 impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
     /// The child under `key`.
     pub fn get(&self, key: &K) -> Option<&S> {
-        match &self.one {
-            Some(b) => (b.0 == *key).then_some(&b.1),
-            None => self.chunked_get(key),
+        match &self.repr {
+            Repr::One(k, s) => (k == key).then_some(s),
+            Repr::Chunked(c) => c.get(key),
         }
     }
     /// Entries ascending by key (of exact length).
@@ -863,7 +926,7 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
     }
     /// True when there is no child.
     pub fn is_empty(&self) -> bool {
-        self.one.is_none() && self.len == 0
+        matches!(&self.repr, Repr::Chunked(c) if c.len == 0)
     }
     /// Sets a child directly (a bottom child removes the key). For mutators and decoders.
     pub fn set(&mut self, key: K, child: S) {
@@ -874,46 +937,41 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
         }
     }
     /// Sets a non-bottom child in one search, returning the previous one (mutators' fast path).
-    /// On an empty map the entry is kept in its own box (no tree node); a key above every key
-    /// of a larger map is appended without a search.
+    /// On an empty map the entry is kept inline (no tree node, no allocation); a key above every
+    /// key of a larger map is appended without a search.
     pub(crate) fn replace(&mut self, key: K, child: S) -> Option<S> {
         debug_assert!(!child.is_bottom());
-        match &mut self.one {
-            Some(b) if b.0 == key => Some(core::mem::replace(&mut b.1, child)),
-            Some(_) => {
-                self.unbox();
-                self.chunked_insert(key, child)
+        match &mut self.repr {
+            Repr::One(k, s) if *k == key => Some(core::mem::replace(s, child)),
+            Repr::One(..) => {
+                let mut c = self.take_chunked();
+                let prev = c.insert(key, child);
+                self.repr = Repr::Chunked(c);
+                prev
             }
-            None if self.len == 0 => {
-                self.one = Some(Box::new((key, child)));
+            Repr::Chunked(c) if c.len == 0 => {
+                self.repr = Repr::One(key, child);
                 None
             }
-            None => self.chunked_insert(key, child),
+            Repr::Chunked(c) => c.insert(key, child),
         }
     }
-    /// A map of one non-bottom child, kept in its own box (a mutator's delta).
+    /// A map of one non-bottom child, held inline (a mutator's delta; no heap allocation).
     pub(crate) fn single(key: K, child: S) -> Self {
         debug_assert!(!child.is_bottom());
         Self {
-            one: Some(Box::new((key, child))),
-            seps: Vec::new(),
-            groups: Vec::new(),
-            len: 0,
-        }
-    }
-    /// Moves an inline entry into the chunked form (general paths only).
-    fn unbox(&mut self) {
-        if let Some(b) = self.one.take() {
-            let (k, s) = *b;
-            self.chunked_insert(k, s);
+            repr: Repr::One(key, child),
         }
     }
     /// Removes and returns a child.
     pub fn take(&mut self, key: &K) -> Option<S> {
-        match &self.one {
-            Some(b) if b.0 == *key => self.one.take().map(|b| b.1),
-            Some(_) => None,
-            None => self.chunked_remove(key),
+        match &mut self.repr {
+            Repr::One(k, _) if k == key => match core::mem::take(&mut self.repr) {
+                Repr::One(_, s) => Some(s),
+                Repr::Chunked(_) => None,
+            },
+            Repr::One(..) => None,
+            Repr::Chunked(c) => c.remove(key),
         }
     }
     /// True when no child is bottom (decoders check this).
@@ -925,11 +983,42 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
     /// entries per chunk, keys and children of a chunk equally many, keys strictly ascending
     /// across the whole map, every key `≥` its chunk's separator, which is `≥` its group's, and
     /// every separator `>` every key before it; and the entry count right (property tests check
-    /// this after every operation).
+    /// this after every operation). A one-key map held inline is always valid.
     pub fn layout_is_valid(&self) -> bool {
-        if self.one.is_some() && !(self.groups.is_empty() && self.len == 0) {
-            return false;
+        match &self.repr {
+            Repr::One(..) => true,
+            Repr::Chunked(c) => c.layout_is_valid(),
         }
+    }
+    /// The entries by value, ascending by key.
+    pub(crate) fn into_entries(self) -> impl Iterator<Item = (K, S)> {
+        let (one, groups) = match self.repr {
+            Repr::One(k, s) => (Some((k, s)), Vec::new()),
+            Repr::Chunked(c) => (None, c.groups),
+        };
+        one.into_iter().chain(
+            groups
+                .into_iter()
+                .flat_map(|g| g.chunks)
+                .flat_map(Chunk::into_sorted),
+        )
+    }
+    /// Keeps the children for which `keep` returns true (it may change them).
+    fn retain(&mut self, mut keep: impl FnMut(&K, &mut S) -> bool) {
+        match &mut self.repr {
+            Repr::One(k, s) => {
+                if !keep(k, s) {
+                    self.repr = Repr::default();
+                }
+            }
+            Repr::Chunked(c) => c.retain(keep),
+        }
+    }
+}
+
+impl<K: Ord, S> Chunked<K, S> {
+    /// True when the layout invariants [`DotMap::layout_is_valid`] states hold.
+    fn layout_is_valid(&self) -> bool {
         if self.seps.len() != self.groups.len() {
             return false;
         }
@@ -962,38 +1051,22 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotMap<K, S> {
         }
         count == self.len
     }
-    /// The entries by value, ascending by key.
-    pub(crate) fn into_entries(self) -> impl Iterator<Item = (K, S)> {
-        self.one.map(|b| *b).into_iter().chain(
-            self.groups
-                .into_iter()
-                .flat_map(|g| g.chunks)
-                .flat_map(Chunk::into_sorted),
-        )
-    }
-    /// Keeps the children for which `keep` returns true (it may change them).
+    /// Keeps the entries for which `keep` returns true (it may change the child).
     fn retain(&mut self, mut keep: impl FnMut(&K, &mut S) -> bool) {
-        if let Some(b) = &mut self.one {
-            let (k, s) = &mut **b;
-            if !keep(k, s) {
-                self.one = None;
+        // Separators stay valid lower bounds when entries, chunks or groups go.
+        let mut removed = 0;
+        for group in &mut self.groups {
+            for chunk in &mut group.chunks {
+                removed += chunk.retain(|k, s| keep(k, s));
             }
-        } else {
-            // Separators stay valid lower bounds when entries, chunks or groups go.
-            let mut removed = 0;
-            for group in &mut self.groups {
-                for chunk in &mut group.chunks {
-                    removed += chunk.retain(|k, s| keep(k, s));
-                }
-                retain_pairs(&mut group.seps, &mut group.chunks, |_, c| {
-                    !c.keys.is_empty()
-                });
-            }
-            retain_pairs(&mut self.seps, &mut self.groups, |_, g| {
-                !g.chunks.is_empty()
+            retain_pairs(&mut group.seps, &mut group.chunks, |_, c| {
+                !c.keys.is_empty()
             });
-            self.len -= removed;
         }
+        retain_pairs(&mut self.seps, &mut self.groups, |_, g| {
+            !g.chunks.is_empty()
+        });
+        self.len -= removed;
     }
 }
 
@@ -1028,24 +1101,25 @@ impl<K: Ord + Clone + Debug, S: DotStore> DotStore for DotMap<K, S> {
             c
         };
         let mut found = 0u64;
-        self.unbox();
+        let mut mine = self.take_chunked();
         for (k, theirs) in other.into_entries() {
-            if let Some(child) = self.chunked_get_mut(&k) {
+            if let Some(child) = mine.get_mut(&k) {
                 if !candidates.is_empty() {
                     child.for_each_dot(&mut |d| found += u64::from(candidates.contains(&d)));
                 }
                 child.join(ctx, theirs, other_ctx);
                 if child.is_bottom() {
-                    self.chunked_remove(&k);
+                    mine.remove(&k);
                 }
             } else {
                 let mut child = S::default();
                 child.join(ctx, theirs, other_ctx);
                 if !child.is_bottom() {
-                    self.chunked_insert(k, child);
+                    mine.insert(k, child);
                 }
             }
         }
+        self.repr = Repr::Chunked(mine);
         if found < candidates.len() {
             // Children the other side named already lost every candidate dot in their join
             // (a candidate is in the other context and not in the other store), so removing
@@ -1267,11 +1341,19 @@ mod serde_impls {
 
 #[cfg(test)]
 mod tests {
-    use super::{CHUNK, DotMap, DotSet, GROUP};
+    use super::{CHUNK, Chunked, DotMap, DotSet, GROUP, Repr};
     use crate::dot::{Dot, ReplicaId};
 
     fn dots(k: u64) -> DotSet {
         DotSet::single(Dot::new(ReplicaId(1), k + 1))
+    }
+
+    /// The chunked form of a map (`None` for a one-key map held inline).
+    fn chunked<K: Ord, S>(m: &DotMap<K, S>) -> Option<&Chunked<K, S>> {
+        match &m.repr {
+            Repr::Chunked(c) => Some(c),
+            Repr::One(..) => None,
+        }
     }
 
     /// A map of a few keys holds one group of one chunk with every vector a few entries wide,
@@ -1282,11 +1364,13 @@ mod tests {
     fn small_maps_stay_small_and_no_vector_outgrows_its_bound() {
         let mut m: DotMap<u64, DotSet> = DotMap::default();
         m.set(5, dots(5));
+        assert!(chunked(&m).is_none(), "a one-key map is held inline");
         m.set(3, dots(3));
-        assert_eq!(m.groups.len(), 1);
-        assert!(m.seps.capacity() <= 4 && m.groups.capacity() <= 4);
+        let c = chunked(&m).expect("two keys are chunked");
+        assert_eq!(c.groups.len(), 1);
+        assert!(c.seps.capacity() <= 4 && c.groups.capacity() <= 4);
         assert!(
-            m.groups
+            c.groups
                 .iter()
                 .all(|g| g.seps.capacity() <= 4 && g.chunks.capacity() <= 4)
         );
@@ -1299,8 +1383,9 @@ mod tests {
             m.set(k, dots(k));
         }
         assert!(m.layout_is_valid());
-        assert!(m.groups.len() > 1);
-        for g in &m.groups {
+        let c = chunked(&m).expect("chunked");
+        assert!(c.groups.len() > 1);
+        for g in &c.groups {
             assert!(g.seps.capacity() <= GROUP && g.chunks.capacity() <= GROUP);
             for c in &g.chunks {
                 assert!(c.keys.capacity() <= CHUNK && c.vals.capacity() <= CHUNK);

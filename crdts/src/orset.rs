@@ -252,6 +252,10 @@ impl<E: Ord + Clone + Hash + Debug> ORSet<E> {
     /// Delta-mutator `add^δ_i(e) = ({e ↦ {d}}, {d} ∪ m(e))`: adds `e` with a fresh dot of
     /// `replica`, retiring the element's older dots; returns the delta.
     ///
+    /// Building the delta allocates nothing beyond what `e` owns when the element was absent:
+    /// its store is a one-key [`DotMap`] held inline, its context one dot held inline. (A re-add
+    /// whose retired dots do not extend that one range may allocate the context's ranges.)
+    ///
     /// # Errors
     /// [`DotsExhausted`] when `replica` has no dot left; the set is unchanged.
     pub fn add(&mut self, replica: ReplicaId, e: E) -> Result<ORSetDelta<E>, DotsExhausted> {

@@ -13,7 +13,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use tidemark_crdts::dotstore::{DotFun, DotMap, DotSet};
 use tidemark_crdts::{
-    Causal, CausalContext, Dot, DotStore, GCounter, IntervalSet, Lattice, ReplicaId,
+    Causal, CausalContext, Dot, DotStore, GCounter, IntervalSet, Lattice, ORSet, ReplicaId,
 };
 
 const A: ReplicaId = ReplicaId(0x8f3e_0000_0000_4000_8000_0000_0000_00aa);
@@ -263,4 +263,134 @@ fn counters_join_one_entry_deltas_like_the_merge() {
     fast.join(GCounter::from_entries([(ReplicaId(7), 1)]));
     assert_eq!(fast, slow);
     assert_eq!(fast.value(), 298 + 299 + 300 + 1);
+}
+
+/// Asserts that `a` and `b` are the same value to every observer: equal, same hash, same
+/// bincode bytes and JSON text, same `Debug`, same entries in the same order.
+fn same_value<K, S>(a: &DotMap<K, S>, b: &DotMap<K, S>)
+where
+    K: Ord + Clone + std::fmt::Debug + Hash + Serialize,
+    S: DotStore + Eq + Hash + Serialize,
+{
+    assert_eq!(a, b);
+    assert_eq!(hash_of(a), hash_of(b));
+    assert_eq!(bytes(a), bytes(b));
+    assert_eq!(json(a), json(b));
+    assert_eq!(format!("{a:?}"), format!("{b:?}"));
+    assert_eq!(a.len(), b.len());
+    assert_eq!(a.iter().len(), b.iter().len());
+    assert!(a.iter().eq(b.iter()));
+    assert!(a.layout_is_valid() && b.layout_is_valid());
+}
+
+/// The one-key map a mutator returns (`ORSet::add`'s delta, held inline in the map without a
+/// heap allocation) is the same value as the chunked form with the same entry, for keys and
+/// children that own heap memory too (`String` keys, several dots, a nested map), and it
+/// behaves as that form under every operation: `take`, `set` of a second key, `remove_dots`,
+/// `join`, clone, and the compact codec of the causal pair.
+#[test]
+fn a_delta_held_inline_is_the_same_value_as_the_chunked_form() {
+    // `ORSet::add`'s delta against the chunked form with the same entry.
+    let mut set: ORSet<u64> = ORSet::new();
+    set.add(A, 3).expect("dots left");
+    let delta = set.add(A, 7).expect("dots left");
+    let mut tree: DotMap<u64, DotSet> = DotMap::default();
+    tree.set(3, DotSet::single(Dot::new(B, 9)));
+    tree.set(7, DotSet::single(Dot::new(A, 2)));
+    assert!(tree.take(&3).is_some());
+    same_value(&delta.store, &tree);
+    let decoded: DotMap<u64, DotSet> =
+        bincode::serde::decode_from_slice(&bytes(&delta.store), bincode::config::standard())
+            .expect("decodes")
+            .0;
+    same_value(&delta.store, &decoded);
+    let back: Causal<DotMap<u64, DotSet>> =
+        bincode::serde::decode_from_slice(&bytes(&delta), bincode::config::standard())
+            .expect("decodes")
+            .0;
+    assert_eq!(back, delta);
+
+    // Heap-owning key and child: a `String` key over two dots.
+    let two = DotSet::from_dots(vec![Dot::new(B, 4), Dot::new(A, 1)]);
+    let mut inline: DotMap<String, DotSet> = DotMap::default();
+    inline.set("e".to_owned(), two.clone());
+    let mut tree: DotMap<String, DotSet> = DotMap::default();
+    tree.set("f".to_owned(), DotSet::single(Dot::new(C, 1)));
+    tree.set("e".to_owned(), two.clone());
+    tree.set("f".to_owned(), DotSet::default());
+    same_value(&inline, &tree);
+    same_value(&inline.clone(), &tree.clone());
+    // Replacing the child of the one key keeps it inline and returns the old child.
+    let mut replaced = inline.clone();
+    replaced.set("e".to_owned(), DotSet::single(Dot::new(C, 2)));
+    assert_eq!(
+        replaced.get(&"e".to_owned()),
+        Some(&DotSet::single(Dot::new(C, 2)))
+    );
+    assert_eq!(replaced.len(), 1);
+    // A second key, below and above: every entry kept, in key order.
+    let mut grown = inline.clone();
+    grown.set("a".to_owned(), DotSet::single(Dot::new(C, 3)));
+    grown.set("z".to_owned(), DotSet::single(Dot::new(C, 4)));
+    assert_eq!(
+        grown.keys().map(String::as_str).collect::<Vec<_>>(),
+        vec!["a", "e", "z"]
+    );
+    assert!(grown.layout_is_valid());
+    // Taking a key that is not there changes nothing; taking the key empties the map.
+    let mut taken = inline.clone();
+    assert_eq!(taken.take(&"x".to_owned()), None);
+    same_value(&taken, &tree);
+    assert_eq!(taken.take(&"e".to_owned()), Some(two.clone()));
+    assert!(taken.is_empty() && taken.is_bottom());
+    same_value(&taken, &DotMap::default());
+    // Removing one of the two dots keeps the key; removing both drops it.
+    let mut fewer = inline.clone();
+    assert_eq!(
+        fewer.remove_dots(&CausalContext::from_dot(Dot::new(A, 1))),
+        1
+    );
+    assert_eq!(
+        fewer.get(&"e".to_owned()),
+        Some(&DotSet::single(Dot::new(B, 4)))
+    );
+    let mut both = CausalContext::from_dot(Dot::new(A, 1));
+    both.insert(Dot::new(B, 4));
+    let mut none = inline.clone();
+    assert_eq!(none.remove_dots(&both), 2);
+    same_value(&none, &DotMap::default());
+    // Joins: an inline map on either side gives what the chunked form gives.
+    let ctx = two.dots();
+    let other = DotSet::single(Dot::new(C, 5));
+    let mut theirs: DotMap<String, DotSet> = DotMap::default();
+    theirs.set("b".to_owned(), other.clone());
+    let other_ctx = other.dots();
+    for mine in [&inline, &tree] {
+        let mut joined = mine.clone();
+        joined.join(&ctx, theirs.clone(), &other_ctx);
+        let mut reverse = theirs.clone();
+        reverse.join(&other_ctx, mine.clone(), &ctx);
+        same_value(&joined, &reverse);
+        assert_eq!(
+            joined.keys().map(String::as_str).collect::<Vec<_>>(),
+            vec!["b", "e"]
+        );
+    }
+    // The compact codec of a causal pair over the inline map.
+    let pair = Causal::new(inline.clone(), ctx.clone());
+    let back: Causal<DotMap<String, DotSet>> =
+        bincode::serde::decode_from_slice(&bytes(&pair), bincode::config::standard())
+            .expect("decodes")
+            .0;
+    assert_eq!(back, pair);
+    assert_eq!(bytes(&back), bytes(&Causal::new(tree.clone(), ctx)));
+
+    // A nested map: a one-key map whose child is itself a one-key map, against chunked forms.
+    let mut nested: DotMap<u64, DotMap<String, DotSet>> = DotMap::default();
+    nested.set(1, inline.clone());
+    let mut nested_tree: DotMap<u64, DotMap<String, DotSet>> = DotMap::default();
+    nested_tree.set(0, grown.clone());
+    nested_tree.set(1, tree.clone());
+    nested_tree.set(0, DotMap::default());
+    same_value(&nested, &nested_tree);
 }
