@@ -439,7 +439,8 @@ impl Driver {
             // A lone write with nothing queued behind it: the writes are no longer
             // concurrent, so callers may commit inline again ([`Writer::contended`]). Cleared
             // before the commit (whose reply may wake the next lone write): a write arriving
-            // meanwhile finds the lock held and sets it again.
+            // during the commit finds the lock held and sets it again (one that set it just
+            // before this clear may be followed by one more inline commit: harmless).
             if writes.len() == 1 && queued_writes.load(Ordering::Acquire) == 0 {
                 contended.store(false, Ordering::Release);
             }
