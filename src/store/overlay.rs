@@ -256,8 +256,8 @@ impl Layers {
         t: StateTable,
         lo: Bound<&[u8]>,
         hi: Bound<&[u8]>,
-    ) -> impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + use<'a> {
-        MergeIter::new(&self.list, t, lo, hi).map(|(k, v)| (&**k, v.as_deref()))
+    ) -> LayerRange<'a> {
+        LayerRange(MergeIter::new(&self.list, t, lo, hi))
     }
 
     /// The layers, oldest first.
@@ -320,6 +320,18 @@ impl Layers {
     pub(crate) fn drain_oldest(&self, k: usize) -> (Layer, Layers) {
         let (old, rest) = self.split_off(k);
         (merge_layers(&old), rest)
+    }
+}
+
+/// The iterator of [`Layers::range`]: `(key, value)` ascending, each key once with its newest
+/// layer's write (`None`: a deletion).
+pub(crate) struct LayerRange<'a>(MergeIter<'a>);
+
+impl<'a> Iterator for LayerRange<'a> {
+    type Item = (&'a [u8], Option<&'a [u8]>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next().map(|(k, v)| (&**k, v.as_deref()))
     }
 }
 
@@ -411,10 +423,8 @@ impl<B: KvRead> KvRead for Merged<'_, B> {
         hi: Bound<&[u8]>,
     ) -> Result<KvIter<'s>, StoreError> {
         let base = self.base.range_bytes(lo, hi)?;
-        let layers: Box<dyn Iterator<Item = (&'s [u8], Option<&'s [u8]>)> + 's> =
-            Box::new(self.layers.range(self.table, lo, hi));
         Ok(Box::new(MergedIter {
-            layers: layers.peekable(),
+            layers: self.layers.range(self.table, lo, hi).peekable(),
             base: base.peekable(),
             failed: false,
         }))
@@ -425,7 +435,7 @@ impl<B: KvRead> KvRead for Merged<'_, B> {
 /// base's, ascending; on equal keys the layer's entry wins; deletions are not yielded.
 struct MergedIter<'a> {
     /// The layers' merged range (deletions included).
-    layers: Peekable<Box<dyn Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + 'a>>,
+    layers: Peekable<LayerRange<'a>>,
     /// The base's range.
     base: Peekable<KvIter<'a>>,
     /// Set after the base reported an error: the iteration ends there.
