@@ -307,7 +307,7 @@ fn fold_into(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(128))]
 
     /// Groups published as layers over a redb base, with checkpoints and whole folds between
     /// them, read through `Merged` exactly as the model of all writes applied in order: every
