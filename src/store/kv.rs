@@ -4,11 +4,11 @@
 //! can ask redb alone or the overlay merged over redb ([`super::overlay::Merged`]) through
 //! one interface, without copying a key or a value.
 //!
-//! Nothing reads through it yet: it sits beside [`super::rows::BytesTable`] until the write
-//! path publishes overlay layers.
+//! The state tables' read helpers (`store/rows.rs`) read through it; until the write path
+//! publishes overlay layers, what they read is a redb table.
 #![cfg_attr(
     not(test),
-    allow(dead_code, reason = "step 4: wired into the write path in a later change")
+    allow(dead_code, reason = "step 4: the overlay's variants are read once layers are published")
 )]
 
 use super::error::StoreError;
