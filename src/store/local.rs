@@ -2,6 +2,7 @@
 //! "Acknowledged means durable", "Idempotent ingest", "Log before apply").
 
 use super::error::StoreError;
+use super::kv::KvRead;
 use super::rows::{
     TxnRows, decode_elem, decode_entry, encode_bounded, indexed, open_state_tables, per_element,
     put_set, read_set, set_has_elements,
@@ -1006,12 +1007,7 @@ impl<'r, 't> GroupRows<'r, 't> {
                     if header != Some(true) && old.is_none() {
                         let kb = key_bytes(key);
                         let absent = header == Some(false)
-                            || self
-                                .inner
-                                .rows
-                                .get(kb.as_slice())
-                                .map_err(StoreError::redb)?
-                                .is_none();
+                            || self.inner.rows.get_bytes(kb.as_slice())?.is_none();
                         if absent {
                             self.inner
                                 .insert(RedoTable::Rows, kb.as_slice(), [].as_slice())?;
@@ -1218,13 +1214,8 @@ impl<'r, 't> GroupRows<'r, 't> {
     /// Reads `key`'s row into the cache (starting the cache over first when it is full).
     fn load(&mut self, key: &Key) -> Result<(), StoreError> {
         {
-            let entry = match self
-                .inner
-                .rows
-                .get(key_bytes(key).as_slice())
-                .map_err(StoreError::redb)?
-            {
-                Some(g) => Some(decode_entry(g.value(), self.inner.record_bytes_max)?),
+            let entry = match self.inner.rows.get_bytes(key_bytes(key).as_slice())? {
+                Some(g) => Some(decode_entry(&g, self.inner.record_bytes_max)?),
                 None => None,
             };
             let bytes = entry_bytes(key, entry.as_ref());

@@ -17,8 +17,12 @@ mod engine_model_tests;
 mod error;
 mod fallback;
 mod holder;
+mod kv;
 mod late;
 mod local;
+mod overlay;
+#[cfg(test)]
+mod overlay_tests;
 mod purge;
 mod read;
 mod replicate;

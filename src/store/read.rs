@@ -2,6 +2,7 @@
 //! state, never blocks the writer, and is cheap to clone and share across threads.
 
 use super::error::StoreError;
+use super::kv::KvRead;
 use super::rows::{for_each_elem, open_read_tables, per_element, read_entry, row_entry};
 use super::tables::{
     DOTS, ELEMS, LOG, META, META_CONTEXT, ROWS, dot_bytes, elem_key, key_bytes, kind_prefix, parse_key,
@@ -142,8 +143,7 @@ impl Reader {
         let rtxn = self.rtxn()?;
         let elems = rtxn.open_table(ELEMS).map_err(StoreError::redb)?;
         let found = elems
-            .get(elem_key(key, element).as_slice())
-            .map_err(StoreError::redb)?
+            .get_bytes(elem_key(key, element).as_slice())?
             .is_some();
         Ok(found)
     }
@@ -165,14 +165,11 @@ impl Reader {
         }
         let rtxn = self.rtxn()?;
         let elems = rtxn.open_table(ELEMS).map_err(StoreError::redb)?;
-        let Some(row) = elems
-            .get(elem_key(key, element).as_slice())
-            .map_err(StoreError::redb)?
-        else {
+        let Some(row) = elems.get_bytes(elem_key(key, element).as_slice())? else {
             return Ok(false);
         };
         let dots: tidemark_crdts::DotSet =
-            codec::decode("set element", row.value(), self.limits.record_bytes_max).map_err(
+            codec::decode("set element", &row, self.limits.record_bytes_max).map_err(
                 |source| StoreError::Codec {
                     table: "elems",
                     source,
@@ -199,15 +196,12 @@ impl Reader {
                 out.push(false);
                 continue;
             }
-            let Some(row) = elems
-                .get(elem_key(key, element).as_slice())
-                .map_err(StoreError::redb)?
-            else {
+            let Some(row) = elems.get_bytes(elem_key(key, element).as_slice())? else {
                 out.push(false);
                 continue;
             };
             let dots: tidemark_crdts::DotSet =
-                codec::decode("set element", row.value(), self.limits.record_bytes_max)
+                codec::decode("set element", &row, self.limits.record_bytes_max)
                     .map_err(|source| StoreError::Codec {
                         table: "elems",
                         source,
@@ -335,11 +329,11 @@ impl Reader {
         let rtxn = self.rtxn()?;
         let (rows, elems) = open_read_tables(&rtxn)?;
         let mut out = Vec::new();
-        for item in rows.iter().map_err(StoreError::redb)? {
-            let (k, v) = item.map_err(StoreError::redb)?;
-            let key = parse_key(k.value())
-                .ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
-            let entry = row_entry(&elems, &key, v.value(), self.limits.record_bytes_max)?;
+        for item in rows.range_bytes(Bound::Unbounded, Bound::Unbounded)? {
+            let (k, v) = item?;
+            let key =
+                parse_key(&k).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
+            let entry = row_entry(&elems, &key, &v, self.limits.record_bytes_max)?;
             out.push((key, entry));
         }
         Ok(out)
@@ -443,7 +437,7 @@ impl Reader {
 /// The rows of `kind` whose names start with `prefix`, after `after` (when it is not before the
 /// prefix), at most `limit`, in key order: each key and its stored bytes given to `f`.
 fn scan_prefix<T>(
-    rows: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    rows: &impl KvRead,
     kind: KeyKind,
     prefix: &str,
     after: Option<&str>,
@@ -462,20 +456,17 @@ fn scan_prefix<T>(
     };
     let kp = kind_prefix(kind);
     let mut out = Vec::new();
-    for item in rows
-        .range::<&[u8]>((lo, Bound::Unbounded))
-        .map_err(StoreError::redb)?
-    {
+    for item in rows.range_bytes(lo, Bound::Unbounded)? {
         if out.len() >= limit {
             break;
         }
-        let (k, v) = item.map_err(StoreError::redb)?;
-        let kb = k.value();
+        let (k, v) = item?;
+        let kb: &[u8] = &k;
         if kb.first() != kp.first() || !kb[1..].starts_with(prefix.as_bytes()) {
             break;
         }
         let key = parse_key(kb).ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?;
-        out.push(f(key, v.value())?);
+        out.push(f(key, &v)?);
     }
     Ok(out)
 }

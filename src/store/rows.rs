@@ -16,6 +16,7 @@ use super::tables::{
 use crate::admission::{KeyRange, SetRows};
 use crate::codec;
 use crate::codec::wal::RedoTable;
+use super::kv::KvRead;
 use redb::{ReadableTable, Table};
 use std::ops::Bound;
 use tidemark_crdts::{CausalContext, Dot, DotMap, DotSet, DotStore, Entry, Key, KeyKind, Rows};
@@ -41,10 +42,6 @@ pub(crate) fn encode_bounded<T: serde::Serialize + ?Sized>(
     }
     Ok(bytes)
 }
-
-/// A `&[u8] → &[u8]` table, read-only or in a write transaction.
-pub(crate) trait BytesTable: ReadableTable<&'static [u8], &'static [u8]> {}
-impl<T: ReadableTable<&'static [u8], &'static [u8]>> BytesTable for T {}
 
 /// A `&[u8] → &[u8]` table of a write transaction.
 pub(crate) type WriteTable<'t> = Table<'t, &'static [u8], &'static [u8]>;
@@ -146,7 +143,7 @@ pub(crate) fn per_element(kind: KeyKind) -> bool {
 /// The entry of `key` whose `rows` row holds `value`: decoded, or for a set assembled from
 /// its element rows (a read: O(set)).
 pub(crate) fn row_entry(
-    elems: &impl BytesTable,
+    elems: &impl KvRead,
     key: &Key,
     value: &[u8],
     max: usize,
@@ -160,46 +157,40 @@ pub(crate) fn row_entry(
 
 /// The committed entry of `key`, whole (sets assembled from their element rows).
 pub(crate) fn read_entry(
-    rows: &impl BytesTable,
-    elems: &impl BytesTable,
+    rows: &impl KvRead,
+    elems: &impl KvRead,
     key: &Key,
     max: usize,
 ) -> Result<Option<Entry>, StoreError> {
-    match rows
-        .get(key_bytes(key).as_slice())
-        .map_err(StoreError::redb)?
-    {
-        Some(g) => Ok(Some(row_entry(elems, key, g.value(), max)?)),
+    match rows.get_bytes(key_bytes(key).as_slice())? {
+        Some(g) => Ok(Some(row_entry(elems, key, &g, max)?)),
         None => Ok(None),
     }
 }
 
 /// Every element row of the set `key`, ascending, as `(element, dots)`.
 pub(crate) fn for_each_elem(
-    elems: &impl BytesTable,
+    elems: &impl KvRead,
     key: &Key,
     max: usize,
     mut f: impl FnMut(&str, DotSet) -> Result<(), StoreError>,
 ) -> Result<(), StoreError> {
     let prefix = set_prefix(key);
-    for item in elems
-        .range::<&[u8]>((Bound::Included(prefix.as_slice()), Bound::Unbounded))
-        .map_err(StoreError::redb)?
-    {
-        let (k, v) = item.map_err(StoreError::redb)?;
-        let Some(elem) = k.value().strip_prefix(prefix.as_slice()) else {
+    for item in elems.range_bytes(Bound::Included(prefix.as_slice()), Bound::Unbounded)? {
+        let (k, v) = item?;
+        let Some(elem) = k.strip_prefix(prefix.as_slice()) else {
             break;
         };
         let elem = std::str::from_utf8(elem)
             .map_err(|_| StoreError::Corrupt(format!("{key}: unreadable element key")))?;
-        f(elem, decode_elem(v.value(), max)?)?;
+        f(elem, decode_elem(&v, max)?)?;
     }
     Ok(())
 }
 
 /// The whole set `key` assembled from its element rows (empty when it has none).
 pub(crate) fn read_set(
-    elems: &impl BytesTable,
+    elems: &impl KvRead,
     key: &Key,
     max: usize,
 ) -> Result<Entry, StoreError> {
@@ -213,7 +204,7 @@ pub(crate) fn read_set(
 
 /// The elements of `key`'s set among `names`, read one row each (absent ones left out).
 pub(crate) fn read_elems<'e>(
-    elems: &impl BytesTable,
+    elems: &impl KvRead,
     key: &Key,
     names: impl IntoIterator<Item = &'e str>,
     max: usize,
@@ -223,11 +214,8 @@ pub(crate) fn read_elems<'e>(
         if map.get(&e.to_owned()).is_some() {
             continue;
         }
-        if let Some(g) = elems
-            .get(elem_key(key, e).as_slice())
-            .map_err(StoreError::redb)?
-        {
-            map.set(e.to_owned(), decode_elem(g.value(), max)?);
+        if let Some(g) = elems.get_bytes(elem_key(key, e).as_slice())? {
+            map.set(e.to_owned(), decode_elem(&g, max)?);
         }
     }
     Ok(map)
@@ -239,7 +227,7 @@ const PART_SEEN_MAX: u64 = 4096;
 
 /// The dot-index entries of `dots`, as `(dot, index value)`.
 fn index_entries(
-    dots_t: &impl BytesTable,
+    dots_t: &impl KvRead,
     dots: &CausalContext,
     mut f: impl FnMut(Dot, &[u8]) -> Result<(), StoreError>,
 ) -> Result<(), StoreError> {
@@ -247,18 +235,17 @@ fn index_entries(
         for &(lo, hi) in set.ranges() {
             let lo_b = dot_key(*replica, lo);
             let hi_b = dot_key(*replica, hi);
-            for item in dots_t
-                .range(lo_b.as_slice()..=hi_b.as_slice())
-                .map_err(StoreError::redb)?
-            {
-                let (k, v) = item.map_err(StoreError::redb)?;
-                let kb = k.value();
-                let seq = kb
+            for item in dots_t.range_bytes(
+                Bound::Included(lo_b.as_slice()),
+                Bound::Included(hi_b.as_slice()),
+            )? {
+                let (k, v) = item?;
+                let seq = k
                     .get(16..24)
                     .and_then(|b| b.try_into().ok())
                     .map(u64::from_be_bytes)
                     .ok_or_else(|| StoreError::Corrupt("unreadable dot index key".into()))?;
-                f(Dot::new(*replica, seq), v.value())?;
+                f(Dot::new(*replica, seq), &v)?;
             }
         }
     }
@@ -269,8 +256,8 @@ fn index_entries(
 /// `theirs` names plus those holding a dot of `seen` (found through the dot index). `None`
 /// when none of them exists.
 pub(crate) fn set_part(
-    elems: &impl BytesTable,
-    dots_t: &impl BytesTable,
+    elems: &impl KvRead,
+    dots_t: &impl KvRead,
     key: &Key,
     theirs: Option<&Entry>,
     seen: &CausalContext,
@@ -373,10 +360,7 @@ pub(crate) fn put_set(
     if !n.is_empty() {
         // Elements of `old` exist, so the header does; otherwise make sure of it.
         if o.is_empty()
-            && t.rows
-                .get(kb.as_slice())
-                .map_err(StoreError::redb)?
-                .is_none()
+            && t.rows.get_bytes(kb.as_slice())?.is_none()
         {
             t.insert(RedoTable::Rows, kb.as_slice(), [].as_slice())?;
         }
@@ -387,15 +371,13 @@ pub(crate) fn put_set(
 }
 
 /// True when the set `key` has at least one element row (one range seek).
-pub(crate) fn set_has_elements(elems: &impl BytesTable, key: &Key) -> Result<bool, StoreError> {
+pub(crate) fn set_has_elements(elems: &impl KvRead, key: &Key) -> Result<bool, StoreError> {
     let prefix = set_prefix(key);
     Ok(elems
-        .range::<&[u8]>((Bound::Included(prefix.as_slice()), Bound::Unbounded))
-        .map_err(StoreError::redb)?
+        .range_bytes(Bound::Included(prefix.as_slice()), Bound::Unbounded)?
         .next()
-        .transpose()
-        .map_err(StoreError::redb)?
-        .is_some_and(|(k, _)| k.value().starts_with(&prefix)))
+        .transpose()?
+        .is_some_and(|(k, _)| k.starts_with(&prefix)))
 }
 
 /// Whether the dots of `kind`'s entries have dot → key index rows. Counter dots have none:
@@ -411,7 +393,7 @@ pub(crate) fn indexed(kind: KeyKind) -> bool {
 
 /// The keys whose entries hold at least one of `dots`, through the dot index.
 pub(crate) fn keys_holding(
-    dots_t: &impl BytesTable,
+    dots_t: &impl KvRead,
     dots: &CausalContext,
 ) -> Result<Vec<Key>, StoreError> {
     let mut keys = Vec::new();
@@ -526,14 +508,10 @@ impl KeyRange for TxnRows<'_, '_> {
         let lo_b: Bound<&[u8]> = lo.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
         let hi_b: Bound<&[u8]> = hi.as_deref().map_or(Bound::Unbounded, Bound::Included);
         let mut keys = Vec::new();
-        for item in self
-            .rows
-            .range::<&[u8]>((lo_b, hi_b))
-            .map_err(StoreError::redb)?
-        {
-            let (k, _) = item.map_err(StoreError::redb)?;
+        for item in self.rows.range_bytes(lo_b, hi_b)? {
+            let (k, _) = item?;
             keys.push(
-                parse_key(k.value())
+                parse_key(&k)
                     .ok_or_else(|| StoreError::Corrupt("unreadable row key".into()))?,
             );
         }
@@ -573,21 +551,17 @@ impl SetRows for TxnRows<'_, '_> {
             None => Bound::Included(prefix.as_slice()),
         };
         let mut map: DotMap<String, DotSet> = DotMap::default();
-        for item in self
-            .elems
-            .range::<&[u8]>((lo, Bound::Unbounded))
-            .map_err(StoreError::redb)?
-        {
+        for item in self.elems.range_bytes(lo, Bound::Unbounded)? {
             if map.len() >= max.max(1) {
                 break;
             }
-            let (k, v) = item.map_err(StoreError::redb)?;
-            let Some(elem) = k.value().strip_prefix(prefix.as_slice()) else {
+            let (k, v) = item?;
+            let Some(elem) = k.strip_prefix(prefix.as_slice()) else {
                 break;
             };
             let elem = std::str::from_utf8(elem)
                 .map_err(|_| StoreError::Corrupt(format!("{key}: unreadable element key")))?;
-            map.set(elem.to_owned(), decode_elem(v.value(), self.record_bytes_max)?);
+            map.set(elem.to_owned(), decode_elem(&v, self.record_bytes_max)?);
         }
         Ok(map)
     }
@@ -596,12 +570,8 @@ impl SetRows for TxnRows<'_, '_> {
         let prefix = set_prefix(key);
         let mut names = Vec::new();
         for d in dots {
-            if let Some(g) = self
-                .dots
-                .get(dot_bytes(*d).as_slice())
-                .map_err(StoreError::redb)?
-            {
-                if let Some(elem) = g.value().strip_prefix(prefix.as_slice()) {
+            if let Some(g) = self.dots.get_bytes(dot_bytes(*d).as_slice())? {
+                if let Some(elem) = g.strip_prefix(prefix.as_slice()) {
                     let elem = std::str::from_utf8(elem)
                         .map_err(|_| StoreError::Corrupt("unreadable dot index value".into()))?;
                     names.push(elem.to_owned());
