@@ -1,5 +1,5 @@
 //! A read abstraction over `&[u8] → &[u8]` tables (step 4 of the storage engine:
-//! /tmp/notes/step4.md, "Readers"): [`KvRead`] answers point lookups and ascending ranges with
+//! `docs/design/write-path.md`, "Step 4, as it will be built"): [`KvRead`] answers point lookups and ascending ranges with
 //! [`Bytes`], which is either a redb page guard or a slice of an in-memory layer, so a reader
 //! can ask redb alone or the overlay merged over redb ([`super::overlay::Merged`]) through
 //! one interface, without copying a key or a value.

@@ -1,5 +1,5 @@
 //! The in-memory overlay of the state tables (step 4 of the storage engine, design in
-//! /tmp/notes/step4.md): immutable [`Layer`]s of `rows`/`elems`/`dots` puts and deletions,
+//! `docs/design/write-path.md`, "Step 4, as it will be built"): immutable [`Layer`]s of `rows`/`elems`/`dots` puts and deletions,
 //! published as one immutable list ([`Layers`]) that readers merge over redb ([`Merged`]) and
 //! a checkpointer folds into redb, oldest first.
 //!

@@ -9,7 +9,7 @@ use super::tables::{
 };
 use crate::codec;
 use crate::limits::Limits;
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use redb::{Database, ReadableDatabase, ReadableTableMetadata};
 use std::ops::Bound;
 use std::sync::Arc;
 use tidemark_crdts::{CausalContext, DotStore, Entry, Key, KeyKind, ReplicaId, Value};

@@ -17,7 +17,7 @@ use crate::admission::{KeyRange, SetRows};
 use crate::codec;
 use crate::codec::wal::RedoTable;
 use super::kv::KvRead;
-use redb::{ReadableTable, Table};
+use redb::Table;
 use std::ops::Bound;
 use tidemark_crdts::{CausalContext, Dot, DotMap, DotSet, DotStore, Entry, Key, KeyKind, Rows};
 
