@@ -18,6 +18,8 @@ mod error;
 mod fallback;
 mod holder;
 mod kv;
+#[cfg(test)]
+mod kv_review_tests;
 mod late;
 mod local;
 mod overlay;
