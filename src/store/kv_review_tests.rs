@@ -11,7 +11,7 @@ use super::overlay::{Layer, Layers, Lookup, Merged, Published, StateTable};
 use super::rows::{for_each_elem, keys_holding, read_elems, read_set, set_has_elements, set_part};
 use super::tables::{DOTS, ELEMS, ROWS, dot_bytes, elem_key, key_bytes};
 use crate::codec;
-use redb::{Database, ReadableDatabase, TableDefinition};
+use redb::ReadableDatabase;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::{Arc, Mutex};
@@ -22,47 +22,8 @@ const MAX: usize = 1 << 20;
 /// A pair of borrowed range bounds.
 type RangeBounds<'a> = (Bound<&'a [u8]>, Bound<&'a [u8]>);
 
-fn def(t: StateTable) -> TableDefinition<'static, &'static [u8], &'static [u8]> {
-    match t {
-        StateTable::Rows => ROWS,
-        StateTable::Elems => ELEMS,
-        StateTable::Dots => DOTS,
-    }
-}
-
-fn db() -> Database {
-    redb::Builder::new()
-        .create_with_backend(redb::backends::InMemoryBackend::new())
-        .expect("in-memory redb")
-}
-
-type W = (StateTable, Vec<u8>, Option<Vec<u8>>);
-
-fn write(db: &Database, ws: &[W]) {
-    let txn = db.begin_write().expect("begin");
-    {
-        let mut tables = StateTable::ALL.map(|t| txn.open_table(def(t)).expect("open"));
-        for (t, k, v) in ws {
-            let table = &mut tables[t.index()];
-            match v {
-                Some(v) => {
-                    table.insert(k.as_slice(), v.as_slice()).expect("insert");
-                }
-                None => {
-                    table.remove(k.as_slice()).expect("remove");
-                }
-            }
-        }
-    }
-    txn.commit().expect("commit");
-}
-
-fn layer(ws: &[W]) -> Layer {
-    Layer::build(
-        ws.iter()
-            .map(|(t, k, v)| (*t, Arc::from(k.as_slice()), v.as_deref().map(Arc::from))),
-    )
-}
+// The in-memory redb, its state tables and the layer builder are `overlay_tests`' own.
+use super::overlay_tests::{Op as W, in_memory_db as db, layer_of as layer, write_base as write};
 
 fn replica(b: u8) -> ReplicaId {
     ReplicaId::from_bytes([b; 16])

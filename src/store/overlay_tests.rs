@@ -20,7 +20,7 @@ use std::sync::Arc;
 type Model = BTreeMap<(StateTable, Vec<u8>), Vec<u8>>;
 
 /// One write of a group: table, key, value (`None`: a deletion).
-type Op = (StateTable, Vec<u8>, Option<Vec<u8>>);
+pub(super) type Op = (StateTable, Vec<u8>, Option<Vec<u8>>);
 
 /// A pair of range bounds, owned.
 type Bounds = (Bound<Vec<u8>>, Bound<Vec<u8>>);
@@ -58,7 +58,7 @@ fn arc(b: &[u8]) -> Arc<[u8]> {
     Arc::from(b)
 }
 
-fn layer_of(ops: &[Op]) -> Layer {
+pub(super) fn layer_of(ops: &[Op]) -> Layer {
     Layer::build(
         ops.iter()
             .map(|(t, k, v)| (*t, arc(k), v.as_deref().map(arc))),
@@ -74,14 +74,14 @@ fn apply_model(model: &mut Model, ops: &[Op]) {
     }
 }
 
-fn in_memory_db() -> Database {
+pub(super) fn in_memory_db() -> Database {
     redb::Builder::new()
         .create_with_backend(redb::backends::InMemoryBackend::new())
         .expect("in-memory redb")
 }
 
 /// Writes `ops` (in order) into redb's tables in one committed transaction, creating them.
-fn write_base(db: &Database, ops: &[Op]) {
+pub(super) fn write_base(db: &Database, ops: &[Op]) {
     let txn = db.begin_write().expect("begin write");
     {
         let mut tables = StateTable::ALL.map(|t| txn.open_table(def(t)).expect("open"));
